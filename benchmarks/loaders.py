@@ -1,0 +1,192 @@
+"""Images/s of the torchvision baseline vs lightning-fastdata's loaders, same data, same run.
+
+    python -m benchmarks.loaders --root data/bench --json benchmarks/results/latest.json
+
+Prints a markdown table (median of ``--repeats`` runs, each one pass over the dataset after two warm-up
+batches) and writes the same figures as JSON. Rows:
+
+- ``baseline``: torchvision ``ImageFolder`` + ``RandomResizedCrop``, ``RandomHorizontalFlip``, ``ToTensor``,
+  ``Normalize`` + plain ``DataLoader`` (what users write today);
+- ``ImageFolderDataModule``: our train loader, uint8 batches as they reach the device;
+- ``ImageFolderDataModule + CPU normalise``: the same, plus the float normalisation in the main process
+  (what a CPU-only run pays; on a GPU it runs on the device);
+- ``decode ceiling``: one process reading and fully decoding every file (PIL and torchvision's
+  ``decode_jpeg``), times the worker count for the "% of ceiling" column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import glob
+import io
+import json
+import os
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from lightning_fastdata import ImageFolderDataModule
+from lightning_fastdata.cli import ensure_demo_data
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def _time_loader(make: Callable[[], Iterable[Any]], consume: Callable[[Any], int], warmup: int = 2) -> float:
+    """Images/s over one pass, after ``warmup`` batches (worker start-up is not counted)."""
+    it = iter(make())
+    for _ in range(warmup):
+        consume(next(it))
+    n, start = 0, time.perf_counter()
+    for batch in it:
+        n += consume(batch)
+    return n / (time.perf_counter() - start)
+
+
+def _count(batch: Any) -> int:
+    return len(batch[1])
+
+
+def baseline_loader(root: str, size: int, batch_size: int, workers: int) -> torch.utils.data.DataLoader:
+    """The loader users write today."""
+    from torchvision import datasets, transforms
+
+    tf = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
+    ds = datasets.ImageFolder(root, transform=tf)
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers)
+
+
+def ours_module(root: str, size: int, batch_size: int, workers: int) -> ImageFolderDataModule:
+    """Our DataModule with the same data, size, batch size and workers."""
+    dm = ImageFolderDataModule(
+        root, val_fraction=0.0, image_size=size, batch_size=batch_size, num_workers=workers, persistent_workers=False
+    )
+    dm.setup("fit")
+    return dm
+
+
+def decode_ceiling(files: list[str]) -> dict[str, float]:
+    """One core reading and fully decoding every file: PIL and torchvision's ``decode_jpeg``."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    torch.set_num_threads(1)
+
+    def pil() -> None:
+        for f in files:
+            with open(f, "rb") as fh:
+                Image.open(io.BytesIO(fh.read())).convert("RGB")
+
+    def tv() -> None:
+        for f in files:
+            with open(f, "rb") as fh:
+                decode_jpeg(torch.frombuffer(bytearray(fh.read()), dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+    out = {}
+    for name, fn in (("PIL", pil), ("decode_jpeg", tv)):
+        start = time.perf_counter()
+        fn()
+        out[name] = len(files) / (time.perf_counter() - start)
+    torch.set_num_threads(os.cpu_count() or 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; print the table; return the figures."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", default="data/bench", help="image folder (generated if missing)")
+    parser.add_argument("--num-classes", type=int, default=8)
+    parser.add_argument("--per-class", type=int, default=192, help="images per class when generating")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+
+    ensure_demo_data(args.root, args.num_classes, args.per_class)
+    files = sorted(glob.glob(os.path.join(args.root, "*", "*")))
+    mean_kb = statistics.mean(os.path.getsize(f) for f in files) / 1e3
+    ceiling = {
+        k: statistics.median(decode_ceiling(files)[k] for _ in range(args.repeats)) for k in ("PIL", "decode_jpeg")
+    }
+    best_ceiling = max(ceiling.values())
+
+    rows: list[dict[str, Any]] = []
+    for workers in args.workers:
+        dm = ours_module(args.root, args.image_size, args.batch_size, workers)
+
+        def consume_normalised(batch: Any, dm: ImageFolderDataModule = dm) -> int:
+            dm.on_after_batch_transfer(batch, 0)
+            return len(batch[1])
+
+        candidates: list[tuple[str, Callable[[], Iterable[Any]], Callable[[Any], int]]] = [
+            (
+                "baseline (torchvision ImageFolder)",
+                functools.partial(baseline_loader, args.root, args.image_size, args.batch_size, workers),
+                _count,
+            ),
+            ("ImageFolderDataModule", dm.train_dataloader, _count),
+            ("ImageFolderDataModule + CPU normalise", dm.train_dataloader, consume_normalised),
+        ]
+        rates: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
+        for _ in range(args.repeats):  # interleaved, so drift in machine load hits every loader alike
+            for name, make, consume in candidates:
+                rates[name].append(_time_loader(make, consume))
+        base = statistics.median(rates[candidates[0][0]])
+        for name, _, _ in candidates:
+            rate = statistics.median(rates[name])
+            rows.append(
+                {
+                    "loader": name,
+                    "num_workers": workers,
+                    "images_per_s": rate,
+                    "vs_baseline": rate / base,
+                    "pct_of_decode_ceiling": 100 * rate / (best_ceiling * max(1, workers)),
+                    "runs": rates[name],
+                }
+            )
+
+    cpus = len(os.sched_getaffinity(0))
+    machine = f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, torch {torch.__version__}"
+    print(f"\nData: {len(files)} JPEGs in {args.root}, mean {mean_kb:.0f} KB")
+    print(f"Output: {args.image_size}px, batch {args.batch_size}, median of {args.repeats} runs")
+    print(f"Machine: {machine}")
+    print(
+        f"Decode ceiling (1 core, read + full decode): PIL {ceiling['PIL']:.0f} img/s, "
+        f"decode_jpeg {ceiling['decode_jpeg']:.0f} img/s\n"
+    )
+    print("| loader | num_workers | images/s | vs baseline | % of decode ceiling |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['loader']} | {r['num_workers']} | {r['images_per_s']:.0f} | {r['vs_baseline']:.2f}x | "
+            f"{r['pct_of_decode_ceiling']:.0f}% |"
+        )
+    result = {
+        "machine": machine,
+        "data": {"root": args.root, "files": len(files), "mean_kb": mean_kb, "image_size": args.image_size},
+        "decode_ceiling_1core": ceiling,
+        "rows": rows,
+    }
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""lightning-fastdata: DataModules and callbacks that keep the GPU fed."""
+
+from lightning_fastdata.callbacks.monitor import DataWaitMonitor
+from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datamodules.folder import ImageFolderDataModule
+from lightning_fastdata.datasets.folder import ImageFolderDataset
+from lightning_fastdata.loading.index import FileIndex, scan_image_folder
+from lightning_fastdata.loading.normalize import Normalizer
+from lightning_fastdata.loading.sampler import EpochSampler
+from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
+from lightning_fastdata.models import ImageClassifier
+
+__all__ = [
+    "CpuBudget",
+    "DataWaitMonitor",
+    "EpochSampler",
+    "FastDataModule",
+    "FileIndex",
+    "ImageClassifier",
+    "ImageFolderDataModule",
+    "ImageFolderDataset",
+    "Normalizer",
+    "resolve_num_workers",
+    "scan_image_folder",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,101 @@
+"""``DataWaitMonitor``: logs how much of each step waits for data, and says what to change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lightning_fastdata.loading.meter import DataWaitMeter, DataWaitStats
+
+__all__ = ["DataWaitMonitor"]
+
+
+def _batch_size(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    return int(len(first)) if hasattr(first, "__len__") else 1
+
+
+class DataWaitMonitor(Callback):
+    """Log ``data_wait_fraction`` and ``samples_per_sec`` every ``log_every_n_steps`` training steps.
+
+    The wait of a step is the time from the end of the previous step to the start of this one: fetching
+    the batch from the loader plus the host-to-device transfer. At the end of the first epoch, if more
+    than ``warn_threshold`` of the time was spent waiting, it warns once (rank 0) with the likely fix.
+
+    Args:
+        log_every_n_steps: Steps between two logged values.
+        warn_threshold: Wait fraction above which the run counts as input-bound.
+        print_summary: Print images/s and the wait fraction of the whole run when fit ends.
+    """
+
+    def __init__(self, log_every_n_steps: int = 50, warn_threshold: float = 0.2, print_summary: bool = False) -> None:
+        if log_every_n_steps < 1:
+            raise ValueError(f"log_every_n_steps should be a positive int, got {log_every_n_steps!r}.")
+        if not 0 < warn_threshold < 1:
+            raise ValueError(f"warn_threshold should be in (0, 1), got {warn_threshold!r}.")
+        self.log_every_n_steps = log_every_n_steps
+        self.warn_threshold = warn_threshold
+        self.print_summary = print_summary
+        self.meter = DataWaitMeter()
+        self._warned = False
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Do not count the time between epochs (validation, checkpoints) as waiting."""
+        self.meter.reset_reference()
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Mark the batch as ready."""
+        self.meter.step_start(_batch_size(batch))
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Close the step; log the window every ``log_every_n_steps``."""
+        self.meter.step_end()
+        if (trainer.global_step % self.log_every_n_steps) == 0:
+            stats = self.meter.window()
+            if stats.steps:
+                pl_module.log_dict(
+                    {"data_wait_fraction": stats.data_wait_fraction, "samples_per_sec": stats.samples_per_sec},
+                    on_step=True,
+                    on_epoch=False,
+                    batch_size=1,
+                )
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Warn once, after the first epoch, if the run is input-bound."""
+        stats = self.meter.total()
+        if self._warned or stats.steps == 0:
+            return
+        self._warned = True
+        if stats.data_wait_fraction > self.warn_threshold:
+            rank_zero_warn(self.advice(stats, trainer))
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Print the run's totals if ``print_summary``."""
+        stats = self.meter.total()
+        if self.print_summary and stats.steps:
+            rank_zero_info(
+                f"lightning_fastdata: {stats.samples_per_sec:.1f} images/s per rank over {stats.steps} steps; "
+                f"{100 * stats.data_wait_fraction:.1f}% of step time spent waiting for data."
+            )
+
+    def advice(self, stats: DataWaitStats, trainer: Trainer) -> str:
+        """A plain-words diagnosis of an input-bound run."""
+        dm = getattr(trainer, "datamodule", None)
+        workers = getattr(trainer.train_dataloader, "num_workers", None)
+        msg = f"The training loop waited for data {100 * stats.data_wait_fraction:.0f}% of the time. "
+        if workers == 0:
+            return msg + "The loader has num_workers=0: set num_workers='auto' (or > 0) to decode in parallel."
+        name = type(dm).__name__ if dm is not None else "your DataModule"
+        if name == "ImageFolderDataModule":
+            return msg + (
+                "JPEG decode is the likely limit: train from TensorCacheDataModule (decode once, no decode per "
+                "epoch), or add CPUs/workers if they are idle."
+            )
+        return msg + (
+            f"Check whether CPUs are idle (then raise num_workers, now {workers}) or the file system is the limit "
+            "(then move the data to one HDF5 file or a tensor cache on local disk)."
+        )

@@ -1,0 +1,86 @@
+"""The ``fastdata`` command: LightningCLI (``fit``, ``validate``, ...) plus ``demo`` and ``make-data``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lightning.pytorch.cli import LightningCLI
+
+from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.models import ImageClassifier
+from lightning_fastdata.testing import make_image_folder
+
+__all__ = ["FastDataCLI", "main"]
+
+_DONE = ".complete"
+
+
+class FastDataCLI(LightningCLI):
+    """LightningCLI with ``model.num_classes`` linked from the DataModule's ``num_classes``."""
+
+    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse's parser type
+        """Link the class count so configs never repeat it."""
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+
+
+def run_cli(args: list[str] | None = None) -> FastDataCLI:
+    """Run LightningCLI over :class:`ImageClassifier` and any :class:`FastDataModule` subclass."""
+    return FastDataCLI(
+        ImageClassifier,
+        FastDataModule,
+        subclass_mode_data=True,
+        args=args,
+        save_config_kwargs={"overwrite": True},
+    )
+
+
+def ensure_demo_data(root: str, num_classes: int = 8, per_class: int = 64, processes: int = 2) -> Path:
+    """Generate the demo's photo-like JPEG folder at ``root`` unless a complete one is already there.
+
+    A marker file is written last, so a run interrupted while generating regenerates next time.
+    """
+    path = Path(root)
+    if (path / _DONE).exists():
+        return path
+    print(f"fastdata: generating {num_classes * per_class} photo-like JPEGs (~500x375, q90) in {path} ...")
+    make_image_folder(path, num_classes=num_classes, per_class=per_class, processes=processes)
+    (path / _DONE).write_text("ok\n")
+    return path
+
+
+def _make_data(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="fastdata make-data", description="Generate a photo-like JPEG folder.")
+    parser.add_argument("root")
+    parser.add_argument("--num-classes", type=int, default=8)
+    parser.add_argument("--per-class", type=int, default=64)
+    parser.add_argument("--processes", type=int, default=2)
+    args = parser.parse_args(argv)
+    ensure_demo_data(args.root, args.num_classes, args.per_class, args.processes)
+
+
+def _demo(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="fastdata demo", description="Generate demo data and train on it.")
+    parser.add_argument("--root", default="data/demo")
+    parser.add_argument("--config", default="configs/demo.yaml")
+    args, rest = parser.parse_known_args(argv)
+    if not Path(args.config).exists():
+        sys.exit(f"fastdata demo: config {args.config!r} not found; run it from the repository root.")
+    ensure_demo_data(args.root)
+    run_cli(["fit", "--config", args.config, "--data.init_args.root", args.root, *rest])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``fastdata`` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "demo":
+        _demo(argv[1:])
+    elif argv and argv[0] == "make-data":
+        _make_data(argv[1:])
+    else:
+        run_cli(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Subpackage; the public names are re-exported by ``lightning_fastdata``."""

@@ -1,0 +1,199 @@
+"""The one place that builds loaders; subclasses only build datasets."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_fastdata.loading.collate import collate_prebatched
+from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
+from lightning_fastdata.loading.sampler import EpochSampler
+from lightning_fastdata.loading.workers import init_worker, resolve_num_workers
+
+__all__ = ["FastDataModule"]
+
+log = logging.getLogger("lightning_fastdata")
+
+
+class FastDataModule(LightningDataModule):
+    """Base of the package's DataModules: loaders, device-side normalisation, worker resolution.
+
+    Loaders return ``(images, labels)`` with images uint8 ``N x 3 x H x W`` (channels-last); after they reach
+    the training device, :meth:`on_after_batch_transfer` turns them into normalised float32, so a quarter of
+    the bytes cross shared memory and PCIe. The train loader is a torchdata ``StatefulDataLoader``.
+
+    Args:
+        batch_size: Samples per batch (per rank under DDP).
+        num_workers: Loader worker processes, or ``"auto"``: usable CPUs (affinity capped by the cgroup quota)
+            divided by the devices on this node, minus one for the main process.
+        pin_memory: Pin host batches; ``None`` pins when the Trainer's accelerator is CUDA.
+        persistent_workers: Keep workers alive across epochs; ``None`` means yes whenever there are workers.
+        prefetch_factor: Batches loaded ahead per worker (torch's default 2 when ``None``).
+        shuffle: Reshuffle the training set every epoch.
+        drop_last: Drop the last incomplete training batch.
+        seed: Seed of shuffling, augmentation and the validation split; same on every rank.
+        mean: Per-channel mean (0-1 scale) for normalisation on the device.
+        std: Per-channel standard deviation (0-1 scale).
+        in_order: Return batches in sampler order (torch's ``in_order``); ``False`` trades order for fewer
+            stalls behind one slow batch.
+        snapshot_every_n_steps: How often the train loader snapshots worker state (torchdata's argument).
+
+    Raises:
+        ValueError: On an impossible combination, e.g. ``prefetch_factor`` with ``num_workers=0``.
+    """
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        num_workers: int | Literal["auto"] = "auto",
+        pin_memory: bool | None = None,
+        persistent_workers: bool | None = None,
+        prefetch_factor: int | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        seed: int = 0,
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+        in_order: bool = True,
+        snapshot_every_n_steps: int = 1,
+    ) -> None:
+        super().__init__()
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}.")
+        resolve_num_workers(num_workers)  # validates; resolved again once the Trainer's device count is known
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                f"prefetch_factor={prefetch_factor!r} needs worker processes; use num_workers > 0 or leave "
+                "prefetch_factor unset."
+            )
+        if num_workers == 0 and persistent_workers:
+            raise ValueError("persistent_workers=True needs worker processes; use num_workers > 0.")
+        if prefetch_factor is not None and prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor should be a positive int, got {prefetch_factor!r}.")
+        if snapshot_every_n_steps < 1:
+            raise ValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.prefetch_factor = prefetch_factor
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed = seed
+        self.in_order = in_order
+        self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.normalizer = Normalizer(mean, std)
+        self.train_dataset: Dataset | None = None
+        self.val_dataset: Dataset | None = None
+        self._resolved_workers: int | None = None
+        self._skip_epoch = -1
+
+    # -- what subclasses provide -----------------------------------------------------------------------
+    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+        """Return ``(train_dataset, val_dataset_or_None)``; called once, from :meth:`setup`."""
+        raise NotImplementedError
+
+    # -- Lightning hooks -------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """Build the datasets once (every rank builds its own; they are cheap indexes)."""
+        if self.train_dataset is None:
+            self.train_dataset, self.val_dataset = self.build_datasets()
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        """The training loader: shuffled per epoch, sharded across ranks, stateful."""
+        if self.train_dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.train_dataloader() needs setup('fit') to run first.")
+        return self._loader(self.train_dataset, train=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        """The validation loader, or ``[]`` when there is no validation set."""
+        if self.val_dataset is None:
+            return []
+        return self._loader(self.val_dataset, train=False)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Report corrupt images skipped in the epoch that just ended (``on_corrupt='skip'``)."""
+        trainer = self.trainer
+        if trainer is not None and trainer.training and trainer.current_epoch != self._skip_epoch:
+            if self._skip_epoch >= 0:
+                self._report_skipped(self._skip_epoch)
+            self._skip_epoch = trainer.current_epoch
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Convert the uint8 images of ``(images, labels, ...)`` to normalised float on the device."""
+        if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+            if batch[0].dtype == torch.uint8:
+                return (self.normalizer(batch[0]), *batch[1:])
+        return batch
+
+    def teardown(self, stage: str) -> None:
+        """Report skipped images of the last epoch."""
+        if self._skip_epoch >= 0:
+            self._report_skipped(self._skip_epoch)
+            self._skip_epoch = -1
+
+    # -- the one place loaders are built ---------------------------------------------------------------
+    def _report_skipped(self, epoch: int) -> None:
+        count = getattr(self.train_dataset, "skipped_count", lambda epoch: 0)(epoch)
+        if count:
+            rank_zero_warn(f"Epoch {epoch}: skipped {count} corrupt image(s) (on_corrupt='skip'); see the log.")
+            self.train_dataset.reset_skipped_count(epoch)  # type: ignore[union-attr]
+
+    def _world(self) -> tuple[int, int, int]:
+        """``(world_size, global_rank, devices_per_node)`` from the attached Trainer, else a single process."""
+        trainer = self.trainer
+        if trainer is None:
+            return 1, 0, 1
+        return trainer.world_size, trainer.global_rank, max(1, trainer.num_devices)
+
+    def _resolve_workers(self, devices_per_node: int) -> int:
+        if self._resolved_workers is None:
+            self._resolved_workers = resolve_num_workers(self.num_workers, devices_per_node)
+            if self.num_workers == "auto":
+                rank_zero_info(f"lightning_fastdata: num_workers='auto' resolved to {self._resolved_workers}.")
+        return self._resolved_workers
+
+    def _use_pin_memory(self) -> bool:
+        if self.pin_memory is not None:
+            return self.pin_memory
+        trainer = self.trainer
+        if trainer is None:
+            return False
+        return trainer.strategy.root_device.type == "cuda"
+
+    def _loader(self, dataset: Dataset, train: bool) -> Any:
+        world_size, rank, devices = self._world()
+        workers = self._resolve_workers(devices)
+        sampler = EpochSampler(
+            len(dataset),  # type: ignore[arg-type]
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=self.shuffle and train,
+            seed=self.seed,
+            drop_last=self.drop_last and train,
+        )
+        persistent = workers > 0 if self.persistent_workers is None else (self.persistent_workers and workers > 0)
+        kwargs: dict[str, Any] = dict(
+            batch_size=self.batch_size,
+            sampler=sampler,
+            num_workers=workers,
+            collate_fn=collate_prebatched,
+            pin_memory=self._use_pin_memory(),
+            drop_last=self.drop_last and train,
+            worker_init_fn=init_worker,
+            persistent_workers=persistent,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            in_order=self.in_order,
+            # Worker seeds follow the DataModule's seed, so a run is reproducible end to end.
+            generator=torch.Generator().manual_seed(self.seed + rank),
+        )
+        if train:
+            return StatefulDataLoader(dataset, snapshot_every_n_steps=self.snapshot_every_n_steps, **kwargs)
+        return DataLoader(dataset, **kwargs)

@@ -1,0 +1,63 @@
+"""Turn uint8 image batches into normalised float on whatever device they are on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Normalizer"]
+
+#: torchvision's ImageNet statistics, on the 0-1 scale users know.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class Normalizer:
+    """``(x / 255 - mean) / std`` for uint8 ``N x 3 x H x W`` batches, as one multiply and one add.
+
+    Scale and shift tensors are cached per device and dtype, so no host-to-device copy happens per batch.
+    The output keeps the input's memory format (channels-last in, channels-last out).
+
+    Args:
+        mean: Per-channel mean on the 0-1 scale.
+        std: Per-channel standard deviation on the 0-1 scale.
+        dtype: Floating dtype of the output.
+    """
+
+    def __init__(
+        self,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if len(mean) != 3 or len(std) != 3:
+            raise ValueError(f"mean and std should have 3 values (RGB), got mean={mean!r}, std={std!r}.")
+        if any(s <= 0 for s in std):
+            raise ValueError(f"std values should be positive, got {std!r}.")
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.dtype = dtype
+        self._cache: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (device, self.dtype)
+        if key not in self._cache:
+            std = torch.tensor(self.std, dtype=torch.float64)
+            mean = torch.tensor(self.mean, dtype=torch.float64)
+            scale = (1.0 / (255.0 * std)).view(1, 3, 1, 1)
+            shift = (-mean / std).view(1, 3, 1, 1)
+            self._cache[key] = (scale.to(device, self.dtype), shift.to(device, self.dtype))
+        return self._cache[key]
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """Return the normalised float copy of a uint8 batch."""
+        if images.dtype != torch.uint8:
+            raise TypeError(f"Normalizer expects uint8 images, got {images.dtype}.")
+        scale, shift = self._constants(images.device)
+        return images.to(self.dtype).mul_(scale).add_(shift)
+
+    def denormalize(self, images: torch.Tensor) -> torch.Tensor:
+        """Map normalised floats back to uint8 (for showing a batch)."""
+        scale, shift = self._constants(images.device)
+        return ((images.to(self.dtype) - shift) / scale).round_().clamp_(0, 255).to(torch.uint8)

@@ -1,0 +1,81 @@
+"""A sampler that shards across ranks and tells the dataset which epoch each index belongs to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DistributedSampler
+
+__all__ = ["EpochSampler", "SampleKey"]
+
+#: What :class:`EpochSampler` yields: ``(epoch, index)``. Datasets derive a sample's random augmentation
+#: from ``(seed, epoch, index)``, so it depends neither on the worker count nor on prefetch depth.
+SampleKey = tuple[int, int]
+
+
+class EpochSampler(DistributedSampler):
+    """Shuffle (or not) and shard ``range(length)`` across ranks; yield ``(epoch, index)`` keys.
+
+    It subclasses ``DistributedSampler`` so that Lightning does not replace it with its own under DDP
+    (``use_distributed_sampler`` only injects one when the loader's sampler is not a
+    ``DistributedSampler``). Like torch's, it pads ranks to equal length unless ``drop_last``.
+
+    Args:
+        length: Number of samples in the dataset.
+        num_replicas: World size (1 without DDP).
+        rank: This process's global rank.
+        shuffle: Draw a new permutation every epoch from ``seed + epoch``.
+        seed: Seed of the permutations; the same on every rank.
+        drop_last: Drop the tail instead of padding so that every rank gets the same count.
+    """
+
+    def __init__(
+        self,
+        length: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if length <= 0:
+            raise ValueError(f"EpochSampler needs a non-empty dataset, got length={length!r}.")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank should be in [0, {num_replicas - 1}], got rank={rank!r}.")
+        # DistributedSampler only reads len(dataset); a range stands in for the dataset.
+        super().__init__(
+            range(length),  # type: ignore[arg-type]
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,  # type: ignore[arg-type]
+            drop_last=drop_last,
+        )
+        self.length = length
+
+    def indices(self) -> torch.Tensor:
+        """This rank's indices for the current epoch, in order."""
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.length, generator=gen)
+        else:
+            order = torch.arange(self.length)
+        if self.drop_last:
+            order = order[: self.total_size]
+        elif self.total_size > self.length:
+            order = torch.cat([order, order[: self.total_size - self.length]])
+        return order[self.rank : self.total_size : self.num_replicas]
+
+    def __iter__(self) -> Iterator[SampleKey]:  # type: ignore[override]
+        epoch = self.epoch
+        return ((epoch, i) for i in self.indices().tolist())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the epoch (the permutation is a function of ``seed`` and ``epoch``)."""
+        return {"epoch": self.epoch, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the epoch saved by :meth:`state_dict`."""
+        self.epoch = int(state["epoch"])

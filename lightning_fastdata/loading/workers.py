@@ -1,0 +1,89 @@
+"""Worker-process setup and the CPU budget that ``num_workers="auto"`` divides."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["CpuBudget", "init_worker", "resolve_num_workers"]
+
+
+def init_worker(worker_id: int) -> None:
+    """Give a loader worker one intra-op thread and seed ``random``/numpy from torch's per-worker seed.
+
+    torch seeds each worker with ``base_seed + worker_id``, where ``base_seed`` comes from the loader's
+    generator; seeding ``random`` and numpy from it makes any user randomness deterministic too.
+    """
+    torch.set_num_threads(1)
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _read_cgroup_quota(root: str) -> float | None:
+    """CPUs allowed by the cgroup CPU quota (v2 ``cpu.max``, v1 ``cfs_quota_us``), or ``None`` if unlimited."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
+            quota_us = int(f.read())
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
+            period_us = int(f.read())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class CpuBudget:
+    """The CPUs this process may use: its affinity set, capped by the cgroup quota.
+
+    ``os.cpu_count()`` and ``sched_getaffinity`` both ignore the container quota; this reads it. Construct
+    it with fake values in tests.
+
+    Args:
+        affinity: Number of CPUs in the process's affinity mask.
+        quota: CPUs granted by the cgroup quota, or ``None`` when there is none.
+    """
+
+    affinity: int
+    quota: float | None = None
+
+    @classmethod
+    def detect(cls, cgroup_root: str = "/sys/fs/cgroup") -> CpuBudget:
+        """Read this process's affinity and cgroup quota."""
+        affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return cls(affinity=affinity, quota=_read_cgroup_quota(cgroup_root))
+
+    @property
+    def usable(self) -> int:
+        """Whole CPUs usable (at least 1)."""
+        cpus = float(self.affinity) if self.quota is None else min(float(self.affinity), self.quota)
+        return max(1, int(cpus))
+
+
+def resolve_num_workers(num_workers: int | str, devices_per_node: int = 1, budget: CpuBudget | None = None) -> int:
+    """Resolve ``"auto"`` to ``usable_cpus // devices_per_node - 1`` (one CPU left for the main process).
+
+    Raises:
+        ValueError: If ``num_workers`` is negative or a string other than ``"auto"``.
+    """
+    if isinstance(num_workers, str):
+        if num_workers != "auto":
+            raise ValueError(f"num_workers should be a non-negative int or 'auto', got {num_workers!r}.")
+        budget = budget or CpuBudget.detect()
+        return max(0, budget.usable // max(1, devices_per_node) - 1)
+    if num_workers < 0:
+        raise ValueError(
+            f"num_workers option should be non-negative, got {num_workers!r}; use num_workers=0 to disable "
+            "multiprocessing."
+        )
+    return num_workers

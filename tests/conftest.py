@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lightning_fastdata.testing import make_image_folder, photo_like_image
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 classes x 13 small photo-like JPEGs (39 images: odd, so last batches are partial)."""
+    return make_image_folder(tmp_path_factory.mktemp("folder") / "train", num_classes=3, per_class=13, size=(96, 72))
+
+
+@pytest.fixture(scope="session")
+def photo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ImageNet-sized JPEG (large enough for DCT-domain downscaling at small outputs)."""
+    path = tmp_path_factory.mktemp("photo") / "photo.jpg"
+    photo_like_image(np.random.default_rng(0), 500, 375, hue=0.3).save(path, quality=90)
+    return path

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_fastdata.cli import ensure_demo_data, run_cli
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+
+
+def test_there_are_configs() -> None:
+    assert {p.name for p in CONFIGS} >= {"demo.yaml", "imagefolder.yaml"}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_config_parses_and_smoke_runs(config: Path, image_folder: Path, tmp_path: Path) -> None:
+    cli = run_cli(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--data.init_args.root",
+            str(image_folder),
+            "--data.init_args.image_size",
+            "32",
+            "--data.init_args.num_workers",
+            "0",
+            "--trainer.fast_dev_run",
+            "true",
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.devices",
+            "1",
+            "--model.arch",
+            "resnet18",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ]
+    )
+    assert cli.model.hparams["num_classes"] == 3  # linked from the DataModule
+    assert cli.trainer.state.finished
+
+
+def test_demo_data_is_generated_once(tmp_path: Path) -> None:
+    root = ensure_demo_data(str(tmp_path / "demo"), num_classes=2, per_class=2, processes=1)
+    assert len(list(root.glob("*/*.jpg"))) == 4 and (root / ".complete").exists()
+    first = next(root.glob("*/*.jpg"))
+    mtime = first.stat().st_mtime_ns
+    ensure_demo_data(str(root), num_classes=2, per_class=2, processes=1)
+    assert first.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.timeout(300)
+def test_fastdata_console_script_fits(image_folder: Path, tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("fastdata")
+    out = subprocess.run(
+        [
+            str(exe),
+            "fit",
+            "--config",
+            str(CONFIGS[0].with_name("demo.yaml")),
+            "--data.init_args.root",
+            str(image_folder),
+            "--data.init_args.image_size",
+            "32",
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "images/s per rank" in out.stdout + out.stderr and "waiting for data" in out.stdout + out.stderr

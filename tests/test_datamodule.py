@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_fastdata import DataWaitMonitor, ImageClassifier, ImageFolderDataModule
+from lightning_fastdata.testing import make_image_folder
+
+
+class Recorder(pl.Callback):
+    """Records what the model receives, after the DataModule's transfer hooks."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.batches.append((batch[0].detach().clone(), batch[1].clone()))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fit_end_to_end(image_folder: Path, workers: int) -> None:
+    dm = ImageFolderDataModule(str(image_folder), image_size=32, batch_size=8, num_workers=workers, val_fraction=0.2)
+    model = ImageClassifier(num_classes=dm.num_classes)
+    recorder, monitor = Recorder(), DataWaitMonitor(log_every_n_steps=1)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[recorder, monitor],
+        enable_model_summary=False,
+    )
+    trainer.fit(model, dm)
+    assert isinstance(trainer.train_dataloader, StatefulDataLoader)
+    assert trainer.train_dataloader.num_workers == workers
+    # 39 images, 8 held out: 31 train = 4 batches per epoch, the last one partial
+    assert len(recorder.batches) == 8 and [len(y) for _, y in recorder.batches[:4]] == [8, 8, 8, 7]
+    images, _ = recorder.batches[0]
+    assert images.dtype == torch.float32 and images.shape == (8, 3, 32, 32)
+    assert -2.2 < images.min() < 0 < images.max() < 2.7  # normalised with ImageNet mean/std on the device
+    labels = torch.cat([y for _, y in recorder.batches[:4]])
+    assert labels.bincount(minlength=3).sum() == 31
+    assert monitor.meter.total().steps == 6  # first step of each epoch only anchors
+    assert "train_loss" in trainer.callback_metrics and "val_acc" in trainer.callback_metrics
+    assert "data_wait_fraction" in trainer.callback_metrics
+
+
+def test_normalisation_matches_torchvision(image_folder: Path) -> None:
+    from torchvision.transforms import Normalize
+
+    dm = ImageFolderDataModule(str(image_folder), image_size=32, num_workers=0)
+    x = torch.randint(0, 256, (2, 3, 5, 5), dtype=torch.uint8)
+    got = dm.on_after_batch_transfer((x, torch.zeros(2)), 0)[0]
+    want = Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))(x.float() / 255)
+    torch.testing.assert_close(got, want)
+
+
+def test_val_split_is_seeded_and_disjoint(image_folder: Path) -> None:
+    def split(seed: int) -> tuple[set[str], set[str]]:
+        dm = ImageFolderDataModule(str(image_folder), val_fraction=0.25, seed=seed, num_workers=0)
+        dm.setup("fit")
+        tr, va = dm.train_dataset.index, dm.val_dataset.index  # type: ignore[union-attr]
+        return {tr.relpath(i) for i in range(len(tr))}, {va.relpath(i) for i in range(len(va))}
+
+    tr, va = split(0)
+    assert len(va) == 10 and len(tr) == 29 and not tr & va
+    assert split(0) == (tr, va) and split(1) != (tr, va)
+
+
+def test_val_root(tmp_path: Path, image_folder: Path) -> None:
+    val = make_image_folder(tmp_path / "val", num_classes=3, per_class=2, size=(40, 30))
+    dm = ImageFolderDataModule(str(image_folder), val_root=str(val), num_workers=0)
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 39 and len(dm.val_dataset) == 6  # type: ignore[arg-type]
+    other = make_image_folder(tmp_path / "other", num_classes=2, per_class=1, size=(40, 30))
+    with pytest.raises(ValueError, match="same class folders"):
+        ImageFolderDataModule(str(image_folder), val_root=str(other))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"batch_size": 0}, ValueError, "batch_size"),
+        ({"num_workers": -1}, ValueError, "num_workers=0 to disable"),
+        ({"num_workers": "lots"}, ValueError, "'auto'"),
+        ({"num_workers": 0, "prefetch_factor": 4}, ValueError, "prefetch_factor"),
+        ({"num_workers": 0, "persistent_workers": True}, ValueError, "persistent_workers"),
+        ({"val_fraction": 1.0}, ValueError, "val_fraction"),
+        ({"image_size": -3}, ValueError, "image_size"),
+        ({"std": (0.2, 0.0, 0.2)}, ValueError, "std"),
+    ],
+)
+def test_impossible_arguments_fail_in_init(image_folder: Path, kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        ImageFolderDataModule(str(image_folder), **kwargs)
+
+
+def test_missing_root_fails_in_init(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nope"):
+        ImageFolderDataModule(str(tmp_path / "nope"))
+
+
+@pytest.mark.timeout(240)
+def test_skipped_corrupt_images_are_reported_after_the_epoch(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "r", num_classes=2, per_class=6, size=(48, 40))
+    bad = root / "class_000" / "img_000001.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])
+    dm = ImageFolderDataModule(str(root), image_size=16, batch_size=4, num_workers=0, val_fraction=0, on_corrupt="skip")
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with pytest.warns(UserWarning, match=r"Epoch 0: skipped 1 corrupt\b") as record:
+        trainer.fit(ImageClassifier(num_classes=2), dm)
+    assert any("Epoch 1: skipped 1 corrupt" in str(w.message) for w in record)

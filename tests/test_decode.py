@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lightning_fastdata.loading.decode import center_crop_box, decode_resized_crop, random_resized_crop_box
+
+
+def reference(data: bytes, box: tuple[int, int, int, int], size: int, flip: bool = False) -> np.ndarray:
+    """What torchvision's PIL transforms produce for the same crop."""
+    top, left, h, w = box
+    img = Image.open(io.BytesIO(data)).convert("RGB").crop((left, top, left + w, top + h))
+    img = img.resize((size, size), Image.BILINEAR)
+    if flip:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(img).astype(np.int16)
+
+
+def ours(data: bytes, box: tuple[int, int, int, int], size: int, flip: bool = False) -> np.ndarray:
+    out = torch.empty((size, size, 3), dtype=torch.uint8).permute(2, 0, 1)
+    decode_resized_crop(data, out, lambda w, h: box, flip=flip, name="x")
+    return out.permute(1, 2, 0).numpy().astype(np.int16)
+
+
+def encode(img: Image.Image, fmt: str, **kw: object) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("box", "size", "flip", "tolerance"),
+    [
+        ((20, 30, 300, 280), 224, False, 1.5),  # ~1.3x downscale: decode_jpeg + torch resize
+        ((0, 0, 375, 375), 224, True, 1.5),
+        ((50, 60, 120, 90), 224, False, 1.5),  # upscale
+        # >= 2x the output: decoded at 1/2 .. 1/8 in the DCT domain, a slightly different low-pass filter
+        ((10, 10, 350, 420), 96, False, 2.5),
+        ((10, 10, 350, 420), 40, True, 4.0),
+    ],
+)
+def test_fast_path_matches_pil_reference(
+    photo: Path, box: tuple[int, int, int, int], size: int, flip: bool, tolerance: float
+) -> None:
+    data = photo.read_bytes()
+    diff = np.abs(ours(data, box, size, flip) - reference(data, box, size, flip))
+    assert diff.mean() < tolerance, diff.mean()
+    assert np.percentile(diff, 99) < 24
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK", "RGBA", "P", "PNG-RGB", "PNG-L"])
+def test_other_modes_and_formats_come_out_as_correct_rgb(photo: Path, mode: str) -> None:
+    rgb = Image.open(photo).convert("RGB").resize((120, 90))
+    if mode.startswith("PNG"):
+        data = encode(rgb.convert(mode.split("-")[1]), "PNG")
+    elif mode in ("RGBA", "P"):
+        data = encode(rgb.convert(mode), "PNG")
+    else:
+        data = encode(rgb.convert(mode), "JPEG", quality=95)
+    box = (0, 0, 90, 120)
+    got, want = ours(data, box, 64), reference(data, box, 64)
+    assert got.shape == (64, 64, 3)
+    assert np.abs(got - want).mean() < 2.5
+    if "L" in mode:
+        assert (got[..., 0] == got[..., 1]).all() and (got[..., 1] == got[..., 2]).all()
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.9])
+def test_truncated_jpeg_raises_naming_the_file(photo: Path, cut: float) -> None:
+    data = photo.read_bytes()
+    out = torch.empty((3, 32, 32), dtype=torch.uint8)
+    with pytest.raises(OSError, match=r"Cannot decode image 'cls/broken\.jpg'.*on_corrupt='skip'"):
+        decode_resized_crop(data[: int(len(data) * cut)], out, lambda w, h: (0, 0, h, w), name="cls/broken.jpg")
+
+
+def test_not_an_image_raises() -> None:
+    with pytest.raises(OSError, match="junk.png"):
+        decode_resized_crop(
+            b"hello", torch.empty((3, 8, 8), dtype=torch.uint8), lambda w, h: (0, 0, h, w), name="junk.png"
+        )
+
+
+def test_random_crop_boxes_stay_inside_and_follow_the_ranges() -> None:
+    rng = np.random.default_rng(0)
+    areas = []
+    for _ in range(2000):
+        top, left, h, w = random_resized_crop_box(rng, 500, 375, (0.08, 1.0), (3 / 4, 4 / 3))
+        assert 0 <= top and 0 <= left and top + h <= 375 and left + w <= 500 and h > 0 and w > 0
+        areas.append(h * w / (500 * 375))
+    assert 0.07 < min(areas) < 0.12 and max(areas) > 0.8
+
+
+def test_center_crop_box_is_resize_then_center_crop() -> None:
+    # Resize(256) + CenterCrop(224) of 500x375: the central 328x328 (375 * 224/256)
+    assert center_crop_box(500, 375, 224 / 256) == (23, 86, 328, 328)

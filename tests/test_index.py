@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+from torchvision.datasets import ImageFolder
+
+from lightning_fastdata import scan_image_folder
+from lightning_fastdata.testing import make_image_folder
+
+
+def test_labels_and_order_match_torchvision(image_folder: Path) -> None:
+    index = scan_image_folder(str(image_folder))
+    reference = ImageFolder(str(image_folder))
+    assert list(index.classes) == reference.classes
+    assert [(index.path(i), int(index.labels[i])) for i in range(len(index))] == reference.samples
+
+
+def test_nested_folders_and_uppercase_extensions(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "r", num_classes=2, per_class=2, size=(32, 24))
+    sub = root / "class_001" / "nested"
+    sub.mkdir()
+    shutil.copy(next(root.glob("class_001/*.jpg")), sub / "X.JPG")
+    index = scan_image_folder(str(root))
+    assert [(index.path(i), int(index.labels[i])) for i in range(len(index))] == ImageFolder(str(root)).samples
+
+
+def test_index_is_compact_and_cheap_to_pickle(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "r", num_classes=2, per_class=50, size=(16, 16))
+    index = scan_image_folder(str(root))
+    payload = pickle.dumps(index)
+    # numpy arrays, not a list of Python objects: ~path length + 16 bytes per file, one memcpy to pickle
+    assert len(payload) < 100 * (len(index.relpath(0)) + 16) + 2000
+    assert index.labels.dtype.kind == "i" and index.path_bytes.dtype.name == "uint8"
+    assert pickle.loads(payload).path(57) == index.path(57)
+
+
+def test_stray_files_are_skipped_with_one_warning_that_counts_them(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "r", num_classes=2, per_class=3, size=(16, 16))
+    (root / "class_000" / "notes.txt").write_text("x")
+    (root / "class_001" / ".DS_Store").write_bytes(b"\0")
+    (root / "class_001" / "readme.txt").write_text("x")
+    with pytest.warns(UserWarning, match=r"Skipped 3 file\(s\).*\.ds_store \(1\).*\.txt \(2\)"):
+        index = scan_image_folder(str(root))
+    assert len(index) == 6
+
+
+def test_missing_root(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does-not-exist.*one\\s+sub-folder per class"):
+        scan_image_folder(str(tmp_path / "does-not-exist"))
+
+
+def test_no_class_folder(tmp_path: Path) -> None:
+    (tmp_path / "a.jpg").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="Couldn't find any class folder"):
+        scan_image_folder(str(tmp_path))
+
+
+def test_empty_class_is_named(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "r", num_classes=2, per_class=2, size=(16, 16))
+    (root / "empty_class").mkdir()
+    (root / "empty_class" / "x.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match="empty_class"):
+        scan_image_folder(str(root))
