@@ -161,7 +161,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
 
     cpus = len(os.sched_getaffinity(0))
-    machine = f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, torch {torch.__version__}"
+    import PIL
+
+    from lightning_fastdata.loading.decode import pillow_simd_installed
+
+    machine = (
+        f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{'pillow-simd' if pillow_simd_installed() else 'Pillow'} {PIL.__version__}"
+    )
     print(f"\nData: {len(files)} JPEGs in {args.root}, mean {mean_kb:.0f} KB")
     print(f"Output: {args.image_size}px, batch {args.batch_size}, median of {args.repeats} runs")
     print(f"Machine: {machine}")

@@ -98,3 +98,14 @@ def test_random_crop_boxes_stay_inside_and_follow_the_ranges() -> None:
 def test_center_crop_box_is_resize_then_center_crop() -> None:
     # Resize(256) + CenterCrop(224) of 500x375: the central 328x328 (375 * 224/256)
     assert center_crop_box(500, 375, 224 / 256) == (23, 86, 328, 328)
+
+
+def test_pillow_simd_detection_follows_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    import PIL
+
+    from lightning_fastdata.loading.decode import pillow_simd_installed
+
+    monkeypatch.setattr(PIL, "__version__", "9.5.0.post2")
+    assert pillow_simd_installed()
+    monkeypatch.setattr(PIL, "__version__", "13.0.0")
+    assert not pillow_simd_installed()

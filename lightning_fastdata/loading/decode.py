@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-__all__ = ["Box", "center_crop_box", "decode_resized_crop", "random_resized_crop_box"]
+__all__ = ["Box", "center_crop_box", "decode_resized_crop", "pillow_simd_installed", "random_resized_crop_box"]
 
 #: A crop in full-resolution pixel coordinates: ``(top, left, height, width)``.
 Box = tuple[int, int, int, int]
@@ -135,3 +135,14 @@ def decode_resized_crop(
             "pass on_corrupt='skip' to skip such files (each is logged and counted)."
         ) from err
     _resize_into(out, chw[:, top : top + h, left : left + w], flip)
+
+
+def pillow_simd_installed() -> bool:
+    """Whether the installed PIL is pillow-simd (its versions end in ``.postN``; plain Pillow's do not).
+
+    pillow-simd speeds up PIL's resize and filters, which this package uses for non-JPEG inputs and the
+    DCT-domain (``draft``) path; the JPEG decode itself is libjpeg-turbo either way.
+    """
+    import PIL
+
+    return ".post" in PIL.__version__

@@ -1,0 +1,46 @@
+"""Run a 2-process CPU DDP fit (gloo) and write what each rank's loader served to OUT/rank<k>.json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lightning_fastdata import EpochSampler, ImageClassifier, ImageFolderDataModule
+
+
+class Served(pl.Callback):
+    def __init__(self) -> None:
+        self.labels: list[int] = []
+        self.indices: list[int] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        sampler = trainer.train_dataloader.sampler
+        assert type(sampler) is EpochSampler, type(sampler)  # Lightning kept ours
+        self.indices = sampler.indices().tolist()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
+        self.labels += batch[1].tolist()
+
+
+if __name__ == "__main__":
+    root, out, workers = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    dm = ImageFolderDataModule(root, image_size=16, batch_size=4, num_workers=workers, val_fraction=0)
+    served = Served()
+    trainer = pl.Trainer(
+        strategy="ddp",
+        accelerator="cpu",
+        devices=2,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[served],
+    )
+    trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
+    record = {"indices": served.indices, "labels": served.labels, "world": trainer.world_size}
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
