@@ -163,11 +163,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cpus = len(os.sched_getaffinity(0))
     import PIL
 
-    from lightning_fastdata.loading.decode import pillow_simd_installed
+    from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 
     machine = (
         f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, torch {torch.__version__}, "
-        f"{'pillow-simd' if pillow_simd_installed() else 'Pillow'} {PIL.__version__}"
+        f"{'pillow-simd' if pillow_simd_installed() else 'Pillow'} {PIL.__version__}, "
+        f"ROI JPEG decoder {'on' if roi_decode_available() else 'off'}"
     )
     print(f"\nData: {len(files)} JPEGs in {args.root}, mean {mean_kb:.0f} KB")
     print(f"Output: {args.image_size}px, batch {args.batch_size}, median of {args.repeats} runs")

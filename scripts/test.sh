@@ -2,7 +2,7 @@
 # The whole test suite: lint, types, tests. Run after setup.sh (the README's second command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/ruff check lightning_fastdata tests benchmarks
-.venv/bin/ruff format --check lightning_fastdata tests benchmarks
+.venv/bin/ruff check lightning_fastdata tests benchmarks setup.py
+.venv/bin/ruff format --check lightning_fastdata tests benchmarks setup.py
 .venv/bin/mypy
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

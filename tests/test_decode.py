@@ -8,6 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
+from lightning_fastdata.loading import decode
 from lightning_fastdata.loading.decode import center_crop_box, decode_resized_crop, random_resized_crop_box
 
 
@@ -19,6 +20,14 @@ def reference(data: bytes, box: tuple[int, int, int, int], size: int, flip: bool
     if flip:
         img = img.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(img).astype(np.int16)
+
+
+@pytest.fixture(params=["roi", "fallback"], autouse=True)
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs through the compiled ROI decoder and through the pure-Python fallback."""
+    if request.param == "fallback":
+        monkeypatch.setattr(decode, "_jpegroi", None)
+    return str(request.param)
 
 
 def ours(data: bytes, box: tuple[int, int, int, int], size: int, flip: bool = False) -> np.ndarray:
@@ -109,3 +118,15 @@ def test_pillow_simd_detection_follows_the_version(monkeypatch: pytest.MonkeyPat
     assert pillow_simd_installed()
     monkeypatch.setattr(PIL, "__version__", "13.0.0")
     assert not pillow_simd_installed()
+
+
+@pytest.mark.parametrize("decoder", ["roi"], indirect=True)
+def test_roi_decoder_is_built_here(decoder: str) -> None:
+    # setup.sh installs libjpeg-turbo's headers; losing the fast path silently would be a regression.
+    assert decode.roi_decode_available(), "lightning_fastdata._ext._jpegroi was not built: run bash setup.sh"
+
+
+def test_progressive_jpeg_crop(photo: Path) -> None:
+    data = encode(Image.open(photo), "JPEG", quality=90, progressive=True)
+    box = (33, 71, 250, 301)
+    assert np.abs(ours(data, box, 160) - reference(data, box, 160)).mean() < 1.5

@@ -1,12 +1,19 @@
 """Decode an encoded image straight into a resized crop, spending as little as the crop allows.
 
-Measured on this project's 2-core machine (photo-like 500x375 JPEGs, one core, see ``benchmarks/``):
-``torchvision.io.decode_jpeg`` decodes ~15% faster than PIL's ``open().convert()``, and torch's uint8
-antialiased bilinear resize on a channels-last tensor is ~3x faster than PIL's ``resize`` (6,200 vs 1,900
-crops/s for 300->224). So JPEGs go through ``decode_jpeg`` and torch's resize, except when the crop is at
-least twice the output size: then PIL's ``draft`` decodes at 1/2, 1/4 or 1/8 scale in the DCT domain,
-which is cheaper than any full decode. Other formats, and JPEG modes ``decode_jpeg`` cannot convert
-exactly as PIL does (CMYK, YCCK), go through PIL's ``convert("RGB")``, as torchvision's ``ImageFolder`` does.
+Measured on this project's 2-core machine (photo-like ~500x375 JPEGs, one core, see ``benchmarks/``):
+
+- full decode: ``torchvision.io.decode_jpeg`` ~1,150 img/s, PIL ``open().convert()`` ~960, simplejpeg within
+  2% of ``decode_jpeg`` (its ``fastdct``/``fastupsample`` +7%); libjpeg-turbo's non-power-of-two scaled
+  decode (6/8, 5/8) is *slower* than full decode, only 1/2, 1/4, 1/8 are fast;
+- region-of-interest decode (``_jpegroi``, our small libjpeg-turbo extension: ``jpeg_crop_scanline`` +
+  ``jpeg_skip_scanlines``, stopping after the crop's last row) of ``RandomResizedCrop`` boxes: ~1.4x the
+  full decode, since only the crop's rows and columns are inverse-DCT'd and colour-converted;
+- resize: torch's uint8 antialiased bilinear kernel on a channels-last view ~3x PIL's ``resize``.
+
+So a JPEG crop is decoded by ``_jpegroi`` when it is built (falling back to ``decode_jpeg`` + slicing), except
+when the crop is at least twice the output: then PIL's ``draft`` decodes at 1/2, 1/4 or 1/8 scale in the DCT
+domain. Other formats and CMYK/YCCK JPEGs go through PIL's ``convert("RGB")``, as torchvision's
+``ImageFolder`` does.
 """
 
 from __future__ import annotations
@@ -21,12 +28,24 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-__all__ = ["Box", "center_crop_box", "decode_resized_crop", "pillow_simd_installed", "random_resized_crop_box"]
+__all__ = [
+    "Box",
+    "center_crop_box",
+    "decode_resized_crop",
+    "pillow_simd_installed",
+    "random_resized_crop_box",
+    "roi_decode_available",
+]
 
 #: A crop in full-resolution pixel coordinates: ``(top, left, height, width)``.
 Box = tuple[int, int, int, int]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
+
+try:  # built by setup.py against the system libjpeg-turbo; optional, everything works without it
+    from lightning_fastdata._ext import _jpegroi
+except ImportError:  # pragma: no cover - depends on the build
+    _jpegroi = None
 
 
 def random_resized_crop_box(
@@ -83,6 +102,74 @@ def _draft_scale(box: Box, out_hw: tuple[int, int]) -> int:
     return next((s for s in (8, 4, 2) if factor >= s), 1)
 
 
+def _roi_buffer(nbytes: int) -> bytearray:
+    """A per-process scratch buffer for ROI decodes, grown as needed (never shared between processes)."""
+    global _ROI_BUF
+    if len(_ROI_BUF) < nbytes:
+        _ROI_BUF = bytearray(nbytes)
+    return _ROI_BUF
+
+
+_ROI_BUF = bytearray(0)
+# libjpeg's jpeg_color_space values that decode to RGB exactly (grayscale, RGB, YCbCr); CMYK/YCCK go via PIL.
+_ROI_COLOR_SPACES = (1, 2, 3)
+
+
+def _decode_roi(data: bytes, box: Box) -> torch.Tensor:
+    """Decode only the crop's rows and iMCU-aligned columns; return a ``3 x h x w`` view of the crop."""
+    top, left, h, w = box
+    buf = _roi_buffer(h * (w + 64) * 3)  # crop_scanline widens by at most one iMCU (<= 32 px) per side
+    shift, decoded_w = _jpegroi.decode_crop(data, top, left, h, w, buf)  # type: ignore[union-attr]
+    rows = torch.frombuffer(buf, dtype=torch.uint8, count=h * decoded_w * 3).view(h, decoded_w, 3)
+    return rows[:, shift : shift + w].permute(2, 0, 1)
+
+
+def _decode_draft(img: Image.Image, box: Box, out_hw: tuple[int, int], scale: int) -> torch.Tensor:
+    """Decode at 1/scale in the DCT domain and resize the crop with a sub-pixel box; return ``3 x H x W``."""
+    top, left, h, w = box
+    width, height = img.size
+    img.draft("RGB", (width // scale, height // scale))
+    reduced = img.convert("RGB")
+    # Reduced pixel i covers full-resolution pixels [i * scale, (i + 1) * scale).
+    fbox = (left / scale, top / scale, (left + w) / scale, (top + h) / scale)
+    # The reduced image is small, so PIL's resize (which takes a sub-pixel box) costs little here.
+    small = reduced.resize((out_hw[1], out_hw[0]), Image.Resampling.BILINEAR, box=fbox)
+    return torch.from_numpy(np.array(small)).permute(2, 0, 1)
+
+
+def _decode_full_jpeg(data: bytes, box: Box) -> torch.Tensor:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    top, left, h, w = box
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    with warnings.catch_warnings():
+        # torchvision 0.29 deprecates its decoders in favour of torchcodec; still the fastest full decode here.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return decode_jpeg(raw, mode=ImageReadMode.RGB)[:, top : top + h, left : left + w]
+
+
+def _decode_crop(data: bytes, box_fn: Callable[[int, int], Box], out_hw: tuple[int, int]) -> torch.Tensor:
+    """Pick the cheapest exact decoder for this crop; return the crop as ``3 x h x w`` uint8 (any strides)."""
+    is_jpeg = data.startswith(_JPEG_MAGIC)
+    if is_jpeg and _jpegroi is not None:
+        width, height, color_space = _jpegroi.header(data)
+        box = box_fn(width, height)
+        scale = _draft_scale(box, out_hw)
+        if color_space in _ROI_COLOR_SPACES and scale == 1:
+            return _decode_roi(data, box)
+        img = Image.open(io.BytesIO(data))
+    else:
+        img = Image.open(io.BytesIO(data))
+        box = box_fn(*img.size)
+        scale = _draft_scale(box, out_hw)
+    top, left, h, w = box
+    if is_jpeg and img.format == "JPEG" and img.mode in ("RGB", "L"):
+        if scale > 1:
+            return _decode_draft(img, box, out_hw, scale)
+        return _decode_full_jpeg(data, box)
+    return torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1)[:, top : top + h, left : left + w]
+
+
 def decode_resized_crop(
     data: bytes,
     out: torch.Tensor,
@@ -102,39 +189,19 @@ def decode_resized_crop(
     Raises:
         OSError: If the image is corrupt or truncated; the message names ``name``.
     """
-    out_hw = (int(out.shape[1]), int(out.shape[2]))
     try:
-        img = Image.open(io.BytesIO(data))
-        width, height = img.size
-        box = box_fn(width, height)
-        top, left, h, w = box
-        if img.format == "JPEG" and img.mode in ("RGB", "L") and data.startswith(_JPEG_MAGIC):
-            scale = _draft_scale(box, out_hw)
-            if scale > 1:
-                # Decoded at 1/scale in the DCT domain: reduced pixel i covers full pixels [i*scale, (i+1)*scale).
-                img.draft("RGB", (width // scale, height // scale))
-                reduced = img.convert("RGB")
-                fbox = (left / scale, top / scale, (left + w) / scale, (top + h) / scale)
-                # The reduced image is small, so PIL's resize (which takes a sub-pixel box) costs little here.
-                small = reduced.resize((out_hw[1], out_hw[0]), Image.Resampling.BILINEAR, box=fbox)
-                chw = torch.from_numpy(np.array(small)).permute(2, 0, 1)
-                top, left, h, w = 0, 0, out_hw[0], out_hw[1]
-            else:
-                from torchvision.io import ImageReadMode, decode_jpeg
-
-                raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                with warnings.catch_warnings():
-                    # torchvision 0.29 deprecates its decoders in favour of torchcodec; still the fastest here.
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    chw = decode_jpeg(raw, mode=ImageReadMode.RGB)
-        else:
-            chw = torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1)
+        crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])))
     except (OSError, RuntimeError, ValueError, SyntaxError, EOFError) as err:  # PIL's, libjpeg's, torchvision's
         raise OSError(
             f"Cannot decode image {name!r}: {err}. The file is corrupt or truncated: replace or delete it, or "
             "pass on_corrupt='skip' to skip such files (each is logged and counted)."
         ) from err
-    _resize_into(out, chw[:, top : top + h, left : left + w], flip)
+    _resize_into(out, crop, flip)
+
+
+def roi_decode_available() -> bool:
+    """Whether the compiled region-of-interest JPEG decoder (``_jpegroi``, libjpeg-turbo) is in use."""
+    return _jpegroi is not None
 
 
 def pillow_simd_installed() -> bool:

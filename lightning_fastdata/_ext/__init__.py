@@ -1,0 +1,1 @@
+"""Optional compiled helpers (built by setup.py when libjpeg-turbo headers are present)."""

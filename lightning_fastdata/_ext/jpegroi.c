@@ -1,0 +1,118 @@
+/* Region-of-interest JPEG decode with libjpeg-turbo: decode only the rows and (iMCU-aligned) columns of
+ * a crop, stopping after its last row. jpeg_crop_scanline + jpeg_skip_scanlines (libjpeg-turbo >= 1.5).
+ * The GIL is released while decoding. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <string.h>
+#include <jpeglib.h>
+#include <jerror.h>
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+} roi_error_mgr;
+
+static void roi_error_exit(j_common_ptr cinfo) {
+    roi_error_mgr *err = (roi_error_mgr *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+static void roi_emit_message(j_common_ptr cinfo, int msg_level) {
+    /* A premature end of data is a truncated file: fail instead of returning grey rows. Other warnings
+     * (e.g. extraneous bytes) are what libjpeg, PIL and torchvision all tolerate. */
+    if (msg_level == -1 && cinfo->err->msg_code == JWRN_JPEG_EOF) roi_error_exit(cinfo);
+}
+
+static PyObject *header(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    struct jpeg_decompress_struct cinfo;
+    roi_error_mgr jerr;
+    cinfo.err = jpeg_std_error(&jerr.pub);
+    jerr.pub.error_exit = roi_error_exit;
+    jerr.pub.emit_message = roi_emit_message;
+    if (setjmp(jerr.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        PyBuffer_Release(&data);
+        PyErr_Format(PyExc_ValueError, "%s", jerr.message);
+        return NULL;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+    jpeg_read_header(&cinfo, TRUE);
+    PyObject *out = Py_BuildValue("(iii)", (int)cinfo.image_width, (int)cinfo.image_height, (int)cinfo.jpeg_color_space);
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    return out;
+}
+
+/* decode_crop(data, top, left, height, width, out) -> (x_shift, decoded_width)
+ * Writes `height` rows of `decoded_width` RGB pixels into `out` (a writable buffer of at least
+ * height * (width + 2 * iMCU width) * 3 bytes); the crop starts `x_shift` pixels into each row. */
+static PyObject *decode_crop(PyObject *self, PyObject *args) {
+    Py_buffer data, out;
+    int top, left, height, width;
+    if (!PyArg_ParseTuple(args, "y*iiiiw*", &data, &top, &left, &height, &width, &out)) return NULL;
+    struct jpeg_decompress_struct cinfo;
+    roi_error_mgr jerr;
+    JDIMENSION xoff = 0, cw = 0;
+    int failed = 0, bad_args = 0;
+    cinfo.err = jpeg_std_error(&jerr.pub);
+    jerr.pub.error_exit = roi_error_exit;
+    jerr.pub.emit_message = roi_emit_message;
+    Py_BEGIN_ALLOW_THREADS
+    if (setjmp(jerr.jump)) {
+        failed = 1;
+    } else {
+        jpeg_create_decompress(&cinfo);
+        jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+        jpeg_read_header(&cinfo, TRUE);
+        cinfo.out_color_space = JCS_RGB;
+        jpeg_start_decompress(&cinfo);
+        if (top < 0 || left < 0 || height <= 0 || width <= 0 || (JDIMENSION)(top + height) > cinfo.output_height ||
+            (JDIMENSION)(left + width) > cinfo.output_width) {
+            bad_args = 1;
+        } else {
+            xoff = (JDIMENSION)left;
+            cw = (JDIMENSION)width;
+            jpeg_crop_scanline(&cinfo, &xoff, &cw);
+            if ((Py_ssize_t)height * cw * 3 > out.len) {
+                bad_args = 1;
+            } else {
+                if (top > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)top);
+                JSAMPROW row;
+                for (int y = 0; y < height; y++) {
+                    row = (JSAMPROW)out.buf + (size_t)y * cw * 3;
+                    jpeg_read_scanlines(&cinfo, &row, 1);
+                }
+            }
+        }
+        jpeg_abort_decompress(&cinfo);
+    }
+    jpeg_destroy_decompress(&cinfo);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    if (failed) {
+        PyErr_Format(PyExc_ValueError, "%s", jerr.message);
+        return NULL;
+    }
+    if (bad_args) {
+        PyErr_SetString(PyExc_ValueError, "crop box outside the image or output buffer too small");
+        return NULL;
+    }
+    return Py_BuildValue("(ii)", (int)((JDIMENSION)left - xoff), (int)cw);
+}
+
+static PyMethodDef methods[] = {
+    {"header", header, METH_VARARGS, "header(data) -> (width, height, jpeg_color_space)"},
+    {"decode_crop", decode_crop, METH_VARARGS, "decode_crop(data, top, left, height, width, out) -> (x_shift, decoded_width)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegroi", "ROI JPEG decode (libjpeg-turbo).", -1, methods};
+
+PyMODINIT_FUNC PyInit__jpegroi(void) { return PyModule_Create(&module); }
