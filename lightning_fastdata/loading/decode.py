@@ -45,7 +45,7 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 try:  # built by setup.py against the system libjpeg-turbo; optional, everything works without it
     from lightning_fastdata._ext import _jpegroi
 except ImportError:  # pragma: no cover - depends on the build
-    _jpegroi = None
+    _jpegroi = None  # type: ignore[assignment]
 
 
 def random_resized_crop_box(
@@ -119,7 +119,7 @@ def _decode_roi(data: bytes, box: Box) -> torch.Tensor:
     """Decode only the crop's rows and iMCU-aligned columns; return a ``3 x h x w`` view of the crop."""
     top, left, h, w = box
     buf = _roi_buffer(h * (w + 64) * 3)  # crop_scanline widens by at most one iMCU (<= 32 px) per side
-    shift, decoded_w = _jpegroi.decode_crop(data, top, left, h, w, buf)  # type: ignore[union-attr]
+    shift, decoded_w = _jpegroi.decode_crop(data, top, left, h, w, buf)
     rows = torch.frombuffer(buf, dtype=torch.uint8, count=h * decoded_w * 3).view(h, decoded_w, 3)
     return rows[:, shift : shift + w].permute(2, 0, 1)
 
