@@ -1,9 +1,12 @@
 """lightning-fastdata: DataModules and callbacks that keep the GPU fed."""
 
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
+from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
+from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
 from lightning_fastdata.datasets.folder import ImageFolderDataset
+from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
 from lightning_fastdata.loading.normalize import Normalizer
 from lightning_fastdata.loading.sampler import EpochSampler
@@ -16,10 +19,14 @@ __all__ = [
     "EpochSampler",
     "FastDataModule",
     "FileIndex",
+    "HDF5DataModule",
+    "HDF5Dataset",
     "ImageClassifier",
     "ImageFolderDataModule",
     "ImageFolderDataset",
     "Normalizer",
+    "convert_folder_to_hdf5",
+    "inspect_hdf5",
     "resolve_num_workers",
     "scan_image_folder",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -29,6 +30,14 @@ class FastDataModule(LightningDataModule):
     the bytes cross shared memory and PCIe. The train loader is a torchdata ``StatefulDataLoader``.
 
     Args:
+        image_size: Side of the square training and validation images.
+        scale: Area range of the training random crop (``RandomResizedCrop``'s ``scale``).
+        ratio: Aspect-ratio range of the training random crop.
+        crop_fraction: Validation crop as a fraction of the shorter side (0.875: 224 out of 256).
+        on_corrupt: ``"raise"`` on a corrupt or truncated image (naming it), or ``"skip"`` it: each skipped image
+            is logged and the count is reported after every epoch.
+        val_fraction: Fraction of the data held out (seeded) for validation when the subclass has no separate
+            validation source; 0 for none.
         batch_size: Samples per batch (per rank under DDP).
         num_workers: Loader worker processes, or ``"auto"``: usable CPUs (affinity capped by the cgroup quota)
             divided by the devices on this node, minus one for the main process.
@@ -43,6 +52,8 @@ class FastDataModule(LightningDataModule):
         in_order: Return batches in sampler order (torch's ``in_order``); ``False`` trades order for fewer
             stalls behind one slow batch.
         snapshot_every_n_steps: How often the train loader snapshots worker state (torchdata's argument).
+        block_shuffle: Shuffle blocks of this many consecutive samples instead of single samples (sequential
+            reads; less random batches, see :class:`~lightning_fastdata.EpochSampler`). ``None``: full shuffle.
 
     Raises:
         ValueError: On an impossible combination, e.g. ``prefetch_factor`` with ``num_workers=0``.
@@ -50,6 +61,12 @@ class FastDataModule(LightningDataModule):
 
     def __init__(
         self,
+        image_size: int = 224,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        crop_fraction: float = 0.875,
+        on_corrupt: Literal["raise", "skip"] = "raise",
+        val_fraction: float = 0.1,
         batch_size: int = 64,
         num_workers: int | Literal["auto"] = "auto",
         pin_memory: bool | None = None,
@@ -62,8 +79,13 @@ class FastDataModule(LightningDataModule):
         std: tuple[float, float, float] = IMAGENET_STD,
         in_order: bool = True,
         snapshot_every_n_steps: int = 1,
+        block_shuffle: int | None = None,
     ) -> None:
         super().__init__()
+        if image_size <= 0:
+            raise ValueError(f"image_size should be a positive int, got {image_size!r}.")
+        if not 0 <= val_fraction < 1:
+            raise ValueError(f"val_fraction should be in [0, 1), got {val_fraction!r}.")
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}.")
         resolve_num_workers(num_workers)  # validates; resolved again once the Trainer's device count is known
@@ -76,8 +98,20 @@ class FastDataModule(LightningDataModule):
             raise ValueError("persistent_workers=True needs worker processes; use num_workers > 0.")
         if prefetch_factor is not None and prefetch_factor < 1:
             raise ValueError(f"prefetch_factor should be a positive int, got {prefetch_factor!r}.")
+        if block_shuffle is not None and block_shuffle < 1:
+            raise ValueError(f"block_shuffle should be a positive int or None, got {block_shuffle!r}.")
         if snapshot_every_n_steps < 1:
             raise ValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
+        self.val_fraction = val_fraction
+        # What every image dataset of the package takes; validated again (with messages) by the datasets.
+        self.dataset_kwargs: dict[str, Any] = dict(
+            image_size=image_size,
+            scale=scale,
+            ratio=ratio,
+            crop_fraction=crop_fraction,
+            seed=seed,
+            on_corrupt=on_corrupt,
+        )
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
@@ -88,6 +122,7 @@ class FastDataModule(LightningDataModule):
         self.seed = seed
         self.in_order = in_order
         self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.block_shuffle = block_shuffle
         self.normalizer = Normalizer(mean, std)
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
@@ -98,6 +133,14 @@ class FastDataModule(LightningDataModule):
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """Return ``(train_dataset, val_dataset_or_None)``; called once, from :meth:`setup`."""
         raise NotImplementedError
+
+    def split(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Seeded train/validation split of ``range(n)`` by ``val_fraction`` (same on every rank), each sorted."""
+        if self.val_fraction == 0:
+            return np.arange(n), None
+        order = np.random.default_rng(self.seed).permutation(n)
+        n_val = max(1, int(round(n * self.val_fraction)))
+        return np.sort(order[n_val:]), np.sort(order[:n_val])
 
     # -- Lightning hooks -------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -178,6 +221,7 @@ class FastDataModule(LightningDataModule):
             shuffle=self.shuffle and train,
             seed=self.seed,
             drop_last=self.drop_last and train,
+            block_size=self.block_shuffle if train else None,
         )
         persistent = workers > 0 if self.persistent_workers is None else (self.persistent_workers and workers > 0)
         kwargs: dict[str, Any] = dict(

@@ -34,6 +34,7 @@ __all__ = [
     "decode_resized_crop",
     "pillow_simd_installed",
     "random_resized_crop_box",
+    "resize_crop_into",
     "roi_decode_available",
 ]
 
@@ -87,8 +88,8 @@ def center_crop_box(width: int, height: int, crop_fraction: float = 0.875) -> Bo
     return (height - side) // 2, (width - side) // 2, side, side
 
 
-def _resize_into(out: torch.Tensor, chw: torch.Tensor, flip: bool) -> None:
-    """Resize a uint8 ``3 x h x w`` crop into ``out`` (``3 x H x W``), flipping horizontally if asked."""
+def resize_crop_into(out: torch.Tensor, chw: torch.Tensor, flip: bool = False) -> None:
+    """Resize a ``3 x h x w`` crop (uint8 or float) into ``out`` (``3 x H x W``), flipping if asked."""
     if tuple(chw.shape[1:]) != tuple(out.shape[1:]):
         # torch's uint8 antialiased kernel is vectorised for channels-last input; planar input is 2x slower.
         x = chw.unsqueeze(0).contiguous(memory_format=torch.channels_last)
@@ -196,7 +197,7 @@ def decode_resized_crop(
             f"Cannot decode image {name!r}: {err}. The file is corrupt or truncated: replace or delete it, or "
             "pass on_corrupt='skip' to skip such files (each is logged and counted)."
         ) from err
-    _resize_into(out, crop, flip)
+    resize_crop_into(out, crop, flip)
 
 
 def roi_decode_available() -> bool:

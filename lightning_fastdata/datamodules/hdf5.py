@@ -1,0 +1,78 @@
+"""``HDF5DataModule``: one HDF5 file of images and labels, safe with any number of workers and ranks."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datasets.hdf5 import HDF5Dataset, Layout, inspect_hdf5
+
+__all__ = ["HDF5DataModule"]
+
+
+class HDF5DataModule(FastDataModule):
+    """Train (and validate) from one HDF5 file; see :class:`~lightning_fastdata.HDF5Dataset` for the layouts.
+
+    Write such a file with ``fastdata convert hdf5 --src FOLDER --dst FILE`` (or
+    :func:`~lightning_fastdata.convert_folder_to_hdf5`); files you wrote yourself are read by naming the keys
+    and, if needed, the layout.
+
+    Args:
+        path: The HDF5 file.
+        val_path: A validation file of the same layout; default: split ``path`` by ``val_fraction``.
+        images_key: Dataset of the images.
+        labels_key: Dataset of the labels.
+        layout: ``"auto"``, ``"encoded"``, ``"hwc"`` or ``"chw"``.
+        offsets_key: Offsets dataset of encoded images stored as one blob.
+        locking: HDF5 file locking; set ``False`` on NFS/Lustre where locking fails or hangs.
+        **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
+
+    Raises:
+        FileNotFoundError: If the file does not exist.
+        ValueError: On a bad file layout (checked here, before training starts) or an impossible argument.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        val_path: str | None = None,
+        images_key: str = "images",
+        labels_key: str = "labels",
+        layout: Layout = "auto",
+        offsets_key: str = "offsets",
+        locking: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+        self.path = os.fspath(path)
+        self.val_path = None if val_path is None else os.fspath(val_path)
+        self.file_kwargs: dict[str, Any] = dict(
+            images_key=images_key, labels_key=labels_key, layout=layout, offsets_key=offsets_key, locking=locking
+        )
+        inspected = inspect_hdf5(self.path, images_key, labels_key, layout, offsets_key)
+        self.classes = inspected.classes
+        self._length = len(inspected.labels)
+        if self.val_path is not None:
+            inspect_hdf5(self.val_path, images_key, labels_key, layout, offsets_key)
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (the file's ``classes`` attribute, or the largest label + 1)."""
+        return len(self.classes)
+
+    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+        """Build the train and validation datasets (cheap: the file is opened lazily by each reader)."""
+        kwargs = {**self.dataset_kwargs, **self.file_kwargs}
+        if self.val_path is not None:
+            return (
+                HDF5Dataset(self.path, train=True, **kwargs),
+                HDF5Dataset(self.val_path, train=False, **kwargs),
+            )
+        train_rows, val_rows = self.split(self._length)
+        train = HDF5Dataset(self.path, train=True, indices=train_rows, **kwargs)
+        val = None if val_rows is None else HDF5Dataset(self.path, train=False, indices=val_rows, **kwargs)
+        return train, val

@@ -1,0 +1,186 @@
+"""What every image dataset of this package shares: keys, per-sample augmentation, whole-batch fetch."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from lightning_fastdata.loading.collate import empty_image_batch
+from lightning_fastdata.loading.decode import (
+    Box,
+    center_crop_box,
+    decode_resized_crop,
+    random_resized_crop_box,
+    resize_crop_into,
+)
+from lightning_fastdata.loading.sampler import SampleKey
+
+__all__ = ["AugmentedImageDataset", "Source"]
+
+log = logging.getLogger("lightning_fastdata")
+
+#: What a subclass hands over for one sample: encoded file bytes, a decoded ``3 x H x W`` tensor, or the
+#: ``OSError`` met while reading it (raised, or skipped by ``on_corrupt="skip"``, when its turn comes).
+Source = bytes | torch.Tensor | OSError
+
+# Skip counters: one row per epoch (mod _EPOCH_ROWS) plus one for plain-index keys; column 0 for the main
+# process, 1 + worker_id for workers, so no two processes ever write the same cell.
+_EPOCH_ROWS = 8
+_MAX_SLOTS = 64
+
+
+class AugmentedImageDataset(Dataset):
+    """Base of the image datasets: returns whole uint8 batches with per-sample random resized crops.
+
+    Subclasses say how many samples there are, their labels, and how to fetch a batch of sources
+    (:meth:`read_sources`); this class plans each sample's crop and flip, decodes or resizes into one
+    shared uint8 ``N x 3 x S x S`` channels-last batch, and applies the corrupt-image policy.
+
+    Keys are plain indices or ``(epoch, index)`` pairs (from :class:`~lightning_fastdata.EpochSampler`). With
+    pairs, a sample's crop and flip are a function of ``(seed, epoch, index)``: the same whatever the worker
+    count or prefetch depth, and different every epoch. With plain indices they are drawn from torch's
+    global generator (seeded per worker by the ``DataLoader``).
+
+    Args:
+        train: ``RandomResizedCrop`` + horizontal flip if ``True``; central crop if ``False``.
+        image_size: Side of the square output.
+        scale: Area range of the random crop, as in ``RandomResizedCrop``.
+        ratio: Aspect-ratio range of the random crop.
+        crop_fraction: Evaluation crop as a fraction of the shorter side (0.875 is 224 of 256).
+        seed: Seed of the per-sample augmentation.
+        on_corrupt: ``"raise"`` (default) raises an error naming the sample; ``"skip"`` logs it, leaves it out of
+            its batch (which is then one shorter) and counts it in :meth:`skipped_count`.
+
+    Raises:
+        ValueError: On an impossible argument.
+    """
+
+    def __init__(
+        self,
+        train: bool = True,
+        image_size: int = 224,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        crop_fraction: float = 0.875,
+        seed: int = 0,
+        on_corrupt: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        if image_size <= 0:
+            raise ValueError(f"image_size should be a positive int, got {image_size!r}.")
+        if not (0 < scale[0] <= scale[1] <= 1):
+            raise ValueError(f"scale should satisfy 0 < min <= max <= 1, got {scale!r}.")
+        if not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"ratio should satisfy 0 < min <= max, got {ratio!r}.")
+        if not 0 < crop_fraction <= 1:
+            raise ValueError(f"crop_fraction should be in (0, 1], got {crop_fraction!r}.")
+        if on_corrupt not in ("raise", "skip"):
+            raise ValueError(f"on_corrupt should be 'raise' or 'skip', got {on_corrupt!r}.")
+        self.train = train
+        self.image_size = image_size
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.crop_fraction = crop_fraction
+        self.seed = seed
+        self.on_corrupt = on_corrupt
+        # Shared memory, so that counts made in worker processes are visible to the main process.
+        self._skipped = torch.zeros((_EPOCH_ROWS + 1, _MAX_SLOTS), dtype=torch.int64).share_memory_()
+
+    # -- what subclasses provide -----------------------------------------------------------------------
+    @property
+    def targets(self) -> np.ndarray:
+        """All labels (int64), in sample order (torchvision's name)."""
+        raise NotImplementedError
+
+    def read_sources(self, indices: np.ndarray) -> list[Source]:
+        """Return the sources of ``indices``, in that order (read them in whatever order is fastest)."""
+        raise NotImplementedError
+
+    def describe(self, index: int) -> str:
+        """Name sample ``index`` in messages (a file path, or ``file[key][index]``)."""
+        return f"sample {index}"
+
+    # -- shared ----------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def skipped_count(self, epoch: int | None = None) -> int:
+        """Corrupt images skipped so far across all worker processes, in ``epoch`` or in total."""
+        return int(self._skipped.sum() if epoch is None else self._skipped[epoch % _EPOCH_ROWS].sum())
+
+    def reset_skipped_count(self, epoch: int | None = None) -> None:
+        """Set :meth:`skipped_count` (of ``epoch``, or all) back to zero."""
+        (self._skipped if epoch is None else self._skipped[epoch % _EPOCH_ROWS]).zero_()
+
+    def _plan(self, key: int | SampleKey) -> tuple[int, np.random.Generator | None]:
+        if isinstance(key, (tuple, list)):
+            epoch, index = int(key[0]), int(key[1])
+            entropy = [self.seed, epoch, index]
+        else:
+            index = int(key)
+            entropy = [self.seed, int(torch.randint(2**62, ()).item()), index]
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} is out of range for a dataset of {len(self)} images.")
+        return index, (np.random.default_rng(entropy) if self.train else None)
+
+    def _render(
+        self, out: torch.Tensor, source: bytes | torch.Tensor, rng: np.random.Generator | None, name: str
+    ) -> None:
+        """Write the (augmented) resized crop of ``source`` into ``out``."""
+        if rng is None:
+            flip = False
+
+            def box_fn(w: int, h: int) -> Box:
+                return center_crop_box(w, h, self.crop_fraction)
+        else:
+            flip = bool(rng.random() < 0.5)
+
+            def box_fn(w: int, h: int) -> Box:
+                return random_resized_crop_box(rng, w, h, self.scale, self.ratio)
+
+        if isinstance(source, torch.Tensor):
+            top, left, h, w = box_fn(int(source.shape[2]), int(source.shape[1]))
+            resize_crop_into(out, source[:, top : top + h, left : left + w], flip)
+        else:
+            decode_resized_crop(source, out, box_fn, flip=flip, name=name)
+
+    def _skip(self, key: int | SampleKey, index: int, err: BaseException) -> None:
+        if self.on_corrupt == "raise":
+            raise err
+        info = get_worker_info()
+        row = key[0] % _EPOCH_ROWS if isinstance(key, (tuple, list)) else _EPOCH_ROWS
+        self._skipped[row, 0 if info is None else 1 + info.id % (_MAX_SLOTS - 1)] += 1
+        log.warning("Skipped corrupt image %s (on_corrupt='skip'): %s", self.describe(index), err)
+
+    def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
+        images, labels = self.__getitems__([key])
+        if len(labels) == 0:
+            raise OSError(f"{self.describe(self._plan(key)[0])} is corrupt and was skipped (on_corrupt='skip').")
+        return images[0], int(labels[0])
+
+    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fetch and render a whole batch into one shared uint8 tensor; return ``(images, labels)``."""
+        plans = [self._plan(key) for key in keys]
+        indices = np.fromiter((index for index, _ in plans), dtype=np.int64, count=len(plans))
+        sources = self.read_sources(indices)
+        first = next((s for s in sources if isinstance(s, torch.Tensor)), None)
+        dtype = torch.uint8 if first is None else first.dtype
+        images = empty_image_batch(len(keys), self.image_size, self.image_size, dtype=dtype)
+        kept = np.ones(len(keys), dtype=bool)
+        for slot, (key, (index, rng), source) in enumerate(zip(keys, plans, sources)):
+            try:
+                if isinstance(source, OSError):
+                    raise source
+                self._render(images[slot], source, rng, self.describe(index))
+            except OSError as err:
+                self._skip(key, index, err)
+                kept[slot] = False
+        labels = torch.from_numpy(self.targets[indices])
+        if not kept.all():
+            mask = torch.from_numpy(kept)
+            return images[mask].contiguous(memory_format=torch.channels_last), labels[mask]
+        return images, labels

@@ -1,0 +1,328 @@
+"""``HDF5Dataset``: images and labels from one HDF5 file, safe with any number of workers and ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
+
+__all__ = ["FORMAT_VERSION", "HDF5Dataset", "HDF5Layout", "inspect_hdf5"]
+
+#: Version of the layout written by :func:`~lightning_fastdata.convert_folder_to_hdf5`.
+FORMAT_VERSION = 1
+
+Layout = Literal["auto", "encoded", "hwc", "chw"]
+
+
+def _h5py() -> Any:
+    import h5py
+
+    return h5py
+
+
+@dataclass(frozen=True)
+class HDF5Layout:
+    """What :func:`inspect_hdf5` found in a file; plain values, cheap to pickle.
+
+    Args:
+        path: The file.
+        images_key: Dataset holding the images.
+        labels_key: Dataset holding the labels.
+        kind: ``"encoded"`` (encoded file bytes), ``"hwc"`` or ``"chw"`` (decoded arrays).
+        offsets_key: For encoded images stored as one byte blob: the ``N + 1`` offsets dataset.
+        vlen: Encoded images stored as a variable-length dataset (one heap object per image).
+        mmap_offset: Byte offset of a contiguous, uncompressed images dataset (read by memory map), else None.
+        shape: Shape of the images dataset.
+        dtype: Numpy dtype name of the images dataset (or of its elements, for vlen).
+        chunk_rows: Rows per chunk along axis 0 for a chunked dataset, else None.
+        classes: Class names from the file's ``classes`` attribute, else ``("0", "1", ...)``.
+        labels: All labels, int64.
+    """
+
+    path: str
+    images_key: str
+    labels_key: str
+    kind: Literal["encoded", "hwc", "chw"]
+    offsets_key: str | None
+    vlen: bool
+    mmap_offset: int | None
+    shape: tuple[int, ...]
+    dtype: str
+    chunk_rows: int | None
+    classes: tuple[str, ...]
+    labels: np.ndarray
+
+
+def inspect_hdf5(
+    path: str,
+    images_key: str = "images",
+    labels_key: str = "labels",
+    layout: Layout = "auto",
+    offsets_key: str = "offsets",
+) -> HDF5Layout:
+    """Open ``path`` read-only, validate its layout, and return what readers need. The file is closed again.
+
+    Raises:
+        FileNotFoundError: If ``path`` does not exist.
+        ValueError: If it is not an HDF5 file, a key is missing, the format version is newer than this
+            package, images and labels differ in length, a dtype or rank is wrong, or a label is out of range.
+    """
+    h5py = _h5py()
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"HDF5 file {path!r} does not exist.")
+    if not h5py.is_hdf5(path):
+        raise ValueError(
+            f"{path!r} is not an HDF5 file. Convert an image folder with `fastdata convert hdf5 --src DIR --dst FILE`."
+        )
+    with h5py.File(path, "r") as f:
+        version = int(f.attrs.get("fastdata_format", 0))
+        if version > FORMAT_VERSION:
+            raise ValueError(
+                f"{path!r} has fastdata_format={version}, newer than this package reads ({FORMAT_VERSION}); "
+                "upgrade lightning-fastdata."
+            )
+        for key in (images_key, labels_key):
+            if key not in f or not isinstance(f[key], h5py.Dataset):
+                raise ValueError(
+                    f"{path!r} has no dataset {key!r} (found: {sorted(f.keys())}); name yours with images_key= and "
+                    "labels_key=."
+                )
+        images, labels_ds = f[images_key], f[labels_key]
+        if labels_ds.ndim != 1 or labels_ds.dtype.kind not in "iu":
+            raise ValueError(
+                f"{path!r}[{labels_key!r}] should be a 1-D integer dataset, got shape {labels_ds.shape} "
+                f"dtype {labels_ds.dtype}."
+            )
+        labels = labels_ds[()].astype(np.int64)
+        vlen_base = h5py.check_vlen_dtype(images.dtype)
+        stored_kind = f.attrs.get("mode", None)
+        has_offsets = offsets_key in f and images.ndim == 1 and images.dtype == np.uint8
+        if layout == "auto":
+            if vlen_base is not None or has_offsets or stored_kind == "encoded":
+                kind = "encoded"
+            elif images.ndim == 4 and images.shape[-1] == 3:
+                kind = "hwc"
+            elif images.ndim == 4 and images.shape[1] == 3:
+                kind = "chw"
+            else:
+                raise ValueError(
+                    f"Cannot tell the layout of {path!r}[{images_key!r}] (shape {images.shape}, dtype {images.dtype}); "
+                    "expected encoded bytes (vlen uint8, or a uint8 blob plus an offsets dataset) or a 4-D array "
+                    "N x H x W x 3 or N x 3 x H x W. Pass layout= explicitly."
+                )
+        else:
+            kind = layout
+        offsets_name: str | None = None
+        if kind == "encoded":
+            if vlen_base is not None:
+                if vlen_base != np.uint8 or images.ndim != 1:
+                    raise ValueError(f"{path!r}[{images_key!r}]: encoded images should be vlen uint8, got {vlen_base}.")
+                n = images.shape[0]
+            elif has_offsets:
+                offsets = f[offsets_key]
+                if offsets.ndim != 1 or offsets.shape[0] < 1:
+                    raise ValueError(f"{path!r}[{offsets_key!r}] should be a 1-D array of N + 1 byte offsets.")
+                n = offsets.shape[0] - 1
+                offsets_name = offsets_key
+            else:
+                raise ValueError(
+                    f"{path!r}[{images_key!r}] (shape {images.shape}, dtype {images.dtype}) is not encoded bytes: "
+                    f"expected vlen uint8, or a 1-D uint8 blob with an {offsets_key!r} dataset."
+                )
+        else:
+            channel_axis = -1 if kind == "hwc" else 1
+            if images.ndim != 4 or images.shape[channel_axis] != 3:
+                raise ValueError(
+                    f"{path!r}[{images_key!r}] has shape {images.shape}; layout={kind!r} expects "
+                    f"{'N x H x W x 3' if kind == 'hwc' else 'N x 3 x H x W'}."
+                )
+            if images.dtype not in (np.uint8, np.float32, np.float16, np.float64):
+                raise ValueError(f"{path!r}[{images_key!r}] has dtype {images.dtype}; expected uint8 or float.")
+            n = images.shape[0]
+        if n != len(labels):
+            raise ValueError(
+                f"{path!r}: {n} images but {len(labels)} labels in {labels_key!r}; they must have the same length."
+            )
+        classes_attr = f.attrs.get("classes", None)
+        classes = tuple(json.loads(classes_attr)) if classes_attr is not None else None
+        num_classes = len(classes) if classes is not None else int(labels.max(initial=-1)) + 1
+        bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
+        if bad.size:
+            raise ValueError(
+                f"{path!r}[{labels_key!r}][{bad[0]}] = {labels[bad[0]]} is out of range [0, {num_classes}) "
+                f"({bad.size} such labels)."
+            )
+        mmap_offset = None
+        if vlen_base is None and images.chunks is None and images.compression is None:
+            mmap_offset = images.id.get_offset()
+        return HDF5Layout(
+            path=path,
+            images_key=images_key,
+            labels_key=labels_key,
+            kind=kind,  # type: ignore[arg-type]
+            offsets_key=offsets_name,
+            vlen=vlen_base is not None,
+            mmap_offset=None if mmap_offset is None else int(mmap_offset),
+            shape=tuple(images.shape),
+            dtype=str(np.dtype(vlen_base if vlen_base is not None else images.dtype)),
+            chunk_rows=None if images.chunks is None else int(images.chunks[0]),
+            classes=classes if classes is not None else tuple(str(i) for i in range(num_classes)),
+            labels=labels,
+        )
+
+
+class HDF5Dataset(AugmentedImageDataset):
+    """Images + labels from one HDF5 file, opened lazily in each process that reads it.
+
+    The file is never opened in ``__init__`` (only inspected and closed), never pickled, never inherited:
+    each process opens its own handle on first read, and reopens after a ``fork`` (the pid changed). So it
+    works under ``fork`` and ``spawn``, with any number of workers and DDP ranks, even if the main process
+    read a sample before the workers started.
+
+    Read paths, chosen from the layout (see ``../shared/DESIGN.md`` for the measurements):
+
+    - contiguous, uncompressed dataset (what our converter writes): a read-only memory map at the dataset's
+      byte offset; a batch is one sorted gather. No HDF5 call per sample at all.
+    - chunked or compressed (files users wrote): each chunk a batch touches is read once, as a slice, through
+      a chunk cache sized to hold it; never one fancy selection (pathologically slow in h5py).
+    - variable-length encoded bytes: one read per sample, in sorted order.
+
+    Encoded images are decoded by the same path as the folder module. Decoded arrays (``hwc``/``chw``) are
+    cropped and resized from the stored pixels. Float arrays stay float (assumed already scaled as you
+    want them; the DataModule normalises only uint8).
+
+    Args:
+        path: The HDF5 file.
+        train: Random resized crop + flip if ``True``; central crop if ``False``.
+        image_size: Side of the square output.
+        scale: Area range of the random crop.
+        ratio: Aspect-ratio range of the random crop.
+        crop_fraction: Evaluation crop as a fraction of the shorter side.
+        seed: Seed of the per-sample augmentation.
+        on_corrupt: ``"raise"`` or ``"skip"`` corrupt encoded images (see ``AugmentedImageDataset``).
+        images_key: Dataset of the images.
+        labels_key: Dataset of the labels.
+        layout: ``"auto"`` (from the file's attributes, dtype and shape), ``"encoded"``, ``"hwc"`` or ``"chw"``.
+        offsets_key: Offsets dataset for encoded images stored as one blob.
+        indices: Use only these rows (e.g. a train/validation split); default all.
+        locking: HDF5 file locking (``None``: the library default; ``False`` for NFS and other network file
+            systems where locking fails or hangs).
+
+    Raises:
+        FileNotFoundError: If ``path`` does not exist.
+        ValueError: On a bad file layout (see :func:`inspect_hdf5`) or an impossible argument.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        train: bool = True,
+        image_size: int = 224,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        crop_fraction: float = 0.875,
+        seed: int = 0,
+        on_corrupt: Literal["raise", "skip"] = "raise",
+        images_key: str = "images",
+        labels_key: str = "labels",
+        layout: Layout = "auto",
+        offsets_key: str = "offsets",
+        indices: np.ndarray | None = None,
+        locking: bool | None = None,
+    ) -> None:
+        super().__init__(train, image_size, scale, ratio, crop_fraction, seed, on_corrupt)
+        if layout not in ("auto", "encoded", "hwc", "chw"):
+            raise ValueError(f"layout should be 'auto', 'encoded', 'hwc' or 'chw', got {layout!r}.")
+        self.layout = inspect_hdf5(path, images_key, labels_key, layout, offsets_key)
+        self.locking = locking
+        rows = np.arange(len(self.layout.labels)) if indices is None else np.asarray(indices, dtype=np.int64)
+        self.rows = rows
+        self._labels = self.layout.labels[rows]
+        self._offsets: np.ndarray | None = None
+        if self.layout.offsets_key is not None:
+            h5py = _h5py()
+            with h5py.File(self.layout.path, "r", locking=locking) as f:
+                self._offsets = f[self.layout.offsets_key][()].astype(np.int64)
+        self._pid: int | None = None
+        self._file: Any = None
+        self._images: Any = None
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """Class names (the file's ``classes`` attribute, or the label values as strings)."""
+        return self.layout.classes
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Labels of this dataset's rows."""
+        return self._labels
+
+    def describe(self, index: int) -> str:
+        """``file[images_key][row]``."""
+        return f"{self.layout.path}[{self.layout.images_key!r}][{int(self.rows[index])}]"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_pid=None, _file=None, _images=None)  # handles and maps are per process
+        return state
+
+    def _open(self) -> Any:
+        """The images array of this process: a memory map or an h5py dataset, (re)opened after a fork."""
+        if self._pid != os.getpid():
+            self._file = self._images = None
+            lay = self.layout
+            if lay.mmap_offset is not None:
+                shape = (int(self._offsets[-1]),) if self._offsets is not None else lay.shape
+                self._images = np.memmap(lay.path, dtype=lay.dtype, mode="r", offset=lay.mmap_offset, shape=shape)
+            else:
+                h5py = _h5py()
+                row_bytes = int(np.prod(lay.shape[1:])) * np.dtype(lay.dtype).itemsize if not lay.vlen else 0
+                cache = max(1 << 20, 4 * (lay.chunk_rows or 1) * row_bytes)  # hold a few chunks whole
+                try:
+                    self._file = h5py.File(lay.path, "r", swmr=True, locking=self.locking, rdcc_nbytes=cache)
+                except (OSError, ValueError):  # not written with SWMR support: plain read-only
+                    self._file = h5py.File(lay.path, "r", locking=self.locking, rdcc_nbytes=cache)
+                self._images = self._file[lay.images_key]
+            self._pid = os.getpid()
+        return self._images
+
+    def _read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Decoded arrays of sorted unique ``rows``: one gather from a memory map, or chunk-wise slices."""
+        images = self._open()
+        if isinstance(images, np.memmap):
+            return images[rows]
+        chunk = self.layout.chunk_rows
+        if chunk is None:  # contiguous but not mappable (e.g. compressed without chunks cannot happen; safety)
+            return np.stack([images[int(r)] for r in rows])
+        out = np.empty((len(rows), *self.layout.shape[1:]), dtype=self.layout.dtype)
+        chunk_ids = rows // chunk
+        for cid in np.unique(chunk_ids):
+            sel = np.flatnonzero(chunk_ids == cid)
+            start = int(cid) * chunk
+            block = images[start : min(start + chunk, self.layout.shape[0])]  # one slice: each chunk read once
+            out[sel] = block[rows[sel] - start]
+        return out
+
+    def read_sources(self, indices: np.ndarray) -> list[Source]:
+        """Read a batch in sorted row order; return the sources in ``indices`` order."""
+        rows = self.rows[indices]
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        if self.layout.kind == "encoded":
+            images = self._open()
+            if self._offsets is not None:
+                offs = self._offsets
+                blobs = [bytes(images[offs[r] : offs[r + 1]]) for r in uniq]
+            else:
+                blobs = [images[int(r)].tobytes() for r in uniq]
+            return [blobs[i] for i in inverse]
+        arrays = torch.from_numpy(np.ascontiguousarray(self._read_rows(uniq)))
+        if self.layout.kind == "hwc":
+            arrays = arrays.permute(0, 3, 1, 2)  # channels-last view: what the resize kernel reads fastest
+        return [arrays[i] for i in inverse]
