@@ -1,4 +1,4 @@
-"""The ``fastdata`` command: LightningCLI (``fit``, ``validate``, ...) plus ``demo`` and ``make-data``."""
+"""The ``fastdata`` command: LightningCLI (``fit``, ``validate``, ...) plus ``demo``, ``make-data``, ``convert``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
+from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.models import ImageClassifier
 from lightning_fastdata.testing import make_image_folder
@@ -71,10 +72,32 @@ def _demo(argv: list[str]) -> None:
     run_cli(["fit", "--config", args.config, "--data.init_args.root", args.root, *rest])
 
 
+def _convert(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="fastdata convert", description="Convert an image folder.")
+    sub = parser.add_subparsers(dest="target", required=True)
+    h5 = sub.add_parser("hdf5", help="write one HDF5 file (see HDF5Dataset for the layout)")
+    h5.add_argument("--src", required=True, help="image folder: SRC/<class>/<image>")
+    h5.add_argument("--dst", required=True, help="output .h5 file (written atomically)")
+    h5.add_argument("--mode", choices=["encoded", "raw"], default="encoded")
+    h5.add_argument("--size", type=int, default=256, help="side of the stored square (raw mode)")
+    h5.add_argument("--processes", type=int, default=None)
+    h5.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
+    args = parser.parse_args(argv)
+    try:
+        dst = convert_folder_to_hdf5(
+            args.src, args.dst, mode=args.mode, size=args.size, processes=args.processes, overwrite=args.overwrite
+        )
+    except (FileExistsError, FileNotFoundError, OSError, ValueError) as err:
+        sys.exit(f"fastdata convert: {err}")
+    print(f"fastdata convert: wrote {dst}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``fastdata`` console script."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "demo":
+    if argv and argv[0] == "convert":
+        _convert(argv[1:])
+    elif argv and argv[0] == "demo":
         _demo(argv[1:])
     elif argv and argv[0] == "make-data":
         _make_data(argv[1:])

@@ -6,13 +6,24 @@ from pathlib import Path
 
 import pytest
 
-from lightning_fastdata.cli import ensure_demo_data, run_cli
+from lightning_fastdata import convert_folder_to_hdf5
+from lightning_fastdata.cli import ensure_demo_data, main, run_cli
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
 
 def test_there_are_configs() -> None:
-    assert {p.name for p in CONFIGS} >= {"demo.yaml", "imagefolder.yaml"}
+    assert {p.name for p in CONFIGS} >= {"demo.yaml", "imagefolder.yaml", "hdf5.yaml"}
+
+
+def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[str]:
+    """Point a config at test data of the kind it reads."""
+    if "HDF5DataModule" in config.read_text():
+        h5 = convert_folder_to_hdf5(
+            image_folder, tmp_path / "data.h5", mode="raw", size=40, processes=1, progress=False
+        )
+        return ["--data.init_args.path", str(h5)]
+    return ["--data.init_args.root", str(image_folder)]
 
 
 @pytest.mark.timeout(300)
@@ -23,8 +34,7 @@ def test_config_parses_and_smoke_runs(config: Path, image_folder: Path, tmp_path
             "fit",
             "--config",
             str(config),
-            "--data.init_args.root",
-            str(image_folder),
+            *data_source_args(config, image_folder, tmp_path),
             "--data.init_args.image_size",
             "32",
             "--data.init_args.num_workers",
@@ -80,3 +90,26 @@ def test_fastdata_console_script_fits(image_folder: Path, tmp_path: Path) -> Non
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "images/s per rank" in out.stdout + out.stderr and "waiting for data" in out.stdout + out.stderr
+
+
+def test_fastdata_convert_refuses_to_overwrite(image_folder: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "x.h5"
+    main(["convert", "hdf5", "--src", str(image_folder), "--dst", str(dst), "--processes", "1"])
+    assert dst.exists()
+    with pytest.raises(SystemExit, match="overwrite"):
+        main(["convert", "hdf5", "--src", str(image_folder), "--dst", str(dst)])
+    main(
+        [
+            "convert",
+            "hdf5",
+            "--src",
+            str(image_folder),
+            "--dst",
+            str(dst),
+            "--overwrite",
+            "--mode",
+            "raw",
+            "--size",
+            "24",
+        ]
+    )

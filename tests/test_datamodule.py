@@ -8,7 +8,13 @@ import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_fastdata import DataWaitMonitor, ImageClassifier, ImageFolderDataModule
+from lightning_fastdata import (
+    DataWaitMonitor,
+    HDF5DataModule,
+    ImageClassifier,
+    ImageFolderDataModule,
+    convert_folder_to_hdf5,
+)
 from lightning_fastdata.testing import make_image_folder
 
 
@@ -52,6 +58,26 @@ def test_fit_end_to_end(image_folder: Path, workers: int) -> None:
     assert monitor.meter.total().steps == 6  # first step of each epoch only anchors
     assert "train_loss" in trainer.callback_metrics and "val_acc" in trainer.callback_metrics
     assert "data_wait_fraction" in trainer.callback_metrics
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_hdf5_fit_end_to_end(image_folder: Path, tmp_path: Path, workers: int) -> None:
+    h5 = convert_folder_to_hdf5(image_folder, tmp_path / "d.h5", mode="raw", size=40, processes=1, progress=False)
+    dm = HDF5DataModule(str(h5), image_size=32, batch_size=8, num_workers=workers, val_fraction=0.2)
+    recorder = Recorder()
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[recorder],
+        enable_model_summary=False,
+    )
+    trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
+    assert dm.num_classes == 3 and [len(y) for _, y in recorder.batches] == [8, 8, 8, 7]
+    assert recorder.batches[0][0].dtype == torch.float32 and "val_acc" in trainer.callback_metrics
 
 
 def test_normalisation_matches_torchvision(image_folder: Path) -> None:

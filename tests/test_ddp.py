@@ -7,17 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from lightning_fastdata import scan_image_folder
+from lightning_fastdata import convert_folder_to_hdf5, scan_image_folder
 from lightning_fastdata.testing import make_image_folder
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("workers", [0, 2])
-def test_two_process_ddp_ranks_get_disjoint_halves(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize(("kind", "workers"), [("folder", 0), ("folder", 2), ("hdf5", 2)])
+def test_two_process_ddp_ranks_get_disjoint_halves(tmp_path: Path, kind: str, workers: int) -> None:
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=10, size=(32, 24))
+    source = root if kind == "folder" else convert_folder_to_hdf5(root, tmp_path / "d.h5", processes=1, progress=False)
     script = Path(__file__).with_name("helpers") / "ddp_fit.py"
     out = subprocess.run(
-        [sys.executable, str(script), str(root), str(tmp_path), str(workers)],
+        [sys.executable, str(script), str(source), str(tmp_path), str(workers), kind],
         capture_output=True,
         text=True,
         timeout=280,

@@ -9,7 +9,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_fastdata import EpochSampler, ImageClassifier, ImageFolderDataModule
+from lightning_fastdata import EpochSampler, HDF5DataModule, ImageClassifier, ImageFolderDataModule
 
 
 class Served(pl.Callback):
@@ -27,8 +27,9 @@ class Served(pl.Callback):
 
 
 if __name__ == "__main__":
-    root, out, workers = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    dm = ImageFolderDataModule(root, image_size=16, batch_size=4, num_workers=workers, val_fraction=0)
+    source, out, workers, kind = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    module = {"folder": ImageFolderDataModule, "hdf5": HDF5DataModule}[kind]
+    dm = module(source, image_size=16, batch_size=4, num_workers=workers, val_fraction=0)
     served = Served()
     trainer = pl.Trainer(
         strategy="ddp",

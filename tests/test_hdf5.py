@@ -1,0 +1,258 @@
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_fastdata import (
+    EpochSampler,
+    HDF5DataModule,
+    HDF5Dataset,
+    ImageFolderDataset,
+    convert_folder_to_hdf5,
+    inspect_hdf5,
+)
+from lightning_fastdata.loading.collate import collate_prebatched
+from lightning_fastdata.testing import make_image_folder
+
+KEYS = [(1, i) for i in range(39)]
+
+
+@pytest.fixture(scope="module")
+def encoded(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return convert_folder_to_hdf5(image_folder, tmp_path_factory.mktemp("h5") / "enc.h5", processes=2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def raw(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dst = tmp_path_factory.mktemp("h5") / "raw.h5"
+    return convert_folder_to_hdf5(image_folder, dst, mode="raw", size=48, processes=2, progress=False)
+
+
+def batches(ds: HDF5Dataset | ImageFolderDataset, workers: int, context: str | None = None) -> list:
+    sampler = EpochSampler(len(ds), seed=5)
+    sampler.set_epoch(2)
+    loader = DataLoader(
+        ds,
+        batch_size=8,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate_prebatched,
+        multiprocessing_context=context if workers else None,
+    )
+    return list(loader)
+
+
+def assert_same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_encoded_round_trip_equals_the_folder_decode(encoded: Path, image_folder: Path) -> None:
+    folder = ImageFolderDataset(str(image_folder), image_size=32, seed=3)
+    h5 = HDF5Dataset(str(encoded), image_size=32, seed=3)
+    assert h5.classes == folder.classes and np.array_equal(h5.targets, folder.targets)
+    assert h5.layout.kind == "encoded" and h5.layout.mmap_offset is not None  # memory-mapped read path
+    for train in (True, False):
+        folder.train = h5.train = train
+        a, b = folder.__getitems__(KEYS), h5.__getitems__(KEYS)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_raw_file_holds_the_central_square_resized(raw: Path, image_folder: Path) -> None:
+    ref = ImageFolderDataset(str(image_folder), train=False, image_size=48, crop_fraction=1.0)
+    with h5py.File(raw) as f:
+        stored = torch.from_numpy(f["images"][()]).permute(0, 3, 1, 2)
+        assert f.attrs["mode"] == "raw" and json.loads(f.attrs["classes"]) == list(ref.classes)
+        assert f["images"].chunks is None and f["images"].compression is None
+    assert torch.equal(stored, ref.__getitems__(list(range(39)))[0])
+    ds = HDF5Dataset(str(raw), image_size=32)
+    x, y = ds.__getitems__(KEYS)
+    assert x.shape == (39, 3, 32, 32) and x.dtype == torch.uint8 and torch.equal(y, torch.from_numpy(ref.targets))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2, 4])
+@pytest.mark.parametrize("kind", ["encoded", "raw"])
+def test_workers_give_exactly_the_expected_samples(kind: str, workers: int, encoded: Path, raw: Path) -> None:
+    ds = HDF5Dataset(str(encoded if kind == "encoded" else raw), image_size=24)
+    expected = batches(ds, 0)
+    got = batches(ds, workers)
+    assert_same(expected, got)
+    assert sorted(torch.cat([y for _, y in got]).tolist()) == sorted(ds.targets.tolist())
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_opened_before_workers_start_is_handled(raw: Path, context: str) -> None:
+    """The naive pattern: the file is read (opened) in the main process before the workers start."""
+    ds = HDF5Dataset(str(raw), image_size=24)
+    first = ds[(0, 0)]
+    assert ds._pid == os.getpid() and ds._images is not None  # opened here
+    assert len(pickle.dumps(ds)) < 20_000  # the open map/handle is not pickled
+    assert_same(batches(ds, 0), batches(ds, 2, context))
+    assert torch.equal(ds[(0, 0)][0], first[0])
+
+
+def write_user_file(path: Path, images: np.ndarray, labels: np.ndarray, **create: object) -> Path:
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=images, **create)
+        f.create_dataset("y", data=labels)
+    return path
+
+
+def test_user_files_chunked_compressed_and_float(raw: Path, tmp_path: Path) -> None:
+    with h5py.File(raw) as f:
+        hwc, labels = f["images"][()], f["labels"][()]
+    reference = HDF5Dataset(str(raw), image_size=24, train=False)
+    expect, _ = reference.__getitems__(list(range(39)))
+    chunked = write_user_file(tmp_path / "c.h5", hwc, labels, chunks=(5, 48, 48, 3), compression="gzip")
+    ds = HDF5Dataset(str(chunked), image_size=24, train=False, images_key="x", labels_key="y")
+    assert ds.layout.kind == "hwc" and ds.layout.chunk_rows == 5 and ds.layout.mmap_offset is None
+    got, y = ds.__getitems__([38, 0, 17, 5, 6])  # unsorted, spread over chunks
+    assert torch.equal(got, expect[[38, 0, 17, 5, 6]]) and y.tolist() == labels[[38, 0, 17, 5, 6]].tolist()
+    # the seed-style file: float32 N x 3 x H x W, written by the user
+    chw = write_user_file(tmp_path / "f.h5", hwc.transpose(0, 3, 1, 2).astype(np.float32) / 255, labels)
+    fds = HDF5Dataset(str(chw), image_size=24, train=False, images_key="x", labels_key="y")
+    fx, _ = fds.__getitems__(list(range(39)))
+    assert fds.layout.kind == "chw" and fx.dtype == torch.float32
+    assert (fx * 255 - expect.float()).abs().mean() < 1.0
+
+
+def test_vlen_encoded_user_file(encoded: Path, tmp_path: Path) -> None:
+    with h5py.File(encoded) as f:
+        blob, offsets, labels = f["images"][()], f["offsets"][()], f["labels"][()]
+    path = tmp_path / "v.h5"
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("images", shape=(len(labels),), dtype=h5py.vlen_dtype(np.uint8))
+        for i in range(len(labels)):
+            ds[i] = blob[offsets[i] : offsets[i + 1]]
+        f.create_dataset("labels", data=labels)
+    a = HDF5Dataset(str(path), image_size=24).__getitems__(KEYS)
+    b = HDF5Dataset(str(encoded), image_size=24).__getitems__(KEYS)
+    assert HDF5Dataset(str(path)).layout.vlen and torch.equal(a[0], b[0])
+
+
+@pytest.mark.timeout(120)
+def test_killed_conversion_leaves_nothing_at_dst_and_rerun_recovers(tmp_path: Path) -> None:
+    src = make_image_folder(tmp_path / "src", num_classes=2, per_class=200, size=(320, 240), processes=2)
+    dst = tmp_path / "out" / "big.h5"
+    code = (
+        "import sys; from lightning_fastdata import convert_folder_to_hdf5; "
+        f"convert_folder_to_hdf5({str(src)!r}, {str(dst)!r}, mode='raw', size=128, processes=1, progress=False)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.time() + 60
+    while not list(dst.parent.glob(".big.h5.tmp-*")) and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not dst.exists(), "a killed conversion must not leave a file at dst"
+    assert list(dst.parent.glob(".big.h5.tmp-*"))  # the half-written temporary is only under a hidden name
+    convert_folder_to_hdf5(src, dst, mode="raw", size=32, processes=2, progress=False)
+    assert len(inspect_hdf5(str(dst)).labels) == 400
+    assert not list(dst.parent.glob(".big.h5.tmp-*"))  # the dead run's temporary was cleaned up
+
+
+def test_corrupt_source_image_fails_the_conversion(tmp_path: Path) -> None:
+    src = make_image_folder(tmp_path / "src", num_classes=2, per_class=3, size=(40, 30))
+    bad = src / "class_001" / "img_000001.jpg"
+    bad.write_bytes(bad.read_bytes()[:150])
+    with pytest.raises(OSError, match="img_000001.jpg"):
+        convert_folder_to_hdf5(src, tmp_path / "o.h5", processes=1, progress=False)
+    assert not (tmp_path / "o.h5").exists()
+    with pytest.raises(FileExistsError, match="overwrite"):
+        (tmp_path / "exists.h5").write_bytes(b"")
+        convert_folder_to_hdf5(src, tmp_path / "exists.h5", progress=False)
+
+
+def test_corrupt_encoded_image_names_the_row(encoded: Path, tmp_path: Path) -> None:
+    path = tmp_path / "bad.h5"
+    path.write_bytes(encoded.read_bytes())
+    with h5py.File(path, "r+") as f:
+        o = f["offsets"][()]
+        f["images"][o[7] : o[8]] = np.zeros(o[8] - o[7], dtype=np.uint8)
+    ds = HDF5Dataset(str(path), image_size=16)
+    with pytest.raises(OSError, match=r"bad\.h5\['images'\]\[7\]"):
+        ds.__getitems__(list(range(10)))
+    skipping = HDF5Dataset(str(path), image_size=16, on_corrupt="skip")
+    assert len(skipping.__getitems__(list(range(10)))[1]) == 9 and skipping.skipped_count() == 1
+
+
+def bad_file(tmp_path: Path, case: str) -> tuple[Path, dict]:
+    path = tmp_path / f"{case}.h5"
+    imgs = np.zeros((4, 8, 8, 3), np.uint8)
+    kw: dict = {}
+    with h5py.File(path, "w") as f:
+        if case == "missing_key":
+            f["images"] = imgs
+        elif case == "length":
+            f["images"], f["labels"] = imgs, np.zeros(5, np.int64)
+        elif case == "label_dtype":
+            f["images"], f["labels"] = imgs, np.zeros(4, np.float32)
+        elif case == "rank":
+            f["images"], f["labels"] = np.zeros((4, 8, 8), np.uint8), np.zeros(4, np.int64)
+        elif case == "range":
+            f["images"], f["labels"] = imgs, np.array([0, 1, 2, 3])
+            f.attrs["classes"] = json.dumps(["a", "b"])
+        elif case == "negative":
+            f["images"], f["labels"] = imgs, np.array([0, -1, 0, 0])
+        elif case == "version":
+            f["images"], f["labels"] = imgs, np.zeros(4, np.int64)
+            f.attrs["fastdata_format"] = 99
+        elif case == "dtype":
+            f["images"], f["labels"] = imgs.astype(np.int32), np.zeros(4, np.int64)
+    return path, kw
+
+
+@pytest.mark.parametrize(
+    ("case", "match"),
+    [
+        ("missing_key", r"no dataset 'labels'.*labels_key="),
+        ("length", r"4 images but 5 labels"),
+        ("label_dtype", r"1-D integer dataset"),
+        ("rank", r"Cannot tell the layout.*layout="),
+        ("range", r"\['labels'\]\[2\] = 2 is out of range \[0, 2\)"),
+        ("negative", r"\['labels'\]\[1\] = -1"),
+        ("version", r"fastdata_format=99.*upgrade"),
+        ("dtype", r"dtype int32; expected uint8 or float"),
+    ],
+)
+def test_bad_files_raise_naming_file_and_key(tmp_path: Path, case: str, match: str) -> None:
+    path, kw = bad_file(tmp_path, case)
+    with pytest.raises(ValueError, match=match) as info:
+        HDF5Dataset(str(path), **kw)
+    assert str(path) in str(info.value)
+
+
+def test_not_hdf5_and_missing(tmp_path: Path) -> None:
+    (tmp_path / "a.h5").write_text("hello")
+    with pytest.raises(ValueError, match="not an HDF5 file.*fastdata convert"):
+        HDF5DataModule(str(tmp_path / "a.h5"))
+    with pytest.raises(FileNotFoundError, match="nope.h5"):
+        HDF5DataModule(str(tmp_path / "nope.h5"))
+
+
+def test_block_shuffle_sampler() -> None:
+    a = EpochSampler(20, num_replicas=2, rank=0, block_size=4)
+    b = EpochSampler(20, num_replicas=2, rank=1, block_size=4)
+    ia, ib = [i for _, i in a], [i for _, i in b]
+    assert set(ia) | set(ib) == set(range(20)) and not set(ia) & set(ib)
+    runs = [ia[k : k + 4] for k in range(0, 8, 4)]
+    assert all(r == list(range(r[0], r[0] + 4)) and r[0] % 4 == 0 for r in runs)  # whole blocks, in order
+    assert ia + ib != list(range(20))  # blocks are shuffled
+    with pytest.raises(ValueError, match="block_size"):
+        EpochSampler(5, block_size=0)
