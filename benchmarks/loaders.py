@@ -1,9 +1,11 @@
-"""Images/s of the torchvision baseline vs lightning-fastdata's loaders, same data, same run.
+"""Images/s of the baselines users write vs lightning-fastdata's loaders, same data, same run.
 
     python -m benchmarks.loaders --root data/bench --json benchmarks/results/latest.json
 
-Prints a markdown table (median of ``--repeats`` runs, each one pass over the dataset after two warm-up
-batches) and writes the same figures as JSON. Rows:
+Prints one markdown table per suite (median of ``--repeats`` runs, each one pass over the dataset after
+two warm-up batches, candidates interleaved so drift hits all alike) and writes the figures as JSON.
+
+Suite ``folder`` (rows):
 
 - ``baseline``: torchvision ``ImageFolder`` + ``RandomResizedCrop``, ``RandomHorizontalFlip``, ``ToTensor``,
   ``Normalize`` + plain ``DataLoader`` (what users write today);
@@ -12,6 +14,9 @@ batches) and writes the same figures as JSON. Rows:
   (what a CPU-only run pays; on a GPU it runs on the device);
 - ``decode ceiling``: one process reading and fully decoding every file (PIL and torchvision's
   ``decode_jpeg``), times the worker count for the "% of ceiling" column.
+
+Suite ``hdf5`` (see ``benchmarks/hdf5.py``): the seed-style user HDF5 dataset vs ``HDF5DataModule`` in raw
+and encoded mode, and the folder module for reference.
 """
 
 from __future__ import annotations
@@ -104,27 +109,43 @@ def decode_ceiling(files: list[str]) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the benchmark; print the table; return the figures."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", default="data/bench", help="image folder (generated if missing)")
-    parser.add_argument("--num-classes", type=int, default=8)
-    parser.add_argument("--per-class", type=int, default=192, help="images per class when generating")
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", default=None, help="write the figures here")
-    args = parser.parse_args(argv)
+Candidate = tuple[str, Callable[[], Iterable[Any]], Callable[[Any], int]]
 
-    ensure_demo_data(args.root, args.num_classes, args.per_class)
-    files = sorted(glob.glob(os.path.join(args.root, "*", "*")))
-    mean_kb = statistics.mean(os.path.getsize(f) for f in files) / 1e3
-    ceiling = {
-        k: statistics.median(decode_ceiling(files)[k] for _ in range(args.repeats)) for k in ("PIL", "decode_jpeg")
-    }
-    best_ceiling = max(ceiling.values())
 
+def measure(candidates: list[Candidate], repeats: int) -> dict[str, list[float]]:
+    """Images/s of each candidate, ``repeats`` times, interleaved."""
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
+    for _ in range(repeats):
+        for name, make, consume in candidates:
+            rates[name].append(_time_loader(make, consume))
+    return rates
+
+
+def rows_for(rates: dict[str, list[float]], workers: int, ceiling: float | None) -> list[dict[str, Any]]:
+    """Table rows; the first candidate is the baseline of the ratio column."""
+    base = statistics.median(next(iter(rates.values())))
+    rows = []
+    for name, runs in rates.items():
+        rate = statistics.median(runs)
+        row = {"loader": name, "num_workers": workers, "images_per_s": rate, "vs_baseline": rate / base, "runs": runs}
+        if ceiling:
+            row["pct_of_decode_ceiling"] = 100 * rate / (ceiling * max(1, workers))
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Markdown table of ``rows``."""
+    ceiling = "pct_of_decode_ceiling" in rows[0]
+    print("| loader | num_workers | images/s | vs baseline |" + (" % of decode ceiling |" if ceiling else ""))
+    print("|---|---:|---:|---:|" + ("---:|" if ceiling else ""))
+    for r in rows:
+        extra = f" {r['pct_of_decode_ceiling']:.0f}% |" if ceiling else ""
+        print(f"| {r['loader']} | {r['num_workers']} | {r['images_per_s']:.0f} | {r['vs_baseline']:.2f}x |{extra}")
+
+
+def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str, Any]]:
+    """Baseline vs ImageFolderDataModule at each worker count."""
     rows: list[dict[str, Any]] = []
     for workers in args.workers:
         dm = ours_module(args.root, args.image_size, args.batch_size, workers)
@@ -133,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             dm.on_after_batch_transfer(batch, 0)
             return len(batch[1])
 
-        candidates: list[tuple[str, Callable[[], Iterable[Any]], Callable[[Any], int]]] = [
+        candidates: list[Candidate] = [
             (
                 "baseline (torchvision ImageFolder)",
                 functools.partial(baseline_loader, args.root, args.image_size, args.batch_size, workers),
@@ -142,29 +163,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("ImageFolderDataModule", dm.train_dataloader, _count),
             ("ImageFolderDataModule + CPU normalise", dm.train_dataloader, consume_normalised),
         ]
-        rates: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
-        for _ in range(args.repeats):  # interleaved, so drift in machine load hits every loader alike
-            for name, make, consume in candidates:
-                rates[name].append(_time_loader(make, consume))
-        base = statistics.median(rates[candidates[0][0]])
-        for name, _, _ in candidates:
-            rate = statistics.median(rates[name])
-            rows.append(
-                {
-                    "loader": name,
-                    "num_workers": workers,
-                    "images_per_s": rate,
-                    "vs_baseline": rate / base,
-                    "pct_of_decode_ceiling": 100 * rate / (best_ceiling * max(1, workers)),
-                    "runs": rates[name],
-                }
-            )
+        rows += rows_for(measure(candidates, args.repeats), workers, best_ceiling)
+    return rows
 
-    cpus = len(os.sched_getaffinity(0))
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; print the tables; return the figures."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", default="data/bench", help="image folder (generated if missing)")
+    parser.add_argument("--num-classes", type=int, default=8)
+    parser.add_argument("--per-class", type=int, default=192, help="images per class when generating")
+    parser.add_argument("--suites", nargs="+", choices=["folder", "hdf5"], default=["folder", "hdf5"])
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+
     import PIL
 
     from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 
+    ensure_demo_data(args.root, args.num_classes, args.per_class)
+    files = sorted(glob.glob(os.path.join(args.root, "*", "*")))
+    mean_kb = statistics.mean(os.path.getsize(f) for f in files) / 1e3
+    ceiling = {
+        k: statistics.median(decode_ceiling(files)[k] for _ in range(args.repeats)) for k in ("PIL", "decode_jpeg")
+    }
+    cpus = len(os.sched_getaffinity(0))
     machine = (
         f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, torch {torch.__version__}, "
         f"{'pillow-simd' if pillow_simd_installed() else 'Pillow'} {PIL.__version__}, "
@@ -175,21 +202,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"Machine: {machine}")
     print(
         f"Decode ceiling (1 core, read + full decode): PIL {ceiling['PIL']:.0f} img/s, "
-        f"decode_jpeg {ceiling['decode_jpeg']:.0f} img/s\n"
+        f"decode_jpeg {ceiling['decode_jpeg']:.0f} img/s"
     )
-    print("| loader | num_workers | images/s | vs baseline | % of decode ceiling |")
-    print("|---|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['loader']} | {r['num_workers']} | {r['images_per_s']:.0f} | {r['vs_baseline']:.2f}x | "
-            f"{r['pct_of_decode_ceiling']:.0f}% |"
-        )
-    result = {
+    result: dict[str, Any] = {
         "machine": machine,
         "data": {"root": args.root, "files": len(files), "mean_kb": mean_kb, "image_size": args.image_size},
         "decode_ceiling_1core": ceiling,
-        "rows": rows,
+        "suites": {},
     }
+    if "folder" in args.suites:
+        rows = folder_suite(args, max(ceiling.values()))
+        print("\nSuite folder: JPEG folder, RandomResizedCrop + flip\n")
+        print_table(rows)
+        result["suites"]["folder"] = rows
+    if "hdf5" in args.suites:
+        from benchmarks.hdf5 import hdf5_suite
+
+        rows = hdf5_suite(args)
+        print("\nSuite hdf5: one HDF5 file (baseline: the seed-style float32 dataset, one read per sample)\n")
+        print_table(rows)
+        result["suites"]["hdf5"] = rows
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

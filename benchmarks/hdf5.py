@@ -1,0 +1,99 @@
+"""HDF5 suite: the seed-style user dataset vs ``HDF5DataModule`` (raw and encoded), same images, same run."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_fastdata import HDF5DataModule, convert_folder_to_hdf5
+
+
+class SeedStyleH5(Dataset):
+    """What users write first: float32 N x 3 x H x W stored pre-resized, one read per ``__getitem__``.
+
+    The file is opened lazily (the one fix everybody learns after the ``fork`` error), but each sample is a
+    separate h5py read, converted and collated per sample.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.file: Any = None
+        with h5py.File(path, "r") as f:
+            self.n = len(f["labels"])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.file is None:
+            self.file = h5py.File(self.path, "r")
+        return torch.from_numpy(self.file["images"][i]), int(self.file["labels"][i])
+
+
+def _files(args: argparse.Namespace) -> dict[str, Path]:
+    """Build (once) the three files from the benchmark folder."""
+    base = Path(args.root).with_suffix("")
+    out = {"raw": Path(f"{base}-raw256.h5"), "encoded": Path(f"{base}-encoded.h5"), "seed": Path(f"{base}-seed.h5")}
+    if not out["encoded"].exists():
+        convert_folder_to_hdf5(args.root, out["encoded"], mode="encoded")
+    if not out["raw"].exists():
+        convert_folder_to_hdf5(args.root, out["raw"], mode="raw", size=256)
+    if not out["seed"].exists():
+        size = args.image_size
+        with h5py.File(out["raw"], "r") as src:
+            n, labels = len(src["labels"]), src["labels"][()]
+            tmp = out["seed"].with_suffix(".tmp")
+            with h5py.File(tmp, "w") as f:
+                images = f.create_dataset("images", shape=(n, 3, size, size), dtype=np.float32)
+                for start in range(0, n, 128):
+                    x = torch.from_numpy(src["images"][start : start + 128]).permute(0, 3, 1, 2).float() / 255
+                    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
+                    images[start : start + len(x)] = x.numpy()
+                f.create_dataset("labels", data=labels)
+            os.replace(tmp, out["seed"])
+    return out
+
+
+def hdf5_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Seed-style vs ours (raw, encoded) vs the folder module, at each worker count."""
+    from benchmarks.loaders import Candidate, _count, measure, ours_module, rows_for
+
+    files = _files(args)
+
+    def seed_loader(workers: int) -> DataLoader:
+        return DataLoader(
+            SeedStyleH5(str(files["seed"])), batch_size=args.batch_size, shuffle=True, num_workers=workers
+        )
+
+    rows: list[dict[str, Any]] = []
+    for workers in args.workers:
+        modules = {
+            kind: HDF5DataModule(
+                str(files[kind]),
+                image_size=args.image_size,
+                batch_size=args.batch_size,
+                num_workers=workers,
+                val_fraction=0.0,
+                persistent_workers=False,
+            )
+            for kind in ("raw", "encoded")
+        }
+        for dm in modules.values():
+            dm.setup("fit")
+        folder = ours_module(args.root, args.image_size, args.batch_size, workers)
+        candidates: list[Candidate] = [
+            ("seed-style HDF5 (float32, per-sample reads)", functools.partial(seed_loader, workers), _count),
+            ("HDF5DataModule raw (uint8 256px, random resized crop)", modules["raw"].train_dataloader, _count),
+            ("HDF5DataModule encoded (JPEG bytes)", modules["encoded"].train_dataloader, _count),
+            ("ImageFolderDataModule (same JPEGs, for reference)", folder.train_dataloader, _count),
+        ]
+        rows += rows_for(measure(candidates, args.repeats), workers, None)
+    return rows
