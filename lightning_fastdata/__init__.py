@@ -3,8 +3,10 @@
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datamodules.cache import TensorCacheDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
+from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
@@ -25,8 +27,12 @@ __all__ = [
     "ImageFolderDataModule",
     "ImageFolderDataset",
     "Normalizer",
+    "TensorCacheDataModule",
+    "TensorCacheDataset",
+    "build_tensor_cache",
     "convert_folder_to_hdf5",
     "inspect_hdf5",
+    "open_tensor_cache",
     "resolve_num_workers",
     "scan_image_folder",
 ]

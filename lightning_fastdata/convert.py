@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 from PIL import Image
 from tqdm import tqdm
 
 from lightning_fastdata.datasets.hdf5 import FORMAT_VERSION, inspect_hdf5
-from lightning_fastdata.loading.decode import center_crop_box, decode_resized_crop
+from lightning_fastdata.loading.decode import decode_center_crop
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
 from lightning_fastdata.loading.workers import CpuBudget
 
@@ -37,13 +36,7 @@ def _read_verified(path: str) -> bytes:
 
 
 def _decode_square(args: tuple[str, int]) -> np.ndarray:
-    """The central square of the image, resized to ``size x size``, as ``size x size x 3`` uint8."""
-    path, size = args
-    with open(path, "rb") as f:
-        data = f.read()
-    out = torch.empty((size, size, 3), dtype=torch.uint8)
-    decode_resized_crop(data, out.permute(2, 0, 1), lambda w, h: center_crop_box(w, h, 1.0), name=path)
-    return out.numpy()
+    return decode_center_crop(args[0], args[1])
 
 
 def _remove_stale_temporaries(dst: Path) -> None:

@@ -13,7 +13,7 @@ CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 
 
 def test_there_are_configs() -> None:
-    assert {p.name for p in CONFIGS} >= {"demo.yaml", "imagefolder.yaml", "hdf5.yaml"}
+    assert {p.name for p in CONFIGS} >= {"demo.yaml", "imagefolder.yaml", "hdf5.yaml", "cache.yaml"}
 
 
 def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[str]:
@@ -23,6 +23,15 @@ def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[s
             image_folder, tmp_path / "data.h5", mode="raw", size=40, processes=1, progress=False
         )
         return ["--data.init_args.path", str(h5)]
+    if "TensorCacheDataModule" in config.read_text():
+        return [
+            "--data.init_args.root",
+            str(image_folder),
+            "--data.init_args.cache_dir",
+            str(tmp_path / "cache"),
+            "--data.init_args.cache_size",
+            "40",
+        ]
     return ["--data.init_args.root", str(image_folder)]
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
+from lightning_fastdata.loading.arrays import gather_hwc
 
 __all__ = ["FORMAT_VERSION", "HDF5Dataset", "HDF5Layout", "inspect_hdf5"]
 
@@ -322,7 +323,7 @@ class HDF5Dataset(AugmentedImageDataset):
             else:
                 blobs = [images[int(r)].tobytes() for r in uniq]
             return [blobs[i] for i in inverse]
-        arrays = torch.from_numpy(np.ascontiguousarray(self._read_rows(uniq)))
         if self.layout.kind == "hwc":
-            arrays = arrays.permute(0, 3, 1, 2)  # channels-last view: what the resize kernel reads fastest
+            return list(gather_hwc(self._read_rows, rows))
+        arrays = torch.from_numpy(np.ascontiguousarray(self._read_rows(uniq)))
         return [arrays[i] for i in inverse]

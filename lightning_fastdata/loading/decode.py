@@ -31,6 +31,7 @@ from PIL import Image
 __all__ = [
     "Box",
     "center_crop_box",
+    "decode_center_crop",
     "decode_resized_crop",
     "pillow_simd_installed",
     "random_resized_crop_box",
@@ -203,6 +204,21 @@ def decode_resized_crop(
 def roi_decode_available() -> bool:
     """Whether the compiled region-of-interest JPEG decoder (``_jpegroi``, libjpeg-turbo) is in use."""
     return _jpegroi is not None
+
+
+def decode_center_crop(path: str, size: int, crop_fraction: float = 1.0) -> np.ndarray:
+    """Read ``path`` and return its central crop (``crop_fraction`` of the shorter side) resized to ``size``.
+
+    Returns a ``size x size x 3`` uint8 array (what the HDF5 raw mode and the tensor cache store).
+
+    Raises:
+        OSError: If the file cannot be read or decoded; the message names it.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    out = torch.empty((size, size, 3), dtype=torch.uint8)
+    decode_resized_crop(data, out.permute(2, 0, 1), lambda w, h: center_crop_box(w, h, crop_fraction), name=path)
+    return out.numpy()
 
 
 def pillow_simd_installed() -> bool:

@@ -51,9 +51,9 @@ class Normalizer:
         return self._cache[key]
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        """Return the normalised float copy of a uint8 batch."""
-        if images.dtype != torch.uint8:
-            raise TypeError(f"Normalizer expects uint8 images, got {images.dtype}.")
+        """Normalise a batch of pixel values on the 0-255 scale: uint8 (copied) or float (in place)."""
+        if images.dtype != torch.uint8 and not images.is_floating_point():
+            raise TypeError(f"Normalizer expects uint8 or float pixel values (0-255), got {images.dtype}.")
         scale, shift = self._constants(images.device)
         return images.to(self.dtype).mul_(scale).add_(shift)
 

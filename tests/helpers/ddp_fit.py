@@ -9,7 +9,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_fastdata import EpochSampler, HDF5DataModule, ImageClassifier, ImageFolderDataModule
+from lightning_fastdata import (
+    EpochSampler,
+    HDF5DataModule,
+    ImageClassifier,
+    ImageFolderDataModule,
+    TensorCacheDataModule,
+)
 
 
 class Served(pl.Callback):
@@ -28,8 +34,11 @@ class Served(pl.Callback):
 
 if __name__ == "__main__":
     source, out, workers, kind = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    module = {"folder": ImageFolderDataModule, "hdf5": HDF5DataModule}[kind]
-    dm = module(source, image_size=16, batch_size=4, num_workers=workers, val_fraction=0)
+    kw = dict(image_size=16, batch_size=4, num_workers=workers, val_fraction=0)
+    if kind == "cache":
+        dm = TensorCacheDataModule(source, str(out / "cache"), cache_size=24, build_processes=1, **kw)
+    else:
+        dm = {"folder": ImageFolderDataModule, "hdf5": HDF5DataModule}[kind](source, **kw)
     served = Served()
     trainer = pl.Trainer(
         strategy="ddp",

@@ -1,0 +1,86 @@
+"""Cache suite: the tensor cache (both augmentation placements) vs the torchvision baseline and memcpy."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_fastdata import TensorCacheDataModule
+
+
+def memcpy_ceiling(images: np.ndarray, batch_size: int, size: int, repeats: int) -> float:
+    """One core copying ``size x size x 3`` uint8 samples (a sorted random gather per batch) into a batch array."""
+    n = len(images)
+    out = np.empty((batch_size, size, size, 3), np.uint8)
+    rates = []
+    for _ in range(repeats):
+        order = np.random.default_rng(0).permutation(n)
+        start = time.perf_counter()
+        for b in range(0, n - batch_size + 1, batch_size):
+            rows = np.sort(order[b : b + batch_size])
+            np.copyto(out, images[rows, :size, :size])
+        rates.append((n // batch_size) * batch_size / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def cache_suite(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Baseline vs cache (workers, device placement); plus the memcpy ceiling and the build time."""
+    from benchmarks.loaders import Candidate, _count, baseline_loader, measure, rows_for
+
+    cache_dir = Path(f"{Path(args.root).with_suffix('')}-cache256")
+    build_s = 0.0
+    modules = {}
+    for placement in ("workers", "device"):
+        modules[placement] = {
+            w: TensorCacheDataModule(
+                args.root,
+                str(cache_dir),
+                cache_size=256,
+                augment_on=placement,
+                image_size=args.image_size,
+                batch_size=args.batch_size,
+                num_workers=w,
+                val_fraction=0.0,
+                persistent_workers=False,
+            )
+            for w in args.workers
+        }
+    first = modules["workers"][args.workers[0]]
+    if not (cache_dir / "manifest.json").exists():
+        start = time.perf_counter()
+        first.prepare_data()
+        build_s = time.perf_counter() - start
+    for by_workers in modules.values():
+        for dm in by_workers.values():
+            dm.setup("fit")
+    images = np.load(cache_dir / "train_images.npy", mmap_mode="r")
+    n = len(images)
+    extra = {
+        "memcpy_ceiling_1core": memcpy_ceiling(np.asarray(images), args.batch_size, args.image_size, args.repeats),
+        "build_s_per_1000": 1000 * build_s / n if build_s else float("nan"),
+    }
+    rows: list[dict[str, Any]] = []
+    for workers in args.workers:
+        candidates: list[Candidate] = [
+            (
+                "baseline (torchvision ImageFolder)",
+                functools.partial(baseline_loader, args.root, args.image_size, args.batch_size, workers),
+                _count,
+            ),
+            ("TensorCacheDataModule, augment in workers", modules["workers"][workers].train_dataloader, _count),
+            (
+                "TensorCacheDataModule, augment on device (loader only)",
+                modules["device"][workers].train_dataloader,
+                _count,
+            ),
+        ]
+        for row in rows_for(measure(candidates, args.repeats), workers, None):
+            row["pct_of_memcpy_ceiling"] = 100 * row["images_per_s"] / (extra["memcpy_ceiling_1core"] * max(1, workers))
+            rows.append(row)
+    return rows, extra

@@ -1,0 +1,122 @@
+"""``TensorCacheDataModule``: decode and resize once into a uint8 cache, then train with no decode at all."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from torch.utils.data import Dataset
+
+from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
+from lightning_fastdata.loading.device_augment import crop_resize_flip
+from lightning_fastdata.loading.index import FileIndex, find_classes, scan_image_folder
+
+__all__ = ["TensorCacheDataModule"]
+
+
+class TensorCacheDataModule(FastDataModule):
+    """Train from a preprocessed uint8 cache of an image folder; random resized crop and flip still work.
+
+    ``prepare_data()`` (called by the Trainer on local rank 0 of each node, or on global rank 0 only when
+    ``prepare_data_per_node=False``; the other ranks wait) builds the cache once: training images as their
+    central square resized to ``cache_size``, validation images resized and center-cropped to ``image_size``.
+    A cache built from other files or parameters is detected (fingerprint of paths, sizes and mtimes) and
+    rebuilt, or refused with ``read_only=True``. ``setup()`` opens it read-only as memory maps, so it works
+    when the cache is larger than RAM. See :mod:`lightning_fastdata.datasets.cache` for the format.
+
+    Args:
+        root: Image folder (``root/<class>/<image>``).
+        cache_dir: Directory of the cache (created; built under ``<cache_dir>.partial`` and renamed when done).
+        cache_size: Side of the stored training squares (crops are taken from them; >= ``image_size``).
+        val_root: Validation folder; default: a seeded ``val_fraction`` split of ``root``.
+        augment_on: ``"workers"``: crop and flip uint8 in the loader workers; ``"device"``: ship the cached
+            squares and crop/flip/resize on the training device after transfer (one batched op; moves
+            ``(cache_size / image_size)^2`` more bytes, frees the CPUs).
+        read_only: Never build: a missing or stale cache is an error.
+        build_processes: Decoding processes for the build; default: usable CPUs.
+        **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
+
+    Raises:
+        FileNotFoundError: If ``root`` is not an image folder.
+        ValueError: On an impossible argument.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        cache_dir: str,
+        cache_size: int = 256,
+        val_root: str | None = None,
+        augment_on: Literal["workers", "device"] = "workers",
+        read_only: bool = False,
+        build_processes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+        if augment_on not in ("workers", "device"):
+            raise ValueError(f"augment_on should be 'workers' or 'device', got {augment_on!r}.")
+        image_size = self.dataset_kwargs["image_size"]
+        if cache_size < image_size:
+            raise ValueError(
+                f"cache_size={cache_size!r} is smaller than image_size={image_size!r}; crops would be upscaled. "
+                "Use cache_size >= image_size (e.g. 256 for 224)."
+            )
+        self.root = os.fspath(root)
+        self.cache_dir = os.fspath(cache_dir)
+        self.cache_size = cache_size
+        self.val_root = None if val_root is None else os.fspath(val_root)
+        self.augment_on = augment_on
+        self.read_only = read_only
+        self.build_processes = build_processes
+        self.classes = find_classes(self.root)
+
+    @property
+    def num_classes(self) -> int:
+        """Number of class folders."""
+        return len(self.classes)
+
+    def _indexes(self) -> tuple[FileIndex, FileIndex | None]:
+        index = scan_image_folder(self.root, self.classes)
+        if self.val_root is not None:
+            return index, scan_image_folder(self.val_root, self.classes)
+        train_rows, val_rows = self.split(len(index))
+        return index.subset(train_rows), None if val_rows is None else index.subset(val_rows)
+
+    def prepare_data(self) -> None:
+        """Build the cache if it is missing or stale (or raise, with ``read_only``)."""
+        train_index, val_index = self._indexes()
+        build_tensor_cache(
+            self.cache_dir,
+            train_index,
+            val_index,
+            cache_size=self.cache_size,
+            image_size=self.dataset_kwargs["image_size"],
+            crop_fraction=self.dataset_kwargs["crop_fraction"],
+            processes=self.build_processes,
+            read_only=self.read_only,
+        )
+
+    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+        """Open the cache's splits as memory-mapped datasets."""
+        try:
+            train_path, train_labels = open_tensor_cache(self.cache_dir, "train")
+        except FileNotFoundError:
+            if self.trainer is not None:
+                raise  # the Trainer ran prepare_data(); a missing cache now is a real error
+            self.prepare_data()  # used without a Trainer (notebook, plain torch)
+            train_path, train_labels = open_tensor_cache(self.cache_dir, "train")
+        kw = {k: self.dataset_kwargs[k] for k in ("image_size", "scale", "ratio", "seed")}
+        train = TensorCacheDataset(train_path, train_labels, self.classes, True, augment_on=self.augment_on, **kw)
+        val_path, val_labels = open_tensor_cache(self.cache_dir, "val")
+        val = TensorCacheDataset(val_path, val_labels, self.classes, False, **kw) if len(val_labels) else None
+        return train, val
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """With ``augment_on="device"``: crop, resize and flip the cached squares here, then normalise."""
+        if isinstance(batch, (tuple, list)) and len(batch) == 4:
+            images, labels, boxes, flips = batch
+            cropped = crop_resize_flip(images, boxes, flips, self.dataset_kwargs["image_size"])
+            return self.normalizer(cropped), labels
+        return super().on_after_batch_transfer(batch, dataloader_idx)

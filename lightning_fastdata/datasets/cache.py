@@ -1,0 +1,382 @@
+"""The tensor cache: images decoded and resized once into uint8 ``.npy`` arrays, read by memory map.
+
+Layout of ``cache_dir`` (format version 1; any tool that reads ``.npy`` can open it):
+
+- ``train_images.npy``: uint8 ``N x S x S x 3``, the central square of each training image resized to
+  ``S = cache_size`` (random resized crops are taken from it at training time);
+- ``val_images.npy``: uint8 ``M x I x I x 3``, validation images already resized and center-cropped to
+  ``I = image_size`` (``Resize(I / crop_fraction) + CenterCrop(I)``);
+- ``train_labels.npy``, ``val_labels.npy``: int64;
+- ``manifest.json``: ``format_version``, the build parameters, ``classes``, counts, and a ``fingerprint`` of
+  the source (sha256 of every file's relative path, size and mtime).
+
+A build writes ``<cache_dir>.partial/`` (with ``progress.json``) under an exclusive lock file
+``<cache_dir>.lock`` and renames it to ``cache_dir`` only when complete, so a killed build never leaves a
+cache that looks valid, a rerun resumes it (same parameters and source) or rebuilds it (and says which), and
+on a shared file system the first builder builds while the others wait and then reuse it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
+from lightning_fastdata.loading.arrays import gather_hwc
+from lightning_fastdata.loading.collate import empty_image_batch
+from lightning_fastdata.loading.decode import decode_center_crop, random_resized_crop_box
+from lightning_fastdata.loading.index import FileIndex
+from lightning_fastdata.loading.sampler import SampleKey
+
+__all__ = ["CACHE_FORMAT_VERSION", "CacheParams", "TensorCacheDataset", "build_tensor_cache", "open_tensor_cache"]
+
+log = logging.getLogger("lightning_fastdata")
+
+CACHE_FORMAT_VERSION = 1
+_SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class CacheParams:
+    """Everything a cache's content depends on; a cache whose parameters differ is stale.
+
+    Args:
+        cache_size: Side of the stored training squares.
+        image_size: Side of the stored validation crops.
+        crop_fraction: Validation crop as a fraction of the shorter side.
+        fingerprint: sha256 of the source files' relative paths, sizes and mtimes (train and val lists).
+        classes: Class names.
+    """
+
+    cache_size: int
+    image_size: int
+    crop_fraction: float
+    fingerprint: str
+    classes: tuple[str, ...]
+
+
+def fingerprint(indexes: Sequence[FileIndex | None]) -> str:
+    """sha256 of each file's relative path, size and mtime, over the given indexes in order."""
+    digest = hashlib.sha256()
+    for index in indexes:
+        digest.update(b"|split|")
+        if index is None:
+            continue
+        for i in range(len(index)):
+            st = os.stat(index.path(i))
+            digest.update(f"{index.relpath(i)}\0{st.st_size}\0{st.st_mtime_ns}\0{index.labels[i]}\n".encode())
+    return digest.hexdigest()
+
+
+def _read_manifest(cache_dir: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((cache_dir / "manifest.json").read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise OSError(
+            f"Cache manifest {str(cache_dir / 'manifest.json')!r} is unreadable ({err}); delete "
+            f"{str(cache_dir)!r} to rebuild the cache."
+        ) from err
+    version = int(manifest.get("format_version", 0))
+    if version > CACHE_FORMAT_VERSION:
+        raise ValueError(
+            f"Cache {str(cache_dir)!r} has format_version={version}, newer than this package reads "
+            f"({CACHE_FORMAT_VERSION}); upgrade lightning-fastdata or delete the cache to rebuild it."
+        )
+    return manifest
+
+
+def cache_is_current(cache_dir: str | os.PathLike[str], params: CacheParams) -> tuple[bool, str]:
+    """Whether ``cache_dir`` holds a complete cache built with ``params``, and why not."""
+    manifest = _read_manifest(Path(cache_dir))
+    if manifest is None:
+        return False, "no cache yet"
+    built = manifest.get("params", {})
+    if built.get("fingerprint") != params.fingerprint:
+        return False, "the source images changed (file list, sizes or mtimes)"
+    for key, value in asdict(params).items():
+        if key != "fingerprint" and built.get(key) != (list(value) if isinstance(value, tuple) else value):
+            return False, f"{key} changed from {built.get(key)!r} to {value!r}"
+    return True, "up to date"
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (other builders, on this node or a shared FS, wait)."""
+    with open(lock_path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _decode_job(args: tuple[str, int, float]) -> np.ndarray:
+    return decode_center_crop(*args)
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def build_tensor_cache(
+    cache_dir: str | os.PathLike[str],
+    train_index: FileIndex,
+    val_index: FileIndex | None,
+    cache_size: int = 256,
+    image_size: int = 224,
+    crop_fraction: float = 0.875,
+    processes: int | None = None,
+    progress: bool = True,
+    read_only: bool = False,
+) -> Path:
+    """Build (or resume, or reuse) the cache of ``train_index`` / ``val_index`` in ``cache_dir``.
+
+    Returns at once when a current cache is there. Otherwise takes ``<cache_dir>.lock``, resumes a matching
+    ``<cache_dir>.partial`` or starts a new one, decodes in ``processes`` processes with a progress bar, and
+    renames the finished directory to ``cache_dir``.
+
+    Raises:
+        PermissionError: If ``cache_dir``'s parent is not writable.
+        OSError: If there is not enough disk space (the message gives the size needed), or a source image is
+            corrupt (named).
+        ValueError: If the cache is stale and ``read_only`` is set, or its format is newer than this package.
+    """
+    from lightning_fastdata.loading.workers import CpuBudget
+
+    cache_dir = Path(cache_dir)
+    params = CacheParams(
+        cache_size=cache_size,
+        image_size=image_size,
+        crop_fraction=crop_fraction,
+        fingerprint=fingerprint([train_index, val_index]),
+        classes=tuple(train_index.classes),
+    )
+    current, why = cache_is_current(cache_dir, params)
+    if current:
+        return cache_dir
+    if read_only:
+        raise ValueError(
+            f"Tensor cache {str(cache_dir)!r} is not usable ({why}) and read_only=True; run once with "
+            "read_only=False to (re)build it, or point cache_dir at a current cache."
+        )
+    parent = cache_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+        raise PermissionError(
+            f"Cannot write the tensor cache: {str(parent)!r} is not writable. Choose another cache_dir."
+        )
+    with _locked(parent / f"{cache_dir.name}.lock"):
+        current, why = cache_is_current(cache_dir, params)  # another builder may have finished meanwhile
+        if current:
+            return cache_dir
+        partial = parent / f"{cache_dir.name}.partial"
+        sizes = {
+            "train": (len(train_index), cache_size),
+            "val": (0 if val_index is None else len(val_index), image_size),
+        }
+        state = {"params": {**asdict(params), "classes": list(params.classes)}, "done": {"train": 0, "val": 0}}
+        try:
+            previous = json.loads((partial / "progress.json").read_text())
+        except (OSError, ValueError):
+            previous = None
+        if previous is not None and previous.get("params") == state["params"]:
+            state["done"] = previous["done"]
+            log.warning(
+                "Resuming the interrupted tensor cache build in %s at train %d/%d, val %d/%d.",
+                partial,
+                state["done"]["train"],
+                sizes["train"][0],
+                state["done"]["val"],
+                sizes["val"][0],
+            )
+            print(f"lightning_fastdata: resuming the interrupted cache build in {partial}")
+        else:
+            if partial.exists():
+                print(f"lightning_fastdata: rebuilding the tensor cache from scratch in {partial} ({why})")
+                shutil.rmtree(partial)
+            else:
+                print(f"lightning_fastdata: building the tensor cache in {cache_dir} ({why})")
+            needed = sum(n * s * s * 3 + n * 8 for n, s in sizes.values()) + (1 << 20)
+            free = shutil.disk_usage(parent).free
+            if free < needed:
+                raise OSError(
+                    f"Not enough disk space for the tensor cache in {str(parent)!r}: it needs {needed / 1e9:.2f} GB, "
+                    f"{free / 1e9:.2f} GB are free. Free space, lower cache_size, or choose another cache_dir."
+                )
+            partial.mkdir()
+            _write_json(partial / "progress.json", state)
+        processes = processes or CpuBudget.detect().usable
+        with get_context("fork" if os.name == "posix" else "spawn").Pool(processes) as pool:
+            for split, index in (("train", train_index), ("val", val_index)):
+                n, side = sizes[split]
+                labels = np.zeros(0, np.int64) if index is None else index.labels.astype(np.int64)
+                np.save(partial / f"{split}_labels.npy", labels)
+                path = partial / f"{split}_images.npy"
+                start = state["done"][split]
+                mode = "r+" if start > 0 and path.exists() else "w+"
+                images = np.lib.format.open_memmap(path, mode=mode, dtype=np.uint8, shape=(n, side, side, 3))
+                fraction = 1.0 if split == "train" else crop_fraction
+                jobs = [(index.path(i), side, fraction) for i in range(start, n)] if index is not None else []
+                bar = tqdm(total=n, initial=start, desc=f"cache {split}", unit="img", disable=not progress or n == 0)
+                for i, arr in enumerate(pool.imap(_decode_job, jobs, chunksize=8), start=start):
+                    images[i] = arr
+                    bar.update()
+                    if (i + 1) % 256 == 0 or i + 1 == n:  # checkpoint the progress for a resume
+                        images.flush()
+                        state["done"][split] = i + 1
+                        _write_json(partial / "progress.json", state)
+                bar.close()
+                del images
+        manifest = {
+            "format_version": CACHE_FORMAT_VERSION,
+            "params": state["params"],
+            "counts": {split: sizes[split][0] for split in _SPLITS},
+        }
+        _write_json(partial / "manifest.json", manifest)
+        (partial / "progress.json").unlink()
+        if cache_dir.exists():  # a stale cache: move it aside, swap in the new one, then delete the old
+            stale = parent / f"{cache_dir.name}.stale-{os.getpid()}"
+            os.replace(cache_dir, stale)
+            os.replace(partial, cache_dir)
+            shutil.rmtree(stale)
+        else:
+            os.replace(partial, cache_dir)
+    return cache_dir
+
+
+def open_tensor_cache(cache_dir: str | os.PathLike[str], split: Literal["train", "val"]) -> tuple[str, np.ndarray]:
+    """Validate ``cache_dir`` and return ``(images_path, labels)`` of ``split``.
+
+    Raises:
+        FileNotFoundError: If there is no complete cache.
+        OSError: If an array file is missing, truncated or does not match the manifest.
+        ValueError: If the cache format is newer than this package.
+    """
+    cache_dir = Path(cache_dir)
+    manifest = _read_manifest(cache_dir)
+    if manifest is None:
+        raise FileNotFoundError(
+            f"No complete tensor cache in {str(cache_dir)!r}; build it with TensorCacheDataModule.prepare_data() "
+            "(the Trainer calls it)."
+        )
+    path = cache_dir / f"{split}_images.npy"
+    try:
+        images = np.load(path, mmap_mode="r")
+        labels = np.load(cache_dir / f"{split}_labels.npy")
+    except (OSError, ValueError) as err:
+        raise OSError(
+            f"Tensor cache file in {str(cache_dir)!r} is missing, truncated or corrupt ({err}); delete "
+            f"{str(cache_dir)!r} to rebuild the cache."
+        ) from err
+    count = manifest["counts"][split]
+    if images.dtype != np.uint8 or images.ndim != 4 or len(images) != count or len(labels) != count:
+        raise OSError(
+            f"{str(path)!r} does not match the manifest ({count} images expected, found shape {images.shape}); "
+            f"delete {str(cache_dir)!r} to rebuild the cache."
+        )
+    return str(path), labels
+
+
+class TensorCacheDataset(AugmentedImageDataset):
+    """Samples of one split of a tensor cache, read by memory map, augmented without any decode.
+
+    Training crops (``RandomResizedCrop`` + flip, per-sample randomness from ``(seed, epoch, index)``) are
+    taken from the cached squares either here, in the workers (``augment_on="workers"``, uint8 resize), or on
+    the training device after transfer (``augment_on="device"``: the batch is the whole cached squares plus
+    the crop boxes and flips, cropped by the DataModule's ``on_after_batch_transfer`` in one batched op).
+
+    Args:
+        images_path: The split's ``*_images.npy``.
+        labels: The split's labels.
+        classes: Class names.
+        train: Random crops if ``True``; stored validation crops (already at ``image_size``) if ``False``.
+        image_size: Side of the output.
+        augment_on: ``"workers"`` or ``"device"``.
+        scale: Area range of the random crop.
+        ratio: Aspect-ratio range of the random crop.
+        seed: Seed of the per-sample augmentation.
+    """
+
+    def __init__(
+        self,
+        images_path: str,
+        labels: np.ndarray,
+        classes: Sequence[str],
+        train: bool = True,
+        image_size: int = 224,
+        augment_on: Literal["workers", "device"] = "workers",
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        seed: int = 0,
+    ) -> None:
+        # Validation crops were made at build time, so here they are only copied (crop_fraction 1, same size).
+        super().__init__(train, image_size, scale, ratio, crop_fraction=1.0, seed=seed)
+        if augment_on not in ("workers", "device"):
+            raise ValueError(f"augment_on should be 'workers' or 'device', got {augment_on!r}.")
+        self.images_path = images_path
+        self._labels = np.asarray(labels, dtype=np.int64)
+        self.classes = tuple(classes)
+        self.augment_on = augment_on
+        self._pid: int | None = None
+        self._images: np.ndarray | None = None
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Labels of the split."""
+        return self._labels
+
+    def describe(self, index: int) -> str:
+        """``file[index]``."""
+        return f"{self.images_path}[{index}]"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_pid=None, _images=None)  # a memory map is per process
+        return state
+
+    def _array(self) -> np.ndarray:
+        if self._pid != os.getpid() or self._images is None:
+            self._images = np.load(self.images_path, mmap_mode="r")
+            self._pid = os.getpid()
+        return self._images
+
+    def read_sources(self, indices: np.ndarray) -> list[Source]:
+        """One sorted gather from the memory map."""
+        return list(gather_hwc(self._array().__getitem__, indices))
+
+    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        """Batches; with ``augment_on="device"`` in training: ``(squares, labels, boxes, flips)``."""
+        if not (self.train and self.augment_on == "device"):
+            return super().__getitems__(keys)
+        plans = [self._plan(key) for key in keys]
+        indices = np.fromiter((index for index, _ in plans), dtype=np.int64, count=len(plans))
+        sources = gather_hwc(self._array().__getitem__, indices)
+        side = int(sources[0].shape[-1])
+        images = empty_image_batch(len(keys), side, side)
+        boxes = torch.empty((len(keys), 4), dtype=torch.int64)
+        flips = torch.empty(len(keys), dtype=torch.bool)
+        for slot, ((_, rng), source) in enumerate(zip(plans, sources)):
+            assert rng is not None
+            # Same draws, in the same order, as the workers path (AugmentedImageDataset._render).
+            flips[slot] = bool(rng.random() < 0.5)
+            boxes[slot] = torch.tensor(random_resized_crop_box(rng, side, side, self.scale, self.ratio))
+            images[slot].copy_(source)
+        return images, torch.from_numpy(self._labels[indices]), boxes, flips

@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+
+from lightning_fastdata import ImageClassifier, ImageFolderDataset, TensorCacheDataModule, open_tensor_cache
+from lightning_fastdata.loading.decode import decode_center_crop
+from lightning_fastdata.testing import make_image_folder
+
+
+def module(root: Path, cache: Path, **kw: object) -> TensorCacheDataModule:
+    args = dict(image_size=24, cache_size=32, batch_size=8, num_workers=0, val_fraction=0.25, build_processes=1)
+    args.update(kw)
+    return TensorCacheDataModule(str(root), str(cache), **args)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return make_image_folder(tmp_path / "src", num_classes=3, per_class=7, size=(64, 48))
+
+
+def test_cache_equals_the_decode_resize_reference(folder: Path, tmp_path: Path) -> None:
+    dm = module(folder, tmp_path / "c")
+    dm.prepare_data()
+    dm.setup("fit")
+    train, val = dm.train_dataset, dm.val_dataset
+    cached = np.load(tmp_path / "c" / "train_images.npy")
+    index = dm._indexes()[0]
+    assert cached.shape == (16, 32, 32, 3) and len(val) == 5  # type: ignore[arg-type]
+    for i in (0, 7, 15):
+        assert np.array_equal(cached[i], decode_center_crop(index.path(i), 32))
+    # validation = the folder module's Resize + CenterCrop, decoded by the same path
+    _, val_index = dm._indexes()
+    reference = ImageFolderDataset(val_index, train=False, image_size=24)  # type: ignore[arg-type]
+    x, y = val.__getitems__(list(range(5)))  # type: ignore[union-attr]
+    rx, ry = reference.__getitems__(list(range(5)))
+    assert torch.equal(x, rx) and torch.equal(y, ry)
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert manifest["format_version"] == 1 and manifest["params"]["cache_size"] == 32
+    assert manifest["counts"] == {"train": 16, "val": 5} and len(manifest["params"]["fingerprint"]) == 64
+    assert train is not None and len(train) == 16  # type: ignore[arg-type]
+
+
+def test_augmentation_random_across_epochs_and_reproducible(folder: Path, tmp_path: Path) -> None:
+    def batch(epoch: int, seed: int) -> torch.Tensor:
+        dm = module(folder, tmp_path / "c", seed=seed, val_fraction=0.0)
+        dm.setup("fit")
+        return dm.train_dataset.__getitems__([(epoch, i) for i in range(16)])[0]  # type: ignore[union-attr]
+
+    a = batch(0, 1)
+    assert torch.equal(a, batch(0, 1))
+    assert not torch.equal(a, batch(1, 1)) and not torch.equal(a, batch(0, 2))
+
+
+def test_device_augmentation_matches_worker_augmentation(folder: Path, tmp_path: Path) -> None:
+    keys = [(3, i) for i in range(16)]
+    on_workers = module(folder, tmp_path / "c", val_fraction=0.0)
+    on_device = module(folder, tmp_path / "c", val_fraction=0.0, augment_on="device")
+    on_workers.setup("fit")
+    on_device.setup("fit")
+    ref = on_workers.on_after_batch_transfer(on_workers.train_dataset.__getitems__(keys), 0)[0]  # type: ignore[union-attr]
+    raw = on_device.train_dataset.__getitems__(keys)  # type: ignore[union-attr]
+    assert len(raw) == 4 and raw[0].shape == (16, 3, 32, 32)  # whole cached squares + boxes + flips
+    got, labels = on_device.on_after_batch_transfer(raw, 0)
+    assert got.shape == ref.shape == (16, 3, 24, 24) and torch.equal(labels, raw[1])
+    # same crops and flips; roi_align vs antialiased resize differ slightly (normalised units, std ~ 1/58)
+    assert (got - ref).abs().mean() < 0.06
+
+
+@pytest.mark.timeout(120)
+def test_killed_build_never_yields_a_cache_and_the_rerun_resumes(tmp_path: Path) -> None:
+    src = make_image_folder(tmp_path / "src", num_classes=2, per_class=400, size=(160, 120), processes=2)
+    cache = tmp_path / "cache"
+    code = (
+        "from lightning_fastdata import TensorCacheDataModule as T; "
+        f"T({str(src)!r}, {str(cache)!r}, image_size=64, cache_size=96, val_fraction=0, build_processes=1)"
+        ".prepare_data()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    progress = tmp_path / "cache.partial" / "progress.json"
+    deadline = time.time() + 90
+    while time.time() < deadline:  # kill once the build has checkpointed some progress, before it ends
+        try:
+            if json.loads(progress.read_text())["done"]["train"] >= 256:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    with pytest.raises(FileNotFoundError, match="No complete tensor cache"):
+        open_tensor_cache(cache, "train")
+    dm = TensorCacheDataModule(str(src), str(cache), image_size=64, cache_size=96, val_fraction=0, build_processes=2)
+    out = subprocess.run(
+        [sys.executable, "-c", code.replace("build_processes=1", "build_processes=2")], capture_output=True, text=True
+    )
+    assert "resuming the interrupted cache build" in out.stdout, out.stdout + out.stderr[-2000:]
+    path, labels = open_tensor_cache(cache, "train")
+    resumed = np.load(path)
+    index = dm._indexes()[0]
+    for i in (0, 255, 256, 300, 799):  # before and after the kill
+        assert np.array_equal(resumed[i], decode_center_crop(index.path(i), 96))
+    assert not (tmp_path / "cache.partial").exists()
+
+
+def test_changed_source_triggers_the_stale_path(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    module(folder, tmp_path / "c").prepare_data()
+    capsys.readouterr()
+    module(folder, tmp_path / "c").prepare_data()
+    assert "building" not in capsys.readouterr().out  # current: reused
+    changed = folder / "class_001" / "img_000003.jpg"
+    changed.write_bytes(changed.read_bytes() + b"\0")
+    with pytest.raises(ValueError, match="source images changed.*read_only=True"):
+        module(folder, tmp_path / "c", read_only=True).prepare_data()
+    module(folder, tmp_path / "c").prepare_data()
+    assert "the source images changed" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="image_size changed"):
+        module(folder, tmp_path / "c", image_size=20, read_only=True).prepare_data()
+
+
+def test_bad_caches_and_directories(folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dm = module(folder, tmp_path / "c")
+    dm.prepare_data()
+    manifest = tmp_path / "c" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "format_version": 7}))
+    with pytest.raises(ValueError, match="format_version=7.*upgrade"):
+        open_tensor_cache(tmp_path / "c", "train")
+    manifest.write_text(json.dumps(data))
+    arr = tmp_path / "c" / "train_images.npy"
+    arr.write_bytes(arr.read_bytes()[:5000])
+    with pytest.raises(OSError, match="truncated.*delete"):
+        open_tensor_cache(tmp_path / "c", "train")
+    monkeypatch.setattr("shutil.disk_usage", lambda p: type("U", (), {"free": 1000})())
+    with pytest.raises(OSError, match=r"needs 0\.\d+ GB, 0\.00 GB are free"):
+        module(folder, tmp_path / "d").prepare_data()
+    monkeypatch.setattr(os, "access", lambda p, mode: False)
+    with pytest.raises(PermissionError, match="not writable"):
+        module(folder, tmp_path / "e").prepare_data()
+    with pytest.raises(ValueError, match="cache_size=16 is smaller than image_size=24"):
+        module(folder, tmp_path / "f", cache_size=16)
+    with pytest.raises(ValueError, match="augment_on"):
+        module(folder, tmp_path / "f", augment_on="gpu")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("workers", "augment_on"), [(0, "workers"), (2, "workers"), (2, "device")])
+def test_fit_from_the_cache(folder: Path, tmp_path: Path, workers: int, augment_on: str) -> None:
+    dm = module(folder, tmp_path / "c", num_workers=workers, augment_on=augment_on)
+    seen: list[torch.Tensor] = []
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+            seen.append(batch[0])
+
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Spy()],
+    )
+    trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
+    assert len(seen) == 2 and seen[0].shape == (8, 3, 24, 24) and seen[0].dtype == torch.float32
+    assert "val_acc" in trainer.callback_metrics
