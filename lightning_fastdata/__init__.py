@@ -1,5 +1,6 @@
 """lightning-fastdata: DataModules and callbacks that keep the GPU fed."""
 
+from lightning_fastdata.callbacks.fastdata import FastDataCallback
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.datamodules.base import FastDataModule
@@ -11,6 +12,7 @@ from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
 from lightning_fastdata.loading.normalize import Normalizer
+from lightning_fastdata.loading.prefetch import DevicePrefetcher, enable_device_prefetch
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
 from lightning_fastdata.models import ImageClassifier
@@ -18,7 +20,9 @@ from lightning_fastdata.models import ImageClassifier
 __all__ = [
     "CpuBudget",
     "DataWaitMonitor",
+    "DevicePrefetcher",
     "EpochSampler",
+    "FastDataCallback",
     "FastDataModule",
     "FileIndex",
     "HDF5DataModule",
@@ -31,6 +35,7 @@ __all__ = [
     "TensorCacheDataset",
     "build_tensor_cache",
     "convert_folder_to_hdf5",
+    "enable_device_prefetch",
     "inspect_hdf5",
     "open_tensor_cache",
     "resolve_num_workers",

@@ -14,6 +14,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_fastdata.loading.collate import collate_prebatched
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
+from lightning_fastdata.loading.prefetch import enable_device_prefetch
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.workers import init_worker, resolve_num_workers
 
@@ -124,6 +125,10 @@ class FastDataModule(LightningDataModule):
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.block_shuffle = block_shuffle
         self.normalizer = Normalizer(mean, std)
+        # Set by FastDataCallback (or by hand): copy batches to the device on a side stream one step ahead,
+        # and the memory format of the images after transfer.
+        self.device_prefetch = False
+        self.channels_last = True
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self._resolved_workers: int | None = None
@@ -173,8 +178,13 @@ class FastDataModule(LightningDataModule):
         """Convert the uint8 images of ``(images, labels, ...)`` to normalised float on the device."""
         if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
             if batch[0].dtype == torch.uint8:
-                return (self.normalizer(batch[0]), *batch[1:])
+                return (self.format_images(self.normalizer(batch[0])), *batch[1:])
         return batch
+
+    def format_images(self, images: torch.Tensor) -> torch.Tensor:
+        """Apply the output memory format (``channels_last``, the default, or contiguous NCHW)."""
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        return images.contiguous(memory_format=fmt)
 
     def teardown(self, stage: str) -> None:
         """Report skipped images of the last epoch."""
@@ -238,6 +248,11 @@ class FastDataModule(LightningDataModule):
             # Worker seeds follow the DataModule's seed, so a run is reproducible end to end.
             generator=torch.Generator().manual_seed(self.seed + rank),
         )
+        loader: DataLoader
         if train:
-            return StatefulDataLoader(dataset, snapshot_every_n_steps=self.snapshot_every_n_steps, **kwargs)
-        return DataLoader(dataset, **kwargs)
+            loader = StatefulDataLoader(dataset, snapshot_every_n_steps=self.snapshot_every_n_steps, **kwargs)
+        else:
+            loader = DataLoader(dataset, **kwargs)
+        if self.device_prefetch and self.trainer is not None:
+            enable_device_prefetch(loader, self.trainer.strategy.root_device)
+        return loader

@@ -118,5 +118,5 @@ class TensorCacheDataModule(FastDataModule):
         if isinstance(batch, (tuple, list)) and len(batch) == 4:
             images, labels, boxes, flips = batch
             cropped = crop_resize_flip(images, boxes, flips, self.dataset_kwargs["image_size"])
-            return self.normalizer(cropped), labels
+            return self.format_images(self.normalizer(cropped)), labels
         return super().on_after_batch_transfer(batch, dataloader_idx)

@@ -62,6 +62,8 @@ class EpochSampler(DistributedSampler):
         )
         self.length = length
         self.block_size = block_size
+        self.yielded = 0  # keys handed out by the current iteration
+        self._resume_at: int | None = None  # set by load_state_dict: where the next iteration starts
 
     def indices(self) -> torch.Tensor:
         """This rank's indices for the current epoch, in order."""
@@ -83,13 +85,27 @@ class EpochSampler(DistributedSampler):
         return order[self.rank : self.total_size : self.num_replicas]
 
     def __iter__(self) -> Iterator[SampleKey]:  # type: ignore[override]
-        epoch = self.epoch
-        return ((epoch, i) for i in self.indices().tolist())
+        epoch, start = self.epoch, self._resume_at or 0
+        self._resume_at = None
+        self.yielded = start
+        for i in self.indices()[start:].tolist():
+            self.yielded += 1
+            yield epoch, i
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the epoch (the permutation is a function of ``seed`` and ``epoch``)."""
-        return {"epoch": self.epoch, "seed": self.seed}
+        """Epoch and position: the permutation is a function of ``seed`` and ``epoch``, so this is all of it."""
+        return {"epoch": self.epoch, "seed": self.seed, "yielded": self.yielded}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the epoch saved by :meth:`state_dict`."""
+        """Continue where :meth:`state_dict` was taken: same epoch, the next iteration skips what was yielded.
+
+        Raises:
+            ValueError: If the state was saved with another seed (it would describe another permutation).
+        """
+        if int(state["seed"]) != self.seed:
+            raise ValueError(
+                f"Sampler state was saved with seed={state['seed']!r}, this sampler has seed={self.seed!r}."
+            )
         self.epoch = int(state["epoch"])
+        yielded = int(state.get("yielded", 0))
+        self._resume_at = yielded if 0 < yielded < self.num_samples else None

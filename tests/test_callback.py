@@ -1,0 +1,185 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_fastdata import (
+    DevicePrefetcher,
+    FastDataCallback,
+    ImageClassifier,
+    ImageFolderDataModule,
+    enable_device_prefetch,
+)
+
+
+def folder_loader(image_folder: Path, workers: int) -> StatefulDataLoader:
+    dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=4, num_workers=workers, val_fraction=0)
+    dm.setup("fit")
+    return dm.train_dataloader()
+
+
+def same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_prefetch_order_equals_the_plain_loader(image_folder: Path, workers: int) -> None:
+    plain = list(folder_loader(image_folder, workers))
+    loader = enable_device_prefetch(folder_loader(image_folder, workers), "cpu")
+    assert isinstance(loader, StatefulDataLoader) and type(loader).__name__ == "PrefetchingStatefulDataLoader"
+    assert same(list(loader), plain)
+    assert same(list(loader), plain)  # a second epoch through the same loader (same sampler epoch)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("k", [1, 4, 9])
+def test_saved_state_excludes_the_look_ahead_batch(image_folder: Path, workers: int, k: int) -> None:
+    expected = list(folder_loader(image_folder, workers))  # 10 batches (39 images, batch 4)
+    loader = enable_device_prefetch(folder_loader(image_folder, workers), "cpu")
+    it = iter(loader)
+    got = [next(it) for _ in range(k)]  # the iterator has already fetched batch k (the look-ahead)
+    state = loader.state_dict()
+    resumed = folder_loader(image_folder, workers)
+    resumed.load_state_dict(state)
+    assert same(got + list(resumed), expected)  # nothing skipped, nothing repeated
+
+
+def test_prefetcher_on_cpu_is_the_identity() -> None:
+    prefetcher = DevicePrefetcher("cpu")
+    batch = (torch.arange(3), {"y": torch.ones(2)})
+    assert prefetcher.stream is None and prefetcher.ready(prefetcher.start(batch)) is batch
+
+
+class Spy(pl.Callback):
+    def __init__(self) -> None:
+        self.batches: list[Any] = []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
+        self.batches.append(batch)
+
+
+def trainer(*callbacks: pl.Callback, epochs: int = 1) -> pl.Trainer:
+    return pl.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_callback_on_our_datamodule(image_folder: Path, channels_last: bool) -> None:
+    dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers="auto", val_fraction=0.2)
+    spy, cb = Spy(), FastDataCallback(num_workers=0, channels_last=channels_last, log_every_n_steps=1)
+    t = trainer(spy, cb)
+    t.fit(ImageClassifier(num_classes=3), dm)
+    assert type(t.train_dataloader).__name__ == "PrefetchingStatefulDataLoader"
+    assert t.train_dataloader.num_workers == 0  # the callback's value, because the DataModule said "auto"
+    assert t.train_dataloader.pin_memory is False  # CPU: no pinning
+    x = spy.batches[0][0]
+    assert x.dtype == torch.float32 and x.shape == (8, 3, 16, 16)
+    assert x.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    assert "data_wait_fraction" in t.callback_metrics and "samples_per_sec" in t.callback_metrics
+
+
+def test_explicit_datamodule_settings_win(image_folder: Path) -> None:
+    dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers=0, pin_memory=False)
+    t = trainer(FastDataCallback(num_workers=3, pin_memory=True))
+    t.fit(ImageClassifier(num_classes=3), dm)
+    assert t.train_dataloader.num_workers == 0 and t.train_dataloader.pin_memory is False
+
+
+class ForeignDataModule(pl.LightningDataModule):
+    def __init__(self, as_list: bool = False) -> None:
+        super().__init__()
+        self.as_list = as_list
+        g = torch.Generator().manual_seed(0)
+        self.data = TensorDataset(torch.randn(20, 3, 16, 16, generator=g), torch.randint(0, 3, (20,), generator=g))
+
+    def train_dataloader(self) -> Any:
+        loader = DataLoader(self.data, batch_size=5)
+        return Batches(list(loader)) if self.as_list else loader
+
+
+class Batches:
+    """An iterable of batches that is not a DataLoader (Lightning accepts it)."""
+
+    def __init__(self, batches: list) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+@pytest.mark.timeout(120)
+def test_callback_on_a_foreign_datamodule(recwarn: pytest.WarningsRecorder) -> None:
+    plain_spy, spy = Spy(), Spy()
+    trainer(plain_spy).fit(ImageClassifier(num_classes=3), ForeignDataModule())
+    t = trainer(spy, FastDataCallback())
+    t.fit(ImageClassifier(num_classes=3), ForeignDataModule())
+    assert type(t.train_dataloader).__name__ == "PrefetchingDataLoader"
+    assert same(spy.batches, plain_spy.batches)
+
+
+@pytest.mark.timeout(120)
+def test_callback_explains_what_it_cannot_do() -> None:
+    with pytest.warns(UserWarning, match="returned Batches, not a DataLoader"):
+        trainer(FastDataCallback()).fit(ImageClassifier(num_classes=3), ForeignDataModule(as_list=True))
+    data = ForeignDataModule().train_dataloader()
+    with pytest.warns(UserWarning, match="no DataModule"):
+        trainer(FastDataCallback()).fit(ImageClassifier(num_classes=3), train_dataloaders=data)
+    with pytest.raises(ValueError, match="num_workers"):
+        FastDataCallback(num_workers=-2)
+
+
+cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU tests above cover the logic)"
+)
+
+
+@cuda
+@pytest.mark.timeout(300)
+def test_cuda_prefetch_equals_cpu_and_keeps_reserved_memory_flat(image_folder: Path) -> None:
+    expected = list(folder_loader(image_folder, 2))
+    loader = enable_device_prefetch(folder_loader(image_folder, 2), "cuda")
+    reserved = []
+    for _ in range(4):
+        got = list(loader)
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+        assert all(x.is_cuda for x, _ in got)
+        assert same([(x.cpu(), y.cpu()) for x, y in got], expected)
+    assert reserved[-1] == reserved[1], reserved  # flat after the first epoch
+
+
+@cuda
+@pytest.mark.timeout(300)
+def test_cuda_fit_with_the_callback(image_folder: Path) -> None:
+    dm = ImageFolderDataModule(str(image_folder), image_size=32, batch_size=8, num_workers=2)
+    spy = Spy()
+    t = pl.Trainer(
+        max_epochs=2,
+        accelerator="gpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[spy, FastDataCallback()],
+    )
+    t.fit(ImageClassifier(num_classes=3), dm)
+    assert spy.batches[0][0].is_cuda and t.train_dataloader.pin_memory
