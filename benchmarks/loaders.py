@@ -21,6 +21,9 @@ and encoded mode, and the folder module for reference.
 Suite ``cache`` (see ``benchmarks/cache.py``): the torchvision baseline vs ``TensorCacheDataModule`` with
 augmentation in the workers and on the device (loader only: on a CPU-only machine the device crop is not
 timed), the one-core memcpy ceiling, and the cache build time per 1,000 images.
+
+Suite ``callback`` (see ``benchmarks/callback.py``): the step time of the same CPU training run with and
+without ``FastDataCallback`` (fast in-memory data, so any overhead of the callback shows).
 """
 
 from __future__ import annotations
@@ -178,7 +181,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--root", default="data/bench", help="image folder (generated if missing)")
     parser.add_argument("--num-classes", type=int, default=8)
     parser.add_argument("--per-class", type=int, default=192, help="images per class when generating")
-    parser.add_argument("--suites", nargs="+", choices=["folder", "hdf5", "cache"], default=["folder", "hdf5", "cache"])
+    parser.add_argument(
+        "--suites",
+        nargs="+",
+        choices=["folder", "hdf5", "cache", "callback"],
+        default=["folder", "hdf5", "cache", "callback"],
+    )
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
@@ -239,6 +247,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print_table(rows)
         result["suites"]["cache"] = rows
         result["cache"] = extra
+    if "callback" in args.suites:
+        from benchmarks.callback import callback_suite
+
+        cb = callback_suite(args)
+        print(
+            f"\nSuite callback: CPU step time of the same run (in-memory data, small CNN, batch 32): without "
+            f"FastDataCallback {cb['step_ms_without']:.2f} ms, with it {cb['step_ms_with']:.2f} ms "
+            f"({cb['overhead_pct']:+.1f}%)"
+        )
+        result["suites"]["callback"] = cb
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
