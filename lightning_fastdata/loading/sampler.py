@@ -106,6 +106,10 @@ class EpochSampler(DistributedSampler):
             raise ValueError(
                 f"Sampler state was saved with seed={state['seed']!r}, this sampler has seed={self.seed!r}."
             )
-        self.epoch = int(state["epoch"])
         yielded = int(state.get("yielded", 0))
+        # A state saved after the last batch of an epoch resumes with the *next* epoch's permutation, even if
+        # the loader's iterator (and its workers' index prefetch) starts before Lightning calls set_epoch
+        # (Lightning #21938: with num_workers > 0 the first resumed epoch reused the old permutation).
+        finished = yielded >= self.num_samples
+        self.epoch = int(state["epoch"]) + (1 if finished else 0)
         self._resume_at = yielded if 0 < yielded < self.num_samples else None

@@ -1,0 +1,81 @@
+"""One training run for the resume conformance tests; records what every step trained on.
+
+Usage: python resume_run.py '<json config>'. Config keys: kind (folder|hdf5|cache), source, workers, max_steps,
+ckpt_dir, save_every (checkpoint interval, or null), ckpt_path (resume from it, or null), record (JSON-lines
+file, one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), kill_at (SIGKILL this
+process at the start of that step, or null), stepping (touch trainer.estimated_stepping_batches in
+configure_optimizers, Lightning #20550), cache_dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+
+from lightning_fastdata import HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule
+
+
+class Recorder(pl.LightningModule):
+    def __init__(self, record: str, kill_at: int | None, stepping: bool) -> None:
+        super().__init__()
+        self.record, self.kill_at, self.stepping = record, kill_at, stepping
+        self.net = nn.Linear(3, 3)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        images, labels = batch[0], batch[1]
+        if self.kill_at is not None and self.global_step == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # not an exception: the process just dies
+        sums = images.double().flatten(1).sum(1).round(decimals=3).tolist()
+        line = {"step": self.global_step, "rank": self.global_rank, "labels": labels.tolist(), "sums": sums}
+        with open(f"{self.record}.rank{self.global_rank}", "a") as f:
+            f.write(json.dumps(line) + "\n")
+            f.flush()
+        return self.net(images.mean(dim=(2, 3))).sum() * 0.0 + self.net.weight.sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.stepping:
+            assert self.trainer.estimated_stepping_batches > 0  # Lightning #20550: loads the data early
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def main(cfg: dict[str, Any]) -> None:
+    kw = dict(image_size=16, batch_size=8, num_workers=cfg["workers"], val_fraction=0.0, seed=0)
+    if cfg["kind"] == "folder":
+        dm: pl.LightningDataModule = ImageFolderDataModule(cfg["source"], **kw)
+    elif cfg["kind"] == "hdf5":
+        dm = HDF5DataModule(cfg["source"], **kw)
+    else:
+        dm = TensorCacheDataModule(cfg["source"], cfg["cache_dir"], cache_size=20, build_processes=1, **kw)
+    callbacks: list[pl.Callback] = []
+    if cfg.get("save_every"):
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=cfg["ckpt_dir"], every_n_train_steps=cfg["save_every"], save_top_k=-1, save_last=True
+            )
+        )
+    trainer = pl.Trainer(
+        max_steps=cfg["max_steps"],
+        accelerator="cpu",
+        devices=cfg.get("devices", 1),
+        strategy="ddp" if cfg.get("devices", 1) > 1 else "auto",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=callbacks,
+        num_sanity_val_steps=0,
+    )
+    model = Recorder(cfg["record"], cfg.get("kill_at"), cfg.get("stepping", False))
+    trainer.fit(model, dm, ckpt_path=cfg.get("ckpt_path"))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
