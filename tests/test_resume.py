@@ -43,15 +43,30 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"folder": str(root), "hdf5": str(h5), "cache": str(root)}
 
 
+_UNINTERRUPTED: dict[tuple, Path] = {}
+
+
+def uninterrupted(base: dict[str, Any], tmp_path: Path) -> Path:
+    """The reference run, once per (kind, workers, devices) for the whole module."""
+    key = (base["kind"], base["workers"], base["devices"], base.get("snapshot"))
+    if key not in _UNINTERRUPTED:
+        record = tmp_path / "full"
+        run({**base, "max_steps": STEPS, "record": str(record)})
+        _UNINTERRUPTED[key] = record
+    return _UNINTERRUPTED[key]
+
+
 def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, devices: int = 1, **extra: Any) -> None:
     """The helper every stateful loader goes through."""
     base = {"kind": kind, "source": source, "workers": workers, "devices": devices, "cache_dir": str(tmp_path / "c")}
-    run({**base, "max_steps": STEPS, "record": str(tmp_path / "full")})
+    if "snapshot" in extra:
+        base["snapshot"] = extra.pop("snapshot")
+    full_record = uninterrupted(base, tmp_path)
     run({**base, "max_steps": k, "record": str(tmp_path / "part"), "save_every": k, "ckpt_dir": str(tmp_path / "ck")})
     ckpt = tmp_path / "ck" / "last.ckpt"
     run({**base, "max_steps": STEPS, "record": str(tmp_path / "part"), "ckpt_path": str(ckpt), **extra})
     for rank in range(devices):
-        full, part = records(tmp_path / "full", rank), records(tmp_path / "part", rank)
+        full, part = records(full_record, rank), records(tmp_path / "part", rank)
         assert [r["step"] for r in part] == list(range(STEPS))
         assert part == full, f"rank {rank}: resumed run differs from the uninterrupted one"
 
@@ -62,3 +77,16 @@ def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, de
 @pytest.mark.parametrize("kind", ["folder", "hdf5", "cache"])
 def test_resume_is_exact(tmp_path: Path, sources: dict[str, str], kind: str, workers: int, k: int) -> None:
     conformance(tmp_path, kind, sources[kind], workers, k)
+
+
+@pytest.mark.timeout(600)
+def test_resume_when_configure_optimizers_reads_estimated_stepping_batches(tmp_path: Path, sources: dict) -> None:
+    """Lightning #20550: touching estimated_stepping_batches loads the data before the checkpoint is restored."""
+    conformance(tmp_path, "folder", sources["folder"], 2, 8, stepping=True, max_epochs=3)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("snapshot", [3, 4])
+def test_resume_is_exact_with_sparse_snapshots(tmp_path: Path, sources: dict[str, str], snapshot: int) -> None:
+    """Checkpoints between snapshots: the loader replays the batches since the last snapshot."""
+    conformance(tmp_path, "folder", sources["folder"], 2, 7, snapshot=snapshot)

@@ -23,6 +23,19 @@ __all__ = ["FastDataModule"]
 log = logging.getLogger("lightning_fastdata")
 
 
+class _TrainLoader(StatefulDataLoader):
+    """The train loader: a ``StatefulDataLoader`` that the DataModule restores itself (per rank)."""
+
+    _fastdata_restored = False
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load ``state_dict``, unless the DataModule already restored this rank's own state."""
+        if self._fastdata_restored:
+            self._fastdata_restored = False
+            return
+        super().load_state_dict(state_dict)
+
+
 class FastDataModule(LightningDataModule):
     """Base of the package's DataModules: loaders, device-side normalisation, worker resolution.
 
@@ -52,7 +65,10 @@ class FastDataModule(LightningDataModule):
         std: Per-channel standard deviation (0-1 scale).
         in_order: Return batches in sampler order (torch's ``in_order``); ``False`` trades order for fewer
             stalls behind one slow batch.
-        snapshot_every_n_steps: How often the train loader snapshots worker state (torchdata's argument).
+        snapshot_every_n_steps: How often the train loader snapshots worker state (torchdata's argument). A
+            resume replays the batches since the last snapshot (up to N - 1), and a snapshot every step costs
+            (torchdata#1317). ``None``: the Trainer's ``ModelCheckpoint(every_n_train_steps=...)`` interval if
+            there is one (snapshots then coincide with checkpoints), else 1.
         block_shuffle: Shuffle blocks of this many consecutive samples instead of single samples (sequential
             reads; less random batches, see :class:`~lightning_fastdata.EpochSampler`). ``None``: full shuffle.
 
@@ -79,7 +95,7 @@ class FastDataModule(LightningDataModule):
         mean: tuple[float, float, float] = IMAGENET_MEAN,
         std: tuple[float, float, float] = IMAGENET_STD,
         in_order: bool = True,
-        snapshot_every_n_steps: int = 1,
+        snapshot_every_n_steps: int | None = None,
         block_shuffle: int | None = None,
     ) -> None:
         super().__init__()
@@ -101,7 +117,7 @@ class FastDataModule(LightningDataModule):
             raise ValueError(f"prefetch_factor should be a positive int, got {prefetch_factor!r}.")
         if block_shuffle is not None and block_shuffle < 1:
             raise ValueError(f"block_shuffle should be a positive int or None, got {block_shuffle!r}.")
-        if snapshot_every_n_steps < 1:
+        if snapshot_every_n_steps is not None and snapshot_every_n_steps < 1:
             raise ValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
         self.val_fraction = val_fraction
         # What every image dataset of the package takes; validated again (with messages) by the datasets.
@@ -132,6 +148,10 @@ class FastDataModule(LightningDataModule):
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self._resolved_workers: int | None = None
+        # Exact resume (see state_dict): the train loader, and its state for this rank from a checkpoint.
+        self._train_loader: StatefulDataLoader | None = None
+        self._pending_loader_state: dict[str, Any] | None = None
+        self._restart_epoch: int | None = None
         self._skip_epoch = -1
 
     # -- what subclasses provide -----------------------------------------------------------------------
@@ -157,13 +177,61 @@ class FastDataModule(LightningDataModule):
         """The training loader: shuffled per epoch, sharded across ranks, stateful."""
         if self.train_dataset is None:
             raise RuntimeError(f"{type(self).__name__}.train_dataloader() needs setup('fit') to run first.")
-        return self._loader(self.train_dataset, train=True)
+        loader = self._loader(self.train_dataset, train=True)
+        if self._pending_loader_state is not None:
+            # Restored here, when the loader is made, rather than by Lightning's fit loop: that one restores
+            # rank 0's state on every rank, and not at all if configure_optimizers loaded the data early
+            # (Lightning #20550). Lightning's later load_state_dict call on this loader is then ignored.
+            loader.load_state_dict(self._pending_loader_state)
+            loader._fastdata_restored = True  # type: ignore[attr-defined]
+            self._pending_loader_state = None
+        elif self._restart_epoch is not None:
+            loader.sampler.set_epoch(self._restart_epoch)
+            loader._fastdata_restored = True  # type: ignore[attr-defined]
+            self._restart_epoch = None
+        self._train_loader = loader
+        return loader
 
     def val_dataloader(self) -> DataLoader | list:
         """The validation loader, or ``[]`` when there is no validation set."""
         if self.val_dataset is None:
             return []
         return self._loader(self.val_dataset, train=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's train-loader state (gathered: Lightning writes only rank 0's checkpoint)."""
+        if self._train_loader is None:
+            return {}
+        state = self._train_loader.state_dict()
+        sampler = self._train_loader.sampler
+        world_size = 1
+        states = [state]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            world_size = torch.distributed.get_world_size()
+            states = [None] * world_size  # type: ignore[list-item]
+            torch.distributed.all_gather_object(states, state)
+        return {"loader_states": states, "world_size": world_size, "epoch": getattr(sampler, "epoch", 0)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep this rank's loader state until :meth:`train_dataloader` makes the loader.
+
+        A checkpoint from a different world size cannot continue the interrupted epoch sample-exactly (its
+        shards were cut for another number of ranks): the epoch is restarted from its beginning on the new
+        ranks, with a warning (samples already seen in that epoch are seen again).
+        """
+        states = state_dict.get("loader_states")
+        if not states:
+            return
+        world_size, rank = self._world()[:2]
+        if len(states) != world_size:
+            rank_zero_warn(
+                f"The checkpoint's loader state is from {len(states)} rank(s), this run has {world_size}: epoch "
+                f"{state_dict['epoch']} restarts from its beginning (its samples seen before the checkpoint are "
+                "seen again). Resume with the same number of devices for an exact continuation."
+            )
+            self._restart_epoch = int(state_dict["epoch"])
+            return
+        self._pending_loader_state = states[rank]
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Report corrupt images skipped in the epoch that just ended (``on_corrupt='skip'``)."""
@@ -213,6 +281,14 @@ class FastDataModule(LightningDataModule):
                 rank_zero_info(f"lightning_fastdata: num_workers='auto' resolved to {self._resolved_workers}.")
         return self._resolved_workers
 
+    def _snapshot_interval(self) -> int:
+        if self.snapshot_every_n_steps is not None:
+            return self.snapshot_every_n_steps
+        # ModelCheckpoint keeps its interval only as _every_n_train_steps (no public accessor); read it softly.
+        checkpoints = self.trainer.checkpoint_callbacks if self.trainer is not None else []
+        intervals = [n for n in (getattr(cb, "_every_n_train_steps", 0) for cb in checkpoints) if n]
+        return min(intervals) if intervals else 1
+
     def _use_pin_memory(self) -> bool:
         if self.pin_memory is not None:
             return self.pin_memory
@@ -250,7 +326,7 @@ class FastDataModule(LightningDataModule):
         )
         loader: DataLoader
         if train:
-            loader = StatefulDataLoader(dataset, snapshot_every_n_steps=self.snapshot_every_n_steps, **kwargs)
+            loader = _TrainLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
         else:
             loader = DataLoader(dataset, **kwargs)
         if self.device_prefetch and self.trainer is not None:

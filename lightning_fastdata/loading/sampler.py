@@ -92,6 +92,12 @@ class EpochSampler(DistributedSampler):
             self.yielded += 1
             yield epoch, i
 
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's permutation; nothing of the new epoch has been yielded yet."""
+        if epoch != self.epoch:
+            self.yielded = 0
+        super().set_epoch(epoch)
+
     def state_dict(self) -> dict[str, Any]:
         """Epoch and position: the permutation is a function of ``seed`` and ``epoch``, so this is all of it."""
         return {"epoch": self.epoch, "seed": self.seed, "yielded": self.yielded}

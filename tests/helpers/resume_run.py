@@ -4,7 +4,7 @@ Usage: python resume_run.py '<json config>'. Config keys: kind (folder|hdf5|cach
 ckpt_dir, save_every (checkpoint interval, or null), ckpt_path (resume from it, or null), record (JSON-lines
 file, one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), kill_at (SIGKILL this
 process at the start of that step, or null), stepping (touch trainer.estimated_stepping_batches in
-configure_optimizers, Lightning #20550), cache_dir.
+configure_optimizers, Lightning #20550; it only loads data early with max_epochs set), max_epochs, cache_dir.
 """
 
 from __future__ import annotations
@@ -43,11 +43,18 @@ class Recorder(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.stepping:
             assert self.trainer.estimated_stepping_batches > 0  # Lightning #20550: loads the data early
+            print(
+                "STEPPING",
+                self.trainer.train_dataloader is not None,
+                self.trainer.fit_loop._combined_loader_states_to_load,
+            )
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 def main(cfg: dict[str, Any]) -> None:
     kw = dict(image_size=16, batch_size=8, num_workers=cfg["workers"], val_fraction=0.0, seed=0)
+    if "snapshot" in cfg:
+        kw["snapshot_every_n_steps"] = cfg["snapshot"]
     if cfg["kind"] == "folder":
         dm: pl.LightningDataModule = ImageFolderDataModule(cfg["source"], **kw)
     elif cfg["kind"] == "hdf5":
@@ -63,6 +70,7 @@ def main(cfg: dict[str, Any]) -> None:
         )
     trainer = pl.Trainer(
         max_steps=cfg["max_steps"],
+        max_epochs=cfg.get("max_epochs"),
         accelerator="cpu",
         devices=cfg.get("devices", 1),
         strategy="ddp" if cfg.get("devices", 1) > 1 else "auto",
