@@ -23,8 +23,15 @@ from lightning_fastdata import FastDataCallback
 class _Tiny(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
+        # ~10-20 ms per step on 2 CPU cores: a real (small) training step, so a per-step cost is measurable
         self.net = nn.Sequential(
-            nn.Conv2d(3, 16, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10)
+            nn.Conv2d(3, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(64, 10),
         )
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -57,9 +64,25 @@ class _StepTimer(pl.Callback):
         self.seconds = time.perf_counter() - self.start
 
 
+class _TimedFastDataCallback(FastDataCallback):
+    """FastDataCallback that also adds up the time spent inside its own per-step hooks."""
+
+    hook_s = 0.0
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        start = time.perf_counter()
+        super().on_train_batch_start(*args)
+        _TimedFastDataCallback.hook_s += time.perf_counter() - start
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        start = time.perf_counter()
+        super().on_train_batch_end(*args)
+        _TimedFastDataCallback.hook_s += time.perf_counter() - start
+
+
 def _step_ms(with_callback: bool, steps: int) -> float:
     timer = _StepTimer()
-    callbacks: list[pl.Callback] = [timer] + ([FastDataCallback(log_every_n_steps=50)] if with_callback else [])
+    callbacks: list[pl.Callback] = [timer] + ([_TimedFastDataCallback(log_every_n_steps=50)] if with_callback else [])
     trainer = pl.Trainer(
         max_steps=steps,
         accelerator="cpu",
@@ -77,8 +100,77 @@ def callback_suite(args: argparse.Namespace) -> dict[str, Any]:
     """Median step time with and without the callback, interleaved runs."""
     steps = 110
     without, with_cb = [], []
-    for _ in range(max(5, args.repeats)):
+    _TimedFastDataCallback.hook_s = 0.0
+    for _ in range(max(7, args.repeats)):
         without.append(_step_ms(False, steps))
         with_cb.append(_step_ms(True, steps))
     a, b = statistics.median(without), statistics.median(with_cb)
-    return {"step_ms_without": a, "step_ms_with": b, "overhead_pct": 100 * (b - a) / a, "runs": [without, with_cb]}
+    hook_us = 1e6 * _TimedFastDataCallback.hook_s / (len(with_cb) * steps)
+    return {
+        "step_ms_without": a,
+        "step_ms_with": b,
+        "overhead_pct": 100 * (b - a) / a,
+        "hook_us_per_step": hook_us,
+        "runs": [without, with_cb],
+    }
+
+
+def snapshot_suite(args: argparse.Namespace) -> dict[str, Any]:
+    """Cost of StatefulDataLoader snapshots on the fastest loader (tensor cache, 2 workers), per batch.
+
+    If the snapshots cost < 1% of the time this loader needs per batch, they cost less than 1% of any
+    training step that this loader can keep fed.
+    """
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader as PlainLoader
+
+    from benchmarks.loaders import _count, _time_loader
+    from lightning_fastdata import TensorCacheDataModule
+    from lightning_fastdata.loading.collate import collate_prebatched
+
+    cache_dir = str(Path(f"{Path(args.root).with_suffix('')}-cache256"))
+    rates: dict[str, list[float]] = {
+        "plain DataLoader (no state)": [],
+        "snapshot every step": [],
+        "snapshot every 100": [],
+    }
+    modules = {}
+    for name, interval in (("snapshot every step", 1), ("snapshot every 100", 100)):
+        dm = TensorCacheDataModule(
+            args.root,
+            cache_dir,
+            cache_size=256,
+            image_size=args.image_size,
+            batch_size=args.batch_size,
+            num_workers=2,
+            val_fraction=0.0,
+            persistent_workers=False,
+            snapshot_every_n_steps=interval,
+        )
+        dm.setup("fit")
+        modules[name] = dm
+
+    def plain() -> PlainLoader:
+        loader = modules["snapshot every step"].train_dataloader()
+        return PlainLoader(
+            loader.dataset,
+            batch_size=args.batch_size,
+            sampler=loader.sampler,
+            num_workers=2,
+            collate_fn=collate_prebatched,
+        )
+
+    for _ in range(max(6, args.repeats)):  # single runs vary by +-20% here: compare medians of many
+        rates["plain DataLoader (no state)"].append(_time_loader(plain, _count))
+        for name, dm in modules.items():
+            rates[name].append(_time_loader(dm.train_dataloader, _count))
+    ms = {name: 1000 * args.batch_size / statistics.median(r) for name, r in rates.items()}
+    base = ms["plain DataLoader (no state)"]
+    spread = {name: [round(1000 * args.batch_size / x, 2) for x in r] for name, r in rates.items()}
+    return {
+        "ms_per_batch": ms,
+        "ms_per_batch_runs": spread,
+        "overhead_pct": {k: 100 * (v - base) / base for k, v in ms.items()},
+        "runs": rates,
+    }

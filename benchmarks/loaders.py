@@ -248,15 +248,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["suites"]["cache"] = rows
         result["cache"] = extra
     if "callback" in args.suites:
-        from benchmarks.callback import callback_suite
+        from benchmarks.callback import callback_suite, snapshot_suite
 
         cb = callback_suite(args)
         print(
-            f"\nSuite callback: CPU step time of the same run (in-memory data, small CNN, batch 32): without "
-            f"FastDataCallback {cb['step_ms_without']:.2f} ms, with it {cb['step_ms_with']:.2f} ms "
-            f"({cb['overhead_pct']:+.1f}%)"
+            "\nSuite callback: CPU step time of the same run (in-memory data, small CNN, batch 32, medians of 7 "
+            f"alternating runs): without FastDataCallback {cb['step_ms_without']:.2f} ms, "
+            f"with it {cb['step_ms_with']:.2f} ms "
+            f"({cb['overhead_pct']:+.1f}%; runs without {min(cb['runs'][0]):.2f}-{max(cb['runs'][0]):.2f} ms, "
+            f"with {min(cb['runs'][1]):.2f}-{max(cb['runs'][1]):.2f} ms); time inside the callback's per-step hooks: "
+            f"{cb['hook_us_per_step']:.0f} us per step"
         )
         result["suites"]["callback"] = cb
+        snap = snapshot_suite(args)
+        print("\nStatefulDataLoader snapshots (tensor cache loader, 2 workers, ms per batch of the loader itself):")
+        for name, value in snap["ms_per_batch"].items():
+            runs = snap["ms_per_batch_runs"][name]
+            print(
+                f"  {name}: median {value:.2f} ms ({snap['overhead_pct'][name]:+.1f}% vs no state; "
+                f"runs {min(runs):.1f}-{max(runs):.1f} ms)"
+            )
+        result["suites"]["snapshot"] = snap
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -90,3 +90,69 @@ def test_resume_when_configure_optimizers_reads_estimated_stepping_batches(tmp_p
 def test_resume_is_exact_with_sparse_snapshots(tmp_path: Path, sources: dict[str, str], snapshot: int) -> None:
     """Checkpoints between snapshots: the loader replays the batches since the last snapshot."""
     conformance(tmp_path, "folder", sources["folder"], 2, 7, snapshot=snapshot)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("kind", ["folder", "cache"])
+def test_resume_is_exact_under_two_process_ddp(tmp_path: Path, sources: dict[str, str], kind: str) -> None:
+    """Each rank continues with its own shard: the checkpoint holds every rank's loader state."""
+    conformance(tmp_path, kind, sources[kind], 2, 7, devices=2)
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_then_resume_from_the_last_checkpoint_on_disk(tmp_path: Path, sources: dict[str, str]) -> None:
+    base = {"kind": "folder", "source": sources["folder"], "workers": 2, "devices": 1, "cache_dir": str(tmp_path / "c")}
+    full = records(uninterrupted(base, tmp_path))
+    ckpts = str(tmp_path / "ck")
+    # checkpoints every 3 steps; the process is SIGKILLed at the start of step 8 (last checkpoint: step 6)
+    run(
+        {
+            **base,
+            "max_steps": STEPS,
+            "record": str(tmp_path / "killed"),
+            "save_every": 3,
+            "ckpt_dir": ckpts,
+            "kill_at": 8,
+        },
+        expect_kill=True,
+    )
+    killed = records(tmp_path / "killed")
+    assert [r["step"] for r in killed] == list(range(8))
+    run({**base, "max_steps": STEPS, "record": str(tmp_path / "resumed"), "ckpt_path": f"{ckpts}/last.ckpt"})
+    resumed = records(tmp_path / "resumed")
+    assert resumed[0]["step"] == 6  # from the checkpoint on disk, not from where the process died
+    assert killed[:6] + resumed == full
+
+
+@pytest.mark.timeout(600)
+def test_resume_on_a_different_world_size_restarts_the_epoch(tmp_path: Path, sources: dict[str, str]) -> None:
+    base = {"kind": "folder", "source": sources["folder"], "workers": 0, "cache_dir": str(tmp_path / "c")}
+    single = records(uninterrupted({**base, "devices": 1}, tmp_path))
+    ckpts = str(tmp_path / "ck")
+    run({**base, "devices": 2, "max_steps": 4, "record": str(tmp_path / "ddp"), "save_every": 4, "ckpt_dir": ckpts})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(HELPER),
+            json.dumps(
+                {
+                    **base,
+                    "devices": 1,
+                    "max_steps": 6,
+                    "record": str(tmp_path / "one"),
+                    "ckpt_path": f"{ckpts}/last.ckpt",
+                }
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "from 2 rank(s), this run has 1: epoch 1 restarts from its beginning" in out.stderr
+    resumed = records(tmp_path / "one")
+    # 2 ranks x 3 steps per epoch: step 4 is inside epoch 1, which restarts on one rank from its first batch
+    first_of_epoch_1 = single[5]  # one rank: 5 steps per epoch
+    assert {k: v for k, v in resumed[0].items() if k != "step"} == {
+        k: v for k, v in first_of_epoch_1.items() if k != "step"
+    }
