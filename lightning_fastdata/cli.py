@@ -1,4 +1,4 @@
-"""The ``fastdata`` command: LightningCLI (``fit``, ``validate``, ...) plus ``demo``, ``make-data``, ``convert``."""
+"""The ``fastdata`` command: LightningCLI (``fit``, ...) and ``demo``, ``make-data``, ``convert``, ``bench``."""
 
 from __future__ import annotations
 
@@ -95,7 +95,11 @@ def _convert(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``fastdata`` console script."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "convert":
+    if argv and argv[0] == "bench":
+        from lightning_fastdata.bench import main as bench
+
+        bench(argv[1:])
+    elif argv and argv[0] == "convert":
         _convert(argv[1:])
     elif argv and argv[0] == "demo":
         _demo(argv[1:])

@@ -31,7 +31,7 @@ def memcpy_ceiling(images: np.ndarray, batch_size: int, size: int, repeats: int)
 
 def cache_suite(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Baseline vs cache (workers, device placement); plus the memcpy ceiling and the build time."""
-    from benchmarks.loaders import Candidate, _count, baseline_loader, measure, rows_for
+    from lightning_fastdata.bench.loaders import Candidate, _count, baseline_loader, measure, rows_for
 
     cache_dir = Path(f"{Path(args.root).with_suffix('')}-cache256")
     build_s = 0.0

@@ -64,7 +64,7 @@ def _files(args: argparse.Namespace) -> dict[str, Path]:
 
 def hdf5_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Seed-style vs ours (raw, encoded) vs the folder module, at each worker count."""
-    from benchmarks.loaders import Candidate, _count, measure, ours_module, rows_for
+    from lightning_fastdata.bench.loaders import Candidate, _count, measure, ours_module, rows_for
 
     files = _files(args)
 

@@ -125,8 +125,8 @@ def snapshot_suite(args: argparse.Namespace) -> dict[str, Any]:
 
     from torch.utils.data import DataLoader as PlainLoader
 
-    from benchmarks.loaders import _count, _time_loader
     from lightning_fastdata import TensorCacheDataModule
+    from lightning_fastdata.bench.loaders import _count, _time_loader
     from lightning_fastdata.loading.collate import collate_prebatched
 
     cache_dir = str(Path(f"{Path(args.root).with_suffix('')}-cache256"))

@@ -1,0 +1,321 @@
+"""Images/s of the baselines users write vs lightning-fastdata's loaders, same data, same run.
+
+    fastdata bench --root data/bench --json benchmarks/results/latest.json --plot benchmarks/results/latest.png
+    python -m benchmarks.loaders ...   (the same, from a checkout)
+
+Prints one markdown table per suite (median of ``--repeats`` runs, each one pass over the dataset after
+two warm-up batches, candidates interleaved so drift hits all alike) and writes the figures as JSON.
+
+Suite ``folder`` (rows):
+
+- ``baseline``: torchvision ``ImageFolder`` + ``RandomResizedCrop``, ``RandomHorizontalFlip``, ``ToTensor``,
+  ``Normalize`` + plain ``DataLoader`` (what users write today);
+- ``ImageFolderDataModule``: our train loader, uint8 batches as they reach the device;
+- ``ImageFolderDataModule + CPU normalise``: the same, plus the float normalisation in the main process
+  (what a CPU-only run pays; on a GPU it runs on the device);
+- ``decode ceiling``: one process reading and fully decoding every file (PIL and torchvision's
+  ``decode_jpeg``), times the worker count for the "% of ceiling" column.
+
+Suite ``hdf5`` (see ``benchmarks/hdf5.py``): the seed-style user HDF5 dataset vs ``HDF5DataModule`` in raw
+and encoded mode, and the folder module for reference.
+
+Suite ``cache`` (see ``benchmarks/cache.py``): the torchvision baseline vs ``TensorCacheDataModule`` with
+augmentation in the workers and on the device (loader only: on a CPU-only machine the device crop is not
+timed), the one-core memcpy ceiling, and the cache build time per 1,000 images.
+
+Suite ``callback`` (see ``benchmarks/callback.py``): the step time of the same CPU training run with and
+without ``FastDataCallback`` (fast in-memory data, so any overhead of the callback shows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import glob
+import io
+import json
+import os
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from lightning_fastdata import ImageFolderDataModule
+from lightning_fastdata.cli import ensure_demo_data
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def _time_loader(make: Callable[[], Iterable[Any]], consume: Callable[[Any], int], warmup: int = 2) -> float:
+    """Images/s over one pass, after ``warmup`` batches (worker start-up is not counted)."""
+    it = iter(make())
+    for _ in range(warmup):
+        consume(next(it))
+    n, start = 0, time.perf_counter()
+    for batch in it:
+        n += consume(batch)
+    if n == 0:
+        raise ValueError(f"The dataset has too few batches to time after {warmup} warm-up batches; lower --batch-size.")
+    return n / (time.perf_counter() - start)
+
+
+def _count(batch: Any) -> int:
+    return len(batch[1])
+
+
+def baseline_loader(root: str, size: int, batch_size: int, workers: int) -> torch.utils.data.DataLoader:
+    """The loader users write today."""
+    from torchvision import datasets, transforms
+
+    tf = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
+    ds = datasets.ImageFolder(root, transform=tf)
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers)
+
+
+def ours_module(root: str, size: int, batch_size: int, workers: int) -> ImageFolderDataModule:
+    """Our DataModule with the same data, size, batch size and workers."""
+    dm = ImageFolderDataModule(
+        root, val_fraction=0.0, image_size=size, batch_size=batch_size, num_workers=workers, persistent_workers=False
+    )
+    dm.setup("fit")
+    return dm
+
+
+def decode_ceiling(files: list[str]) -> dict[str, float]:
+    """One core reading and fully decoding every file: PIL and torchvision's ``decode_jpeg``."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    torch.set_num_threads(1)
+
+    def pil() -> None:
+        for f in files:
+            with open(f, "rb") as fh:
+                Image.open(io.BytesIO(fh.read())).convert("RGB")
+
+    def tv() -> None:
+        for f in files:
+            with open(f, "rb") as fh:
+                decode_jpeg(torch.frombuffer(bytearray(fh.read()), dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+    out = {}
+    for name, fn in (("PIL", pil), ("decode_jpeg", tv)):
+        start = time.perf_counter()
+        fn()
+        out[name] = len(files) / (time.perf_counter() - start)
+    torch.set_num_threads(os.cpu_count() or 1)
+    return out
+
+
+Candidate = tuple[str, Callable[[], Iterable[Any]], Callable[[Any], int]]
+
+
+def measure(candidates: list[Candidate], repeats: int) -> dict[str, list[float]]:
+    """Images/s of each candidate, ``repeats`` times, interleaved."""
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
+    for _ in range(repeats):
+        for name, make, consume in candidates:
+            rates[name].append(_time_loader(make, consume))
+    return rates
+
+
+def rows_for(rates: dict[str, list[float]], workers: int, ceiling: float | None) -> list[dict[str, Any]]:
+    """Table rows; the first candidate is the baseline of the ratio column."""
+    base = statistics.median(next(iter(rates.values())))
+    rows = []
+    for name, runs in rates.items():
+        rate = statistics.median(runs)
+        row = {"loader": name, "num_workers": workers, "images_per_s": rate, "vs_baseline": rate / base, "runs": runs}
+        if ceiling:
+            row["pct_of_decode_ceiling"] = 100 * rate / (ceiling * max(1, workers))
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Markdown table of ``rows`` (with a "% of ceiling" column when the rows have one)."""
+    pct = next((k for k in ("pct_of_decode_ceiling", "pct_of_memcpy_ceiling") if k in rows[0]), None)
+    title = {"pct_of_decode_ceiling": " % of decode ceiling |", "pct_of_memcpy_ceiling": " % of memcpy ceiling |"}
+    print("| loader | num_workers | images/s | vs baseline |" + (title[pct] if pct else ""))
+    print("|---|---:|---:|---:|" + ("---:|" if pct else ""))
+    for r in rows:
+        extra = f" {r[pct]:.1f}% |" if pct else ""
+        print(f"| {r['loader']} | {r['num_workers']} | {r['images_per_s']:.0f} | {r['vs_baseline']:.2f}x |{extra}")
+
+
+def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str, Any]]:
+    """Baseline vs ImageFolderDataModule at each worker count."""
+    rows: list[dict[str, Any]] = []
+    for workers in args.workers:
+        dm = ours_module(args.root, args.image_size, args.batch_size, workers)
+
+        def consume_normalised(batch: Any, dm: ImageFolderDataModule = dm) -> int:
+            dm.on_after_batch_transfer(batch, 0)
+            return len(batch[1])
+
+        candidates: list[Candidate] = [
+            (
+                "baseline (torchvision ImageFolder)",
+                functools.partial(baseline_loader, args.root, args.image_size, args.batch_size, workers),
+                _count,
+            ),
+            ("ImageFolderDataModule", dm.train_dataloader, _count),
+            ("ImageFolderDataModule + CPU normalise", dm.train_dataloader, consume_normalised),
+        ]
+        rows += rows_for(measure(candidates, args.repeats), workers, best_ceiling)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; print the tables; return the figures."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", default="data/bench", help="image folder (generated if missing)")
+    parser.add_argument("--num-classes", type=int, default=8)
+    parser.add_argument("--per-class", type=int, default=192, help="images per class when generating")
+    parser.add_argument(
+        "--suites",
+        nargs="+",
+        choices=["folder", "hdf5", "cache", "callback"],
+        default=["folder", "hdf5", "cache", "callback"],
+    )
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument("--plot", default=None, help="write a bar chart (PNG) of images/s per loader here")
+    args = parser.parse_args(argv)
+
+    import PIL
+
+    from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
+
+    ensure_demo_data(args.root, args.num_classes, args.per_class)
+    files = sorted(glob.glob(os.path.join(args.root, "*", "*")))
+    mean_kb = statistics.mean(os.path.getsize(f) for f in files) / 1e3
+    ceiling = {
+        k: statistics.median(decode_ceiling(files)[k] for _ in range(args.repeats)) for k in ("PIL", "decode_jpeg")
+    }
+    cpus = len(os.sched_getaffinity(0))
+    machine = (
+        f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{'pillow-simd' if pillow_simd_installed() else 'Pillow'} {PIL.__version__}, "
+        f"ROI JPEG decoder {'on' if roi_decode_available() else 'off'}"
+    )
+    print(f"\nData: {len(files)} JPEGs in {args.root}, mean {mean_kb:.0f} KB")
+    print(f"Output: {args.image_size}px, batch {args.batch_size}, median of {args.repeats} runs")
+    print(f"Machine: {machine}")
+    print(
+        f"Decode ceiling (1 core, read + full decode): PIL {ceiling['PIL']:.0f} img/s, "
+        f"decode_jpeg {ceiling['decode_jpeg']:.0f} img/s"
+    )
+    result: dict[str, Any] = {
+        "machine": machine,
+        "data": {"root": args.root, "files": len(files), "mean_kb": mean_kb, "image_size": args.image_size},
+        "decode_ceiling_1core": ceiling,
+        "suites": {},
+    }
+    if "folder" in args.suites:
+        rows = folder_suite(args, max(ceiling.values()))
+        print("\nSuite folder: JPEG folder, RandomResizedCrop + flip\n")
+        print_table(rows)
+        result["suites"]["folder"] = rows
+    if "hdf5" in args.suites:
+        from lightning_fastdata.bench.hdf5 import hdf5_suite
+
+        rows = hdf5_suite(args)
+        print("\nSuite hdf5: one HDF5 file (baseline: the seed-style float32 dataset, one read per sample)\n")
+        print_table(rows)
+        result["suites"]["hdf5"] = rows
+    if "cache" in args.suites:
+        from lightning_fastdata.bench.cache import cache_suite
+
+        rows, extra = cache_suite(args)
+        print(
+            f"\nSuite cache: uint8 tensor cache (256 px squares); memcpy ceiling (1 core, {args.image_size} px "
+            f"samples): {extra['memcpy_ceiling_1core']:.0f} img/s; "
+            f"build: {extra['build_s_per_1000']:.1f} s per 1,000 images (nan: cache was already built)\n"
+        )
+        print_table(rows)
+        result["suites"]["cache"] = rows
+        result["cache"] = extra
+    if "callback" in args.suites:
+        from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
+
+        cb = callback_suite(args)
+        print(
+            "\nSuite callback: CPU step time of the same run (in-memory data, small CNN, batch 32, medians of 7 "
+            f"alternating runs): without FastDataCallback {cb['step_ms_without']:.2f} ms, "
+            f"with it {cb['step_ms_with']:.2f} ms "
+            f"({cb['overhead_pct']:+.1f}%; runs without {min(cb['runs'][0]):.2f}-{max(cb['runs'][0]):.2f} ms, "
+            f"with {min(cb['runs'][1]):.2f}-{max(cb['runs'][1]):.2f} ms); time inside the callback's per-step hooks: "
+            f"{cb['hook_us_per_step']:.0f} us per step"
+        )
+        result["suites"]["callback"] = cb
+        snap = snapshot_suite(args)
+        print("\nStatefulDataLoader snapshots (tensor cache loader, 2 workers, ms per batch of the loader itself):")
+        for name, value in snap["ms_per_batch"].items():
+            runs = snap["ms_per_batch_runs"][name]
+            print(
+                f"  {name}: median {value:.2f} ms ({snap['overhead_pct'][name]:+.1f}% vs no state; "
+                f"runs {min(runs):.1f}-{max(runs):.1f} ms)"
+            )
+        result["suites"]["snapshot"] = snap
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    if args.plot:
+        plot(result, args.plot)
+        print(f"\nPlot written to {args.plot}")
+    return result
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Horizontal bar chart of images/s per loader, at the largest worker count, one colour per suite."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise ModuleNotFoundError("--plot needs matplotlib. Run `pip install matplotlib`.") from err
+    bars: list[tuple[str, float, str]] = []
+    colours = {"folder": "tab:blue", "hdf5": "tab:green", "cache": "tab:purple"}
+    for suite, rows in result["suites"].items():
+        if suite not in colours:
+            continue
+        workers = max(r["num_workers"] for r in rows)
+        for r in rows:
+            if r["num_workers"] == workers and "CPU normalise" not in r["loader"]:
+                is_baseline = r["loader"].startswith(("baseline", "seed-style"))
+                colour = "tab:gray" if is_baseline else colours[suite]
+                bars.append((f"[{suite}] {r['loader']}", r["images_per_s"], colour))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(bars) + 1.2))
+    labels = [b[0] for b in bars][::-1]
+    values = [b[1] for b in bars][::-1]
+    ax.barh(labels, values, color=[b[2] for b in bars][::-1])
+    ax.set_xscale("log")
+    for y, v in enumerate(values):
+        ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+    ax.set_xlabel("images/s (log scale; gray: the baseline users write today)")
+    ax.set_title(f"lightning-fastdata loaders, {result['machine'].split(', Python')[0]}", fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Both notebooks run top to bottom (on small generated data); a cell that errors fails the test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def test_both_notebooks_exist() -> None:
+    assert {p.name for p in NOTEBOOKS} == {"quickstart.ipynb", "convert_and_cache.ipynb"}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs(path: Path, tmp_path: Path) -> None:
+    notebook = nbformat.read(path, as_version=4)
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), "commit cleared outputs"
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    images = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    assert images, "the notebook should draw its figures"
