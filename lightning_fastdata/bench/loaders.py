@@ -292,11 +292,13 @@ def plot(result: dict[str, Any], path: str) -> None:
     except ImportError as err:
         raise ModuleNotFoundError("--plot needs matplotlib. Run `pip install matplotlib`.") from err
     bars: list[tuple[str, float, str]] = []
+    worker_counts: set[int] = set()
     colours = {"folder": "tab:blue", "hdf5": "tab:green", "cache": "tab:purple"}
     for suite, rows in result["suites"].items():
         if suite not in colours:
             continue
         workers = max(r["num_workers"] for r in rows)
+        worker_counts.add(workers)
         for r in rows:
             if r["num_workers"] == workers and "CPU normalise" not in r["loader"]:
                 is_baseline = r["loader"].startswith(("baseline", "seed-style"))
@@ -310,7 +312,9 @@ def plot(result: dict[str, Any], path: str) -> None:
     for y, v in enumerate(values):
         ax.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
     ax.set_xlabel("images/s (log scale; gray: the baseline users write today)")
-    ax.set_title(f"lightning-fastdata loaders, {result['machine'].split(', Python')[0]}", fontsize=10)
+    counts = ", ".join(str(w) for w in sorted(worker_counts))
+    machine = result["machine"].split(", Python")[0]
+    ax.set_title(f"lightning-fastdata loaders, num_workers={counts}, {machine}", fontsize=10)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -92,8 +92,8 @@ class DataWaitMonitor(Callback):
         name = type(dm).__name__ if dm is not None else "your DataModule"
         if name == "ImageFolderDataModule":
             return msg + (
-                f"JPEG decode is the likely limit ({workers} workers): give the loader more CPUs or workers if some "
-                "are idle, or train at a smaller image_size (crops >= 2x the output decode at reduced scale)."
+                f"JPEG decode is the likely limit ({workers} workers): train from TensorCacheDataModule (decode once, "
+                "no decode per epoch), or give the loader more workers if CPUs are idle."
             )
         return msg + (
             f"Check whether CPUs are idle (then raise num_workers, now {workers}) or the file system is the limit "
