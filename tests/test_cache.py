@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from helpers import cpu_trainer
 
 from lightning_fastdata import ImageClassifier, ImageFolderDataset, TensorCacheDataModule, open_tensor_cache
 from lightning_fastdata.loading.decode import decode_center_crop
@@ -164,15 +165,7 @@ def test_fit_from_the_cache(folder: Path, tmp_path: Path, workers: int, augment_
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
             seen.append(batch[0])
 
-    trainer = pl.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[Spy()],
-    )
+    trainer = cpu_trainer(Spy(), epochs=1)
     trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
     assert len(seen) == 2 and seen[0].shape == (8, 3, 24, 24) and seen[0].dtype == torch.float32
     assert "val_acc" in trainer.callback_metrics

@@ -6,6 +6,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers import cpu_trainer
 from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -66,24 +67,12 @@ class Spy(pl.Callback):
         self.batches.append(batch)
 
 
-def trainer(*callbacks: pl.Callback, epochs: int = 1) -> pl.Trainer:
-    return pl.Trainer(
-        max_epochs=epochs,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=list(callbacks),
-    )
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_callback_on_our_datamodule(image_folder: Path, channels_last: bool) -> None:
     dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers="auto", val_fraction=0.2)
     spy, cb = Spy(), FastDataCallback(num_workers=0, channels_last=channels_last, log_every_n_steps=1)
-    t = trainer(spy, cb)
+    t = cpu_trainer(spy, cb)
     t.fit(ImageClassifier(num_classes=3), dm)
     assert isinstance(t.train_dataloader, StatefulDataLoader)
     assert type(t.train_dataloader).__name__.startswith("Prefetching")
@@ -97,7 +86,7 @@ def test_callback_on_our_datamodule(image_folder: Path, channels_last: bool) -> 
 
 def test_explicit_datamodule_settings_win(image_folder: Path) -> None:
     dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers=0, pin_memory=False)
-    t = trainer(FastDataCallback(num_workers=3, pin_memory=True))
+    t = cpu_trainer(FastDataCallback(num_workers=3, pin_memory=True))
     t.fit(ImageClassifier(num_classes=3), dm)
     assert t.train_dataloader.num_workers == 0 and t.train_dataloader.pin_memory is False
 
@@ -130,8 +119,8 @@ class Batches:
 @pytest.mark.timeout(120)
 def test_callback_on_a_foreign_datamodule(recwarn: pytest.WarningsRecorder) -> None:
     plain_spy, spy = Spy(), Spy()
-    trainer(plain_spy).fit(ImageClassifier(num_classes=3), ForeignDataModule())
-    t = trainer(spy, FastDataCallback())
+    cpu_trainer(plain_spy).fit(ImageClassifier(num_classes=3), ForeignDataModule())
+    t = cpu_trainer(spy, FastDataCallback())
     t.fit(ImageClassifier(num_classes=3), ForeignDataModule())
     assert type(t.train_dataloader).__name__ == "PrefetchingDataLoader"
     assert same(spy.batches, plain_spy.batches)
@@ -140,10 +129,10 @@ def test_callback_on_a_foreign_datamodule(recwarn: pytest.WarningsRecorder) -> N
 @pytest.mark.timeout(120)
 def test_callback_explains_what_it_cannot_do() -> None:
     with pytest.warns(UserWarning, match="returned Batches, not a DataLoader"):
-        trainer(FastDataCallback()).fit(ImageClassifier(num_classes=3), ForeignDataModule(as_list=True))
+        cpu_trainer(FastDataCallback()).fit(ImageClassifier(num_classes=3), ForeignDataModule(as_list=True))
     data = ForeignDataModule().train_dataloader()
     with pytest.warns(UserWarning, match="no DataModule"):
-        trainer(FastDataCallback()).fit(ImageClassifier(num_classes=3), train_dataloaders=data)
+        cpu_trainer(FastDataCallback()).fit(ImageClassifier(num_classes=3), train_dataloaders=data)
     with pytest.raises(ValueError, match="num_workers"):
         FastDataCallback(num_workers=-2)
 

@@ -6,6 +6,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers import cpu_trainer
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_fastdata import (
@@ -36,15 +37,7 @@ def test_fit_end_to_end(image_folder: Path, workers: int) -> None:
     dm = ImageFolderDataModule(str(image_folder), image_size=32, batch_size=8, num_workers=workers, val_fraction=0.2)
     model = ImageClassifier(num_classes=dm.num_classes)
     recorder, monitor = Recorder(), DataWaitMonitor(log_every_n_steps=1)
-    trainer = pl.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        callbacks=[recorder, monitor],
-        enable_model_summary=False,
-    )
+    trainer = cpu_trainer(recorder, monitor, epochs=2)
     trainer.fit(model, dm)
     assert isinstance(trainer.train_dataloader, StatefulDataLoader)
     assert trainer.train_dataloader.num_workers == workers
@@ -66,15 +59,7 @@ def test_hdf5_fit_end_to_end(image_folder: Path, tmp_path: Path, workers: int) -
     h5 = convert_folder_to_hdf5(image_folder, tmp_path / "d.h5", mode="raw", size=40, processes=1, progress=False)
     dm = HDF5DataModule(str(h5), image_size=32, batch_size=8, num_workers=workers, val_fraction=0.2)
     recorder = Recorder()
-    trainer = pl.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        callbacks=[recorder],
-        enable_model_summary=False,
-    )
+    trainer = cpu_trainer(recorder, epochs=1)
     trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
     assert dm.num_classes == 3 and [len(y) for _, y in recorder.batches] == [8, 8, 8, 7]
     assert recorder.batches[0][0].dtype == torch.float32 and "val_acc" in trainer.callback_metrics
@@ -141,14 +126,7 @@ def test_skipped_corrupt_images_are_reported_after_the_epoch(tmp_path: Path) -> 
     bad = root / "class_000" / "img_000001.jpg"
     bad.write_bytes(bad.read_bytes()[:200])
     dm = ImageFolderDataModule(str(root), image_size=16, batch_size=4, num_workers=0, val_fraction=0, on_corrupt="skip")
-    trainer = pl.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = cpu_trainer(epochs=2)
     with pytest.warns(UserWarning, match=r"Epoch 0: skipped 1 corrupt\b") as record:
         trainer.fit(ImageClassifier(num_classes=2), dm)
     assert any("Epoch 1: skipped 1 corrupt" in str(w.message) for w in record)

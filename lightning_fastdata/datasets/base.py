@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -89,6 +90,26 @@ class AugmentedImageDataset(Dataset):
         self.on_corrupt = on_corrupt
         # Shared memory, so that counts made in worker processes are visible to the main process.
         self._skipped = torch.zeros((_EPOCH_ROWS + 1, _MAX_SLOTS), dtype=torch.int64).share_memory_()
+
+    #: Attributes that hold per-process handles (open files, memory maps): never pickled, and dropped in a
+    #: process that inherited them through ``fork``, so that each process opens its own.
+    per_process_attrs: tuple[str, ...] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update({name: None for name in (*self.per_process_attrs, "_pid")})
+        return state
+
+    def _handles_open(self) -> bool:
+        """Whether this process opened the handles; if not, drop any inherited ones (call, then open, then mark)."""
+        if self.__dict__.get("_pid") == os.getpid():
+            return True
+        for name in self.per_process_attrs:
+            setattr(self, name, None)
+        return False
+
+    def _mark_handles_open(self) -> None:
+        self._pid = os.getpid()
 
     # -- what subclasses provide -----------------------------------------------------------------------
     @property

@@ -335,8 +335,9 @@ class TensorCacheDataset(AugmentedImageDataset):
         self._labels = np.asarray(labels, dtype=np.int64)
         self.classes = tuple(classes)
         self.augment_on = augment_on
-        self._pid: int | None = None
         self._images: np.ndarray | None = None
+
+    per_process_attrs = ("_images",)
 
     @property
     def targets(self) -> np.ndarray:
@@ -347,16 +348,11 @@ class TensorCacheDataset(AugmentedImageDataset):
         """``file[index]``."""
         return f"{self.images_path}[{index}]"
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_pid=None, _images=None)  # a memory map is per process
-        return state
-
     def _array(self) -> np.ndarray:
-        if self._pid != os.getpid() or self._images is None:
+        if not self._handles_open():
             self._images = np.load(self.images_path, mmap_mode="r")
-            self._pid = os.getpid()
-        return self._images
+            self._mark_handles_open()
+        return self._images  # type: ignore[return-value]
 
     def read_sources(self, indices: np.ndarray) -> list[Source]:
         """One sorted gather from the memory map."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any
 
 import numpy as np
 
@@ -25,32 +25,17 @@ class ImageFolderDataset(AugmentedImageDataset):
 
     Args:
         root: Folder of class sub-folders, or a prebuilt :class:`FileIndex`.
-        train: Random crop and flip if ``True``; central crop if ``False``.
-        image_size: Side of the square output.
-        scale: Area range of the random crop, as in ``RandomResizedCrop``.
-        ratio: Aspect-ratio range of the random crop, as in ``RandomResizedCrop``.
-        crop_fraction: Evaluation crop as a fraction of the shorter side (0.875 is 224 of 256).
-        seed: Seed of the per-sample augmentation.
-        on_corrupt: ``"raise"`` (default) raises an error naming the file; ``"skip"`` logs the file, leaves it
-            out of its batch (which is then one shorter) and counts it in :meth:`skipped_count`.
+        **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`
+            (``train``, ``image_size``, ``scale``, ``ratio``, ``crop_fraction``, ``seed``, ``on_corrupt``:
+            ``"raise"`` names a corrupt file, ``"skip"`` logs it, leaves it out of its batch and counts it).
 
     Raises:
         ValueError: On an impossible argument.
         FileNotFoundError: If ``root`` is missing, has no class folder, or a class has no image.
     """
 
-    def __init__(
-        self,
-        root: str | FileIndex,
-        train: bool = True,
-        image_size: int = 224,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        crop_fraction: float = 0.875,
-        seed: int = 0,
-        on_corrupt: Literal["raise", "skip"] = "raise",
-    ) -> None:
-        super().__init__(train, image_size, scale, ratio, crop_fraction, seed, on_corrupt)
+    def __init__(self, root: str | FileIndex, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.index = root if isinstance(root, FileIndex) else scan_image_folder(os.fspath(root))
 
     @property

@@ -201,13 +201,6 @@ class HDF5Dataset(AugmentedImageDataset):
 
     Args:
         path: The HDF5 file.
-        train: Random resized crop + flip if ``True``; central crop if ``False``.
-        image_size: Side of the square output.
-        scale: Area range of the random crop.
-        ratio: Aspect-ratio range of the random crop.
-        crop_fraction: Evaluation crop as a fraction of the shorter side.
-        seed: Seed of the per-sample augmentation.
-        on_corrupt: ``"raise"`` or ``"skip"`` corrupt encoded images (see ``AugmentedImageDataset``).
         images_key: Dataset of the images.
         labels_key: Dataset of the labels.
         layout: ``"auto"`` (from the file's attributes, dtype and shape), ``"encoded"``, ``"hwc"`` or ``"chw"``.
@@ -215,30 +208,28 @@ class HDF5Dataset(AugmentedImageDataset):
         indices: Use only these rows (e.g. a train/validation split); default all.
         locking: HDF5 file locking (``None``: the library default; ``False`` for NFS and other network file
             systems where locking fails or hangs).
+        **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`
+            (``train``, ``image_size``, ``scale``, ``ratio``, ``crop_fraction``, ``seed``, ``on_corrupt``).
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
         ValueError: On a bad file layout (see :func:`inspect_hdf5`) or an impossible argument.
     """
 
+    per_process_attrs = ("_file", "_images")
+
     def __init__(
         self,
         path: str,
-        train: bool = True,
-        image_size: int = 224,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        crop_fraction: float = 0.875,
-        seed: int = 0,
-        on_corrupt: Literal["raise", "skip"] = "raise",
         images_key: str = "images",
         labels_key: str = "labels",
         layout: Layout = "auto",
         offsets_key: str = "offsets",
         indices: np.ndarray | None = None,
         locking: bool | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(train, image_size, scale, ratio, crop_fraction, seed, on_corrupt)
+        super().__init__(**kwargs)
         if layout not in ("auto", "encoded", "hwc", "chw"):
             raise ValueError(f"layout should be 'auto', 'encoded', 'hwc' or 'chw', got {layout!r}.")
         self.layout = inspect_hdf5(path, images_key, labels_key, layout, offsets_key)
@@ -251,7 +242,6 @@ class HDF5Dataset(AugmentedImageDataset):
             h5py = _h5py()
             with h5py.File(self.layout.path, "r", locking=locking) as f:
                 self._offsets = f[self.layout.offsets_key][()].astype(np.int64)
-        self._pid: int | None = None
         self._file: Any = None
         self._images: Any = None
 
@@ -269,15 +259,9 @@ class HDF5Dataset(AugmentedImageDataset):
         """``file[images_key][row]``."""
         return f"{self.layout.path}[{self.layout.images_key!r}][{int(self.rows[index])}]"
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_pid=None, _file=None, _images=None)  # handles and maps are per process
-        return state
-
     def _open(self) -> Any:
         """The images array of this process: a memory map or an h5py dataset, (re)opened after a fork."""
-        if self._pid != os.getpid():
-            self._file = self._images = None
+        if not self._handles_open():
             lay = self.layout
             if lay.mmap_offset is not None:
                 shape = (int(self._offsets[-1]),) if self._offsets is not None else lay.shape
@@ -291,7 +275,7 @@ class HDF5Dataset(AugmentedImageDataset):
                 except (OSError, ValueError):  # not written with SWMR support: plain read-only
                     self._file = h5py.File(lay.path, "r", locking=self.locking, rdcc_nbytes=cache)
                 self._images = self._file[lay.images_key]
-            self._pid = os.getpid()
+            self._mark_handles_open()
         return self._images
 
     def _read_rows(self, rows: np.ndarray) -> np.ndarray:
