@@ -36,12 +36,12 @@ def test_cache_equals_the_decode_resize_reference(folder: Path, tmp_path: Path) 
     dm.setup("fit")
     train, val = dm.train_dataset, dm.val_dataset
     cached = np.load(tmp_path / "c" / "train_images.npy")
-    index = dm._indexes()[0]
+    index = dm.source.indexes(dm.split)[0]
     assert cached.shape == (16, 32, 32, 3) and len(val) == 5  # type: ignore[arg-type]
     for i in (0, 7, 15):
         assert np.array_equal(cached[i], decode_center_crop(index.path(i), 32))
     # validation = the folder module's Resize + CenterCrop, decoded by the same path
-    _, val_index = dm._indexes()
+    _, val_index = dm.source.indexes(dm.split)
     reference = ImageFolderDataset(val_index, train=False, image_size=24)  # type: ignore[arg-type]
     x, y = val.__getitems__(list(range(5)))  # type: ignore[union-attr]
     rx, ry = reference.__getitems__(list(range(5)))
@@ -109,7 +109,7 @@ def test_killed_build_never_yields_a_cache_and_the_rerun_resumes(tmp_path: Path)
     assert "resuming the interrupted cache build" in out.stdout, out.stdout + out.stderr[-2000:]
     path, labels = open_tensor_cache(cache, "train")
     resumed = np.load(path)
-    index = dm._indexes()[0]
+    index = dm.source.indexes(dm.split)[0]
     for i in (0, 255, 256, 300, 799):  # before and after the kill
         assert np.array_equal(resumed[i], decode_center_crop(index.path(i), 96))
     assert not (tmp_path / "cache.partial").exists()
@@ -151,6 +151,9 @@ def test_bad_caches_and_directories(folder: Path, tmp_path: Path, monkeypatch: p
         module(folder, tmp_path / "e").prepare_data()
     with pytest.raises(ValueError, match="cache_size=16 is smaller than image_size=24"):
         module(folder, tmp_path / "f", cache_size=16)
+    other = make_image_folder(tmp_path / "other", num_classes=2, per_class=1, size=(40, 30))
+    with pytest.raises(ValueError, match="same class folders"):
+        module(folder, tmp_path / "f", val_root=str(other))
     with pytest.raises(ValueError, match="augment_on"):
         module(folder, tmp_path / "f", augment_on="gpu")
 

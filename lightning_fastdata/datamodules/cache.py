@@ -8,9 +8,9 @@ from typing import Any, Literal
 from torch.utils.data import Dataset
 
 from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datamodules.folder import FolderSource
 from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
 from lightning_fastdata.loading.device_augment import crop_resize_flip
-from lightning_fastdata.loading.index import FileIndex, find_classes, scan_image_folder
 
 __all__ = ["TensorCacheDataModule"]
 
@@ -38,7 +38,7 @@ class TensorCacheDataModule(FastDataModule):
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
-        FileNotFoundError: If ``root`` is not an image folder.
+        FileNotFoundError: If ``root`` (or ``val_root``) is not an image folder.
         ValueError: On an impossible argument.
     """
 
@@ -63,30 +63,22 @@ class TensorCacheDataModule(FastDataModule):
                 f"cache_size={cache_size!r} is smaller than image_size={image_size!r}; crops would be upscaled. "
                 "Use cache_size >= image_size (e.g. 256 for 224)."
             )
-        self.root = os.fspath(root)
+        self.source = FolderSource(root, val_root)
+        self.classes = self.source.classes
         self.cache_dir = os.fspath(cache_dir)
         self.cache_size = cache_size
-        self.val_root = None if val_root is None else os.fspath(val_root)
         self.augment_on = augment_on
         self.read_only = read_only
         self.build_processes = build_processes
-        self.classes = find_classes(self.root)
 
     @property
     def num_classes(self) -> int:
         """Number of class folders."""
         return len(self.classes)
 
-    def _indexes(self) -> tuple[FileIndex, FileIndex | None]:
-        index = scan_image_folder(self.root, self.classes)
-        if self.val_root is not None:
-            return index, scan_image_folder(self.val_root, self.classes)
-        train_rows, val_rows = self.split(len(index))
-        return index.subset(train_rows), None if val_rows is None else index.subset(val_rows)
-
     def prepare_data(self) -> None:
         """Build the cache if it is missing or stale (or raise, with ``read_only``)."""
-        train_index, val_index = self._indexes()
+        train_index, val_index = self.source.indexes(self.split)
         build_tensor_cache(
             self.cache_dir,
             train_index,
