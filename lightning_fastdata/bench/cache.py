@@ -47,7 +47,6 @@ def cache_suite(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
                 batch_size=args.batch_size,
                 num_workers=w,
                 val_fraction=0.0,
-                persistent_workers=False,
             )
             for w in args.workers
         }

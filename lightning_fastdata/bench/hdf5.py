@@ -70,7 +70,11 @@ def hdf5_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     def seed_loader(workers: int) -> DataLoader:
         return DataLoader(
-            SeedStyleH5(str(files["seed"])), batch_size=args.batch_size, shuffle=True, num_workers=workers
+            SeedStyleH5(str(files["seed"])),
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=workers,
+            persistent_workers=workers > 0,
         )
 
     rows: list[dict[str, Any]] = []
@@ -82,7 +86,6 @@ def hdf5_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
                 batch_size=args.batch_size,
                 num_workers=workers,
                 val_fraction=0.0,
-                persistent_workers=False,
             )
             for kind in ("raw", "encoded")
         }

@@ -1,10 +1,12 @@
 """Images/s of the baselines users write vs lightning-fastdata's loaders, same data, same run.
 
-    fastdata bench --root data/bench --json benchmarks/results/latest.json --plot benchmarks/results/latest.png
+    fastdata bench --root data/bench --json benchmarks/results/latest.json --plot docs/benchmark.png
     python -m benchmarks.loaders ...   (the same, from a checkout)
 
-Prints one markdown table per suite (median of ``--repeats`` runs, each one pass over the dataset after
-two warm-up batches, candidates interleaved so drift hits all alike) and writes the figures as JSON.
+Prints one markdown table per suite (median of ``--repeats`` runs, each whole passes over the dataset for at
+least ``--min-seconds`` after two warm-up batches, candidates interleaved so drift hits all alike) and writes
+the figures as JSON. Every loader keeps its workers between passes (``persistent_workers``; the baselines
+too, which is kinder to them than their default), so worker start-up is counted for none.
 
 Suite ``folder`` (rows):
 
@@ -52,17 +54,29 @@ from lightning_fastdata.cli import ensure_demo_data
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
-def _time_loader(make: Callable[[], Iterable[Any]], consume: Callable[[Any], int], warmup: int = 2) -> float:
-    """Images/s over one pass, after ``warmup`` batches (worker start-up is not counted)."""
-    it = iter(make())
+def _time_loader(
+    make: Callable[[], Iterable[Any]], consume: Callable[[Any], int], warmup: int = 2, min_seconds: float = 2.0
+) -> float:
+    """Images/s over whole passes until ``min_seconds`` have passed, after ``warmup`` batches.
+
+    Worker start-up is not counted: the first ``warmup`` batches are not timed, and every loader (the
+    baselines included) keeps its workers between passes.
+    """
+    loader = make()
+    it = iter(loader)
     for _ in range(warmup):
         consume(next(it))
     n, start = 0, time.perf_counter()
-    for batch in it:
-        n += consume(batch)
-    if n == 0:
-        raise ValueError(f"The dataset has too few batches to time after {warmup} warm-up batches; lower --batch-size.")
-    return n / (time.perf_counter() - start)
+    while True:
+        for batch in it:
+            n += consume(batch)
+        if n == 0:
+            raise ValueError(
+                f"The dataset has too few batches to time after {warmup} warm-up batches; lower --batch-size."
+            )
+        if time.perf_counter() - start >= min_seconds:
+            return n / (time.perf_counter() - start)
+        it = iter(loader)
 
 
 def _count(batch: Any) -> int:
@@ -82,14 +96,15 @@ def baseline_loader(root: str, size: int, batch_size: int, workers: int) -> torc
         ]
     )
     ds = datasets.ImageFolder(root, transform=tf)
-    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers)
+    # Persistent workers (not the default) so that worker start-up between passes is not counted against it.
+    return torch.utils.data.DataLoader(
+        ds, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0
+    )
 
 
 def ours_module(root: str, size: int, batch_size: int, workers: int) -> ImageFolderDataModule:
     """Our DataModule with the same data, size, batch size and workers."""
-    dm = ImageFolderDataModule(
-        root, val_fraction=0.0, image_size=size, batch_size=batch_size, num_workers=workers, persistent_workers=False
-    )
+    dm = ImageFolderDataModule(root, val_fraction=0.0, image_size=size, batch_size=batch_size, num_workers=workers)
     dm.setup("fit")
     return dm
 
@@ -122,12 +137,16 @@ def decode_ceiling(files: list[str]) -> dict[str, float]:
 Candidate = tuple[str, Callable[[], Iterable[Any]], Callable[[Any], int]]
 
 
+#: Seconds each timed run lasts at least (set from ``--min-seconds``).
+SETTINGS = {"min_seconds": 2.0}
+
+
 def measure(candidates: list[Candidate], repeats: int) -> dict[str, list[float]]:
     """Images/s of each candidate, ``repeats`` times, interleaved."""
     rates: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
     for _ in range(repeats):
         for name, make, consume in candidates:
-            rates[name].append(_time_loader(make, consume))
+            rates[name].append(_time_loader(make, consume, min_seconds=SETTINGS["min_seconds"]))
     return rates
 
 
@@ -194,9 +213,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--min-seconds", type=float, default=SETTINGS["min_seconds"], help="each timed run lasts at least this"
+    )
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--plot", default=None, help="write a bar chart (PNG) of images/s per loader here")
     args = parser.parse_args(argv)
+    SETTINGS["min_seconds"] = args.min_seconds
 
     import PIL
 
@@ -205,9 +228,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ensure_demo_data(args.root, args.num_classes, args.per_class)
     files = sorted(glob.glob(os.path.join(args.root, "*", "*")))
     mean_kb = statistics.mean(os.path.getsize(f) for f in files) / 1e3
-    ceiling = {
-        k: statistics.median(decode_ceiling(files)[k] for _ in range(args.repeats)) for k in ("PIL", "decode_jpeg")
-    }
+    ceiling_runs = [decode_ceiling(files) for _ in range(args.repeats)]
+    ceiling = {k: statistics.median(run[k] for run in ceiling_runs) for k in ("PIL", "decode_jpeg")}
     cpus = len(os.sched_getaffinity(0))
     machine = (
         f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, torch {torch.__version__}, "
@@ -215,7 +237,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"ROI JPEG decoder {'on' if roi_decode_available() else 'off'}"
     )
     print(f"\nData: {len(files)} JPEGs in {args.root}, mean {mean_kb:.0f} KB")
-    print(f"Output: {args.image_size}px, batch {args.batch_size}, median of {args.repeats} runs")
+    print(
+        f"Output: {args.image_size}px, batch {args.batch_size}, "
+        f"median of {args.repeats} runs (>= {args.min_seconds:g} s)"
+    )
     print(f"Machine: {machine}")
     print(
         f"Decode ceiling (1 core, read + full decode): PIL {ceiling['PIL']:.0f} img/s, "

@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
+from lightning_fastdata.loading.shm_pool import worker_pool
+
 __all__ = ["collate_prebatched", "empty_image_batch"]
 
 
@@ -22,18 +24,28 @@ def empty_image_batch(n: int, height: int, width: int, dtype: torch.dtype = torc
     if get_worker_info() is None:
         return torch.empty(shape, dtype=dtype).permute(0, 3, 1, 2)
     nbytes = n * height * width * 3 * torch.empty((), dtype=dtype).element_size()
-    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-    if new_shared is None:  # the allocator default_collate uses; fall back to allocate-then-copy
-        return torch.empty(shape, dtype=dtype).share_memory_().permute(0, 3, 1, 2)
-    storage = new_shared(nbytes)
+    pool = worker_pool()
+    if pool is None:  # the allocator default_collate uses; fall back to allocate-then-copy
+        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+        if new_shared is None:
+            return torch.empty(shape, dtype=dtype).share_memory_().permute(0, 3, 1, 2)
+        storage = new_shared(nbytes)
+    else:  # a reused buffer (see loading/shm_pool.py)
+        storage = pool.acquire(nbytes)
     strides = (height * width * 3, width * 3, 3, 1)
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides).permute(0, 3, 1, 2)
 
 
 def collate_prebatched(batch: Any) -> Any:
-    """Return a batch that ``__getitems__`` already collated (a tuple of tensors) unchanged."""
+    """Return a batch that ``__getitems__`` already collated (a tuple of tensors) as it is.
+
+    In a worker, a batch whose images live in a pooled buffer is wrapped for sending (it unpickles into the
+    same plain tuple in the main process).
+    """
     if isinstance(batch, tuple):
-        return batch
+        pool = worker_pool()
+        packed = pool.pack(batch) if pool is not None and batch else None
+        return batch if packed is None else packed
     raise TypeError(
         f"collate_prebatched expects the tuple a fastdata dataset's __getitems__ returns, got {type(batch).__name__}."
     )

@@ -1,0 +1,136 @@
+"""Reused shared-memory batch buffers: batches stay intact however long they are held, buffers are reused."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+from collections.abc import Sequence
+from multiprocessing.reduction import ForkingPickler
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import shared_cache
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_fastdata.loading import shm_pool
+from lightning_fastdata.loading.collate import collate_prebatched, empty_image_batch
+from lightning_fastdata.loading.shm_pool import MAX_SLOTS, WorkerPool, main_cache_stats
+
+pytestmark = pytest.mark.skipif(not shm_pool.pool_supported(), reason="this torch lacks the pool's primitives")
+
+SIDE = 8
+
+
+def expected(keys: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images filled with a value per key (and a per-pixel ramp), labels = key * 3."""
+    ramp = torch.arange(SIDE * SIDE * 3, dtype=torch.int64).reshape(SIDE, SIDE, 3)
+    images = torch.stack([((ramp + k) % 251).to(torch.uint8) for k in keys]).permute(0, 3, 1, 2)
+    return images, torch.tensor([k * 3 for k in keys])
+
+
+class KeyedDataset(Dataset):
+    """Writes each batch into ``empty_image_batch`` (a pooled buffer in workers), like the package's datasets."""
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitems__(self, keys: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        images = empty_image_batch(len(keys), SIDE, SIDE)
+        ref, labels = expected(keys)
+        images.copy_(ref)
+        return images, labels
+
+
+def make_loader(persistent: bool) -> DataLoader:
+    return DataLoader(
+        KeyedDataset(),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        collate_fn=collate_prebatched,
+        persistent_workers=persistent,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+def roundtrip(obj: object) -> object:
+    """Pickle as a worker's queue does and unpickle as the main process would (a mapping of its own)."""
+    data = bytes(ForkingPickler.dumps(obj))
+    shared_cache.clear()  # else the same process gets its own storage object back, not a second mapping
+    return pickle.loads(data)
+
+
+def check(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    images, labels = batch
+    ref, ref_labels = expected([int(k) // 3 for k in labels])
+    assert torch.equal(labels, ref_labels)
+    assert torch.equal(images, ref)
+
+
+def test_protocol_in_one_process_reuses_only_released_buffers() -> None:
+    pool = WorkerPool()
+    first = pool.acquire(1000)
+    batch = (torch.empty(0, dtype=torch.uint8).set_(first, 0, (10, 10, 10)).fill_(7), torch.arange(10))
+    packed = pool.pack(batch)
+    assert packed is not None
+    received = roundtrip(packed)
+    assert type(received) is tuple and torch.equal(received[0], batch[0]) and torch.equal(received[1], batch[1])
+    # Still referenced by `received`: a new buffer, never the held one.
+    second = pool.acquire(1000)
+    assert second.data_ptr() != first.data_ptr()
+    del received, packed, batch
+    gc.collect()
+    # The next arrival polls: the first buffer is released and handed out again.
+    roundtrip(pool.pack((torch.empty(0, dtype=torch.uint8).set_(second, 0, (1000,)), torch.zeros(1))))
+    third = pool.acquire(1000)
+    assert third.data_ptr() == first.data_ptr()
+
+
+def test_held_buffers_are_replaced_never_overwritten() -> None:
+    pool = WorkerPool()
+    held = []
+    for value in range(MAX_SLOTS + 4):
+        storage = pool.acquire(64)
+        images = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (64,)).fill_(value)
+        held.append(roundtrip(pool.pack((images, torch.tensor([value])))))
+    for value, (images, labels) in enumerate(held):
+        assert int(labels) == value
+        assert bool((images == value).all()), f"held batch {value} was overwritten"
+    assert len(pool.slots) == MAX_SLOTS
+
+
+def test_batches_through_workers_are_intact_even_when_held(tmp_path) -> None:
+    loader = make_loader(persistent=True)
+    kept = []
+    ptrs = set()
+    for epoch in range(4):
+        for batch in loader:
+            check(batch)
+            ptrs.add(batch[0].untyped_storage().data_ptr())
+            if epoch == 1:
+                kept.append(batch)  # a whole epoch held: the workers must allocate around it
+    for batch in kept:
+        check(batch)
+    batches = 4 * len(loader)
+    # Reused: far fewer distinct buffers than batches (the held epoch forces some replacements).
+    assert len(ptrs) < batches / 2, (len(ptrs), batches)
+
+
+def test_exited_workers_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = main_cache_stats()["workers"]  # other tests' loaders may still be cached
+    loader = make_loader(persistent=False)
+    for _ in range(4):
+        for batch in loader:
+            check(batch)
+        del batch
+        # This epoch's two workers; the previous epoch's were forgotten on this epoch's first batch.
+        assert main_cache_stats()["workers"] <= before + 2
+    # An abandoned iterator leaves batches unread: forgotten once its workers exited and the grace passed.
+    monkeypatch.setattr(shm_pool, "_DEAD_GRACE_S", 0.0)
+    it = iter(loader)
+    next(it)
+    del it
+    gc.collect()
+    for batch in loader:
+        check(batch)
+    assert main_cache_stats()["workers"] <= before + 2
