@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-__all__ = ["MAX_SLOTS", "WorkerPool", "pool_supported", "worker_pool"]
+__all__ = ["MAX_SLOTS", "WorkerPool", "main_cache_stats", "pool_supported", "worker_pool"]
 
 #: Buffers per worker at most.
 MAX_SLOTS = 8
