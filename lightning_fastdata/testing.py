@@ -7,11 +7,12 @@ import io
 import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["make_image_folder", "photo_like_image"]
+__all__ = ["cpu_trainer", "make_image_folder", "photo_like_image"]
 
 
 def photo_like_image(rng: np.random.Generator, width: int, height: int, hue: float) -> Image.Image:
@@ -81,3 +82,23 @@ def make_image_folder(
         for job in jobs:
             _write_class(job)
     return root
+
+
+def cpu_trainer(*callbacks: Any, epochs: int = 1, **kwargs: Any) -> Any:
+    """A quiet CPU ``lightning.Trainer`` for tests and benchmarks: no logger, checkpoints, progress bar or summary.
+
+    ``kwargs`` override or extend the options (e.g. ``max_steps``; pass ``epochs=-1`` to bound by steps only).
+    """
+    import lightning.pytorch as pl
+
+    options: dict[str, Any] = dict(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
+    options.update(kwargs)
+    return pl.Trainer(**options)

@@ -12,11 +12,10 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from helpers import cpu_trainer
 
 from lightning_fastdata import ImageClassifier, ImageFolderDataset, TensorCacheDataModule, open_tensor_cache
 from lightning_fastdata.loading.decode import decode_center_crop
-from lightning_fastdata.testing import make_image_folder
+from lightning_fastdata.testing import cpu_trainer, make_image_folder
 
 
 def module(root: Path, cache: Path, **kw: object) -> TensorCacheDataModule:

@@ -6,7 +6,6 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import cpu_trainer
 from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -17,6 +16,7 @@ from lightning_fastdata import (
     ImageFolderDataModule,
     enable_device_prefetch,
 )
+from lightning_fastdata.testing import cpu_trainer
 
 
 def folder_loader(image_folder: Path, workers: int) -> StatefulDataLoader:

@@ -6,7 +6,6 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import cpu_trainer
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_fastdata import (
@@ -16,7 +15,7 @@ from lightning_fastdata import (
     ImageFolderDataModule,
     convert_folder_to_hdf5,
 )
-from lightning_fastdata.testing import make_image_folder
+from lightning_fastdata.testing import cpu_trainer, make_image_folder
 
 
 class Recorder(pl.Callback):

@@ -99,7 +99,7 @@ def test_held_buffers_are_replaced_never_overwritten() -> None:
     assert len(pool.slots) == MAX_SLOTS
 
 
-def test_batches_through_workers_are_intact_even_when_held(tmp_path) -> None:
+def test_batches_through_workers_are_intact_even_when_held() -> None:
     loader = make_loader(persistent=True)
     kept = []
     ptrs = set()

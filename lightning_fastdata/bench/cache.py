@@ -79,7 +79,7 @@ def cache_suite(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
                 _count,
             ),
         ]
-        for row in rows_for(measure(candidates, args.repeats), workers, None):
+        for row in rows_for(measure(candidates, args.repeats, args.min_seconds), workers, None):
             row["pct_of_memcpy_ceiling"] = 100 * row["images_per_s"] / (extra["memcpy_ceiling_1core"] * max(1, workers))
             rows.append(row)
     return rows, extra

@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_fastdata import FastDataCallback
+from lightning_fastdata.testing import cpu_trainer
 
 
 class _Tiny(pl.LightningModule):
@@ -83,15 +84,7 @@ class _TimedFastDataCallback(FastDataCallback):
 def _step_ms(with_callback: bool, steps: int) -> float:
     timer = _StepTimer()
     callbacks: list[pl.Callback] = [timer] + ([_TimedFastDataCallback(log_every_n_steps=50)] if with_callback else [])
-    trainer = pl.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-    )
+    trainer = cpu_trainer(*callbacks, epochs=-1, max_steps=steps)
     trainer.fit(_Tiny(), _Data())
     return 1000 * timer.seconds / timer.steps
 

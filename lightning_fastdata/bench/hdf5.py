@@ -98,5 +98,5 @@ def hdf5_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
             ("HDF5DataModule encoded (JPEG bytes)", modules["encoded"].train_dataloader, _count),
             ("ImageFolderDataModule (same JPEGs, for reference)", folder.train_dataloader, _count),
         ]
-        rows += rows_for(measure(candidates, args.repeats), workers, None)
+        rows += rows_for(measure(candidates, args.repeats, args.min_seconds), workers, None)
     return rows

@@ -137,16 +137,12 @@ def decode_ceiling(files: list[str]) -> dict[str, float]:
 Candidate = tuple[str, Callable[[], Iterable[Any]], Callable[[Any], int]]
 
 
-#: Seconds each timed run lasts at least (set from ``--min-seconds``).
-SETTINGS = {"min_seconds": 2.0}
-
-
-def measure(candidates: list[Candidate], repeats: int) -> dict[str, list[float]]:
-    """Images/s of each candidate, ``repeats`` times, interleaved."""
+def measure(candidates: list[Candidate], repeats: int, min_seconds: float) -> dict[str, list[float]]:
+    """Images/s of each candidate, ``repeats`` runs of at least ``min_seconds`` each, interleaved."""
     rates: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
     for _ in range(repeats):
         for name, make, consume in candidates:
-            rates[name].append(_time_loader(make, consume, min_seconds=SETTINGS["min_seconds"]))
+            rates[name].append(_time_loader(make, consume, min_seconds=min_seconds))
     return rates
 
 
@@ -193,7 +189,7 @@ def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str
             ("ImageFolderDataModule", dm.train_dataloader, _count),
             ("ImageFolderDataModule + CPU normalise", dm.train_dataloader, consume_normalised),
         ]
-        rows += rows_for(measure(candidates, args.repeats), workers, best_ceiling)
+        rows += rows_for(measure(candidates, args.repeats, args.min_seconds), workers, best_ceiling)
     return rows
 
 
@@ -213,13 +209,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--min-seconds", type=float, default=SETTINGS["min_seconds"], help="each timed run lasts at least this"
-    )
+    parser.add_argument("--min-seconds", type=float, default=2.0, help="each timed run lasts at least this")
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--plot", default=None, help="write a bar chart (PNG) of images/s per loader here")
     args = parser.parse_args(argv)
-    SETTINGS["min_seconds"] = args.min_seconds
 
     import PIL
 

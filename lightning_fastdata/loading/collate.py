@@ -25,13 +25,12 @@ def empty_image_batch(n: int, height: int, width: int, dtype: torch.dtype = torc
         return torch.empty(shape, dtype=dtype).permute(0, 3, 1, 2)
     nbytes = n * height * width * 3 * torch.empty((), dtype=dtype).element_size()
     pool = worker_pool()
-    if pool is None:  # the allocator default_collate uses; fall back to allocate-then-copy
-        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-        if new_shared is None:
-            return torch.empty(shape, dtype=dtype).share_memory_().permute(0, 3, 1, 2)
-        storage = new_shared(nbytes)
-    else:  # a reused buffer (see loading/shm_pool.py)
+    if pool is not None:  # a reused buffer (see loading/shm_pool.py)
         storage = pool.acquire(nbytes)
+    elif hasattr(torch.UntypedStorage, "_new_shared"):  # the allocator default_collate uses
+        storage = torch.UntypedStorage._new_shared(nbytes)
+    else:  # allocate, then copy into shared memory
+        return torch.empty(shape, dtype=dtype).share_memory_().permute(0, 3, 1, 2)
     strides = (height * width * 3, width * 3, 3, 1)
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides).permute(0, 3, 1, 2)
 

@@ -161,7 +161,7 @@ def worker_pool() -> WorkerPool | None:
 # -- main process ----------------------------------------------------------------------------------------------
 @dataclass
 class _Incarnation:
-    flags: torch.Tensor
+    flags: np.ndarray  # view of the worker's shared flags (keeps the mapping alive)
     alive_fd: int
     storages: dict[int, torch.UntypedStorage] = field(default_factory=dict)
     outstanding: dict[int, int] = field(default_factory=dict)  # slot -> generation not yet released
@@ -184,11 +184,11 @@ def _rebuild(
 ) -> tuple[Any, ...]:
     with _LOCK:
         if hello is not None:
-            _MAIN[nonce] = _Incarnation(hello[0], hello[1].detach())
+            _MAIN[nonce] = _Incarnation(hello[0].numpy(), hello[1].detach())
         inc = _MAIN.get(nonce)
-        if storage is not None and inc is not None:
+        if inc is not None and storage is not None:
             inc.storages[index] = storage
-        cached = inc.storages.get(index) if inc is not None else None
+        cached = None if inc is None else inc.storages.get(index)
         if inc is None or cached is None:
             raise RuntimeError(
                 f"lightning_fastdata: a batch refers to shared buffer {index} of worker {nonce:x}, which this process "
@@ -210,7 +210,7 @@ def _poll() -> None:
     if fds:
         readable = set(select.select(fds, [], [], 0)[0])
     for nonce, inc in list(_MAIN.items()):
-        flags = inc.flags.numpy()
+        flags = inc.flags
         for index, gen in list(inc.outstanding.items()):
             if _use_count(inc.storages[index]) == 1:  # only our cache: nobody can read it any more
                 flags[index] = gen
