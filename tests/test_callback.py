@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def test_callback_on_our_datamodule(image_folder: Path, channels_last: bool) -> 
     t = cpu_trainer(spy, cb)
     t.fit(ImageClassifier(num_classes=3), dm)
     assert isinstance(t.train_dataloader, StatefulDataLoader)
-    assert type(t.train_dataloader).__name__.startswith("Prefetching")
+    assert t.train_dataloader.prefetch_device == torch.device("cpu")  # the callback's prefetch, built in
     assert t.train_dataloader.num_workers == 0  # the callback's value, because the DataModule said "auto"
     assert t.train_dataloader.pin_memory is False  # CPU: no pinning
     x = spy.batches[0][0]
@@ -173,3 +174,31 @@ def test_cuda_fit_with_the_callback(image_folder: Path) -> None:
     )
     t.fit(ImageClassifier(num_classes=3), dm)
     assert spy.batches[0][0].is_cuda and t.train_dataloader.pin_memory
+
+
+def test_monitor_counts_every_step_and_reports_runs_shorter_than_the_log_interval(
+    image_folder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """39 images, batch 8: 5 steps per epoch, 10 in two epochs; the Trainer logs every 50 steps."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers=0, val_fraction=0)
+    cb = FastDataCallback()
+    t = cpu_trainer(cb, epochs=2, logger=CSVLogger(tmp_path), log_every_n_steps=50)
+    with caplog.at_level(logging.INFO):
+        t.fit(ImageClassifier(num_classes=3), dm)
+    assert cb.monitor.meter.total().steps == 10  # every step, also each epoch's first
+    rows = (Path(t.logger.log_dir) / "metrics.csv").read_text()  # type: ignore[union-attr]
+    assert "data_wait_fraction" in rows and "samples_per_sec" in rows  # logged once, at the end
+    assert "images/s per rank over 10 steps" in caplog.text
+
+
+def test_callback_prints_its_summary_without_a_logger(image_folder: Path, caplog: pytest.LogCaptureFixture) -> None:
+    dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers=0, val_fraction=0)
+    with caplog.at_level(logging.INFO):
+        cpu_trainer(FastDataCallback(), max_steps=3).fit(ImageClassifier(num_classes=3), dm)  # logger=False
+    assert "images/s per rank over 3 steps" in caplog.text and "waiting for data" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        cpu_trainer(FastDataCallback(print_summary=False), max_steps=3).fit(ImageClassifier(num_classes=3), dm)
+    assert "images/s per rank" not in caplog.text

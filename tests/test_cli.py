@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +124,46 @@ def test_fastdata_convert_refuses_to_overwrite(image_folder: Path, tmp_path: Pat
             "24",
         ]
     )
+
+
+def _fit(args: list[str], cwd: Path, record: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FASTDATA_RECORD": str(record), "PYTHONPATH": str(Path(__file__).with_name("helpers"))}
+    fastdata = Path(sys.executable).with_name("fastdata")
+    return subprocess.run([str(fastdata), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.timeout(600)
+def test_documented_resume_command_continues_at_the_step_and_sample(image_folder: Path, tmp_path: Path) -> None:
+    """README: the same command with --ckpt_path last resumes (a second run, a new logger version)."""
+    config = Path(__file__).parents[1] / "configs" / "callback_resume.yaml"
+    common = ["fit", "--config", str(config), "--data.init_args.root", str(image_folder)]
+    common += ["--data.init_args.image_size", "16", "--data.init_args.batch_size", "4", "--data.init_args.num_workers"]
+    common += ["0", "--data.init_args.val_fraction", "0", "--trainer.accelerator", "cpu", "--trainer.devices", "1"]
+    common += ["--trainer.enable_progress_bar", "false", "--trainer.callbacks+=step_recorder.StepRecorder"]
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "run").mkdir()
+    ref = _fit([*common, "--trainer.max_steps", "10"], tmp_path / "ref", tmp_path / "ref.jsonl")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    nothing = _fit([*common, "--trainer.max_steps", "5", "--ckpt_path", "last"], tmp_path / "run", tmp_path / "a.jsonl")
+    assert nothing.returncode == 0, nothing.stderr[-3000:]
+    assert "no last checkpoint" in nothing.stderr + nothing.stdout  # a first run with nothing to resume says so
+    resumed = _fit(
+        [*common, "--trainer.max_steps", "10", "--ckpt_path", "last"], tmp_path / "run", tmp_path / "b.jsonl"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "checkpoints/resume/last.ckpt" in resumed.stderr + resumed.stdout
+    lines = [json.loads(x) for x in (tmp_path / "ref.jsonl").read_text().splitlines()]
+    first = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
+    second = [json.loads(x) for x in (tmp_path / "b.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in first] == [0, 1, 2, 3, 4] and [r["step"] for r in second] == [5, 6, 7, 8, 9]
+    assert first + second == lines  # same epochs, steps, batch indices and samples as the uninterrupted run
+    assert all(r["epoch"] == 0 for r in second)  # 39 images / 4: all 10 steps are in epoch 0
+
+
+def test_commands_do_not_warn_about_lightningcli_args() -> None:
+    """`fastdata fit --help` is LightningCLI reading the command line: no "args is meant for Python" warning."""
+    fastdata = Path(sys.executable).with_name("fastdata")
+    out = subprocess.run([str(fastdata), "fit", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "--data" in out.stdout and "--ckpt_path" in out.stdout
+    assert "args" not in out.stderr, out.stderr[-2000:]

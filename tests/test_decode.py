@@ -130,3 +130,76 @@ def test_progressive_jpeg_crop(photo: Path) -> None:
     data = encode(Image.open(photo), "JPEG", quality=90, progressive=True)
     box = (33, 71, 250, 301)
     assert np.abs(ours(data, box, 160) - reference(data, box, 160)).mean() < 1.5
+
+
+@pytest.mark.parametrize("cut", [0.9, 0.97])
+def test_truncated_jpeg_raises_whatever_the_crop(photo: Path, cut: float) -> None:
+    """A file cut short is corrupt for every crop, also those that end before the cut (ROI decode stops early)."""
+    data = photo.read_bytes()[: int(photo.stat().st_size * cut)]
+    rng = np.random.default_rng(0)
+    out = torch.empty((3, 64, 64), dtype=torch.uint8)
+    failures = 0
+    for _ in range(40):
+        box = random_resized_crop_box(rng, 500, 375)
+        with pytest.raises(OSError, match="broken.jpg"):
+            decode_resized_crop(data, out, lambda w, h, box=box: box, name="broken.jpg")
+        failures += 1
+    assert failures == 40
+    # A top-left crop ends long before the cut: still corrupt.
+    with pytest.raises(OSError, match="broken.jpg"):
+        decode_resized_crop(data, out, lambda w, h: (0, 0, 64, 64), name="broken.jpg")
+
+
+def test_trailing_bytes_after_the_image_are_not_corruption(photo: Path) -> None:
+    data = photo.read_bytes()
+    box = (10, 20, 100, 120)
+    padded = data + b"\x00" * 10_000 + b"appended metadata"
+    np.testing.assert_array_equal(ours(padded, box, 64), ours(data, box, 64))
+
+
+def test_decode_bugs_are_not_reported_as_corrupt_images(photo: Path, decoder: str) -> None:
+    """A crop box outside the image is our bug, not a bad file: it must not become 'corrupt' (and be skipped)."""
+    out = torch.empty((3, 32, 32), dtype=torch.uint8)
+    with pytest.raises(Exception) as info:
+        decode_resized_crop(photo.read_bytes(), out, lambda w, h: (h - 10, 0, 50, 50), name="good.jpg")
+    assert not isinstance(info.value, OSError), info.value
+    if decoder == "roi":
+        assert "crop box outside the image" in str(info.value)
+
+
+def test_decompression_bomb_is_a_named_corrupt_file(photo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Larger than PIL's limit: an OSError naming the file for every crop and decode path (so it can be skipped)."""
+    png = encode(Image.open(photo), "PNG")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 40_000)  # limit 80,000 px: the 500 x 375 photo is a "bomb"
+    data = photo.read_bytes()
+    for box, size in (((0, 0, 64, 64), 64), ((0, 0, 375, 500), 32), ((10, 10, 300, 300), 224)):
+        with pytest.raises(OSError, match=r"big\.jpg.*decompression.bomb"):
+            decode_resized_crop(
+                data, torch.empty((3, size, size), dtype=torch.uint8), lambda w, h, b=box: b, name="big.jpg"
+            )
+    with pytest.raises(OSError, match=r"big\.png.*decompression"):
+        decode_resized_crop(png, torch.empty((3, 8, 8), dtype=torch.uint8), lambda w, h: (0, 0, h, w), name="big.png")
+
+
+def test_decoding_from_threads_gives_the_single_thread_result(photo: Path) -> None:
+    """Each thread decodes into its own scratch memory: two loaders in two threads never mix images."""
+    import threading
+
+    datas = [photo.read_bytes(), encode(Image.open(photo).transpose(Image.FLIP_TOP_BOTTOM), "JPEG", quality=90)]
+    rng = np.random.default_rng(1)
+    boxes = [random_resized_crop_box(rng, 500, 375, scale=(0.3, 1.0)) for _ in range(30)]
+    expected = {(d, i): ours(datas[d], box, 48) for d in range(2) for i, box in enumerate(boxes)}
+    wrong: list[tuple[int, int]] = []
+
+    def work(d: int) -> None:
+        for _ in range(5):
+            for i, box in enumerate(boxes):
+                if not np.array_equal(ours(datas[d], box, 48), expected[(d, i)]):
+                    wrong.append((d, i))
+
+    threads = [threading.Thread(target=work, args=(d,)) for d in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} crops differ from the single-thread decode"

@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 from pathlib import Path
 
 import pytest
+from torchvision import datasets
 from torchvision.datasets import ImageFolder
 
-from lightning_fastdata import scan_image_folder
+from lightning_fastdata import ImageFolderDataset, scan_image_folder
 from lightning_fastdata.testing import make_image_folder
 
 
@@ -64,3 +66,23 @@ def test_empty_class_is_named(tmp_path: Path) -> None:
     (root / "empty_class" / "x.txt").write_text("x")
     with pytest.raises(FileNotFoundError, match="empty_class"):
         scan_image_folder(str(root))
+
+
+def test_non_utf8_file_names_are_indexed_and_read(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "d", num_classes=2, per_class=2, size=(40, 30))
+    odd = os.fsdecode(b"caf\xff.jpg")  # not UTF-8: a surrogate-escaped name, as os.listdir returns it
+    os.replace(root / "class_000" / "img_000000.jpg", root / "class_000" / odd)
+    index = scan_image_folder(str(root))
+    assert len(index) == 4 and odd in {os.path.basename(index.path(i)) for i in range(4)}
+    ds = ImageFolderDataset(index, image_size=16)
+    assert ds.__getitems__(list(range(4)))[0].shape == (4, 3, 16, 16)
+    torchvision_names = {os.path.basename(p) for p, _ in datasets.ImageFolder(str(root)).samples}
+    assert {os.path.basename(index.path(i)) for i in range(4)} == torchvision_names
+
+
+def test_directory_symlink_loop_is_indexed_once_with_a_warning(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "d", num_classes=2, per_class=2, size=(40, 30))
+    os.symlink("..", root / "class_000" / "loop")  # class_000/loop -> d: would index everything again and again
+    with pytest.warns(UserWarning, match=r"class_000/loop.*contains it"):
+        index = scan_image_folder(str(root))
+    assert len(index) == 4

@@ -8,6 +8,7 @@ concatenated records to equal the uninterrupted ones exactly.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -156,3 +157,52 @@ def test_resume_on_a_different_world_size_restarts_the_epoch(tmp_path: Path, sou
     assert {k: v for k, v in resumed[0].items() if k != "step"} == {
         k: v for k, v in first_of_epoch_1.items() if k != "step"
     }
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_after_a_failed_step_trains_that_steps_batch(tmp_path: Path, sources: dict, workers: int) -> None:
+    """OnExceptionCheckpoint (e.g. out of memory at step 3): the failed step's batch is the first one resumed."""
+    base = {"kind": "folder", "source": sources["folder"], "workers": workers, "devices": 1}
+    base["cache_dir"] = str(tmp_path / "c")
+    full = records(uninterrupted(base, tmp_path))
+    ckpts = tmp_path / "ck"
+    out = subprocess.run(
+        [sys.executable, str(HELPER), json.dumps({**base, "max_steps": STEPS, "record": str(tmp_path / "failed"),
+                                                  "ckpt_dir": str(ckpts), "raise_at": 3})],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert out.returncode != 0 and "simulated out of memory" in out.stderr, out.stderr[-2000:]
+    failed = records(tmp_path / "failed")
+    assert [r["step"] for r in failed] == [0, 1, 2]
+    run(
+        {**base, "max_steps": STEPS, "record": str(tmp_path / "resumed"), "ckpt_path": str(ckpts / "on_exception.ckpt")}
+    )
+    resumed = records(tmp_path / "resumed")
+    assert resumed[0]["step"] == 3
+    assert failed + resumed == full  # step 3's batch trained after resume; nothing skipped, nothing repeated
+
+
+@pytest.mark.timeout(600)
+def test_readme_snippet_rerun_resumes_where_it_stopped(tmp_path: Path, sources: dict[str, str]) -> None:
+    """The README's Python snippet (fixed dirpath, ckpt_path="last"), rerun as a preempted job would be."""
+    script = HELPER.with_name("snippet_run.py")
+
+    def rerun(ckpt_dir: Path, steps: int, record: Path) -> subprocess.CompletedProcess:
+        env = {**os.environ, "FASTDATA_RECORD": str(record), "PYTHONPATH": str(HELPER.parent)}
+        args = [sys.executable, str(script), sources["folder"], str(ckpt_dir), str(steps)]
+        out = subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out
+
+    def lines(path: Path) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in path.read_text().splitlines()]
+
+    rerun(tmp_path / "ref", 14, tmp_path / "ref.jsonl")
+    first = rerun(tmp_path / "ck", 6, tmp_path / "a.jsonl")  # stops right after its checkpoint at step 6
+    assert "no last checkpoint" in first.stderr + first.stdout  # a first run with nothing to resume says so
+    second = rerun(tmp_path / "ck", 14, tmp_path / "b.jsonl")
+    assert "last.ckpt" in second.stderr + second.stdout
+    a, b = lines(tmp_path / "a.jsonl"), lines(tmp_path / "b.jsonl")
+    assert [r["step"] for r in b] == list(range(6, 14))  # continues at the step where the first run stopped
+    assert a + b == lines(tmp_path / "ref.jsonl")  # same epochs, batch indices and samples as one run

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import gc
+import os
 import pickle
+import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,3 +140,116 @@ def test_exited_workers_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
     for batch in loader:
         check(batch)
     assert main_cache_stats()["workers"] <= before + 2
+
+
+def snapshot(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(storage).clone()
+
+
+def test_held_storage_objects_are_never_overwritten() -> None:
+    loader = make_loader(persistent=True)
+    held = []
+    for epoch in range(2):
+        for batch in loader:
+            if epoch == 0 and len(held) < 20:
+                storage = batch[0].untyped_storage()
+                held.append((storage, snapshot(storage)))
+            del batch
+    assert len(held) == 12  # 96 / 8 batches in the first epoch
+    changed = sum(not torch.equal(snapshot(storage), snap) for storage, snap in held)
+    assert changed == 0, f"{changed} of {len(held)} batches held only through their storage were overwritten"
+
+
+def _consume(queue: torch.multiprocessing.SimpleQueue, go: object, results: object, count: int) -> None:
+    go.wait()  # type: ignore[attr-defined]
+    bad = 0
+    for _ in range(count):
+        images, labels = queue.get()
+        ref, _ = expected([int(k) // 3 for k in labels])
+        bad += not torch.equal(images, ref)
+    results.put(bad)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_batches_handed_to_another_process_are_never_overwritten(method: str) -> None:
+    ctx = torch.multiprocessing.get_context(method)
+    queue, results, go = ctx.SimpleQueue(), ctx.SimpleQueue(), ctx.Event()
+    count = 20
+    consumer = ctx.Process(target=_consume, args=(queue, go, results, count))
+    consumer.start()
+    sent = 0
+    loader = make_loader(persistent=True)
+    while sent < count:
+        for batch in loader:
+            if sent < count:
+                queue.put(batch)
+                sent += 1
+            del batch
+    go.set()  # the consumer reads only now, after the workers produced many more batches
+    bad = results.get()
+    consumer.join(60)
+    assert bad == 0, f"{bad} of {count} batches sent to another process were overwritten before it read them"
+
+
+def test_more_than_1024_open_descriptors() -> None:
+    extra = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert max(extra) >= 1024
+        for batch in make_loader(persistent=False):
+            check(batch)
+    finally:
+        for fd in extra:
+            os.close(fd)
+
+
+def test_buffers_are_freed_when_workers_exit() -> None:
+    gc.collect()
+    before = main_cache_stats()  # other tests' abandoned workers may still be in their grace period
+    loader = make_loader(persistent=True)
+    it = iter(loader)
+    for batch in it:
+        check(batch)
+    del batch
+    assert main_cache_stats()["buffers"] > before["buffers"]
+    del it, loader  # the persistent workers exit; nothing else arrives to trigger a poll
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while main_cache_stats()["buffers"] > before["buffers"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert main_cache_stats()["workers"] == before["workers"]
+    assert main_cache_stats()["buffers"] == before["buffers"]
+
+
+_FULL_SHM = """
+import os, sys, torch
+from torch.utils.data import DataLoader
+sys.path.insert(0, sys.argv[1])
+from test_shm_pool import KeyedDataset, SIDE
+import test_shm_pool
+from lightning_fastdata.loading import collate
+class Big(KeyedDataset):
+    def __getitems__(self, keys):
+        return collate.empty_image_batch(len(keys), 512, 512), torch.zeros(len(keys))
+loader = DataLoader(Big(), batch_size=8, num_workers=1, collate_fn=collate.collate_prebatched)
+try:
+    next(iter(loader))
+except RuntimeError as err:
+    print("ERROR:", err)
+print("LEFT:", sorted(os.listdir("/dev/shm")))
+"""
+
+
+def test_full_dev_shm_leaves_no_file_behind(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare to mount a tiny private /dev/shm")
+    script = tmp_path / "full_shm.py"
+    script.write_text(_FULL_SHM)
+    shell = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && {sys.executable} {script} {Path(__file__).parent}"
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", shell], capture_output=True, text=True, timeout=120
+    )
+    if "mount" in proc.stderr and proc.returncode != 0:
+        pytest.skip(f"cannot mount a private /dev/shm here: {proc.stderr.strip()}")
+    assert "ERROR:" in proc.stdout, proc.stdout + proc.stderr
+    assert "No space left on device" in proc.stdout and "--shm-size" in proc.stdout
+    assert "LEFT: []" in proc.stdout, proc.stdout

@@ -49,7 +49,7 @@ def test_cgroup_quota_files(tmp_path: Path) -> None:
 def test_meter_exact_under_a_fake_clock() -> None:
     now = [0.0]
     meter = DataWaitMeter(clock=lambda: now[0])
-    # step 0 (warm-up, not counted): starts at 10, ends at 11
+    # step 0 (no reference point yet: measured from its own start, no wait): starts at 10, ends at 11
     now[0] = 10.0
     meter.step_start(8)
     now[0] = 11.0
@@ -61,13 +61,15 @@ def test_meter_exact_under_a_fake_clock() -> None:
         now[0] += compute
         meter.step_end()
     stats = meter.window()
-    assert stats.steps == 2 and stats.samples == 16
-    assert stats.data_wait_fraction == pytest.approx(1.0 / 8.0)
-    assert stats.samples_per_sec == pytest.approx(16 / 8.0)
-    assert meter.window().steps == 0 and meter.total().steps == 2
-    meter.reset_reference()  # e.g. validation ran: the next step only re-anchors
-    now[0] += 100
+    assert stats.steps == 3 and stats.samples == 24  # every step counts
+    assert stats.data_wait_fraction == pytest.approx(1.0 / 9.0)
+    assert stats.samples_per_sec == pytest.approx(24 / 9.0)
+    assert meter.window().steps == 0 and meter.total().steps == 3
+    now[0] += 100  # validation ran: not waiting for training data
+    meter.reset_reference()  # the next epoch starts: its first batch is fetched from here
+    now[0] += 2
     meter.step_start(8)
     now[0] += 1
     meter.step_end()
-    assert meter.total().steps == 2
+    total = meter.total()
+    assert total.steps == 4 and total.wait_s == pytest.approx(3.0) and total.total_s == pytest.approx(12.0)

@@ -1,10 +1,12 @@
 /* Region-of-interest JPEG decode with libjpeg-turbo: decode only the rows and (iMCU-aligned) columns of
  * a crop, stopping after its last row. jpeg_crop_scanline + jpeg_skip_scanlines (libjpeg-turbo >= 1.5).
- * The GIL is released while decoding. */
+ * The GIL is released while decoding. Errors in the image data raise OSError; a crop box outside the
+ * image or a too small output buffer (the caller's bug) raises ValueError. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <setjmp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
 #include <jerror.h>
@@ -38,7 +40,7 @@ static PyObject *header(PyObject *self, PyObject *args) {
     if (setjmp(jerr.jump)) {
         jpeg_destroy_decompress(&cinfo);
         PyBuffer_Release(&data);
-        PyErr_Format(PyExc_ValueError, "%s", jerr.message);
+        PyErr_Format(PyExc_OSError, "%s", jerr.message);
         return NULL;
     }
     jpeg_create_decompress(&cinfo);
@@ -50,17 +52,21 @@ static PyObject *header(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* decode_crop(data, top, left, height, width, out) -> (x_shift, decoded_width)
+/* decode_crop(data, top, left, height, width, out[, to_end]) -> (x_shift, decoded_width)
  * Writes `height` rows of `decoded_width` RGB pixels into `out` (a writable buffer of at least
- * height * (width + 2 * iMCU width) * 3 bytes); the crop starts `x_shift` pixels into each row. */
+ * height * (width + 2 * iMCU width) * 3 bytes); the crop starts `x_shift` pixels into each row.
+ * With to_end, the rows below the crop are skipped through (entropy-decoded, not output) to the end of the
+ * image, so that a file cut short raises whatever the crop. */
 static PyObject *decode_crop(PyObject *self, PyObject *args) {
     Py_buffer data, out;
-    int top, left, height, width;
-    if (!PyArg_ParseTuple(args, "y*iiiiw*", &data, &top, &left, &height, &width, &out)) return NULL;
+    int top, left, height, width, to_end = 0;
+    if (!PyArg_ParseTuple(args, "y*iiiiw*|p", &data, &top, &left, &height, &width, &out, &to_end)) return NULL;
     struct jpeg_decompress_struct cinfo;
     roi_error_mgr jerr;
     JDIMENSION xoff = 0, cw = 0;
-    int failed = 0, bad_args = 0;
+    int failed = 0;
+    volatile int bad_args = 0;
+    unsigned char *volatile last = NULL; /* scratch row of to_end; freed after a longjmp too */
     cinfo.err = jpeg_std_error(&jerr.pub);
     jerr.pub.error_exit = roi_error_exit;
     jerr.pub.emit_message = roi_emit_message;
@@ -89,16 +95,31 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
                     row = (JSAMPROW)out.buf + (size_t)y * cw * 3;
                     jpeg_read_scanlines(&cinfo, &row, 1);
                 }
+                if (to_end && cinfo.output_scanline < cinfo.output_height) {
+                    /* Skipping to the very end returns at once without reading; so skip all but the last row
+                     * and decode that one, which reads the entropy-coded data up to its end. */
+                    JDIMENSION remaining = cinfo.output_height - cinfo.output_scanline;
+                    if (remaining > 1) jpeg_skip_scanlines(&cinfo, remaining - 1);
+                    last = (unsigned char *)malloc((size_t)cw * 3);
+                    if (last == NULL) {
+                        bad_args = 2;
+                    } else {
+                        row = (JSAMPROW)last;
+                        jpeg_read_scanlines(&cinfo, &row, 1);
+                    }
+                }
             }
         }
         jpeg_abort_decompress(&cinfo);
     }
     jpeg_destroy_decompress(&cinfo);
+    free(last);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
+    if (bad_args == 2 && !failed) return PyErr_NoMemory();
     if (failed) {
-        PyErr_Format(PyExc_ValueError, "%s", jerr.message);
+        PyErr_Format(PyExc_OSError, "%s", jerr.message);
         return NULL;
     }
     if (bad_args) {
@@ -110,7 +131,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS, "header(data) -> (width, height, jpeg_color_space)"},
-    {"decode_crop", decode_crop, METH_VARARGS, "decode_crop(data, top, left, height, width, out) -> (x_shift, decoded_width)"},
+    {"decode_crop", decode_crop, METH_VARARGS, "decode_crop(data, top, left, height, width, out[, to_end]) -> (x_shift, decoded_width)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegroi", "ROI JPEG decode (libjpeg-turbo).", -1, methods};

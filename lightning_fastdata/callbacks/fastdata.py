@@ -7,6 +7,7 @@ from typing import Any, Literal
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.datamodules.base import FastDataModule
@@ -43,8 +44,10 @@ class FastDataCallback(Callback):
         num_workers: Applied to the package's DataModules whose ``num_workers`` is ``"auto"``; ``"auto"`` means
             usable CPUs (affinity capped by the cgroup quota) / devices per node - 1. ``None`` leaves them.
         channels_last: Output images in channels-last memory format (what convolutions on GPU prefer).
-        log_every_n_steps: Steps between logged ``data_wait_fraction`` / ``samples_per_sec`` values.
+        log_every_n_steps: Steps between logged ``data_wait_fraction`` / ``samples_per_sec`` values; ``None``: when
+            the Trainer logs (its ``log_every_n_steps``). The steps after the last value are logged at the end.
         warn_threshold: Wait fraction above which the first epoch is reported as input-bound.
+        print_summary: Print one line with the run's images/s and data-wait fraction when fit ends.
     """
 
     def __init__(
@@ -53,8 +56,9 @@ class FastDataCallback(Callback):
         pin_memory: bool | None = None,
         num_workers: int | Literal["auto"] | None = None,
         channels_last: bool = True,
-        log_every_n_steps: int = 50,
+        log_every_n_steps: int | None = None,
         warn_threshold: float = 0.2,
+        print_summary: bool = True,
     ) -> None:
         if num_workers is not None:
             resolve_num_workers(num_workers)  # validates (and raises) here, before training starts
@@ -62,8 +66,9 @@ class FastDataCallback(Callback):
         self.pin_memory = pin_memory
         self.num_workers = num_workers
         self.channels_last = channels_last
-        self.monitor = DataWaitMonitor(log_every_n_steps=log_every_n_steps, warn_threshold=warn_threshold)
+        self.monitor = DataWaitMonitor(log_every_n_steps, warn_threshold, print_summary)
 
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Configure the DataModule before Lightning asks it for loaders."""
         dm = getattr(trainer, "datamodule", None)
@@ -109,24 +114,34 @@ class FastDataCallback(Callback):
         dm.train_dataloader = train_dataloader
 
     # -- the monitor ---------------------------------------------------------------------------------------
+    @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Forwarded to the monitor."""
         self.monitor.on_train_epoch_start(trainer, pl_module)
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Forwarded to the monitor."""
         self.monitor.on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
+    @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Forwarded to the monitor."""
         self.monitor.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Forwarded to the monitor."""
         self.monitor.on_train_epoch_end(trainer, pl_module)
 
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Forwarded to the monitor."""
+        self.monitor.on_train_end(trainer, pl_module)
+
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Forwarded to the monitor."""
         self.monitor.on_fit_end(trainer, pl_module)

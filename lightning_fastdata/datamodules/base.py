@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import numpy as np
@@ -14,7 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_fastdata.loading.collate import collate_prebatched
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
-from lightning_fastdata.loading.prefetch import enable_device_prefetch
+from lightning_fastdata.loading.prefetch import DevicePrefetcher, PrefetchIterator
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.workers import init_worker, resolve_num_workers
 
@@ -23,17 +26,90 @@ __all__ = ["FastDataModule"]
 log = logging.getLogger("lightning_fastdata")
 
 
-class _TrainLoader(StatefulDataLoader):
-    """The train loader: a ``StatefulDataLoader`` that the DataModule restores itself (per rank)."""
+@contextmanager
+def _quiet_torchdata_in_order() -> Iterator[None]:
+    """Drop torchdata's "in_order=False ... no guarantees for state management" log line while inside."""
 
-    _fastdata_restored = False
+    def drop(record: logging.LogRecord) -> bool:
+        return "in_order=False" not in record.getMessage()
+
+    torchdata_log = logging.getLogger(StatefulDataLoader.__module__)
+    torchdata_log.addFilter(drop)
+    try:
+        yield
+    finally:
+        torchdata_log.removeFilter(drop)
+
+
+class _TrainLoader(StatefulDataLoader):
+    """The train loader: a ``StatefulDataLoader`` that prefetches to a device and is restored per rank.
+
+    Args:
+        dataset: As ``StatefulDataLoader``'s.
+        prefetch_device: Copy the next batch to this device while the current one trains (``None``: no
+            look-ahead). A constructor argument, so that a copy Lightning re-instantiates keeps it.
+        **kwargs: ``StatefulDataLoader``'s arguments.
+    """
+
+    def __init__(self, dataset: Dataset, prefetch_device: torch.device | None = None, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.prefetch_device = prefetch_device
+        self._prefetcher = None if prefetch_device is None else DevicePrefetcher(prefetch_device)  # one stream
+        self._current: weakref.ref[PrefetchIterator] | None = None
+        self.restored = False  # the DataModule restored this rank's state: ignore Lightning's next load
+
+    def __iter__(self) -> PrefetchIterator:  # type: ignore[override]
+        exact = self.in_order or self.num_workers == 0  # out of order, torchdata keeps no state worth tracking
+        it = PrefetchIterator(super().__iter__(), self._prefetcher, super().state_dict if exact else None)
+        self._current = weakref.ref(it)
+        return it
+
+    def _iterator_now(self) -> PrefetchIterator | None:
+        return None if self._current is None else self._current()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state after the batch last returned (a look-ahead batch is left out, so a resume replays it)."""
+        it = self._iterator_now()
+        if it is not None and it.state_after is not None:
+            return it.state_after
+        if self.num_workers > 0 and not self.in_order:
+            with _quiet_torchdata_in_order():  # the DataModule warned once already
+                return super().state_dict()
+        return super().state_dict()
+
+    def batches_done(self, before_current_batch: bool = False) -> int | None:
+        """Batches of the current epoch already handed out (``None``: no epoch in progress)."""
+        it = self._iterator_now()
+        if it is None:
+            return None
+        return it.returned - (1 if before_current_batch and it.returned else 0)
+
+    def state_before_current_batch(self) -> dict[str, Any]:
+        """The state before the batch last returned: resuming from it trains that batch again."""
+        it = self._iterator_now()
+        if it is not None and it.state_before is not None:
+            return it.state_before
+        return self.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load ``state_dict``, unless the DataModule already restored this rank's own state."""
-        if self._fastdata_restored:
-            self._fastdata_restored = False
+        if self.restored:
+            self.restored = False
             return
         super().load_state_dict(state_dict)
+
+
+class _EvalLoader(DataLoader):
+    """The validation loader: a ``DataLoader`` that prefetches to ``prefetch_device`` (see :class:`_TrainLoader`)."""
+
+    def __init__(self, dataset: Dataset, prefetch_device: torch.device | None = None, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.prefetch_device = prefetch_device
+        self._prefetcher = None if prefetch_device is None else DevicePrefetcher(prefetch_device)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        inner = super().__iter__()
+        return inner if self._prefetcher is None else PrefetchIterator(inner, self._prefetcher)
 
 
 class FastDataModule(LightningDataModule):
@@ -64,7 +140,8 @@ class FastDataModule(LightningDataModule):
         mean: Per-channel mean (0-1 scale) for normalisation on the device.
         std: Per-channel standard deviation (0-1 scale).
         in_order: Return batches in sampler order (torch's ``in_order``); ``False`` trades order for fewer
-            stalls behind one slow batch.
+            stalls behind one slow batch, and with workers gives up exact mid-epoch resume (torchdata keeps no
+            reliable state then; warned once).
         snapshot_every_n_steps: How often the train loader snapshots worker state (torchdata's argument). A
             resume replays the batches since the last snapshot (up to N - 1), and a snapshot every step costs
             (torchdata#1317). ``None``: the Trainer's ``ModelCheckpoint(every_n_train_steps=...)`` interval if
@@ -149,10 +226,12 @@ class FastDataModule(LightningDataModule):
         self.val_dataset: Dataset | None = None
         self._resolved_workers: int | None = None
         # Exact resume (see state_dict): the train loader, and its state for this rank from a checkpoint.
-        self._train_loader: StatefulDataLoader | None = None
+        self._train_loader: _TrainLoader | None = None
         self._pending_loader_state: dict[str, Any] | None = None
         self._restart_epoch: int | None = None
         self._skip_epoch = -1
+        self._warned_in_order = False
+        self._resumed_mid_epoch: int | None = None
 
     # -- what subclasses provide -----------------------------------------------------------------------
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
@@ -183,11 +262,13 @@ class FastDataModule(LightningDataModule):
             # rank 0's state on every rank, and not at all if configure_optimizers loaded the data early
             # (Lightning #20550). Lightning's later load_state_dict call on this loader is then ignored.
             loader.load_state_dict(self._pending_loader_state)
-            loader._fastdata_restored = True  # type: ignore[attr-defined]
+            loader.restored = True
             self._pending_loader_state = None
+            if self._resumed_mid_epoch is not None:
+                self._align_fit_loop(self._resumed_mid_epoch)
         elif self._restart_epoch is not None:
             loader.sampler.set_epoch(self._restart_epoch)
-            loader._fastdata_restored = True  # type: ignore[attr-defined]
+            loader.restored = True
             self._restart_epoch = None
         self._train_loader = loader
         return loader
@@ -199,35 +280,57 @@ class FastDataModule(LightningDataModule):
         return self._loader(self.val_dataset, train=False)
 
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's train-loader state (gathered: Lightning writes only rank 0's checkpoint)."""
-        if self._train_loader is None:
+        """Every rank's train-loader state (gathered: Lightning writes only rank 0's checkpoint).
+
+        A checkpoint saved because a step failed (``OnExceptionCheckpoint``: the Trainer is interrupted) holds
+        the state *before* the failed batch, so that batch is trained after resume. Such a save may run on one
+        rank only, so under DDP nothing is gathered then (a collective would wait forever for the others): the
+        checkpoint holds this rank's state alone, and a resume from it restarts the epoch on every rank (warned).
+        Saves by ``ModelCheckpoint`` run on every rank and gather.
+        """
+        loader = self._train_loader
+        if loader is None:
             return {}
-        state = self._train_loader.state_dict()
-        sampler = self._train_loader.sampler
-        world_size = 1
-        states = [state]
+        trainer = self.trainer
+        interrupted = trainer is not None and trainer.interrupted
+        state = loader.state_before_current_batch() if interrupted else loader.state_dict()
+        world_size, rank = 1, 0
+        states: list[dict[str, Any] | None] = [state]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            world_size = torch.distributed.get_world_size()
-            states = [None] * world_size  # type: ignore[list-item]
-            torch.distributed.all_gather_object(states, state)
-        return {"loader_states": states, "world_size": world_size, "epoch": getattr(sampler, "epoch", 0)}
+            world_size, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+            states = [None] * world_size
+            if interrupted:
+                states[rank] = state
+            else:
+                torch.distributed.all_gather_object(states, state)
+        epoch = getattr(loader.sampler, "epoch", 0)
+        done = loader.batches_done(before_current_batch=interrupted)
+        mid_epoch = done is not None and done < len(loader)
+        return {"loader_states": states, "world_size": world_size, "epoch": epoch, "mid_epoch": mid_epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep this rank's loader state until :meth:`train_dataloader` makes the loader.
 
         A checkpoint from a different world size cannot continue the interrupted epoch sample-exactly (its
-        shards were cut for another number of ranks): the epoch is restarted from its beginning on the new
-        ranks, with a warning (samples already seen in that epoch are seen again).
+        shards were cut for another number of ranks), nor can one that lacks some rank's state (saved by one
+        rank on an exception): the epoch is restarted from its beginning on every rank, with a warning (its
+        samples seen before the checkpoint are seen again).
         """
         states = state_dict.get("loader_states")
         if not states:
             return
+        self._resumed_mid_epoch = int(state_dict["epoch"]) if state_dict.get("mid_epoch") else None
         world_size, rank = self._world()[:2]
-        if len(states) != world_size:
+        if len(states) != world_size or any(s is None for s in states):
+            why = (
+                f"is from {len(states)} rank(s), this run has {world_size}"
+                if len(states) != world_size
+                else "lacks some ranks' state (saved by one rank on an exception)"
+            )
             rank_zero_warn(
-                f"The checkpoint's loader state is from {len(states)} rank(s), this run has {world_size}: epoch "
-                f"{state_dict['epoch']} restarts from its beginning (its samples seen before the checkpoint are "
-                "seen again). Resume with the same number of devices for an exact continuation."
+                f"The checkpoint's loader state {why}: epoch {state_dict['epoch']} restarts from its beginning (its "
+                "samples seen before the checkpoint are seen again). Resume with the same number of devices, from a "
+                "checkpoint saved on all ranks (ModelCheckpoint), for an exact continuation."
             )
             self._restart_epoch = int(state_dict["epoch"])
             return
@@ -259,6 +362,25 @@ class FastDataModule(LightningDataModule):
         if self._skip_epoch >= 0:
             self._report_skipped(self._skip_epoch)
             self._skip_epoch = -1
+
+    def _align_fit_loop(self, epoch: int) -> None:
+        """Make Lightning count the resumed epoch as unfinished when the loader state says it is.
+
+        When ``max_steps`` stops a run in the middle of an epoch, Lightning still ends the epoch (its counters say
+        "processed", "completed") and saves ``last.ckpt`` so; resumed from it, the fit loop started the next epoch
+        (``Epoch 1: 6/15`` while epoch 0's remaining samples were served, and epoch 1's permutation was then
+        skipped). The counters are put back to "epoch started, not processed"; called from ``train_dataloader()``,
+        which the fit loop calls before it derives its restart stage from them.
+        """
+        fit_loop = getattr(self.trainer, "fit_loop", None)
+        progress = getattr(fit_loop, "epoch_progress", None)
+        if progress is not None and progress.current.started == epoch + 1 and progress.current.processed == epoch + 1:
+            for tracker in (progress.total, progress.current):
+                if tracker.completed == tracker.processed:
+                    tracker.completed -= 1
+                tracker.processed -= 1
+            rank_zero_info(f"lightning_fastdata: resuming inside epoch {epoch}, where the checkpoint's loader stopped.")
+        self._resumed_mid_epoch = None
 
     # -- the one place loaders are built ---------------------------------------------------------------
     def _report_skipped(self, epoch: int) -> None:
@@ -324,11 +446,23 @@ class FastDataModule(LightningDataModule):
             # Worker seeds follow the DataModule's seed, so a run is reproducible end to end.
             generator=torch.Generator().manual_seed(self.seed + rank),
         )
+        kwargs["prefetch_device"] = (
+            self.trainer.strategy.root_device if self.device_prefetch and self.trainer is not None else None
+        )
         loader: DataLoader
         if train:
-            loader = _TrainLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
+            if workers > 0 and not self.in_order:
+                if not self._warned_in_order:
+                    rank_zero_warn(
+                        "in_order=False with worker processes gives up exact mid-epoch resume: a run resumed from a "
+                        "checkpoint may repeat or skip samples of the interrupted epoch. Use in_order=True (the "
+                        "default) where exact resume matters."
+                    )
+                    self._warned_in_order = True
+                with _quiet_torchdata_in_order():  # said once above, instead of at every loader and state_dict
+                    loader = _TrainLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
+            else:
+                loader = _TrainLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
         else:
-            loader = DataLoader(dataset, **kwargs)
-        if self.device_prefetch and self.trainer is not None:
-            enable_device_prefetch(loader, self.trainer.strategy.root_device)
+            loader = _EvalLoader(dataset, **kwargs)
         return loader

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from lightning_fastdata.datamodules.base import FastDataModule
@@ -53,11 +54,18 @@ class HDF5DataModule(FastDataModule):
         self.file_kwargs: dict[str, Any] = dict(
             images_key=images_key, labels_key=labels_key, layout=layout, offsets_key=offsets_key, locking=locking
         )
-        inspected = inspect_hdf5(self.path, images_key, labels_key, layout, offsets_key)
+        inspected = inspect_hdf5(self.path, images_key, labels_key, layout, offsets_key, locking)
         self.classes = inspected.classes
         self._length = len(inspected.labels)
         if self.val_path is not None:
-            inspect_hdf5(self.val_path, images_key, labels_key, layout, offsets_key)
+            val = inspect_hdf5(self.val_path, images_key, labels_key, layout, offsets_key, locking)
+            bad = np.flatnonzero(val.labels >= len(self.classes))
+            if bad.size:
+                raise ValueError(
+                    f"{self.val_path!r}[{labels_key!r}][{bad[0]}] = {val.labels[bad[0]]} is out of range for the "
+                    f"{len(self.classes)} classes of the training file {self.path!r} ({bad.size} such labels); the "
+                    "validation file must use the training file's labels."
+                )
 
     @property
     def num_classes(self) -> int:

@@ -18,7 +18,6 @@ on a shared file system the first builder builds while the others wait and then 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -36,7 +35,7 @@ import torch
 from tqdm import tqdm
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
-from lightning_fastdata.loading.arrays import gather_hwc
+from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
 from lightning_fastdata.loading.collate import empty_image_batch
 from lightning_fastdata.loading.decode import decode_center_crop, random_resized_crop_box
 from lightning_fastdata.loading.index import FileIndex
@@ -78,7 +77,8 @@ def fingerprint(indexes: Sequence[FileIndex | None]) -> str:
             continue
         for i in range(len(index)):
             st = os.stat(index.path(i))
-            digest.update(f"{index.relpath(i)}\0{st.st_size}\0{st.st_mtime_ns}\0{index.labels[i]}\n".encode())
+            record = f"{index.relpath(i)}\0{st.st_size}\0{st.st_mtime_ns}\0{index.labels[i]}\n"
+            digest.update(record.encode(errors="surrogateescape"))  # any file name, also non-UTF-8
     return digest.hexdigest()
 
 
@@ -117,13 +117,56 @@ def cache_is_current(cache_dir: str | os.PathLike[str], params: CacheParams) -> 
 
 @contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` (other builders, on this node or a shared FS, wait)."""
+    """Hold an exclusive lock on ``lock_path`` (other builders, on this node or a shared FS, wait).
+
+    ``fcntl.flock`` on POSIX, ``msvcrt.locking`` on Windows (imported here: neither exists on the other).
+    """
     with open(lock_path, "a+") as handle:
+        if os.name == "nt":  # pragma: no cover - Windows
+            import msvcrt
+
+            handle.seek(0)
+            while True:
+                try:
+                    msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)  # type: ignore[attr-defined]
+                    break
+                except OSError:  # LK_LOCK gives up after ~10 s: keep waiting for the other builder
+                    continue
+            try:
+                yield
+            finally:
+                handle.seek(0)
+                msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)  # type: ignore[attr-defined]
+            return
+        import fcntl
+
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _open_array_for_writing(path: Path, shape: tuple[int, ...], resume: bool) -> np.memmap:
+    """A ``.npy`` memory map to fill, its disk blocks reserved first.
+
+    A memory-mapped write to a sparse file on a disk that fills up kills the process with SIGBUS; reserving
+    the blocks up front (``posix_fallocate``) turns that into an ``OSError`` before anything is written.
+    """
+    images = np.lib.format.open_memmap(path, mode="r+" if resume else "w+", dtype=np.uint8, shape=shape)
+    if hasattr(os, "posix_fallocate"):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+        except OSError as err:
+            del images
+            raise OSError(
+                f"Cannot reserve {os.path.getsize(path) / 1e9:.2f} GB for the tensor cache file {str(path)!r}: "
+                f"{err.strerror}. Free space on that disk, lower cache_size, or choose another cache_dir."
+            ) from err
+        finally:
+            os.close(fd)
+    return images
 
 
 def _decode_job(args: tuple[str, int, float]) -> np.ndarray:
@@ -231,8 +274,7 @@ def build_tensor_cache(
                 np.save(partial / f"{split}_labels.npy", labels)
                 path = partial / f"{split}_images.npy"
                 start = state["done"][split]
-                mode = "r+" if start > 0 and path.exists() else "w+"
-                images = np.lib.format.open_memmap(path, mode=mode, dtype=np.uint8, shape=(n, side, side, 3))
+                images = _open_array_for_writing(path, (n, side, side, 3), resume=start > 0 and path.exists())
                 fraction = 1.0 if split == "train" else crop_fraction
                 jobs = [(index.path(i), side, fraction) for i in range(start, n)] if index is not None else []
                 bar = tqdm(total=n, initial=start, desc=f"cache {split}", unit="img", disable=not progress or n == 0)
@@ -335,9 +377,11 @@ class TensorCacheDataset(AugmentedImageDataset):
         self._labels = np.asarray(labels, dtype=np.int64)
         self.classes = tuple(classes)
         self.augment_on = augment_on
+        self._signature = MappedFile.signature(images_path)
         self._images: np.ndarray | None = None
+        self._mapped: MappedFile | None = None
 
-    per_process_attrs = ("_images",)
+    per_process_attrs = ("_images", "_mapped")
 
     @property
     def targets(self) -> np.ndarray:
@@ -349,9 +393,14 @@ class TensorCacheDataset(AugmentedImageDataset):
         return f"{self.images_path}[{index}]"
 
     def _array(self) -> np.ndarray:
+        """This process's memory map, after checking that the file was not changed under it (one ``fstat``)."""
         if not self._handles_open():
+            self._mapped = MappedFile(self.images_path, self._signature, "Tensor cache file")
             self._images = np.load(self.images_path, mmap_mode="r")
             self._mark_handles_open()
+        else:
+            assert self._mapped is not None
+            self._mapped.check()
         return self._images  # type: ignore[return-value]
 
     def read_sources(self, indices: np.ndarray) -> list[Source]:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -105,23 +107,69 @@ def _draft_scale(box: Box, out_hw: tuple[int, int]) -> int:
 
 
 def _roi_buffer(nbytes: int) -> bytearray:
-    """A per-process scratch buffer for ROI decodes, grown as needed (never shared between processes)."""
-    global _ROI_BUF
-    if len(_ROI_BUF) < nbytes:
-        _ROI_BUF = bytearray(nbytes)
-    return _ROI_BUF
+    """This thread's scratch buffer for ROI decodes, grown as needed.
+
+    One per thread (and so per process): two loaders iterated from two threads of one process never decode
+    into the same memory.
+    """
+    buf: bytearray | None = getattr(_ROI_LOCAL, "buf", None)
+    if buf is None or len(buf) < nbytes:
+        buf = _ROI_LOCAL.buf = bytearray(nbytes)
+    return buf
 
 
-_ROI_BUF = bytearray(0)
+_ROI_LOCAL = threading.local()
 # libjpeg's jpeg_color_space values that decode to RGB exactly (grayscale, RGB, YCbCr); CMYK/YCCK go via PIL.
 _ROI_COLOR_SPACES = (1, 2, 3)
+# The end-of-image marker (FF D9) cannot occur inside entropy-coded data (an FF there is followed by 00 or a
+# restart marker), so its presence near the end tells a complete file from one cut short. Files with more
+# than this many trailing bytes after it (appended metadata) are read through to their end at each decode.
+_EOI = b"\xff\xd9"
+_EOI_TAIL = 4096
+
+
+def _pixel_limit() -> int | None:
+    """PIL's decompression-bomb limit (``Image.MAX_IMAGE_PIXELS`` x 2, where PIL raises), or ``None`` if off."""
+    limit = Image.MAX_IMAGE_PIXELS
+    return None if limit is None else 2 * int(limit)
+
+
+def _check_box(box: Box, width: int, height: int) -> None:
+    """A crop box outside the image is a bug in the caller, never a corrupt file: ``ValueError``."""
+    top, left, h, w = box
+    if top < 0 or left < 0 or h <= 0 or w <= 0 or top + h > height or left + w > width:
+        raise ValueError(f"crop box outside the image: {box} (top, left, h, w) in a {width} x {height} image")
+
+
+def _check_size(width: int, height: int) -> None:
+    limit = _pixel_limit()
+    if limit is not None and width * height > limit:
+        raise OSError(
+            f"image of {width} x {height} = {width * height} pixels exceeds the decompression-bomb limit of {limit} "
+            "pixels (PIL.Image.MAX_IMAGE_PIXELS x 2); if the image is genuine, raise PIL.Image.MAX_IMAGE_PIXELS"
+        )
+
+
+@contextmanager
+def _image_data_errors() -> Iterator[None]:
+    """Turn what PIL raises for bad image data into ``OSError`` (what a corrupt file is, here)."""
+    try:
+        yield
+    except (SyntaxError, EOFError, ValueError, Image.DecompressionBombError) as err:
+        raise OSError(str(err) or type(err).__name__) from err
 
 
 def _decode_roi(data: bytes, box: Box) -> torch.Tensor:
-    """Decode only the crop's rows and iMCU-aligned columns; return a ``3 x h x w`` view of the crop."""
+    """Decode only the crop's rows and iMCU-aligned columns; return a ``3 x h x w`` view of the crop.
+
+    A file whose end-of-image marker is not near its end (cut short, or with appended data) is also read
+    through to its end below the crop, so that truncation is detected whatever the crop: a file is corrupt or
+    not, not sometimes.
+    """
     top, left, h, w = box
+    to_end = data.rfind(_EOI, max(0, len(data) - _EOI_TAIL)) < 0
     buf = _roi_buffer(h * (w + 64) * 3)  # crop_scanline widens by at most one iMCU (<= 32 px) per side
-    shift, decoded_w = _jpegroi.decode_crop(data, top, left, h, w, buf)
+    shift, decoded_w = _jpegroi.decode_crop(data, top, left, h, w, buf, to_end)
     rows = torch.frombuffer(buf, dtype=torch.uint8, count=h * decoded_w * 3).view(h, decoded_w, 3)
     return rows[:, shift : shift + w].permute(2, 0, 1)
 
@@ -130,8 +178,9 @@ def _decode_draft(img: Image.Image, box: Box, out_hw: tuple[int, int], scale: in
     """Decode at 1/scale in the DCT domain and resize the crop with a sub-pixel box; return ``3 x H x W``."""
     top, left, h, w = box
     width, height = img.size
-    img.draft("RGB", (width // scale, height // scale))
-    reduced = img.convert("RGB")
+    with _image_data_errors():
+        img.draft("RGB", (width // scale, height // scale))
+        reduced = img.convert("RGB")
     # Reduced pixel i covers full-resolution pixels [i * scale, (i + 1) * scale).
     fbox = (left / scale, top / scale, (left + w) / scale, (top + h) / scale)
     # The reduced image is small, so PIL's resize (which takes a sub-pixel box) costs little here.
@@ -147,29 +196,48 @@ def _decode_full_jpeg(data: bytes, box: Box) -> torch.Tensor:
     with warnings.catch_warnings():
         # torchvision 0.29 deprecates its decoders in favour of torchcodec; still the fastest full decode here.
         warnings.simplefilter("ignore", DeprecationWarning)
-        return decode_jpeg(raw, mode=ImageReadMode.RGB)[:, top : top + h, left : left + w]
+        try:
+            decoded = decode_jpeg(raw, mode=ImageReadMode.RGB)
+        except RuntimeError as err:  # torchvision reports libjpeg's data errors as RuntimeError
+            raise OSError(str(err)) from err
+    return decoded[:, top : top + h, left : left + w]
+
+
+def _open_image(data: bytes) -> Image.Image:
+    with _image_data_errors():
+        img = Image.open(io.BytesIO(data))
+    _check_size(*img.size)
+    return img
 
 
 def _decode_crop(data: bytes, box_fn: Callable[[int, int], Box], out_hw: tuple[int, int]) -> torch.Tensor:
-    """Pick the cheapest exact decoder for this crop; return the crop as ``3 x h x w`` uint8 (any strides)."""
+    """Pick the cheapest exact decoder for this crop; return the crop as ``3 x h x w`` uint8 (any strides).
+
+    Raises ``OSError`` for bad image data (corrupt, truncated, too large); anything else is a bug and propagates.
+    """
     is_jpeg = data.startswith(_JPEG_MAGIC)
     if is_jpeg and _jpegroi is not None:
         width, height, color_space = _jpegroi.header(data)
+        _check_size(width, height)
         box = box_fn(width, height)
+        _check_box(box, width, height)
         scale = _draft_scale(box, out_hw)
         if color_space in _ROI_COLOR_SPACES and scale == 1:
             return _decode_roi(data, box)
-        img = Image.open(io.BytesIO(data))
+        img = _open_image(data)
     else:
-        img = Image.open(io.BytesIO(data))
+        img = _open_image(data)
         box = box_fn(*img.size)
+        _check_box(box, *img.size)
         scale = _draft_scale(box, out_hw)
     top, left, h, w = box
     if is_jpeg and img.format == "JPEG" and img.mode in ("RGB", "L"):
         if scale > 1:
             return _decode_draft(img, box, out_hw, scale)
         return _decode_full_jpeg(data, box)
-    return torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1)[:, top : top + h, left : left + w]
+    with _image_data_errors():
+        rgb = np.array(img.convert("RGB"))
+    return torch.from_numpy(rgb).permute(2, 0, 1)[:, top : top + h, left : left + w]
 
 
 def decode_resized_crop(
@@ -181,6 +249,8 @@ def decode_resized_crop(
 ) -> None:
     """Decode ``data`` and write the resized crop ``box_fn(width, height)`` into ``out`` as RGB.
 
+    Thread-safe: each thread decodes into its own scratch memory.
+
     Args:
         data: The encoded image file's bytes.
         out: A uint8 ``3 x H x W`` tensor (any strides) that receives the result.
@@ -189,14 +259,15 @@ def decode_resized_crop(
         name: The file name to put in error messages.
 
     Raises:
-        OSError: If the image is corrupt or truncated; the message names ``name``.
+        OSError: If the image data is corrupt or truncated, or larger than PIL's decompression-bomb limit; the
+            message names ``name``. Other errors (a bug, not the file) propagate unchanged.
     """
     try:
         crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])))
-    except (OSError, RuntimeError, ValueError, SyntaxError, EOFError) as err:  # PIL's, libjpeg's, torchvision's
+    except OSError as err:  # only errors about the image data are OSError here (see _decode_crop)
         raise OSError(
-            f"Cannot decode image {name!r}: {err}. The file is corrupt or truncated: replace or delete it, or "
-            "pass on_corrupt='skip' to skip such files (each is logged and counted)."
+            f"Cannot decode image {name!r}: {err}. The file is corrupt, truncated or too large: replace or delete it, "
+            "or pass on_corrupt='skip' to skip such files (each is logged and counted)."
         ) from err
     resize_crop_into(out, crop, flip)
 

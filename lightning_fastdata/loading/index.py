@@ -26,7 +26,8 @@ class FileIndex:
     Args:
         root: The folder the paths are relative to.
         classes: Class names, sorted; a label is a position in this tuple.
-        path_bytes: All relative paths, UTF-8 encoded and concatenated.
+        path_bytes: All relative paths as the file system's bytes (``os.fsencode``: any name, also non-UTF-8),
+            concatenated.
         offsets: ``n + 1`` offsets into ``path_bytes``.
         labels: ``n`` int64 labels.
     """
@@ -42,7 +43,7 @@ class FileIndex:
 
     def relpath(self, i: int) -> str:
         """Return the path of sample ``i`` relative to ``root``."""
-        return self.path_bytes[self.offsets[i] : self.offsets[i + 1]].tobytes().decode()
+        return os.fsdecode(self.path_bytes[self.offsets[i] : self.offsets[i + 1]].tobytes())
 
     def path(self, i: int) -> str:
         """Return the full path of sample ``i``."""
@@ -77,6 +78,45 @@ def find_classes(root: str) -> tuple[str, ...]:
     return classes
 
 
+def _walk(top: str) -> list[tuple[str, list[str]]]:
+    """``(dirpath, filenames)`` under ``top``, sorted, following directory symlinks but never around a loop.
+
+    A symlink to a folder that contains it (``a/b -> ..``) would index the same images again and again
+    (torchvision's ``ImageFolder`` does, until the path is too long), and one to a folder already walked indexes
+    its images twice: both are skipped with a warning naming the link. One ``stat`` per folder, none per file.
+    """
+    seen: set[tuple[int, int]] = set()
+    found: list[tuple[str, list[str]]] = []
+    for dirpath, dirnames, fnames in os.walk(top, followlinks=True):
+        st = os.stat(dirpath)
+        seen.add((st.st_dev, st.st_ino))
+        keep = []
+        for name in dirnames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.stat(path)
+            except OSError:  # a dangling symlink: nothing to walk
+                continue
+            if (st.st_dev, st.st_ino) in seen or (
+                os.path.islink(path) and _contains(os.path.realpath(path), os.path.realpath(dirpath))
+            ):
+                warnings.warn(
+                    f"Skipped {path!r}: it leads to {os.path.realpath(path)!r}, a folder that contains it (a symlink "
+                    "loop) or that is already indexed; its images are indexed once.",
+                    stacklevel=3,
+                )
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            keep.append(name)
+        dirnames[:] = keep
+        found.append((dirpath, fnames))
+    return sorted(found)
+
+
+def _contains(outer: str, inner: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
 def scan_image_folder(root: str, classes: tuple[str, ...] | None = None) -> FileIndex:
     """Scan ``root/<class>/**/<image>`` into a :class:`FileIndex`, in torchvision's order.
 
@@ -100,12 +140,12 @@ def scan_image_folder(root: str, classes: tuple[str, ...] | None = None) -> File
         if not os.path.isdir(class_dir):
             raise FileNotFoundError(f"Class folder {class_dir!r} is missing; every class must have a folder.")
         before = len(rel)
-        for dirpath, _, fnames in sorted(os.walk(class_dir, followlinks=True)):
+        for dirpath, fnames in _walk(class_dir):
             reldir = os.path.relpath(dirpath, root)
             for fname in sorted(fnames):
                 ext = os.path.splitext(fname)[1].lower() or fname.lower()
                 if ext in IMG_EXTENSIONS:
-                    rel.append(os.path.join(reldir, fname).encode())
+                    rel.append(os.fsencode(os.path.join(reldir, fname)))
                     labels.append(label)
                 else:
                     skipped[ext] = skipped.get(ext, 0) + 1

@@ -39,8 +39,9 @@ class DataWaitStats:
 class DataWaitMeter:
     """Accumulate per-step wait and step time from ``step_start``/``step_end`` calls.
 
-    The wait of a step is the time from the previous ``step_end`` to this ``step_start``; the first step
-    (which includes starting the worker processes) only sets the reference point and is not counted.
+    The wait of a step is the time from the previous ``step_end`` (or the last :meth:`reset_reference`, e.g.
+    the epoch start) to this ``step_start``. Every step is counted; a step before any reference point (no
+    ``reset_reference`` call yet) is measured from its own start, with no wait.
 
     Args:
         clock: Monotonic seconds; ``time.perf_counter`` unless a test injects a fake.
@@ -54,17 +55,16 @@ class DataWaitMeter:
         self._total = [0, 0, 0.0, 0.0]
 
     def reset_reference(self) -> None:
-        """Forget the last step end (e.g. at an epoch start, so validation is not counted as waiting)."""
-        self._last_end = None
+        """Measure the next wait from now (e.g. at an epoch start, so validation is not counted as waiting)."""
+        self._last_end = self.clock()
 
     def step_start(self, batch_size: int) -> None:
         """Call when a step's batch is ready (Lightning: ``on_train_batch_start``)."""
         now = self.clock()
-        if self._last_end is not None:
-            self._wait = now - self._last_end
-            self._pending = batch_size
-        else:
-            self._pending = 0
+        if self._last_end is None:
+            self._last_end = now
+        self._wait = now - self._last_end
+        self._pending = batch_size
         self._start = now
 
     def step_end(self) -> None:

@@ -1,22 +1,24 @@
 """Copy the next batch to the device on a side CUDA stream while the current one trains.
 
-Framework-free: :class:`DevicePrefetcher` moves batches; :func:`enable_device_prefetch` turns any
-``DataLoader`` (or subclass, e.g. ``StatefulDataLoader``) into one whose iterator keeps one batch in flight.
+Framework-free: :class:`DevicePrefetcher` moves batches; :class:`PrefetchIterator` keeps one batch in flight
+and the loader state before and after the current batch (the package's loaders iterate through it);
+:func:`enable_device_prefetch` does the same to a foreign ``DataLoader`` (or subclass).
 On CPU the same code path runs with no stream (the batch stays where it is), so its order and state logic
 are tested without a GPU.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader
 
-__all__ = ["DevicePrefetcher", "enable_device_prefetch"]
+__all__ = ["DevicePrefetcher", "PrefetchIterator", "enable_device_prefetch"]
 
 _END = object()
 
@@ -60,36 +62,63 @@ class DevicePrefetcher:
         return apply_to_collection(batch, torch.Tensor, mark)
 
 
-class _PrefetchIterator:
-    """Iterates a loader's own iterator one batch ahead; remembers the loader state before the look-ahead."""
+class PrefetchIterator:
+    """Iterates ``inner``, one batch ahead on ``prefetcher``'s device if given; tracks the loader's state.
 
-    def __init__(self, loader: DataLoader, inner: Iterator[Any], prefetcher: DevicePrefetcher) -> None:
-        self.loader = loader
+    Two states are kept, so that a checkpoint holds what was really trained:
+
+    - :attr:`state_after`: everything up to the batch last returned, nothing ahead (``None``: the loader's live
+      state is already that, as without look-ahead). A checkpoint taken after that batch's step holds this.
+    - :attr:`state_before`: everything before the batch last returned. A checkpoint saved because that batch's
+      step failed (an exception, an out-of-memory error) holds this, so the failed batch is trained after resume.
+
+    Args:
+        inner: The loader's own iterator.
+        prefetcher: Moves batches to the device one step ahead; ``None`` for no look-ahead.
+        state_fn: Returns the loader's live state (``None``: a loader without state).
+    """
+
+    def __init__(
+        self,
+        inner: Iterator[Any],
+        prefetcher: DevicePrefetcher | None = None,
+        state_fn: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.inner = inner
         self.prefetcher = prefetcher
-        self.saved_state: dict[str, Any] | None = self._inner_state()
-        self.pending: Any = self._fetch()
+        self.state_fn = state_fn
+        self.state_after: dict[str, Any] | None = self._state()
+        self.state_before: dict[str, Any] | None = self.state_after
+        self.returned = 0  # batches handed out so far in this epoch
+        self.pending: Any = self._fetch() if prefetcher is not None else None
 
-    def _inner_state(self) -> dict[str, Any] | None:
-        base_state = getattr(type(self.loader)._fastdata_base, "state_dict", None)  # type: ignore[attr-defined]
-        return None if base_state is None else base_state(self.loader)
+    def _state(self) -> dict[str, Any] | None:
+        return None if self.state_fn is None else self.state_fn()
 
     def _fetch(self) -> Any:
+        assert self.prefetcher is not None
         try:
             return self.prefetcher.start(next(self.inner))
         except StopIteration:
             return _END
 
-    def __iter__(self) -> _PrefetchIterator:
+    def __iter__(self) -> PrefetchIterator:
         return self
 
     def __next__(self) -> Any:
+        if self.prefetcher is None:
+            self.state_before = self._state()
+            batch = next(self.inner)
+            self.state_after = None  # the live state: no look-ahead to leave out
+            self.returned += 1
+            return batch
         if self.pending is _END:
             raise StopIteration
         batch = self.pending
-        # What a checkpoint taken after this batch's step must hold: everything up to this batch, nothing ahead.
-        self.saved_state = self._inner_state()
+        self.state_before = self.state_after
+        self.state_after = self._state()  # before the look-ahead: what a checkpoint after this step must hold
         self.pending = self._fetch()
+        self.returned += 1
         return self.prefetcher.ready(batch)
 
     def __len__(self) -> int:
@@ -102,7 +131,9 @@ def _prefetching_iter(self: DataLoader) -> Iterator[Any]:
     if prefetcher is None or prefetcher.device != cls._fastdata_device:  # type: ignore[attr-defined]
         # One stream per loader for its whole life (not per epoch); also for copies Lightning re-instantiates.
         prefetcher = self.__dict__["_fastdata_prefetcher"] = DevicePrefetcher(cls._fastdata_device)  # type: ignore[attr-defined]
-    it = _PrefetchIterator(self, cls._fastdata_base.__iter__(self), prefetcher)  # type: ignore[attr-defined]
+    base_state = getattr(cls._fastdata_base, "state_dict", None)  # type: ignore[attr-defined]
+    state_fn = None if base_state is None else functools.partial(base_state, self)
+    it = PrefetchIterator(cls._fastdata_base.__iter__(self), prefetcher, state_fn)  # type: ignore[attr-defined]
     self.__dict__["_fastdata_iter"] = weakref.ref(it)
     return it
 
@@ -111,13 +142,16 @@ def _prefetching_state_dict(self: DataLoader) -> dict[str, Any]:
     """The loader state without the look-ahead batch (so a resume does not skip it)."""
     ref = self.__dict__.get("_fastdata_iter")
     it = ref() if ref is not None else None
-    if it is not None and it.saved_state is not None:
-        return it.saved_state
+    if it is not None and it.state_after is not None:
+        return it.state_after
     return type(self)._fastdata_base.state_dict(self)  # type: ignore[attr-defined]
 
 
 def enable_device_prefetch(loader: DataLoader, device: torch.device | str) -> DataLoader:
-    """Make ``loader`` prefetch to ``device``, in place; returns it (still an instance of its own class).
+    """Make a foreign ``loader`` prefetch to ``device``, in place; returns it (still an instance of its own class).
+
+    For loaders this package did not build (``FastDataCallback`` on another DataModule); the package's own
+    DataModules build loaders that prefetch by construction (``prefetch_device``).
 
     The loader's class is swapped for a plain subclass of it that adds the prefetching ``__iter__`` (and a
     ``state_dict`` without the look-ahead batch, if the loader has one), so Lightning still sees a

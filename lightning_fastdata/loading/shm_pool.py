@@ -15,28 +15,38 @@ Protocol (each worker process is one *incarnation*, named by a random nonce):
   main process keeps it in a cache. Later batches from that buffer carry only ``(nonce, slot, gen)``; the
   main process rebuilds the tensors as views of the cached buffer. A worker's batches reach the main
   process in the order they were sent, so the buffer always arrives before its first reference.
-- The main process releases ``(slot, gen)`` when nothing but its cache references the buffer (the
-  storage's use count is exact: views, pinned copies and user references all count), checked whenever a
-  batch arrives. Labels and other small tensors travel by value.
+- The main process releases ``(slot, gen)`` when nothing but its cache references the buffer, checked
+  whenever a batch arrives: the storage's use count (views, pinned copies, tensors a user kept) is 1 and the
+  storage object's Python refcount says nobody holds it either (``images.untyped_storage()`` returns our
+  cached object). Labels and other small tensors travel by value.
+- A buffer pickled for another process (a batch put on a ``torch.multiprocessing`` queue) is retired: the
+  other process's references are invisible here, so it is dropped from the cache and never released; the
+  worker replaces it.
 - If no buffer is free (the user holds batches, a batch was never sent), the worker replaces one with a
   new buffer at a new generation: the old buffer is never written again and lives on as long as anyone
   references it. So the pool can only cost speed, never overwrite a batch someone still holds.
-- The main process drops an incarnation's cache after the worker exits (seen as end-of-file on a pipe
-  whose write end only the worker holds) and every batch it sent has arrived, or 120 s after it exited
-  (batches abandoned in a queue that will never be read).
+- The main process drops an incarnation's cache as soon as the worker exits (a reaper thread, alive only
+  while workers are cached, sees end-of-file on a pipe whose write end only the worker holds) and every
+  batch it sent has arrived, or 120 s after it exited (batches abandoned in a queue that will never be read).
+
+Thread safety: the main process's cache is guarded by one lock (pin-memory threads, loaders in several
+threads, the reaper); a worker's pool is used by that worker's one thread.
 
 Shared memory held per worker: up to ``MAX_SLOTS`` batches (in practice the batches in flight plus one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import secrets
 import select
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from multiprocessing.reduction import DupFd
+from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -59,6 +69,23 @@ def pool_supported() -> bool:
 
 def _use_count(storage: torch.UntypedStorage) -> int:
     return int(torch._C._storage_Use_Count(storage._cdata))
+
+
+def _new_buffer(nbytes: int) -> torch.UntypedStorage:
+    """A new shared-memory buffer; if ``/dev/shm`` is full, remove the empty file torch leaves behind."""
+    try:
+        return torch.UntypedStorage._new_shared(nbytes)
+    except RuntimeError as err:
+        # torch creates /dev/shm/torch_<pid>_..., fails to allocate it and raises without unlinking it.
+        match = re.search(rf"<(/torch_{os.getpid()}_[^>/]*)>", str(err))
+        if match is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink("/dev/shm" + match.group(1))
+        raise RuntimeError(
+            f"{err}. lightning_fastdata: a worker could not allocate a {nbytes / 2**20:.1f} MiB batch buffer in "
+            "/dev/shm; give the container more shared memory (docker run --shm-size=2g) or lower batch_size or "
+            "prefetch_factor."
+        ) from err
 
 
 @dataclass
@@ -90,7 +117,7 @@ class WorkerPool:
         if index is None:
             if len(self.slots) < MAX_SLOTS:
                 index = len(self.slots)
-                self.slots.append(_Slot(torch.UntypedStorage._new_shared(nbytes), nbytes))
+                self.slots.append(_Slot(_new_buffer(nbytes), nbytes))
             else:
                 # Replace a released-but-too-small buffer, else (round robin) one still in flight: that one is
                 # abandoned, never written again, and freed by whoever holds it last.
@@ -99,7 +126,7 @@ class WorkerPool:
                 self._victim = (self._victim + 1) % MAX_SLOTS
                 slot = self.slots[index]
                 del self._by_ptr[slot.storage.data_ptr()]
-                slot.storage, slot.nbytes, slot.known = torch.UntypedStorage._new_shared(nbytes), nbytes, False
+                slot.storage, slot.nbytes, slot.known = _new_buffer(nbytes), nbytes, False
             self._by_ptr[self.slots[index].storage.data_ptr()] = index
         slot = self.slots[index]
         slot.gen += 1
@@ -170,7 +197,24 @@ class _Incarnation:
 
 
 _MAIN: dict[int, _Incarnation] = {}
-_LOCK = threading.Lock()  # the pin-memory thread of one loader and the main thread of another both unpickle
+# Every place the main process's state is read or changed holds this lock: the pin-memory thread of one loader
+# and the main thread of another both unpickle, and the reaper thread forgets exited workers.
+_LOCK = threading.RLock()
+_ESCAPED: set[int] = set()  # data_ptr of cached buffers that were shared with another process (never reused)
+_REAPER: threading.Thread | None = None
+_WAKE_R, _WAKE_W = -1, -1  # the reaper's wake-up pipe (a new worker to watch)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with no cache, a free lock and no reaper (the parent's own are not ours)."""
+    global _LOCK, _REAPER, _WAKE_R, _WAKE_W
+    _LOCK = threading.RLock()
+    _MAIN.clear()
+    _ESCAPED.clear()
+    _REAPER, _WAKE_R, _WAKE_W = None, -1, -1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _rebuild(
@@ -185,6 +229,8 @@ def _rebuild(
     with _LOCK:
         if hello is not None:
             _MAIN[nonce] = _Incarnation(hello[0].numpy(), hello[1].detach())
+            _install_share_hook()
+            _watch_exits()
         inc = _MAIN.get(nonce)
         if inc is not None and storage is not None:
             inc.storages[index] = storage
@@ -198,28 +244,118 @@ def _rebuild(
         images = torch.empty(0, dtype=dtype).set_(cached, offset, shape, stride)
         inc.received += 1
         inc.outstanding[index] = gen
-        _poll()
+        _collect(_exited(0))
     return (images, *(torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in rest))
 
 
-def _poll() -> None:
+def _only_cached(storages: dict[int, torch.UntypedStorage], index: int) -> bool:
+    """Whether nothing but our cache can reach the memory of ``storages[index]`` in this process.
+
+    The storage's use count counts tensors and views (a pinned copy, a batch the user kept); the Python
+    refcount of the storage object counts references to the object itself (``images.untyped_storage()``
+    returns this very object, not a new one): our dict's entry and ``getrefcount``'s argument make 2.
+    """
+    return _use_count(storages[index]) == 1 and sys.getrefcount(storages[index]) == 2
+
+
+def _exited(timeout_ms: int | None) -> set[int]:
+    """Alive-pipe descriptors at end-of-file (their worker exited); waits up to ``timeout_ms`` for one."""
+    poller = select.poll()  # not select.select: that fails for descriptors >= 1024 (FD_SETSIZE)
+    for inc in _MAIN.values():
+        if inc.dead_since is None:
+            poller.register(inc.alive_fd, select.POLLIN)
+    return {fd for fd, _ in poller.poll(timeout_ms)}
+
+
+def _collect(exited: set[int]) -> None:
     """Release buffers nobody references any more; forget workers that exited (called under the lock)."""
     now = time.monotonic()
-    readable: set[int] = set()
-    fds = [inc.alive_fd for inc in _MAIN.values() if inc.dead_since is None]
-    if fds:
-        readable = set(select.select(fds, [], [], 0)[0])
     for nonce, inc in list(_MAIN.items()):
         flags = inc.flags
         for index, gen in list(inc.outstanding.items()):
-            if _use_count(inc.storages[index]) == 1:  # only our cache: nobody can read it any more
+            ptr = inc.storages[index].data_ptr()
+            if ptr in _ESCAPED:  # shared with another process: we cannot know when it is done with it
+                _ESCAPED.discard(ptr)
+                del inc.storages[index], inc.outstanding[index]  # never released: the worker replaces it
+            elif _only_cached(inc.storages, index):
                 flags[index] = gen
                 del inc.outstanding[index]
-        if inc.alive_fd in readable:  # the worker never writes: readable means end-of-file, it exited
+        if inc.alive_fd in exited:  # the worker never writes: readable means end-of-file, it exited
             inc.dead_since = now
         if inc.dead_since is not None and (inc.received >= flags[MAX_SLOTS] or now - inc.dead_since > _DEAD_GRACE_S):
             os.close(inc.alive_fd)
             del _MAIN[nonce]
+
+
+def _watch_exits() -> None:
+    """Start the reaper thread if none runs, else wake it to watch the new worker (called under the lock)."""
+    global _REAPER, _WAKE_R, _WAKE_W
+    if _REAPER is not None and _REAPER.is_alive():
+        os.write(_WAKE_W, b"w")
+        return
+    if _WAKE_R < 0:
+        _WAKE_R, _WAKE_W = os.pipe()
+        os.set_blocking(_WAKE_R, False)
+    _REAPER = threading.Thread(target=_reap, name="fastdata-shm-reaper", daemon=True)
+    _REAPER.start()
+
+
+def _reap() -> None:
+    """Forget workers as soon as they exit, so their buffers are freed without waiting for another batch.
+
+    Runs while any worker is cached (then exits: no idle thread when a later ``fork`` starts new workers).
+    """
+    global _REAPER
+    while True:
+        with _LOCK:
+            if not _MAIN:
+                _REAPER = None
+                return
+            fds = {inc.alive_fd for inc in _MAIN.values() if inc.dead_since is None}
+            pending_dead = len(fds) < len(_MAIN)
+        poller = select.poll()
+        poller.register(_WAKE_R, select.POLLIN)
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        # A worker that exited with batches still in a queue is forgotten after a grace period: look again then.
+        events = poller.poll(1000 if pending_dead else None)
+        try:
+            os.read(_WAKE_R, 4096)
+        except BlockingIOError:
+            pass
+        with _LOCK:
+            _collect({fd for fd, _ in events if fd in fds})
+
+
+def _note_shared(storage: torch.UntypedStorage) -> None:
+    """Called when ``storage`` is pickled for another process: if it is one of our buffers, retire it."""
+    with _LOCK:
+        ptr = storage.data_ptr()
+        if any(s.data_ptr() == ptr for inc in _MAIN.values() for s in inc.storages.values()):
+            _ESCAPED.add(ptr)
+
+
+def _install_share_hook() -> None:
+    """Wrap torch's reducer for shared CPU storages, so that a pooled batch sent onward is never reused.
+
+    A batch put on a ``torch.multiprocessing`` queue crosses as its shared-memory segment; the receiving
+    process's references are invisible here, so such a buffer is dropped from the cache (the worker replaces
+    it) instead of being written again.
+    """
+    from torch.multiprocessing import reductions  # noqa: F401 - registers torch's reducers first
+
+    reducers = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+    original = reducers.get(torch.UntypedStorage)
+    if original is None or getattr(original, "_fastdata_hook", False):
+        return
+
+    def reduce_storage(storage: torch.UntypedStorage) -> Any:
+        if _MAIN and storage.device.type == "cpu":
+            _note_shared(storage)
+        return original(storage)
+
+    reduce_storage._fastdata_hook = True  # type: ignore[attr-defined]
+    ForkingPickler.register(torch.UntypedStorage, reduce_storage)
 
 
 def main_cache_stats() -> dict[str, int]:

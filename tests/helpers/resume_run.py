@@ -1,9 +1,10 @@
 """One training run for the resume conformance tests; records what every step trained on.
 
 Usage: python resume_run.py '<json config>'. Config keys: kind (folder|hdf5|cache), source, workers, max_steps,
-ckpt_dir, save_every (checkpoint interval, or null), ckpt_path (resume from it, or null), record (JSON-lines
-file, one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), kill_at (SIGKILL this
-process at the start of that step, or null), stepping (touch trainer.estimated_stepping_batches in
+ckpt_dir, save_every (checkpoint interval, or null), ckpt_path (resume from it, or null), record (JSON-lines file,
+one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), kill_at (SIGKILL this process at the
+start of that step, or null), raise_at (raise an error in that step, as an out-of-memory error would, with an
+OnExceptionCheckpoint saving ckpt_dir/on_exception.ckpt), stepping (touch trainer.estimated_stepping_batches in
 configure_optimizers, Lightning #20550; it only loads data early with max_epochs set), max_epochs, cache_dir.
 """
 
@@ -17,22 +18,24 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torch import nn
 
 from lightning_fastdata import HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule
 
 
 class Recorder(pl.LightningModule):
-    def __init__(self, record: str, kill_at: int | None, stepping: bool) -> None:
+    def __init__(self, record: str, kill_at: int | None, stepping: bool, raise_at: int | None = None) -> None:
         super().__init__()
-        self.record, self.kill_at, self.stepping = record, kill_at, stepping
+        self.record, self.kill_at, self.stepping, self.raise_at = record, kill_at, stepping, raise_at
         self.net = nn.Linear(3, 3)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         images, labels = batch[0], batch[1]
         if self.kill_at is not None and self.global_step == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)  # not an exception: the process just dies
+        if self.raise_at is not None and self.global_step == self.raise_at:
+            raise RuntimeError("simulated out of memory")  # this step's batch was never trained
         sums = images.double().flatten(1).sum(1).round(decimals=3).tolist()
         line = {"step": self.global_step, "rank": self.global_rank, "labels": labels.tolist(), "sums": sums}
         with open(f"{self.record}.rank{self.global_rank}", "a") as f:
@@ -62,6 +65,8 @@ def main(cfg: dict[str, Any]) -> None:
     else:
         dm = TensorCacheDataModule(cfg["source"], cfg["cache_dir"], cache_size=20, build_processes=1, **kw)
     callbacks: list[pl.Callback] = []
+    if cfg.get("raise_at") is not None:
+        callbacks.append(OnExceptionCheckpoint(dirpath=cfg["ckpt_dir"], filename="on_exception"))
     if cfg.get("save_every"):
         callbacks.append(
             ModelCheckpoint(
@@ -81,7 +86,7 @@ def main(cfg: dict[str, Any]) -> None:
         callbacks=callbacks,
         num_sanity_val_steps=0,
     )
-    model = Recorder(cfg["record"], cfg.get("kill_at"), cfg.get("stepping", False))
+    model = Recorder(cfg["record"], cfg.get("kill_at"), cfg.get("stepping", False), cfg.get("raise_at"))
     trainer.fit(model, dm, ckpt_path=cfg.get("ckpt_path"))
 
 
