@@ -11,8 +11,9 @@ from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_c
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
+from lightning_fastdata.loading.loaders import PrefetchingDataLoader, PrefetchingStatefulDataLoader, with_prefetch
 from lightning_fastdata.loading.normalize import Normalizer
-from lightning_fastdata.loading.prefetch import DevicePrefetcher, enable_device_prefetch
+from lightning_fastdata.loading.prefetch import DevicePrefetcher
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
 from lightning_fastdata.models import ImageClassifier
@@ -31,15 +32,17 @@ __all__ = [
     "ImageFolderDataModule",
     "ImageFolderDataset",
     "Normalizer",
+    "PrefetchingDataLoader",
+    "PrefetchingStatefulDataLoader",
     "TensorCacheDataModule",
     "TensorCacheDataset",
     "build_tensor_cache",
     "convert_folder_to_hdf5",
-    "enable_device_prefetch",
     "inspect_hdf5",
     "open_tensor_cache",
     "resolve_num_workers",
     "scan_image_folder",
+    "with_prefetch",
 ]
 
 __version__ = "0.1.0"

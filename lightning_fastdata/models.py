@@ -8,6 +8,7 @@ import torch
 import torchvision
 from lightning.pytorch import LightningModule
 from torch import nn
+from typing_extensions import override
 
 __all__ = ["ImageClassifier"]
 
@@ -48,6 +49,7 @@ class ImageClassifier(LightningModule):
             self.model = self.model.to(memory_format=torch.channels_last)
         self.loss = nn.CrossEntropyLoss()
 
+    @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Return class logits."""
         if self.hparams["channels_last"]:
@@ -63,14 +65,17 @@ class ImageClassifier(LightningModule):
         self.log(f"{stage}_acc", acc, prog_bar=True, batch_size=len(labels), sync_dist=stage != "train")
         return loss
 
+    @override
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """Cross-entropy on one batch."""
         return self._shared_step(batch, "train")
 
+    @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         """Validation loss and accuracy."""
         self._shared_step(batch, "val")
 
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """AdamW over all parameters."""
         return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])

@@ -1,87 +1,10 @@
-"""Tiny fake image folders for tests, docs, notebooks and the benchmark. No download."""
+"""Helpers for tests and benchmarks: a quiet CPU Trainer (fake image folders are in :mod:`lightning_fastdata.demos`)."""
 
 from __future__ import annotations
 
-import colorsys
-import io
-import os
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-from PIL import Image
-
-__all__ = ["cpu_trainer", "make_image_folder", "photo_like_image"]
-
-
-def photo_like_image(rng: np.random.Generator, width: int, height: int, hue: float) -> Image.Image:
-    """Return an RGB image whose JPEG behaves like a photo's: smooth shapes, texture and sensor grain.
-
-    At 500x375 and quality 90 it encodes to ~100 KB, like an ImageNet photo, so decode costs are realistic.
-    The dominant colour follows ``hue`` (0..1), which makes classes learnable in a few steps.
-    """
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    img = np.zeros((height, width, 3), np.float32)
-    for _ in range(5):
-        cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(30, 200)
-        blob = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * r * r))[..., None]
-        img += blob * rng.uniform(0, 255, 3).astype(np.float32)
-    base = np.array(colorsys.hsv_to_rgb(hue, 0.8, 220.0), np.float32)
-    img = 0.4 * img + 0.6 * base
-    coarse = rng.normal(0, 45, (height // 8 + 1, width // 8 + 1, 3)).astype(np.float32)
-    img += np.kron(coarse, np.ones((8, 8, 1), np.float32))[:height, :width]
-    img += rng.normal(0, 20, (height, width, 3)).astype(np.float32)
-    return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
-
-
-def _write_class(args: tuple[str, int, int, int, tuple[int, int], int, int, str]) -> int:
-    root, label, num_classes, count, size, quality, seed, ext = args
-    rng = np.random.default_rng([seed, label])
-    folder = Path(root) / f"class_{label:03d}"
-    folder.mkdir(parents=True, exist_ok=True)
-    hue = label / num_classes
-    for i in range(count):
-        w = int(size[0] * rng.uniform(0.85, 1.0))
-        h = int(size[1] * rng.uniform(0.85, 1.0))
-        if rng.random() < 0.2:
-            w, h = h, w  # some portrait images, as in real photo sets
-        buf = io.BytesIO()
-        fmt = "JPEG" if ext in (".jpg", ".jpeg") else ext.lstrip(".").upper()
-        photo_like_image(rng, w, h, hue).save(buf, fmt, **({"quality": quality} if fmt == "JPEG" else {}))
-        tmp = folder / f".{i:06d}{ext}.tmp"
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, folder / f"img_{i:06d}{ext}")
-    return count
-
-
-def make_image_folder(
-    root: str | os.PathLike[str],
-    num_classes: int = 4,
-    per_class: int = 10,
-    size: tuple[int, int] = (500, 375),
-    quality: int = 90,
-    seed: int = 0,
-    ext: str = ".jpg",
-    processes: int = 1,
-) -> Path:
-    """Write ``num_classes x per_class`` photo-like images under ``root/class_XXX/img_XXXXXX.jpg``.
-
-    Sizes vary between 85% and 100% of ``size`` (width, height), a fifth are portrait. Each file is written
-    under a temporary name and renamed, so an interrupted run leaves no half-written image.
-
-    Returns:
-        ``root`` as a ``Path``.
-    """
-    root = Path(root)
-    jobs = [(str(root), c, num_classes, per_class, size, quality, seed, ext) for c in range(num_classes)]
-    if processes > 1:
-        with ProcessPoolExecutor(processes) as pool:
-            list(pool.map(_write_class, jobs))
-    else:
-        for job in jobs:
-            _write_class(job)
-    return root
+__all__ = ["cpu_trainer"]
 
 
 def cpu_trainer(*callbacks: Any, epochs: int = 1, **kwargs: Any) -> Any:

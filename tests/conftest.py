@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_fastdata.testing import make_image_folder, photo_like_image
+from lightning_fastdata.demos import make_image_folder, photo_like_image
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 

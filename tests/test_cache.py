@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from lightning_fastdata import ImageClassifier, ImageFolderDataset, TensorCacheDataModule, open_tensor_cache
+from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.loading.decode import decode_center_crop
-from lightning_fastdata.testing import cpu_trainer, make_image_folder
+from lightning_fastdata.testing import cpu_trainer
 
 
 def module(root: Path, cache: Path, **kw: object) -> TensorCacheDataModule:

@@ -15,13 +15,14 @@ from lightning_fastdata import (
     FastDataCallback,
     ImageClassifier,
     ImageFolderDataModule,
-    enable_device_prefetch,
 )
 from lightning_fastdata.testing import cpu_trainer
 
 
-def folder_loader(image_folder: Path, workers: int) -> StatefulDataLoader:
+def folder_loader(image_folder: Path, workers: int, prefetch_to: str | None = None) -> StatefulDataLoader:
     dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=4, num_workers=workers, val_fraction=0)
+    if prefetch_to is not None:
+        dm.configure_transfer(prefetch=True, prefetch_device=prefetch_to)
     dm.setup("fit")
     return dm.train_dataloader()
 
@@ -34,8 +35,8 @@ def same(a: list, b: list) -> bool:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_prefetch_order_equals_the_plain_loader(image_folder: Path, workers: int) -> None:
     plain = list(folder_loader(image_folder, workers))
-    loader = enable_device_prefetch(folder_loader(image_folder, workers), "cpu")
-    assert isinstance(loader, StatefulDataLoader) and type(loader).__name__.startswith("Prefetching")
+    loader = folder_loader(image_folder, workers, prefetch_to="cpu")
+    assert isinstance(loader, StatefulDataLoader) and loader.prefetch_device == "cpu"
     assert same(list(loader), plain)
     assert same(list(loader), plain)  # a second epoch through the same loader (same sampler epoch)
 
@@ -45,7 +46,7 @@ def test_prefetch_order_equals_the_plain_loader(image_folder: Path, workers: int
 @pytest.mark.parametrize("k", [1, 4, 9])
 def test_saved_state_excludes_the_look_ahead_batch(image_folder: Path, workers: int, k: int) -> None:
     expected = list(folder_loader(image_folder, workers))  # 10 batches (39 images, batch 4)
-    loader = enable_device_prefetch(folder_loader(image_folder, workers), "cpu")
+    loader = folder_loader(image_folder, workers, prefetch_to="cpu")
     it = iter(loader)
     got = [next(it) for _ in range(k)]  # the iterator has already fetched batch k (the look-ahead)
     state = loader.state_dict()
@@ -90,6 +91,28 @@ def test_explicit_datamodule_settings_win(image_folder: Path) -> None:
     t = cpu_trainer(FastDataCallback(num_workers=3, pin_memory=True))
     t.fit(ImageClassifier(num_classes=3), dm)
     assert t.train_dataloader.num_workers == 0 and t.train_dataloader.pin_memory is False
+    # The one hand-over point says whose value is used.
+    fresh = ImageFolderDataModule(str(image_folder), image_size=16, num_workers=0)
+    assert fresh.configure_transfer(prefetch=True, pin_memory=True, num_workers=3)["num_workers"] == "DataModule"
+    assert fresh.configure_transfer(pin_memory=True)["pin_memory"] == "callback"
+    assert fresh._use_pin_memory() is True
+
+
+class LoaderSubclass(DataLoader):
+    pass
+
+
+class SubclassDataModule(pl.LightningDataModule):
+    def train_dataloader(self) -> Any:
+        return LoaderSubclass(TensorDataset(torch.randn(10, 3, 8, 8), torch.randint(0, 3, (10,))), batch_size=5)
+
+
+@pytest.mark.timeout(120)
+def test_callback_uses_a_foreign_loader_subclass_as_it_is() -> None:
+    t = cpu_trainer(FastDataCallback())
+    with pytest.warns(UserWarning, match="LoaderSubclass is a DataLoader subclass this callback cannot rebuild"):
+        t.fit(ImageClassifier(num_classes=3), SubclassDataModule())
+    assert type(t.train_dataloader) is LoaderSubclass
 
 
 class ForeignDataModule(pl.LightningDataModule):
@@ -147,7 +170,7 @@ cuda = pytest.mark.skipif(
 @pytest.mark.timeout(300)
 def test_cuda_prefetch_equals_cpu_and_keeps_reserved_memory_flat(image_folder: Path) -> None:
     expected = list(folder_loader(image_folder, 2))
-    loader = enable_device_prefetch(folder_loader(image_folder, 2), "cuda")
+    loader = folder_loader(image_folder, 2, prefetch_to="cuda")
     reserved = []
     for _ in range(4):
         got = list(loader)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from lightning_fastdata import convert_folder_to_hdf5
-from lightning_fastdata.cli import ensure_demo_data, main, run_cli
+from lightning_fastdata.cli import main, run_cli
+from lightning_fastdata.demos import ensure_demo_data
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 

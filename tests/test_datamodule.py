@@ -15,7 +15,8 @@ from lightning_fastdata import (
     ImageFolderDataModule,
     convert_folder_to_hdf5,
 )
-from lightning_fastdata.testing import cpu_trainer, make_image_folder
+from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.testing import cpu_trainer
 
 
 class Recorder(pl.Callback):

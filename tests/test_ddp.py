@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightning_fastdata import convert_folder_to_hdf5, scan_image_folder
-from lightning_fastdata.testing import make_image_folder
+from lightning_fastdata.demos import make_image_folder
 
 
 @pytest.mark.timeout(300)

@@ -29,7 +29,8 @@ from lightning_fastdata import (
     scan_image_folder,
 )
 from lightning_fastdata.cli import main
-from lightning_fastdata.testing import cpu_trainer, make_image_folder
+from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.testing import cpu_trainer
 
 HELPERS = Path(__file__).with_name("helpers")
 
@@ -366,3 +367,9 @@ if __name__ == "__main__":
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "BATCHES 2" in proc.stdout
+
+
+def test_arguments_a_datamodule_ignores_are_refused(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "src", num_classes=2, per_class=2, size=(40, 30))
+    with pytest.raises(ValueError, match="does not take on_corrupt='skip'.*stops at the first corrupt image"):
+        TensorCacheDataModule(str(root), str(tmp_path / "c"), on_corrupt="skip")

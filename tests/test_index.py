@@ -10,7 +10,7 @@ from torchvision import datasets
 from torchvision.datasets import ImageFolder
 
 from lightning_fastdata import ImageFolderDataset, scan_image_folder
-from lightning_fastdata.testing import make_image_folder
+from lightning_fastdata.demos import make_image_folder
 
 
 def test_labels_and_order_match_torchvision(image_folder: Path) -> None:

@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 
 from lightning_fastdata import TensorCacheDataModule
+from lightning_fastdata.bench.harness import Candidate, baseline_loader, count_images, measure, rows_for
+
+__all__ = ["cache_suite", "memcpy_ceiling"]
 
 
 def memcpy_ceiling(images: np.ndarray, batch_size: int, size: int, repeats: int) -> float:
@@ -31,8 +34,6 @@ def memcpy_ceiling(images: np.ndarray, batch_size: int, size: int, repeats: int)
 
 def cache_suite(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Baseline vs cache (workers, device placement); plus the memcpy ceiling and the build time."""
-    from lightning_fastdata.bench.loaders import Candidate, _count, baseline_loader, measure, rows_for
-
     cache_dir = Path(f"{Path(args.root).with_suffix('')}-cache256")
     build_s = 0.0
     modules = {}
@@ -70,13 +71,13 @@ def cache_suite(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
             (
                 "baseline (torchvision ImageFolder)",
                 functools.partial(baseline_loader, args.root, args.image_size, args.batch_size, workers),
-                _count,
+                count_images,
             ),
-            ("TensorCacheDataModule, augment in workers", modules["workers"][workers].train_dataloader, _count),
+            ("TensorCacheDataModule, augment in workers", modules["workers"][workers].train_dataloader, count_images),
             (
                 "TensorCacheDataModule, augment on device (loader only)",
                 modules["device"][workers].train_dataloader,
-                _count,
+                count_images,
             ),
         ]
         for row in rows_for(measure(candidates, args.repeats, args.min_seconds), workers, None):

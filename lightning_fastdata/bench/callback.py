@@ -17,8 +17,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_fastdata import FastDataCallback
+from lightning_fastdata import FastDataCallback, TensorCacheDataModule
+from lightning_fastdata.bench.harness import count_images, time_loader
+from lightning_fastdata.loading.collate import collate_prebatched
 from lightning_fastdata.testing import cpu_trainer
+
+__all__ = ["callback_suite", "snapshot_suite"]
 
 
 class _Tiny(pl.LightningModule):
@@ -118,10 +122,6 @@ def snapshot_suite(args: argparse.Namespace) -> dict[str, Any]:
 
     from torch.utils.data import DataLoader as PlainLoader
 
-    from lightning_fastdata import TensorCacheDataModule
-    from lightning_fastdata.bench.loaders import _count, _time_loader
-    from lightning_fastdata.loading.collate import collate_prebatched
-
     cache_dir = str(Path(f"{Path(args.root).with_suffix('')}-cache256"))
     rates: dict[str, list[float]] = {
         "plain DataLoader (no state)": [],
@@ -155,9 +155,9 @@ def snapshot_suite(args: argparse.Namespace) -> dict[str, Any]:
         )
 
     for _ in range(max(6, args.repeats)):  # single runs vary by +-20% here: compare medians of many
-        rates["plain DataLoader (no state)"].append(_time_loader(plain, _count))
+        rates["plain DataLoader (no state)"].append(time_loader(plain, count_images))
         for name, dm in modules.items():
-            rates[name].append(_time_loader(dm.train_dataloader, _count))
+            rates[name].append(time_loader(dm.train_dataloader, count_images))
     ms = {name: 1000 * args.batch_size / statistics.median(r) for name, r in rates.items()}
     base = ms["plain DataLoader (no state)"]
     spread = {name: [round(1000 * args.batch_size / x, 2) for x in r] for name, r in rates.items()}

@@ -14,6 +14,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_fastdata import HDF5DataModule, convert_folder_to_hdf5
+from lightning_fastdata.bench.harness import Candidate, count_images, measure, ours_module, rows_for
+
+__all__ = ["SeedStyleH5", "hdf5_suite"]
 
 
 class SeedStyleH5(Dataset):
@@ -64,8 +67,6 @@ def _files(args: argparse.Namespace) -> dict[str, Path]:
 
 def hdf5_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Seed-style vs ours (raw, encoded) vs the folder module, at each worker count."""
-    from lightning_fastdata.bench.loaders import Candidate, _count, measure, ours_module, rows_for
-
     files = _files(args)
 
     def seed_loader(workers: int) -> DataLoader:
@@ -93,10 +94,10 @@ def hdf5_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
             dm.setup("fit")
         folder = ours_module(args.root, args.image_size, args.batch_size, workers)
         candidates: list[Candidate] = [
-            ("seed-style HDF5 (float32, per-sample reads)", functools.partial(seed_loader, workers), _count),
-            ("HDF5DataModule raw (uint8 256px, random resized crop)", modules["raw"].train_dataloader, _count),
-            ("HDF5DataModule encoded (JPEG bytes)", modules["encoded"].train_dataloader, _count),
-            ("ImageFolderDataModule (same JPEGs, for reference)", folder.train_dataloader, _count),
+            ("seed-style HDF5 (float32, per-sample reads)", functools.partial(seed_loader, workers), count_images),
+            ("HDF5DataModule raw (uint8 256px, random resized crop)", modules["raw"].train_dataloader, count_images),
+            ("HDF5DataModule encoded (JPEG bytes)", modules["encoded"].train_dataloader, count_images),
+            ("ImageFolderDataModule (same JPEGs, for reference)", folder.train_dataloader, count_images),
         ]
         rows += rows_for(measure(candidates, args.repeats, args.min_seconds), workers, None)
     return rows

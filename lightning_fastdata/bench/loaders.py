@@ -18,14 +18,14 @@ Suite ``folder`` (rows):
 - ``decode ceiling``: one process reading and fully decoding every file (PIL and torchvision's
   ``decode_jpeg``), times the worker count for the "% of ceiling" column.
 
-Suite ``hdf5`` (see ``benchmarks/hdf5.py``): the seed-style user HDF5 dataset vs ``HDF5DataModule`` in raw
+Suite ``hdf5`` (:mod:`lightning_fastdata.bench.hdf5`): the seed-style user HDF5 dataset vs ``HDF5DataModule`` in raw
 and encoded mode, and the folder module for reference.
 
-Suite ``cache`` (see ``benchmarks/cache.py``): the torchvision baseline vs ``TensorCacheDataModule`` with
+Suite ``cache`` (:mod:`lightning_fastdata.bench.cache`): the torchvision baseline vs ``TensorCacheDataModule`` with
 augmentation in the workers and on the device (loader only: on a CPU-only machine the device crop is not
 timed), the one-core memcpy ceiling, and the cache build time per 1,000 images.
 
-Suite ``callback`` (see ``benchmarks/callback.py``): the step time of the same CPU training run with and
+Suite ``callback`` (:mod:`lightning_fastdata.bench.callback`): the step time of the same CPU training run with and
 without ``FastDataCallback`` (fast in-memory data, so any overhead of the callback shows).
 """
 
@@ -34,140 +34,33 @@ from __future__ import annotations
 import argparse
 import functools
 import glob
-import io
 import json
 import os
 import platform
 import statistics
-import time
-import warnings
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 
 from lightning_fastdata import ImageFolderDataModule
-from lightning_fastdata.cli import ensure_demo_data
+from lightning_fastdata.bench.cache import cache_suite
+from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
+from lightning_fastdata.bench.harness import (
+    Candidate,
+    baseline_loader,
+    count_images,
+    decode_ceiling,
+    measure,
+    ours_module,
+    print_table,
+    rows_for,
+)
+from lightning_fastdata.bench.hdf5 import hdf5_suite
+from lightning_fastdata.demos import ensure_demo_data
+from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 
-warnings.filterwarnings("ignore", category=DeprecationWarning)
-
-
-def _time_loader(
-    make: Callable[[], Iterable[Any]], consume: Callable[[Any], int], warmup: int = 2, min_seconds: float = 2.0
-) -> float:
-    """Images/s over whole passes until ``min_seconds`` have passed, after ``warmup`` batches.
-
-    Worker start-up is not counted: the first ``warmup`` batches are not timed, and every loader (the
-    baselines included) keeps its workers between passes.
-    """
-    loader = make()
-    it = iter(loader)
-    for _ in range(warmup):
-        consume(next(it))
-    n, start = 0, time.perf_counter()
-    while True:
-        for batch in it:
-            n += consume(batch)
-        if n == 0:
-            raise ValueError(
-                f"The dataset has too few batches to time after {warmup} warm-up batches; lower --batch-size."
-            )
-        if time.perf_counter() - start >= min_seconds:
-            return n / (time.perf_counter() - start)
-        it = iter(loader)
-
-
-def _count(batch: Any) -> int:
-    return len(batch[1])
-
-
-def baseline_loader(root: str, size: int, batch_size: int, workers: int) -> torch.utils.data.DataLoader:
-    """The loader users write today."""
-    from torchvision import datasets, transforms
-
-    tf = transforms.Compose(
-        [
-            transforms.RandomResizedCrop(size),
-            transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(),
-            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-        ]
-    )
-    ds = datasets.ImageFolder(root, transform=tf)
-    # Persistent workers (not the default) so that worker start-up between passes is not counted against it.
-    return torch.utils.data.DataLoader(
-        ds, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0
-    )
-
-
-def ours_module(root: str, size: int, batch_size: int, workers: int) -> ImageFolderDataModule:
-    """Our DataModule with the same data, size, batch size and workers."""
-    dm = ImageFolderDataModule(root, val_fraction=0.0, image_size=size, batch_size=batch_size, num_workers=workers)
-    dm.setup("fit")
-    return dm
-
-
-def decode_ceiling(files: list[str]) -> dict[str, float]:
-    """One core reading and fully decoding every file: PIL and torchvision's ``decode_jpeg``."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    torch.set_num_threads(1)
-
-    def pil() -> None:
-        for f in files:
-            with open(f, "rb") as fh:
-                Image.open(io.BytesIO(fh.read())).convert("RGB")
-
-    def tv() -> None:
-        for f in files:
-            with open(f, "rb") as fh:
-                decode_jpeg(torch.frombuffer(bytearray(fh.read()), dtype=torch.uint8), mode=ImageReadMode.RGB)
-
-    out = {}
-    for name, fn in (("PIL", pil), ("decode_jpeg", tv)):
-        start = time.perf_counter()
-        fn()
-        out[name] = len(files) / (time.perf_counter() - start)
-    torch.set_num_threads(os.cpu_count() or 1)
-    return out
-
-
-Candidate = tuple[str, Callable[[], Iterable[Any]], Callable[[Any], int]]
-
-
-def measure(candidates: list[Candidate], repeats: int, min_seconds: float) -> dict[str, list[float]]:
-    """Images/s of each candidate, ``repeats`` runs of at least ``min_seconds`` each, interleaved."""
-    rates: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
-    for _ in range(repeats):
-        for name, make, consume in candidates:
-            rates[name].append(_time_loader(make, consume, min_seconds=min_seconds))
-    return rates
-
-
-def rows_for(rates: dict[str, list[float]], workers: int, ceiling: float | None) -> list[dict[str, Any]]:
-    """Table rows; the first candidate is the baseline of the ratio column."""
-    base = statistics.median(next(iter(rates.values())))
-    rows = []
-    for name, runs in rates.items():
-        rate = statistics.median(runs)
-        row = {"loader": name, "num_workers": workers, "images_per_s": rate, "vs_baseline": rate / base, "runs": runs}
-        if ceiling:
-            row["pct_of_decode_ceiling"] = 100 * rate / (ceiling * max(1, workers))
-        rows.append(row)
-    return rows
-
-
-def print_table(rows: list[dict[str, Any]]) -> None:
-    """Markdown table of ``rows`` (with a "% of ceiling" column when the rows have one)."""
-    pct = next((k for k in ("pct_of_decode_ceiling", "pct_of_memcpy_ceiling") if k in rows[0]), None)
-    title = {"pct_of_decode_ceiling": " % of decode ceiling |", "pct_of_memcpy_ceiling": " % of memcpy ceiling |"}
-    print("| loader | num_workers | images/s | vs baseline |" + (title[pct] if pct else ""))
-    print("|---|---:|---:|---:|" + ("---:|" if pct else ""))
-    for r in rows:
-        extra = f" {r[pct]:.1f}% |" if pct else ""
-        print(f"| {r['loader']} | {r['num_workers']} | {r['images_per_s']:.0f} | {r['vs_baseline']:.2f}x |{extra}")
+__all__ = ["folder_suite", "main", "plot"]
 
 
 def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str, Any]]:
@@ -184,9 +77,9 @@ def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str
             (
                 "baseline (torchvision ImageFolder)",
                 functools.partial(baseline_loader, args.root, args.image_size, args.batch_size, workers),
-                _count,
+                count_images,
             ),
-            ("ImageFolderDataModule", dm.train_dataloader, _count),
+            ("ImageFolderDataModule", dm.train_dataloader, count_images),
             ("ImageFolderDataModule + CPU normalise", dm.train_dataloader, consume_normalised),
         ]
         rows += rows_for(measure(candidates, args.repeats, args.min_seconds), workers, best_ceiling)
@@ -215,8 +108,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     import PIL
-
-    from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 
     ensure_demo_data(args.root, args.num_classes, args.per_class)
     files = sorted(glob.glob(os.path.join(args.root, "*", "*")))
@@ -251,15 +142,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print_table(rows)
         result["suites"]["folder"] = rows
     if "hdf5" in args.suites:
-        from lightning_fastdata.bench.hdf5 import hdf5_suite
-
         rows = hdf5_suite(args)
         print("\nSuite hdf5: one HDF5 file (baseline: the seed-style float32 dataset, one read per sample)\n")
         print_table(rows)
         result["suites"]["hdf5"] = rows
     if "cache" in args.suites:
-        from lightning_fastdata.bench.cache import cache_suite
-
         rows, extra = cache_suite(args)
         print(
             f"\nSuite cache: uint8 tensor cache (256 px squares); memcpy ceiling (1 core, {args.image_size} px "
@@ -270,8 +157,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["suites"]["cache"] = rows
         result["cache"] = extra
     if "callback" in args.suites:
-        from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
-
         cb = callback_suite(args)
         print(
             "\nSuite callback: CPU step time of the same run (in-memory data, small CNN, batch 32, medians of 7 "

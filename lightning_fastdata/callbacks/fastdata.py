@@ -11,7 +11,7 @@ from typing_extensions import override
 
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.loading.prefetch import enable_device_prefetch
+from lightning_fastdata.loading.loaders import with_prefetch
 from lightning_fastdata.loading.workers import resolve_num_workers
 
 __all__ = ["FastDataCallback"]
@@ -20,17 +20,17 @@ __all__ = ["FastDataCallback"]
 class FastDataCallback(Callback):
     """Pinned memory, CUDA-stream prefetch, per-rank worker scaling and a data-wait monitor, in one callback.
 
-    On this package's DataModules it sets, before the loaders are built: ``num_workers`` (only where the
-    DataModule's own value is ``"auto"``: explicit values always win), pinned memory (only where the
-    DataModule's ``pin_memory`` is ``None``: pinned on CUDA, off on CPU), device prefetch for the train and
-    validation loaders, and the output memory format.
+    A thin adapter: on this package's DataModules it hands its settings over through one method,
+    :meth:`~lightning_fastdata.FastDataModule.configure_transfer`, before the loaders are built; the DataModule
+    owns them, and its own explicit ``num_workers``/``pin_memory`` win (the log line says which were kept). The
+    DataModule then builds loaders that prefetch by construction (:mod:`lightning_fastdata.loading.loaders`).
 
-    On any other LightningDataModule it wraps ``train_dataloader()``: a returned ``DataLoader`` (or subclass)
-    gets the device prefetch, and pinned memory if ``pin_memory=True`` is passed here explicitly (a foreign
-    loader's own ``pin_memory`` and ``num_workers`` are taken as the user's explicit choice and never
-    changed). It cannot prefetch loaders that are not ``DataLoader`` instances, nor loaders passed straight to
-    ``trainer.fit(train_dataloaders=...)`` or returned by the LightningModule (it warns once); the monitor
-    works everywhere. Normalisation on the device is done by the package's DataModules themselves.
+    On any other LightningDataModule it rebuilds what ``train_dataloader()`` returns, when that is a plain
+    ``DataLoader``/``StatefulDataLoader``, as its prefetching twin (same dataset, sampler and settings; pinned
+    only if ``pin_memory=True`` is passed here: a foreign loader's own ``pin_memory`` and ``num_workers`` are
+    the user's choice). Other loader classes (their constructors are unknown), non-loaders, and loaders passed
+    straight to ``trainer.fit(train_dataloaders=...)`` or returned by the LightningModule are used as they are
+    (warned); the monitor works everywhere. Normalisation on the device is done by the package's DataModules.
 
     Prefetch keeps one batch in flight: the next batch is copied host-to-device on a side CUDA stream while
     the current step runs, Lightning's own transfer then finds it on the device (a no-op), and a checkpoint
@@ -70,20 +70,21 @@ class FastDataCallback(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Configure the DataModule before Lightning asks it for loaders."""
+        """Hand the settings to the DataModule before Lightning asks it for loaders."""
         dm = getattr(trainer, "datamodule", None)
         device = trainer.strategy.root_device
-        on_cuda = device.type == "cuda"
         if isinstance(dm, FastDataModule):
-            if self.num_workers is not None and dm.num_workers == "auto":
-                dm.num_workers = self.num_workers
-            if dm.pin_memory is None and self.pin_memory is not None:
-                dm.pin_memory = self.pin_memory
-            dm.device_prefetch = self.prefetch
-            dm.channels_last = self.channels_last
+            source = dm.configure_transfer(
+                prefetch=self.prefetch,
+                pin_memory=self.pin_memory,
+                num_workers=self.num_workers,
+                channels_last=self.channels_last,
+            )
+            kept = [name for name, who in source.items() if who == "DataModule"]
+            own = f"; the DataModule's own {' and '.join(kept)} kept" if kept else ""
             rank_zero_info(
                 f"lightning_fastdata: FastDataCallback on {type(dm).__name__}: prefetch={self.prefetch}, "
-                f"pin_memory={dm.pin_memory if dm.pin_memory is not None else on_cuda}, device={device}."
+                f"device={device}{own}."
             )
         elif dm is not None:
             self._wrap_foreign(dm, device)
@@ -94,6 +95,7 @@ class FastDataCallback(Callback):
             )
 
     def _wrap_foreign(self, dm: Any, device: Any) -> None:
+        """Rebuild the foreign DataModule's train loader as its prefetching twin, each time it is asked for."""
         original = dm.train_dataloader
         callback = self
 
@@ -105,11 +107,14 @@ class FastDataCallback(Callback):
                     "DataLoader; it is used as is (no pinning, no prefetch)."
                 )
                 return loader
-            if callback.pin_memory:
-                loader.pin_memory = True
-            if callback.prefetch:
-                enable_device_prefetch(loader, device)
-            return loader
+            twin = with_prefetch(loader, device if callback.prefetch else None, callback.pin_memory or None)
+            if twin is None:
+                rank_zero_warn(
+                    f"FastDataCallback: {type(loader).__name__} is a DataLoader subclass this callback cannot rebuild; "
+                    "it is used as is (no pinning, no prefetch). Plain DataLoader/StatefulDataLoader are prefetched."
+                )
+                return loader
+            return twin
 
         dm.train_dataloader = train_dataloader
 

@@ -6,6 +6,8 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_fastdata.loading.meter import DataWaitMeter, DataWaitStats
@@ -18,8 +20,11 @@ def _metrics(stats: DataWaitStats) -> dict[str, float]:
 
 
 def _batch_size(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
-    return int(len(first)) if hasattr(first, "__len__") else 1
+    """Lightning's own rule (the first tensor's first dimension), 1 where a batch holds no tensor."""
+    try:
+        return extract_batch_size(batch)
+    except MisconfigurationException:
+        return 1
 
 
 class DataWaitMonitor(Callback):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -14,10 +13,11 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
+from typing_extensions import override
 
 from lightning_fastdata.loading.collate import collate_prebatched
+from lightning_fastdata.loading.loaders import PrefetchingDataLoader, PrefetchingStatefulDataLoader
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
-from lightning_fastdata.loading.prefetch import DevicePrefetcher, PrefetchIterator
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.workers import init_worker, resolve_num_workers
 
@@ -41,75 +41,28 @@ def _quiet_torchdata_in_order() -> Iterator[None]:
         torchdata_log.removeFilter(drop)
 
 
-class _TrainLoader(StatefulDataLoader):
-    """The train loader: a ``StatefulDataLoader`` that prefetches to a device and is restored per rank.
+class _TrainLoader(PrefetchingStatefulDataLoader):
+    """The train loader: prefetching and stateful, restored per rank by the DataModule (not by Lightning)."""
 
-    Args:
-        dataset: As ``StatefulDataLoader``'s.
-        prefetch_device: Copy the next batch to this device while the current one trains (``None``: no
-            look-ahead). A constructor argument, so that a copy Lightning re-instantiates keeps it.
-        **kwargs: ``StatefulDataLoader``'s arguments.
-    """
-
-    def __init__(self, dataset: Dataset, prefetch_device: torch.device | None = None, **kwargs: Any) -> None:
-        super().__init__(dataset, **kwargs)
-        self.prefetch_device = prefetch_device
-        self._prefetcher = None if prefetch_device is None else DevicePrefetcher(prefetch_device)  # one stream
-        self._current: weakref.ref[PrefetchIterator] | None = None
+    def __init__(self, dataset: Dataset, prefetch_device: torch.device | str | None = None, **kwargs: Any) -> None:
+        super().__init__(dataset, prefetch_device=prefetch_device, **kwargs)
         self.restored = False  # the DataModule restored this rank's state: ignore Lightning's next load
 
-    def __iter__(self) -> PrefetchIterator:  # type: ignore[override]
-        exact = self.in_order or self.num_workers == 0  # out of order, torchdata keeps no state worth tracking
-        it = PrefetchIterator(super().__iter__(), self._prefetcher, super().state_dict if exact else None)
-        self._current = weakref.ref(it)
-        return it
-
-    def _iterator_now(self) -> PrefetchIterator | None:
-        return None if self._current is None else self._current()
-
+    @override
     def state_dict(self) -> dict[str, Any]:
-        """The state after the batch last returned (a look-ahead batch is left out, so a resume replays it)."""
-        it = self._iterator_now()
-        if it is not None and it.state_after is not None:
-            return it.state_after
+        """The state after the batch last returned (torchdata's in_order=False warning is said once, elsewhere)."""
         if self.num_workers > 0 and not self.in_order:
-            with _quiet_torchdata_in_order():  # the DataModule warned once already
+            with _quiet_torchdata_in_order():
                 return super().state_dict()
         return super().state_dict()
 
-    def batches_done(self, before_current_batch: bool = False) -> int | None:
-        """Batches of the current epoch already handed out (``None``: no epoch in progress)."""
-        it = self._iterator_now()
-        if it is None:
-            return None
-        return it.returned - (1 if before_current_batch and it.returned else 0)
-
-    def state_before_current_batch(self) -> dict[str, Any]:
-        """The state before the batch last returned: resuming from it trains that batch again."""
-        it = self._iterator_now()
-        if it is not None and it.state_before is not None:
-            return it.state_before
-        return self.state_dict()
-
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load ``state_dict``, unless the DataModule already restored this rank's own state."""
         if self.restored:
             self.restored = False
             return
         super().load_state_dict(state_dict)
-
-
-class _EvalLoader(DataLoader):
-    """The validation loader: a ``DataLoader`` that prefetches to ``prefetch_device`` (see :class:`_TrainLoader`)."""
-
-    def __init__(self, dataset: Dataset, prefetch_device: torch.device | None = None, **kwargs: Any) -> None:
-        super().__init__(dataset, **kwargs)
-        self.prefetch_device = prefetch_device
-        self._prefetcher = None if prefetch_device is None else DevicePrefetcher(prefetch_device)
-
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        inner = super().__iter__()
-        return inner if self._prefetcher is None else PrefetchIterator(inner, self._prefetcher)
 
 
 class FastDataModule(LightningDataModule):
@@ -218,10 +171,12 @@ class FastDataModule(LightningDataModule):
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.block_shuffle = block_shuffle
         self.normalizer = Normalizer(mean, std)
-        # Set by FastDataCallback (or by hand): copy batches to the device on a side stream one step ahead,
-        # and the memory format of the images after transfer.
-        self.device_prefetch = False
+        # Transfer settings a callback hands over through configure_transfer() (this module's own values win).
         self.channels_last = True
+        self._prefetch = False
+        self._prefetch_to: torch.device | str | None = None
+        self._offered_pin_memory: bool | None = None
+        self._offered_workers: int | Literal["auto"] | None = None
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self._resolved_workers: int | None = None
@@ -247,11 +202,13 @@ class FastDataModule(LightningDataModule):
         return np.sort(order[n_val:]), np.sort(order[:n_val])
 
     # -- Lightning hooks -------------------------------------------------------------------------------
+    @override
     def setup(self, stage: str) -> None:
         """Build the datasets once (every rank builds its own; they are cheap indexes)."""
         if self.train_dataset is None:
             self.train_dataset, self.val_dataset = self.build_datasets()
 
+    @override
     def train_dataloader(self) -> StatefulDataLoader:
         """The training loader: shuffled per epoch, sharded across ranks, stateful."""
         if self.train_dataset is None:
@@ -273,12 +230,14 @@ class FastDataModule(LightningDataModule):
         self._train_loader = loader
         return loader
 
+    @override
     def val_dataloader(self) -> DataLoader | list:
         """The validation loader, or ``[]`` when there is no validation set."""
         if self.val_dataset is None:
             return []
         return self._loader(self.val_dataset, train=False)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """Every rank's train-loader state (gathered: Lightning writes only rank 0's checkpoint).
 
@@ -308,6 +267,7 @@ class FastDataModule(LightningDataModule):
         mid_epoch = done is not None and done < len(loader)
         return {"loader_states": states, "world_size": world_size, "epoch": epoch, "mid_epoch": mid_epoch}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep this rank's loader state until :meth:`train_dataloader` makes the loader.
 
@@ -336,6 +296,7 @@ class FastDataModule(LightningDataModule):
             return
         self._pending_loader_state = states[rank]
 
+    @override
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Report corrupt images skipped in the epoch that just ended (``on_corrupt='skip'``)."""
         trainer = self.trainer
@@ -345,6 +306,7 @@ class FastDataModule(LightningDataModule):
             self._skip_epoch = trainer.current_epoch
         return batch
 
+    @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Convert the uint8 images of ``(images, labels, ...)`` to normalised float on the device."""
         if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
@@ -357,6 +319,51 @@ class FastDataModule(LightningDataModule):
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         return images.contiguous(memory_format=fmt)
 
+    def configure_transfer(
+        self,
+        prefetch: bool | None = None,
+        pin_memory: bool | None = None,
+        num_workers: int | Literal["auto"] | None = None,
+        channels_last: bool | None = None,
+        prefetch_device: torch.device | str | None = None,
+    ) -> dict[str, str]:
+        """Take the transfer settings a callback offers (``FastDataCallback`` calls this in its ``setup``).
+
+        Call before the loaders are built. ``None`` means no opinion. ``pin_memory`` and ``num_workers`` are used
+        only where this DataModule's own value was left at its default (``None`` / ``"auto"``): a value given to
+        the DataModule always wins, and the returned mapping says, per setting, whose value is used.
+
+        Args:
+            prefetch: Copy the next batch to the device one step ahead (the Trainer's device, or ``prefetch_device``).
+            pin_memory: Pinned host batches (where this module's ``pin_memory`` is ``None``).
+            num_workers: Worker processes (where this module's ``num_workers`` is ``"auto"``).
+            channels_last: Output images in channels-last memory format after transfer.
+            prefetch_device: Prefetch to this device instead of the Trainer's (e.g. without a Trainer).
+
+        Returns:
+            ``{"pin_memory": "DataModule" | "callback" | "default", "num_workers": ..., ...}``.
+        """
+        if num_workers is not None:
+            resolve_num_workers(num_workers)  # validates
+        source: dict[str, str] = {}
+        if prefetch is not None:
+            self._prefetch, source["prefetch"] = prefetch, "callback"
+        if prefetch_device is not None:
+            self._prefetch_to = prefetch_device
+        if channels_last is not None:
+            self.channels_last, source["channels_last"] = channels_last, "callback"
+        self._offered_pin_memory = pin_memory
+        source["pin_memory"] = (
+            "DataModule" if self.pin_memory is not None else "callback" if pin_memory is not None else "default"
+        )
+        self._offered_workers = num_workers
+        self._resolved_workers = None
+        source["num_workers"] = (
+            "DataModule" if self.num_workers != "auto" else "callback" if num_workers is not None else "default"
+        )
+        return source
+
+    @override
     def teardown(self, stage: str) -> None:
         """Report skipped images of the last epoch."""
         if self._skip_epoch >= 0:
@@ -398,26 +405,46 @@ class FastDataModule(LightningDataModule):
 
     def _resolve_workers(self, devices_per_node: int) -> int:
         if self._resolved_workers is None:
-            self._resolved_workers = resolve_num_workers(self.num_workers, devices_per_node)
-            if self.num_workers == "auto":
+            offered = self._offered_workers
+            wanted = offered if self.num_workers == "auto" and offered is not None else self.num_workers
+            self._resolved_workers = resolve_num_workers(wanted, devices_per_node)
+            if wanted == "auto":
                 rank_zero_info(f"lightning_fastdata: num_workers='auto' resolved to {self._resolved_workers}.")
         return self._resolved_workers
 
     def _snapshot_interval(self) -> int:
         if self.snapshot_every_n_steps is not None:
             return self.snapshot_every_n_steps
-        # ModelCheckpoint keeps its interval only as _every_n_train_steps (no public accessor); read it softly.
         checkpoints = self.trainer.checkpoint_callbacks if self.trainer is not None else []
-        intervals = [n for n in (getattr(cb, "_every_n_train_steps", 0) for cb in checkpoints) if n]
+        intervals = []
+        for cb in checkpoints:
+            # ModelCheckpoint keeps its interval only as the private _every_n_train_steps (no public accessor).
+            if not hasattr(cb, "_every_n_train_steps"):
+                rank_zero_warn(
+                    f"lightning_fastdata: cannot read the step interval of {type(cb).__name__} (this Lightning has no "
+                    "ModelCheckpoint._every_n_train_steps); loader snapshots are taken every step. Pass "
+                    "snapshot_every_n_steps= to the DataModule to choose."
+                )
+            elif cb._every_n_train_steps:
+                intervals.append(int(cb._every_n_train_steps))
         return min(intervals) if intervals else 1
 
     def _use_pin_memory(self) -> bool:
         if self.pin_memory is not None:
             return self.pin_memory
+        if self._offered_pin_memory is not None:
+            return self._offered_pin_memory
         trainer = self.trainer
         if trainer is None:
             return False
         return trainer.strategy.root_device.type == "cuda"
+
+    def _prefetch_device(self) -> torch.device | str | None:
+        if not self._prefetch:
+            return None
+        if self._prefetch_to is not None:
+            return self._prefetch_to
+        return None if self.trainer is None else self.trainer.strategy.root_device
 
     def _loader(self, dataset: Dataset, train: bool) -> Any:
         world_size, rank, devices = self._world()
@@ -446,9 +473,7 @@ class FastDataModule(LightningDataModule):
             # Worker seeds follow the DataModule's seed, so a run is reproducible end to end.
             generator=torch.Generator().manual_seed(self.seed + rank),
         )
-        kwargs["prefetch_device"] = (
-            self.trainer.strategy.root_device if self.device_prefetch and self.trainer is not None else None
-        )
+        kwargs["prefetch_device"] = self._prefetch_device()
         loader: DataLoader
         if train:
             if workers > 0 and not self.in_order:
@@ -464,5 +489,5 @@ class FastDataModule(LightningDataModule):
             else:
                 loader = _TrainLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
         else:
-            loader = _EvalLoader(dataset, **kwargs)
+            loader = PrefetchingDataLoader(dataset, **kwargs)
         return loader

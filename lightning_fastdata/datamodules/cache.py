@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
+from typing_extensions import override
 
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datamodules.folder import FolderSource
@@ -54,6 +55,12 @@ class TensorCacheDataModule(FastDataModule):
         build_processes: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("on_corrupt", "raise") != "raise":
+            raise ValueError(
+                f"TensorCacheDataModule does not take on_corrupt={kwargs['on_corrupt']!r}: the cache build stops at "
+                "the first corrupt image and names it (replace or remove it, then build again); the cache itself "
+                "holds no corrupt images."
+            )
         super().__init__(**kwargs)
         self.save_hyperparameters()
         if augment_on not in ("workers", "device"):
@@ -78,6 +85,7 @@ class TensorCacheDataModule(FastDataModule):
         """Number of class folders."""
         return len(self.classes)
 
+    @override
     def prepare_data(self) -> None:
         """Build the cache if it is missing or stale (or raise, with ``read_only``)."""
         train_index, val_index = self.source.indexes(self.split)
@@ -121,6 +129,7 @@ class TensorCacheDataModule(FastDataModule):
                 return "workers"
         return self.augment_on
 
+    @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """With ``augment_on="device"``: crop, resize and flip the cached squares here, then normalise."""
         if isinstance(batch, (tuple, list)) and len(batch) == 4:

@@ -1,24 +1,20 @@
 """Copy the next batch to the device on a side CUDA stream while the current one trains.
 
 Framework-free: :class:`DevicePrefetcher` moves batches; :class:`PrefetchIterator` keeps one batch in flight
-and the loader state before and after the current batch (the package's loaders iterate through it);
-:func:`enable_device_prefetch` does the same to a foreign ``DataLoader`` (or subclass).
-On CPU the same code path runs with no stream (the batch stays where it is), so its order and state logic
-are tested without a GPU.
+and the loader state before and after the current batch. The loaders of :mod:`lightning_fastdata.loading.loaders`
+iterate through it. On CPU the same code path runs with no stream (the batch stays where it is), so its order
+and state logic are tested without a GPU.
 """
 
 from __future__ import annotations
 
-import functools
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
-from torch.utils.data import DataLoader
 
-__all__ = ["DevicePrefetcher", "PrefetchIterator", "enable_device_prefetch"]
+__all__ = ["DevicePrefetcher", "PrefetchIterator"]
 
 _END = object()
 
@@ -123,48 +119,3 @@ class PrefetchIterator:
 
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]
-
-
-def _prefetching_iter(self: DataLoader) -> Iterator[Any]:
-    cls = type(self)
-    prefetcher = self.__dict__.get("_fastdata_prefetcher")
-    if prefetcher is None or prefetcher.device != cls._fastdata_device:  # type: ignore[attr-defined]
-        # One stream per loader for its whole life (not per epoch); also for copies Lightning re-instantiates.
-        prefetcher = self.__dict__["_fastdata_prefetcher"] = DevicePrefetcher(cls._fastdata_device)  # type: ignore[attr-defined]
-    base_state = getattr(cls._fastdata_base, "state_dict", None)  # type: ignore[attr-defined]
-    state_fn = None if base_state is None else functools.partial(base_state, self)
-    it = PrefetchIterator(cls._fastdata_base.__iter__(self), prefetcher, state_fn)  # type: ignore[attr-defined]
-    self.__dict__["_fastdata_iter"] = weakref.ref(it)
-    return it
-
-
-def _prefetching_state_dict(self: DataLoader) -> dict[str, Any]:
-    """The loader state without the look-ahead batch (so a resume does not skip it)."""
-    ref = self.__dict__.get("_fastdata_iter")
-    it = ref() if ref is not None else None
-    if it is not None and it.state_after is not None:
-        return it.state_after
-    return type(self)._fastdata_base.state_dict(self)  # type: ignore[attr-defined]
-
-
-def enable_device_prefetch(loader: DataLoader, device: torch.device | str) -> DataLoader:
-    """Make a foreign ``loader`` prefetch to ``device``, in place; returns it (still an instance of its own class).
-
-    For loaders this package did not build (``FastDataCallback`` on another DataModule); the package's own
-    DataModules build loaders that prefetch by construction (``prefetch_device``).
-
-    The loader's class is swapped for a plain subclass of it that adds the prefetching ``__iter__`` (and a
-    ``state_dict`` without the look-ahead batch, if the loader has one), so Lightning still sees a
-    ``DataLoader``/``StatefulDataLoader`` and everything else about it is unchanged. Calling it again only
-    updates the device. The look-ahead batch is the only extra memory: one batch on the device.
-    """
-    cls = type(loader)
-    if not hasattr(cls, "_fastdata_base"):
-        # A plain subclass (a mixin base would change the instance layout and forbid the __class__ swap).
-        namespace: dict[str, Any] = {"_fastdata_base": cls, "__iter__": _prefetching_iter}
-        if hasattr(cls, "state_dict"):
-            namespace["state_dict"] = _prefetching_state_dict
-        loader.__class__ = type(f"Prefetching{cls.__name__}", (cls,), namespace)
-    # On the class, so that a copy Lightning re-instantiates (e.g. to inject a DistributedSampler) prefetches too.
-    type(loader)._fastdata_device = torch.device(device)  # type: ignore[attr-defined]
-    return loader

@@ -72,19 +72,28 @@ def _use_count(storage: torch.UntypedStorage) -> int:
 
 
 def _new_buffer(nbytes: int) -> torch.UntypedStorage:
-    """A new shared-memory buffer; if ``/dev/shm`` is full, remove the empty file torch leaves behind."""
+    """A new shared-memory buffer with its pages reserved, or a clear error if ``/dev/shm`` is too small.
+
+    Recent torch reserves the pages itself and, when that fails, raises but leaves an empty
+    ``/dev/shm/torch_<pid>_...`` file behind: it is removed here. Older torch (2.6) reserves nothing, so a full
+    ``/dev/shm`` killed the worker with SIGBUS at the first write: the pages are reserved here (``posix_fallocate``).
+    """
     try:
-        return torch.UntypedStorage._new_shared(nbytes)
-    except RuntimeError as err:
-        # torch creates /dev/shm/torch_<pid>_..., fails to allocate it and raises without unlinking it.
+        storage = torch.UntypedStorage._new_shared(nbytes)
+        if hasattr(os, "posix_fallocate") and torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
+            fd, size = storage._share_fd_cpu_()
+            os.posix_fallocate(fd, 0, size)
+        return storage
+    except (RuntimeError, OSError) as err:
+        # torch names the file it created: /dev/shm/torch_<pid>_...; remove it if it is still there.
         match = re.search(rf"<(/torch_{os.getpid()}_[^>/]*)>", str(err))
         if match is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink("/dev/shm" + match.group(1))
         raise RuntimeError(
             f"{err}. lightning_fastdata: a worker could not allocate a {nbytes / 2**20:.1f} MiB batch buffer in "
-            "/dev/shm; give the container more shared memory (docker run --shm-size=2g) or lower batch_size or "
-            "prefetch_factor."
+            "/dev/shm (No space left on device); give the container more shared memory (docker run --shm-size=2g) "
+            "or lower batch_size or prefetch_factor."
         ) from err
 
 

@@ -73,6 +73,10 @@ class CpuBudget:
 def resolve_num_workers(num_workers: int | str, devices_per_node: int = 1, budget: CpuBudget | None = None) -> int:
     """Resolve ``"auto"`` to ``usable_cpus // devices_per_node - 1`` (one CPU left for the main process).
 
+    Lightning's ``suggested_max_num_workers`` is the same formula on the affinity count alone (and at least 1);
+    ``usable_cpus`` here is that count capped by the cgroup quota, so this is never more than Lightning's
+    suggestion, and less where a container's quota is below its affinity.
+
     Raises:
         ValueError: If ``num_workers`` is negative or a string other than ``"auto"``.
     """

@@ -1,0 +1,151 @@
+"""The measuring primitives of ``fastdata bench``: timed passes, interleaved repeats, tables, the ceilings.
+
+Public so that every suite (``folder`` in :mod:`~lightning_fastdata.bench.loaders`, ``hdf5``, ``cache``,
+``callback``) and your own scripts time loaders the same way: :func:`measure` runs each ``Candidate`` (name,
+loader factory, batch counter) for whole passes of at least ``min_seconds`` after warm-up batches, interleaving
+the candidates over ``repeats`` rounds so that machine drift hits all alike; :func:`rows_for` turns the rates
+into table rows with the ratio to the first (baseline) candidate.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from PIL import Image
+
+from lightning_fastdata import ImageFolderDataModule
+
+__all__ = [
+    "Candidate",
+    "baseline_loader",
+    "count_images",
+    "decode_ceiling",
+    "measure",
+    "ours_module",
+    "print_table",
+    "rows_for",
+    "time_loader",
+]
+
+
+def time_loader(
+    make: Callable[[], Iterable[Any]], consume: Callable[[Any], int], warmup: int = 2, min_seconds: float = 2.0
+) -> float:
+    """Images/s over whole passes until ``min_seconds`` have passed, after ``warmup`` batches.
+
+    Worker start-up is not counted: the first ``warmup`` batches are not timed, and every loader (the
+    baselines included) keeps its workers between passes.
+    """
+    loader = make()
+    it = iter(loader)
+    for _ in range(warmup):
+        consume(next(it))
+    n, start = 0, time.perf_counter()
+    while True:
+        for batch in it:
+            n += consume(batch)
+        if n == 0:
+            raise ValueError(
+                f"The dataset has too few batches to time after {warmup} warm-up batches; lower --batch-size."
+            )
+        if time.perf_counter() - start >= min_seconds:
+            return n / (time.perf_counter() - start)
+        it = iter(loader)
+
+
+def count_images(batch: Any) -> int:
+    return len(batch[1])
+
+
+def baseline_loader(root: str, size: int, batch_size: int, workers: int) -> torch.utils.data.DataLoader:
+    """The loader users write today."""
+    from torchvision import datasets, transforms
+
+    tf = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
+    ds = datasets.ImageFolder(root, transform=tf)
+    # Persistent workers (not the default) so that worker start-up between passes is not counted against it.
+    return torch.utils.data.DataLoader(
+        ds, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0
+    )
+
+
+def ours_module(root: str, size: int, batch_size: int, workers: int) -> ImageFolderDataModule:
+    """Our DataModule with the same data, size, batch size and workers."""
+    dm = ImageFolderDataModule(root, val_fraction=0.0, image_size=size, batch_size=batch_size, num_workers=workers)
+    dm.setup("fit")
+    return dm
+
+
+def decode_ceiling(files: list[str]) -> dict[str, float]:
+    """One core reading and fully decoding every file: PIL and torchvision's ``decode_jpeg``."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    torch.set_num_threads(1)
+
+    def pil() -> None:
+        for f in files:
+            with open(f, "rb") as fh:
+                Image.open(io.BytesIO(fh.read())).convert("RGB")
+
+    def tv() -> None:
+        for f in files:
+            with open(f, "rb") as fh:
+                decode_jpeg(torch.frombuffer(bytearray(fh.read()), dtype=torch.uint8), mode=ImageReadMode.RGB)
+
+    out = {}
+    for name, fn in (("PIL", pil), ("decode_jpeg", tv)):
+        start = time.perf_counter()
+        fn()
+        out[name] = len(files) / (time.perf_counter() - start)
+    torch.set_num_threads(os.cpu_count() or 1)
+    return out
+
+
+#: ``(name, make_loader, count_images_in_batch)``: one row of a suite.
+Candidate = tuple[str, Callable[[], Iterable[Any]], Callable[[Any], int]]
+
+
+def measure(candidates: list[Candidate], repeats: int, min_seconds: float) -> dict[str, list[float]]:
+    """Images/s of each candidate, ``repeats`` runs of at least ``min_seconds`` each, interleaved."""
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
+    for _ in range(repeats):
+        for name, make, consume in candidates:
+            rates[name].append(time_loader(make, consume, min_seconds=min_seconds))
+    return rates
+
+
+def rows_for(rates: dict[str, list[float]], workers: int, ceiling: float | None) -> list[dict[str, Any]]:
+    """Table rows; the first candidate is the baseline of the ratio column."""
+    base = statistics.median(next(iter(rates.values())))
+    rows = []
+    for name, runs in rates.items():
+        rate = statistics.median(runs)
+        row = {"loader": name, "num_workers": workers, "images_per_s": rate, "vs_baseline": rate / base, "runs": runs}
+        if ceiling:
+            row["pct_of_decode_ceiling"] = 100 * rate / (ceiling * max(1, workers))
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Markdown table of ``rows`` (with a "% of ceiling" column when the rows have one)."""
+    pct = next((k for k in ("pct_of_decode_ceiling", "pct_of_memcpy_ceiling") if k in rows[0]), None)
+    title = {"pct_of_decode_ceiling": " % of decode ceiling |", "pct_of_memcpy_ceiling": " % of memcpy ceiling |"}
+    print("| loader | num_workers | images/s | vs baseline |" + (title[pct] if pct else ""))
+    print("|---|---:|---:|---:|" + ("---:|" if pct else ""))
+    for r in rows:
+        extra = f" {r[pct]:.1f}% |" if pct else ""
+        print(f"| {r['loader']} | {r['num_workers']} | {r['images_per_s']:.0f} | {r['vs_baseline']:.2f}x |{extra}")

@@ -1,0 +1,81 @@
+"""The package's structure: no import cycles, no function-level imports of private names, ``__all__`` everywhere."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parents[1] / "lightning_fastdata"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
+
+
+def imported(tree: ast.Module, top_level_only: bool) -> set[str]:
+    """Package modules a module imports (``from pkg import name`` counts ``pkg.name`` when that is a module)."""
+    names = set(modules_cache)
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lightning_fastdata"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("lightning_fastdata"))
+    return found
+
+
+modules_cache = modules()
+
+
+def test_no_import_cycles() -> None:
+    """Counting imports inside functions too: a lazy import that closes a loop is still a tangle."""
+    graph = {name: imported(tree, top_level_only=False) & set(modules_cache) for name, tree in modules_cache.items()}
+    graph = {name: {m for m in deps if m != name} for name, deps in graph.items()}
+    done: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in done:
+                visit(nxt, [*path, nxt])
+        done.add(node)
+
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:5])
+
+
+def test_no_function_level_imports_of_private_names() -> None:
+    offenders = []
+    for name, tree in modules_cache.items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("lightning_fastdata"):
+                        private = [a.name for a in inner.names if a.name.startswith("_")]
+                        if private:
+                            offenders.append(f"{name}.{node.name}: {private}")
+    assert not offenders, offenders
+
+
+def test_every_public_module_has_all() -> None:
+    missing = [
+        name
+        for name, tree in modules_cache.items()
+        if not name.rsplit(".", 1)[-1].startswith("_")
+        and not (PACKAGE.parent / name.replace(".", "/")).is_dir()  # a sub-package's __init__
+        and not any(
+            isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets) for n in tree.body
+        )
+    ]
+    assert not missing, missing
