@@ -18,7 +18,7 @@ from tqdm import tqdm
 from lightning_fastdata.datasets.hdf5 import FORMAT_VERSION, inspect_hdf5
 from lightning_fastdata.loading.decode import decode_center_crop
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
-from lightning_fastdata.loading.workers import CpuBudget
+from lightning_fastdata.loading.workers import CpuBudget, init_build_process
 
 __all__ = ["convert_folder_to_hdf5"]
 
@@ -106,7 +106,8 @@ def convert_folder_to_hdf5(
     tmp = dst.parent / f".{dst.name}.tmp-{os.getpid()}"
     bar = tqdm(total=len(paths), desc=f"hdf5 ({mode})", unit="img", disable=not progress)
     try:
-        with get_context("fork" if os.name == "posix" else "spawn").Pool(processes) as pool:
+        context = get_context("fork" if os.name == "posix" else "spawn")
+        with context.Pool(processes, initializer=init_build_process) as pool:
             with h5py.File(tmp, "w", libver="latest") as f:
                 f.attrs.update(
                     fastdata_format=FORMAT_VERSION,

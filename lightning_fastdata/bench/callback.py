@@ -87,7 +87,9 @@ class _TimedFastDataCallback(FastDataCallback):
 
 def _step_ms(with_callback: bool, steps: int) -> float:
     timer = _StepTimer()
-    callbacks: list[pl.Callback] = [timer] + ([_TimedFastDataCallback(log_every_n_steps=50)] if with_callback else [])
+    callbacks: list[pl.Callback] = [timer] + (
+        [_TimedFastDataCallback(log_every_n_steps=50, print_summary=False)] if with_callback else []
+    )
     trainer = cpu_trainer(*callbacks, epochs=-1, max_steps=steps)
     trainer.fit(_Tiny(), _Data())
     return 1000 * timer.seconds / timer.steps

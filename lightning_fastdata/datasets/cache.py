@@ -202,7 +202,7 @@ def build_tensor_cache(
             corrupt (named).
         ValueError: If the cache is stale and ``read_only`` is set, or its format is newer than this package.
     """
-    from lightning_fastdata.loading.workers import CpuBudget
+    from lightning_fastdata.loading.workers import CpuBudget, init_build_process
 
     cache_dir = Path(cache_dir)
     params = CacheParams(
@@ -267,7 +267,8 @@ def build_tensor_cache(
             partial.mkdir()
             _write_json(partial / "progress.json", state)
         processes = processes or CpuBudget.detect().usable
-        with get_context("fork" if os.name == "posix" else "spawn").Pool(processes) as pool:
+        context = get_context("fork" if os.name == "posix" else "spawn")
+        with context.Pool(processes, initializer=init_build_process) as pool:
             for split, index in (("train", train_index), ("val", val_index)):
                 n, side = sizes[split]
                 labels = np.zeros(0, np.int64) if index is None else index.labels.astype(np.int64)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["CpuBudget", "init_worker", "resolve_num_workers"]
+__all__ = ["CpuBudget", "init_build_process", "init_worker", "resolve_num_workers"]
 
 
 def init_worker(worker_id: int) -> None:
@@ -22,6 +22,16 @@ def init_worker(worker_id: int) -> None:
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)
+
+
+def init_build_process() -> None:
+    """Initialise a process of a build pool (cache build, HDF5 conversion): one intra-op thread.
+
+    One process per CPU already uses every core; and a process forked after its parent ran a parallel torch op
+    can hang in the OpenMP runtime at its first parallel region (seen: the benchmark's HDF5 conversion after the
+    folder suite). With one thread torch runs every op inline and never enters that runtime.
+    """
+    torch.set_num_threads(1)
 
 
 def _read_cgroup_quota(root: str) -> float | None:
