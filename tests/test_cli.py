@@ -40,7 +40,10 @@ def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[s
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_config_parses_and_smoke_runs(config: Path, image_folder: Path, tmp_path: Path) -> None:
+def test_config_parses_and_smoke_runs(
+    config: Path, image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # configs write relative paths (checkpoints/...): never into the checkout
     cli = run_cli(
         [
             "fit",
