@@ -43,7 +43,11 @@ def run_cli(args: list[str] | None = None) -> FastDataCLI:
 
 
 def _make_data(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="fastdata make-data", description="Generate a photo-like JPEG folder.")
+    parser = argparse.ArgumentParser(
+        prog="fastdata make-data",
+        description="Generate a photo-like JPEG folder (into a new or empty folder only).",
+        epilog="example: fastdata make-data data/fake --num-classes 4 --per-class 32",
+    )
     parser.add_argument("root")
     parser.add_argument("--num-classes", type=int, default=8)
     parser.add_argument("--per-class", type=int, default=64)
@@ -56,7 +60,11 @@ def _make_data(argv: list[str]) -> None:
 
 
 def _demo(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="fastdata demo", description="Generate demo data and train on it.")
+    parser = argparse.ArgumentParser(
+        prog="fastdata demo",
+        description="Generate demo data and train on it; other arguments go to `fastdata fit`.",
+        epilog="example: fastdata demo --trainer.max_epochs 1",
+    )
     parser.add_argument("--root", default="data/demo")
     parser.add_argument("--config", default="configs/demo.yaml")
     args, rest = parser.parse_known_args(argv)
@@ -67,7 +75,11 @@ def _demo(argv: list[str]) -> None:
 
 
 def _convert(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="fastdata convert", description="Convert an image folder.")
+    parser = argparse.ArgumentParser(
+        prog="fastdata convert",
+        description="Convert an image folder.",
+        epilog="example: fastdata convert hdf5 --src data/demo --dst data/demo.h5 --mode raw --size 160",
+    )
     sub = parser.add_subparsers(dest="target", required=True)
     h5 = sub.add_parser("hdf5", help="write one HDF5 file (see HDF5Dataset for the layout)")
     h5.add_argument("--src", required=True, help="image folder: SRC/<class>/<image>")
@@ -86,10 +98,24 @@ def _convert(argv: list[str]) -> None:
     print(f"fastdata convert: wrote {dst}")
 
 
+COMMANDS = """usage: fastdata COMMAND [options]
+
+commands:
+  fit, validate, test, predict  LightningCLI: train or evaluate     fastdata fit --config configs/demo.yaml
+  demo                          make demo JPEGs and train on them   fastdata demo
+  make-data                     write a photo-like JPEG folder      fastdata make-data data/fake
+  convert                       image folder -> one HDF5 file       fastdata convert hdf5 --src DIR --dst F.h5
+  bench                         our loaders vs torchvision's        fastdata bench --suites folder
+
+`fastdata COMMAND --help` shows a command's options."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``fastdata`` console script."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "bench":
+    if not argv or argv[0] in ("-h", "--help"):
+        print(COMMANDS)
+    elif argv[0] == "bench":
         bench_main(argv[1:])
     elif argv and argv[0] == "convert":
         _convert(argv[1:])

@@ -171,3 +171,16 @@ def test_commands_do_not_warn_about_lightningcli_args() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--data" in out.stdout and "--ckpt_path" in out.stdout
     assert "args" not in out.stderr, out.stderr[-2000:]
+
+
+def test_fastdata_help_lists_every_command_and_each_has_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--help"])
+    listed = capsys.readouterr().out
+    for command in ("fit", "demo", "make-data", "convert", "bench"):
+        assert f"\n  {command}" in listed or f" {command}," in listed, command
+    for command in (["make-data"], ["demo"], ["convert"], ["bench"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, "--help"])
+        assert exit_info.value.code == 0
+        out = capsys.readouterr().out
+        assert f"fastdata {command[0]}" in out and ("example:" in out or "fastdata bench" in out), out[-500:]

@@ -88,7 +88,9 @@ def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print the tables; return the figures."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="fastdata bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--root", default="data/bench", help="image folder (generated if missing)")
     parser.add_argument("--num-classes", type=int, default=8)
     parser.add_argument("--per-class", type=int, default=192, help="images per class when generating")
