@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Literal
 
 import numpy as np
@@ -51,10 +51,8 @@ class _TrainLoader(PrefetchingStatefulDataLoader):
     @override
     def state_dict(self) -> dict[str, Any]:
         """The state after the batch last returned (torchdata's in_order=False warning is said once, elsewhere)."""
-        if self.num_workers > 0 and not self.in_order:
-            with _quiet_torchdata_in_order():
-                return super().state_dict()
-        return super().state_dict()
+        with nullcontext() if self.exact_state else _quiet_torchdata_in_order():
+            return super().state_dict()
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -476,17 +474,16 @@ class FastDataModule(LightningDataModule):
         kwargs["prefetch_device"] = self._prefetch_device()
         loader: DataLoader
         if train:
-            if workers > 0 and not self.in_order:
-                if not self._warned_in_order:
-                    rank_zero_warn(
-                        "in_order=False with worker processes gives up exact mid-epoch resume: a run resumed from a "
-                        "checkpoint may repeat or skip samples of the interrupted epoch. Use in_order=True (the "
-                        "default) where exact resume matters."
-                    )
-                    self._warned_in_order = True
-                with _quiet_torchdata_in_order():  # said once above, instead of at every loader and state_dict
-                    loader = _TrainLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
-            else:
+            exact = self.in_order or workers == 0
+            if not exact and not self._warned_in_order:
+                rank_zero_warn(
+                    "in_order=False with worker processes gives up exact mid-epoch resume: a run resumed from a "
+                    "checkpoint may repeat or skip samples of the interrupted epoch. Use in_order=True (the "
+                    "default) where exact resume matters."
+                )
+                self._warned_in_order = True
+            # Said once above, instead of by torchdata at every loader and state_dict.
+            with nullcontext() if exact else _quiet_torchdata_in_order():
                 loader = _TrainLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
         else:
             loader = PrefetchingDataLoader(dataset, **kwargs)

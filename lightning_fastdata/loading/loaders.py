@@ -66,9 +66,14 @@ class PrefetchingStatefulDataLoader(StatefulDataLoader):
         self._prefetcher = _prefetcher(prefetch_device)
         self._current: weakref.ref[PrefetchIterator] | None = None
 
+    @property
+    def exact_state(self) -> bool:
+        """Whether torchdata keeps an exact state (not with workers and ``in_order=False``)."""
+        return self.in_order or self.num_workers == 0
+
     def __iter__(self) -> PrefetchIterator:  # type: ignore[override]
-        exact = self.in_order or self.num_workers == 0  # out of order, torchdata keeps no state worth tracking
-        it = PrefetchIterator(super().__iter__(), self._prefetcher, super().state_dict if exact else None)
+        state_fn = super().state_dict if self.exact_state else None  # out of order: no state worth tracking
+        it = PrefetchIterator(super().__iter__(), self._prefetcher, state_fn)
         self._current = weakref.ref(it)
         return it
 
