@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lightning_fastdata import convert_folder_to_hdf5
-from lightning_fastdata.cli import main, run_cli
+from lightning_fastdata.cli import CONFIG_DIR, DEMO_CPU_ARCH, ConfigNotFoundError, find_config, main, run_cli
 from lightning_fastdata.demos import ensure_demo_data
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
@@ -80,31 +81,68 @@ def test_demo_data_is_generated_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_fastdata_console_script_fits(image_folder: Path, tmp_path: Path) -> None:
-    exe = Path(sys.executable).with_name("fastdata")
-    out = subprocess.run(
-        [
-            str(exe),
-            "fit",
-            "--config",
-            str(CONFIGS[0].with_name("demo.yaml")),
-            "--data.init_args.root",
-            str(image_folder),
-            "--data.init_args.image_size",
-            "32",
-            "--trainer.max_epochs",
-            "1",
-            "--trainer.accelerator",
-            "cpu",
-            "--trainer.default_root_dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+def test_demo_measures_both_loaders_then_trains_from_any_directory(tmp_path: Path) -> None:
+    """`cd /tmp && fastdata demo`: shipped config, comparison printed first and last, small CPU model, quiet."""
+    elsewhere = tmp_path / "anywhere"
+    elsewhere.mkdir()
+    fastdata = Path(sys.executable).with_name("fastdata")
+    args = ["demo", "--num-classes", "2", "--per-class", "40", "--seconds", "0.5", "--trainer.max_steps", "3"]
+    args += ["--trainer.accelerator", "cpu"]
+    out = subprocess.run([str(fastdata), *args], cwd=elsewhere, capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "images/s per rank" in out.stdout + out.stderr and "waiting for data" in out.stdout + out.stderr
+    assert len(list((elsewhere / "data" / "demo").glob("*/*.jpg"))) == 80  # relative to where it was run
+    lines = out.stdout.strip().splitlines()
+    baseline_line, ours_line = lines[-2], lines[-1]  # the comparison again, as the last lines
+    assert "torchvision ImageFolder + DataLoader" in baseline_line and "ImageFolderDataModule" in ours_line
+    baseline = float(re.findall(r"([\d.]+) images/s", baseline_line)[0])
+    ours, ratio = (float(x) for x in re.findall(r"([\d.]+) images/s\s+\(([\d.]+)x\)", ours_line)[0])
+    assert baseline > 0 and ours > 0 and ratio == pytest.approx(ours / baseline, abs=0.051)
+    assert out.stdout.count(ours_line) == 2  # printed once before training, once at the end
+    assert "images/s per rank over 3 steps" in out.stdout + out.stderr
+    assert f"trains a {DEMO_CPU_ARCH}" in out.stdout
+    for noise in ("set_vital", "LeafSpec", "Traceback"):
+        assert noise not in out.stderr, out.stderr[-3000:]
+
+
+def test_repository_configs_are_the_shipped_configs() -> None:
+    shipped = {p.name: p.read_bytes() for p in CONFIG_DIR.glob("*.yaml")}
+    assert shipped == {p.name: p.read_bytes() for p in CONFIGS}
+
+
+def test_config_names_resolve_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert find_config("imagefolder") == CONFIG_DIR / "imagefolder.yaml"
+    assert find_config("hdf5.yaml") == CONFIG_DIR / "hdf5.yaml"
+    (tmp_path / "imagefolder").write_text("trainer: {}\n")  # a file of the user's wins over a shipped name
+    assert find_config("imagefolder") == Path("imagefolder")
+    with pytest.raises(ConfigNotFoundError, match="callback_resume, demo, hdf5"):
+        find_config("nope")
+    with pytest.raises(ConfigNotFoundError):
+        find_config("some/dir/demo.yaml")  # a path that does not exist is not silently a shipped config
+    with pytest.raises(SystemExit, match="config 'nope' is not a file"):
+        main(["fit", "--config=nope"])
+
+
+def test_fastdata_config_lists_and_prints_the_shipped_configs(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["config"])
+    listed = capsys.readouterr().out
+    assert all(f"{name} " in listed for name in ("demo", "imagefolder", "hdf5", "cache", "callback_resume"))
+    main(["config", "hdf5"])
+    assert capsys.readouterr().out == (CONFIG_DIR / "hdf5.yaml").read_text()
+
+
+def test_cli_shows_our_validation_message_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", "demo", "--data.init_args.root", str(missing), "--trainer.accelerator", "cpu"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fastdata fit: error: Image folder '{missing}' does not exist"), err[-2000:]
+    assert "Union" not in err and "Given value" not in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_info:  # an impossible argument: also ours, also alone
+        main(["fit", "--config", "demo", "--data.init_args.batch_size", "0", "--trainer.accelerator", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("fastdata fit: error: batch_size"), err[-2000:]
 
 
 def test_fastdata_convert_refuses_to_overwrite(image_folder: Path, tmp_path: Path) -> None:
@@ -176,9 +214,9 @@ def test_commands_do_not_warn_about_lightningcli_args() -> None:
 def test_fastdata_help_lists_every_command_and_each_has_an_example(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--help"])
     listed = capsys.readouterr().out
-    for command in ("fit", "demo", "make-data", "convert", "bench"):
+    for command in ("fit", "demo", "config", "make-data", "convert", "bench"):
         assert f"\n  {command}" in listed or f" {command}," in listed, command
-    for command in (["make-data"], ["demo"], ["convert"], ["bench"]):
+    for command in (["make-data"], ["demo"], ["config"], ["convert"], ["bench"]):
         with pytest.raises(SystemExit) as exit_info:
             main([*command, "--help"])
         assert exit_info.value.code == 0

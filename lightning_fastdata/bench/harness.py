@@ -24,6 +24,7 @@ from lightning_fastdata import ImageFolderDataModule
 __all__ = [
     "Candidate",
     "baseline_loader",
+    "compare_folder_loaders",
     "count_images",
     "decode_ceiling",
     "measure",
@@ -149,3 +150,27 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         extra = f" {r[pct]:.1f}% |" if pct else ""
         print(f"| {r['loader']} | {r['num_workers']} | {r['images_per_s']:.0f} | {r['vs_baseline']:.2f}x |{extra}")
+
+
+def compare_folder_loaders(
+    root: str, size: int, batch_size: int, workers: int, min_seconds: float = 3.0
+) -> dict[str, float]:
+    """Images/s of the torchvision baseline and of :class:`ImageFolderDataModule` on ``root``, one run each.
+
+    The quick comparison ``fastdata demo`` prints: the same loaders, timing and worker start-up rule as
+    ``fastdata bench --suites folder``, one round (``bench`` takes the median of several). Our batches are
+    normalised to float here, as the baseline's are (on a GPU that step runs there instead), so both loaders
+    hand out what a model on this machine would train on.
+    """
+    dm = ours_module(root, size, batch_size, workers)
+
+    def normalised(batch: Any) -> int:
+        dm.on_after_batch_transfer(batch, 0)
+        return len(batch[1])
+
+    candidates: list[Candidate] = [
+        ("baseline", lambda: baseline_loader(root, size, batch_size, workers), count_images),
+        ("ours", dm.train_dataloader, normalised),
+    ]
+    rates = measure(candidates, repeats=1, min_seconds=min_seconds)
+    return {name: runs[0] for name, runs in rates.items()}

@@ -12,6 +12,7 @@ DataModule's) as its prefetching twin over the same dataset, sampler and setting
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any
 
@@ -61,7 +62,11 @@ class PrefetchingStatefulDataLoader(StatefulDataLoader):
     """
 
     def __init__(self, dataset: Dataset, prefetch_device: torch.device | str | None = None, **kwargs: Any) -> None:
-        super().__init__(dataset, **kwargs)
+        with warnings.catch_warnings():
+            # torchdata's constructor calls torch.set_vital, which torch >= 2.10 deprecates: a warning about
+            # torchdata's own call at every loader we build, that no user can act on.
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+            super().__init__(dataset, **kwargs)
         self.prefetch_device = prefetch_device
         self._prefetcher = _prefetcher(prefetch_device)
         self._current: weakref.ref[PrefetchIterator] | None = None
