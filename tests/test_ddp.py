@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +37,51 @@ def test_two_process_ddp_ranks_get_disjoint_halves(tmp_path: Path, kind: str, wo
     labels = scan_image_folder(str(root)).labels
     for r in ranks:  # what the model received is exactly this rank's shard
         assert sorted(r["labels"]) == sorted(int(labels[i]) for i in r["indices"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("kind", "per_node"), [("cache", True), ("folder", False)])
+def test_two_nodes_scan_and_build_once_per_node_or_once_in_total(tmp_path: Path, kind: str, per_node: bool) -> None:
+    """2 simulated nodes x 1 rank: node-local dirs with prepare_data_per_node, one shared dir without."""
+    root = make_image_folder(tmp_path / "data", num_classes=2, per_class=6, size=(32, 24))
+    past = time.time() - 60  # older than the racy window, as real data is
+    for d in [root, *root.iterdir()]:
+        os.utime(d, (past, past))
+    script = Path(__file__).with_name("helpers") / "node_fit.py"
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
+    procs = []
+    for node in (0, 1):
+        local = tmp_path / (f"node{node}" if per_node else "shared")
+        args = [str(root), str(tmp_path), str(node), kind, str(local / "index"), str(local / "cache")]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), *args, "1" if per_node else "0"],
+                env={**env, "NODE_RANK": str(node), "LOCAL_RANK": "0"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=tmp_path,
+            )
+        )
+    outs = [p.communicate(timeout=280)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
+    nodes = [json.loads((tmp_path / f"node{k}.json").read_text()) for k in (0, 1)]
+    assert [n["global_rank"] for n in nodes] == [0, 1] and all(n["world"] == 2 for n in nodes)
+    for k, node in enumerate(nodes):
+        lookups = [e for e in node["events"] if e["event"] == "index"]
+        builds = [e for e in node["events"] if e["event"] == "cache"]
+        prepares = per_node or k == 0  # Lightning runs prepare_data on these; the other rank waits
+        assert all(e["files"] == 12 for e in lookups) and all(e["why"] is None for e in lookups)
+        assert [e["reused"] for e in lookups] == (
+            ([False] if prepares else []) + ([True] if kind == "folder" else [])  # the cache's setup opens the cache
+        )
+        assert [e["existed"] for e in builds] == ([False] if prepares and kind == "cache" else [])
+    dirs = ["node0", "node1"] if per_node else ["shared"]
+    for d in dirs:  # one index per folder written where prepare_data ran, no temporary file left
+        assert [p.name.endswith(".fdindex.npz") for p in (tmp_path / d / "index").iterdir()] == [True]

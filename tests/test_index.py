@@ -86,3 +86,30 @@ def test_directory_symlink_loop_is_indexed_once_with_a_warning(tmp_path: Path) -
     with pytest.warns(UserWarning, match=r"class_000/loop.*contains it"):
         index = scan_image_folder(str(root))
     assert len(index) == 4
+
+
+def test_leaf_folders_listed_by_name_keep_torchvisions_order_links_and_cases(tmp_path: Path) -> None:
+    """A class folder with no sub-folder (link count 2) is read with a plain listdir: same result as torchvision."""
+    root = make_image_folder(tmp_path / "r", num_classes=2, per_class=3, size=(16, 16))
+    extra = make_image_folder(tmp_path / "extra", num_classes=1, per_class=2, size=(16, 16))
+    leaf = root / "class_000"
+    one = next(leaf.glob("*.jpg"))
+    shutil.copy(one, leaf / "Mixed.Jpg")  # neither all-lower nor all-upper case
+    shutil.copy(one, leaf / "b.jpeg")
+    os.symlink(extra / "class_000", leaf / "linked")  # a symlink to a folder: not counted in the link count
+    (leaf / "notes.txt").write_text("x")
+    assert os.stat(leaf).st_nlink == 2  # the listdir path is the one under test
+    with pytest.warns(UserWarning, match=r"Skipped 1 file"):
+        index = scan_image_folder(str(root))
+    assert [(index.path(i), int(index.labels[i])) for i in range(len(index))] == ImageFolder(str(root)).samples
+    assert any("linked" in index.relpath(i) for i in range(len(index)))
+
+
+def test_subset_is_the_selected_rows_in_order(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "r", num_classes=3, per_class=5, size=(16, 16))
+    index = scan_image_folder(str(root))
+    rows = [14, 0, 7, 7, 3]
+    sub = index.subset(rows)
+    assert [sub.relpath(i) for i in range(len(sub))] == [index.relpath(i) for i in rows]
+    assert sub.labels.tolist() == index.labels[rows].tolist()
+    assert len(index.subset([])) == 0

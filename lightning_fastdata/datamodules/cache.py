@@ -37,6 +37,8 @@ class TensorCacheDataModule(FastDataModule):
             ``(cache_size / image_size)^2`` more bytes, frees the CPUs).
         read_only: Never build: a missing or stale cache is an error.
         build_processes: Decoding processes for the build; default: usable CPUs.
+        index_dir: Keep the scanned file list of ``root`` here and reuse it while the folders are unchanged (see
+            :class:`ImageFolderDataModule`); ``None``: scan at every ``prepare_data``.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -53,6 +55,7 @@ class TensorCacheDataModule(FastDataModule):
         augment_on: Literal["workers", "device"] = "workers",
         read_only: bool = False,
         build_processes: int | None = None,
+        index_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("on_corrupt", "raise") != "raise":
@@ -71,7 +74,7 @@ class TensorCacheDataModule(FastDataModule):
                 f"cache_size={cache_size!r} is smaller than image_size={image_size!r}; crops would be upscaled. "
                 "Use cache_size >= image_size (e.g. 256 for 224)."
             )
-        self.source = FolderSource(root, val_root)
+        self.source = FolderSource(root, val_root, index_dir)
         self.classes = self.source.classes
         self.cache_dir = os.fspath(cache_dir)
         self.cache_size = cache_size

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import Dataset
+from typing_extensions import override
 
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.folder import ImageFolderDataset
-from lightning_fastdata.loading.index import FileIndex, find_classes, scan_image_folder
+from lightning_fastdata.loading.index import FileIndex, find_classes
+from lightning_fastdata.loading.index_store import indexed_folder
 
 __all__ = ["FolderSource", "ImageFolderDataModule"]
+
+
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 class FolderSource:
@@ -26,15 +35,24 @@ class FolderSource:
     Args:
         root: Training folder.
         val_root: Validation folder, or ``None`` to split ``root``.
+        index_dir: Keep the scanned file lists here and reuse them while the folders are unchanged
+            (:mod:`~lightning_fastdata.loading.index_store`); ``None``: scan every time.
 
     Raises:
         FileNotFoundError: If a folder is missing or holds no class folder.
         ValueError: If the two folders have different class folders.
     """
 
-    def __init__(self, root: str, val_root: str | None = None) -> None:
+    def __init__(self, root: str, val_root: str | None = None, index_dir: str | None = None) -> None:
         self.root = os.fspath(root)
         self.val_root = None if val_root is None else os.fspath(val_root)
+        self.index_dir = None if index_dir is None else os.fspath(index_dir)
+        for data in (self.root, self.val_root):
+            if self.index_dir is not None and data is not None and _inside(self.index_dir, data):
+                raise ValueError(
+                    f"index_dir={self.index_dir!r} is inside the data folder {data!r}, which lightning_fastdata never "
+                    "writes to; choose a folder outside it (e.g. a cache folder on the node's local disk)."
+                )
         self.classes = find_classes(self.root)
         if self.val_root is not None:
             val_classes = find_classes(self.val_root)
@@ -47,12 +65,27 @@ class FolderSource:
     def indexes(
         self, split: Callable[[int], tuple[np.ndarray, np.ndarray | None]]
     ) -> tuple[FileIndex, FileIndex | None]:
-        """Scan once; return ``(train, val)`` indexes: ``val_root``'s, or ``split`` of ``root``'s rows."""
-        index = scan_image_folder(self.root, self.classes)
+        """Scan once (or reuse the persisted scan); return ``(train, val)``: ``val_root``'s or a split of ``root``."""
+        index = self.index(self.root)
         if self.val_root is not None:
-            return index, scan_image_folder(self.val_root, self.classes)
+            return index, self.index(self.val_root)
         train_rows, val_rows = split(len(index))
-        return index.subset(train_rows), None if val_rows is None else index.subset(val_rows)
+        if val_rows is None:  # nothing held out: the index as it is, not a copy
+            return index, None
+        return index.subset(train_rows), index.subset(val_rows)
+
+    def index(self, root: str) -> FileIndex:
+        """``root``'s file index: reused from ``index_dir`` when still valid, else scanned (and kept there)."""
+        start = time.perf_counter()
+        index, lookup = indexed_folder(root, self.classes, self.index_dir)
+        took = f"{len(index):,} files in {time.perf_counter() - start:.2f} s"
+        if lookup.reused:
+            rank_zero_info(f"lightning_fastdata: reused the file index {lookup.path} of {root!r} ({took}, no scan).")
+        elif lookup.why is not None:
+            rank_zero_warn(f"lightning_fastdata: scanned {root!r} again ({took}): {lookup.why}.")
+        elif lookup.path is not None:
+            rank_zero_info(f"lightning_fastdata: scanned {root!r} ({took}); kept the index in {lookup.path}.")
+        return index
 
 
 class ImageFolderDataModule(FastDataModule):
@@ -66,6 +99,10 @@ class ImageFolderDataModule(FastDataModule):
     Args:
         root: Folder of class sub-folders.
         val_root: Validation folder of the same class sub-folders; default: split ``root`` by ``val_fraction``.
+        index_dir: A folder (node-local or shared) to keep the scanned file list in: ``prepare_data`` scans once
+            per node (once in total with ``prepare_data_per_node=False``), every rank and later run reuses it
+            while no folder changed. Worth it from ~100k files, or on a network file system. ``None``: every
+            rank scans at every start. Never inside ``root``.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).
 
@@ -74,11 +111,19 @@ class ImageFolderDataModule(FastDataModule):
         ValueError: On an impossible argument.
     """
 
-    def __init__(self, root: str, val_root: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, root: str, val_root: str | None = None, index_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
-        self.source = FolderSource(root, val_root)
+        self.source = FolderSource(root, val_root, index_dir)
         self.classes = self.source.classes
+
+    @override
+    def prepare_data(self) -> None:
+        """With ``index_dir``: scan the folder(s) once here (one process per node), so every rank reuses it."""
+        if self.source.index_dir is not None:
+            self.source.index(self.source.root)
+            if self.source.val_root is not None:
+                self.source.index(self.source.val_root)
 
     @property
     def num_classes(self) -> int:

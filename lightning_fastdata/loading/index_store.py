@@ -1,0 +1,182 @@
+"""A persisted :class:`FileIndex`: one scan per node (or in total), reused while no folder changed.
+
+Listing 1.28M files costs seconds on a local disk and minutes on NFS/Lustre, and every DDP rank of every run
+did it again. :func:`indexed_folder` writes the scan to ``index_dir`` (a cache folder you name: never beside the
+data, which is read-only to us) as one ``.npz`` file, written under a temporary name and renamed, so a rank that
+dies while writing leaves no half-written index. Before reuse it checks, in ``O(folders)`` ``stat`` calls and no
+per-file work, that the file is whole, of a format this version reads, of this very folder (real path), with the
+same class folders and every folder's ``mtime_ns`` unchanged (adding, removing or renaming a file changes its
+folder's mtime). Anything else is named in a warning and the folder is scanned again. Every rank and every later
+run reuses the index.
+
+Folders modified within :data:`RACY_SECONDS` of the scan are recorded as "unknown" (as git does for racy
+index entries): a file added in the same clock tick as the scan would leave the mtime unchanged, so such an
+index is rescanned once at its next use instead of trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lightning_fastdata.loading.index import FileIndex, find_classes, scan_with_mtimes
+
+__all__ = [
+    "FORMAT",
+    "RACY_SECONDS",
+    "IndexLookup",
+    "IndexStale",
+    "index_file",
+    "indexed_folder",
+    "load_index",
+    "save_index",
+]
+
+#: The index file format this version writes; an index of a newer format is not read.
+FORMAT = 1
+#: A temporary index file this old is a killed writer's leftover, removed by the next save.
+STALE_TMP_SECONDS = 3600.0
+#: Folders modified this recently before the scan are not trusted by the next run (see the module docstring).
+RACY_SECONDS = 2.0
+
+
+class IndexStale(Exception):  # noqa: N818 - a reason to rescan, not an error of the user's
+    """Why a persisted index cannot be used (the message names the file and the reason).
+
+    ``missing`` is true when there is simply no index yet (a first run, not something to warn about).
+    """
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def index_file(index_dir: str | os.PathLike[str], root: str) -> Path:
+    """The index file of ``root`` in ``index_dir``: the folder's name plus a hash of its real path."""
+    real = os.path.realpath(root)
+    digest = hashlib.sha1(os.fsencode(real)).hexdigest()[:16]
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(real.rstrip(os.sep)))
+    return Path(index_dir) / f"{name or 'root'}-{digest}.fdindex.npz"
+
+
+def save_index(path: str | os.PathLike[str], index: FileIndex, dirs: list[tuple[str, int]], started: float) -> None:
+    """Write ``index`` and its folders' mtimes to ``path`` atomically (temporary name, then rename)."""
+    racy_after = int((started - RACY_SECONDS) * 1e9)
+    meta = {
+        "format": FORMAT,
+        "root": os.path.realpath(index.root),
+        "classes": list(index.classes),
+        "dirs": [[d, -1 if m >= racy_after else m] for d, m in dirs],
+        "files": len(index),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            np.savez(
+                fh,
+                meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+                path_bytes=index.path_bytes,
+                offsets=index.offsets,
+                labels=index.labels,
+            )
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    for leftover in path.parent.glob(f".{path.name}.*.tmp"):  # of a writer killed mid-write, an hour ago or more
+        with contextlib.suppress(OSError):
+            if time.time() - leftover.stat().st_mtime > STALE_TMP_SECONDS:
+                leftover.unlink()
+
+
+def load_index(path: str | os.PathLike[str], root: str, classes: tuple[str, ...]) -> FileIndex:
+    """The index at ``path`` if it is whole and still describes ``root``; paths stay relative to ``root`` as given.
+
+    Raises:
+        IndexStale: Naming the file and why it cannot be used (missing, truncated, newer format, another folder,
+            other class folders, a folder changed since the scan).
+    """
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            meta = json.loads(npz["meta"].tobytes())
+            arrays = {k: npz[k] for k in ("path_bytes", "offsets", "labels")}
+    except FileNotFoundError:
+        raise IndexStale(f"no index at {path}", missing=True) from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        raise IndexStale(f"the index {path} is unreadable (truncated or not an index file: {err})") from err
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise IndexStale(f"the index {path} has format {found!r}; this version reads format {FORMAT}")
+    if meta["root"] != os.path.realpath(root):
+        raise IndexStale(f"the index {path} is of {meta['root']!r}, not of {os.path.realpath(root)!r}")
+    if tuple(meta["classes"]) != tuple(classes):
+        raise IndexStale(f"the class folders of {root!r} changed since the index {path} was written")
+    for rel, mtime in meta["dirs"]:
+        try:
+            now = os.stat(os.path.join(root, rel)).st_mtime_ns
+        except OSError:
+            now = None
+        if mtime == -1 or now != mtime:
+            what = "was modified during the scan" if mtime == -1 else "changed"
+            raise IndexStale(f"{os.path.join(root, rel)!r} {what} since the index {path} was written")
+    n = int(meta["files"])
+    path_bytes, offsets, labels = arrays["path_bytes"], arrays["offsets"], arrays["labels"]
+    if (
+        len(labels) != n
+        or len(offsets) != n + 1
+        or (n and (offsets[-1] != len(path_bytes) or labels.min() < 0 or labels.max() >= len(classes)))
+    ):
+        raise IndexStale(f"the index {path} is inconsistent (its arrays do not agree); it was damaged")
+    return FileIndex(root, tuple(classes), path_bytes, offsets, labels)
+
+
+@dataclass(frozen=True)
+class IndexLookup:
+    """What :func:`indexed_folder` did: ``reused`` the file at ``path``, or scanned because of ``why``.
+
+    ``why`` is ``None`` when nothing was persisted before (no ``index_dir``, or a first run).
+    """
+
+    reused: bool
+    path: Path | None
+    why: str | None
+
+
+def indexed_folder(
+    root: str,
+    classes: tuple[str, ...] | None = None,
+    index_dir: str | os.PathLike[str] | None = None,
+    write: bool = True,
+) -> tuple[FileIndex, IndexLookup]:
+    """``root``'s index, reused from ``index_dir`` when it is still valid, else scanned (and saved if ``write``).
+
+    A failed save (a read-only ``index_dir``) is reported in ``why``; the fresh scan is returned all the same.
+    """
+    classes = find_classes(root) if classes is None else classes
+    if index_dir is None:
+        return scan_with_mtimes(root, classes)[0], IndexLookup(False, None, None)
+    path = index_file(index_dir, root)
+    try:
+        return load_index(path, root, classes), IndexLookup(True, path, None)
+    except IndexStale as stale:
+        why = None if stale.missing else str(stale)
+    started = time.time()
+    index, dirs = scan_with_mtimes(root, classes)
+    if write:
+        try:
+            save_index(path, index, dirs, started)
+        except OSError as err:
+            why = (why + "; " if why else "") + f"could not write {path} ({err}): is index_dir writable?"
+    return index, IndexLookup(False, path, why)
