@@ -24,12 +24,62 @@ HELPER = Path(__file__).with_name("helpers") / "resume_run.py"
 STEPS = 12  # 39 images, batch 8: 5 steps per epoch, so 12 steps cross two epoch boundaries
 
 
-def run(cfg: dict[str, Any], expect_kill: bool = False) -> None:
-    out = subprocess.run([sys.executable, str(HELPER), json.dumps(cfg)], capture_output=True, text=True, timeout=240)
+class Runs:
+    """Starts each single-device run as a fresh process forked from a server that has the imports done.
+
+    See ``helpers/zygote.py``: every run is still its own new process (the resumed one shares nothing with the
+    interrupted one); only the ~5 s import of torch and Lightning is paid once. DDP runs start as scripts.
+    """
+
+    def __init__(self) -> None:
+        self.server: subprocess.Popen | None = None
+        self.started = 0
+
+    def __call__(self, cfg: dict[str, Any]) -> tuple[int, str]:
+        """Run one config; return its exit code and output."""
+        self.started += 1
+        log = Path(f"{cfg['record']}.run{self.started}.log")
+        if cfg.get("devices", 1) > 1:
+            out = subprocess.run(
+                [sys.executable, str(HELPER), json.dumps(cfg)], capture_output=True, text=True, timeout=240
+            )
+            return out.returncode, out.stderr
+        if self.server is None or self.server.poll() is not None:
+            self.server = subprocess.Popen(
+                [sys.executable, str(HELPER.with_name("zygote.py"))],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=HELPER.parent,
+            )
+        assert self.server.stdin is not None and self.server.stdout is not None
+        self.server.stdin.write(json.dumps({"cfg": cfg, "log": str(log)}) + "\n")
+        self.server.stdin.flush()
+        code = int(self.server.stdout.readline())
+        return code, log.read_text()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.communicate(timeout=60)
+
+
+RUNS = Runs()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server() -> Any:
+    yield
+    RUNS.close()
+
+
+def run(cfg: dict[str, Any], expect_kill: bool = False, expect_error: str | None = None) -> None:
+    code, output = RUNS(cfg)
     if expect_kill:
-        assert out.returncode == -signal.SIGKILL, out.stderr[-3000:]
+        assert code == -signal.SIGKILL, output[-3000:]
+    elif expect_error:
+        assert code != 0 and expect_error in output, output[-3000:]
     else:
-        assert out.returncode == 0, out.stderr[-3000:]
+        assert code == 0, output[-3000:]
 
 
 def records(path: Path, rank: int = 0) -> list[dict[str, Any]]:
@@ -167,12 +217,10 @@ def test_resume_after_a_failed_step_trains_that_steps_batch(tmp_path: Path, sour
     base["cache_dir"] = str(tmp_path / "c")
     full = records(uninterrupted(base, tmp_path))
     ckpts = tmp_path / "ck"
-    out = subprocess.run(
-        [sys.executable, str(HELPER), json.dumps({**base, "max_steps": STEPS, "record": str(tmp_path / "failed"),
-                                                  "ckpt_dir": str(ckpts), "raise_at": 3})],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert out.returncode != 0 and "simulated out of memory" in out.stderr, out.stderr[-2000:]
+    run(
+        {**base, "max_steps": STEPS, "record": str(tmp_path / "failed"), "ckpt_dir": str(ckpts), "raise_at": 3},
+        expect_error="simulated out of memory",
+    )
     failed = records(tmp_path / "failed")
     assert [r["step"] for r in failed] == [0, 1, 2]
     run(
