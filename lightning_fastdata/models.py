@@ -10,6 +10,8 @@ from lightning.pytorch import LightningModule
 from torch import nn
 from typing_extensions import override
 
+from lightning_fastdata.hparams import save_init_hparams
+
 __all__ = ["ImageClassifier"]
 
 
@@ -43,7 +45,7 @@ class ImageClassifier(LightningModule):
             raise ValueError(f"num_classes should be a positive int, got {num_classes!r}.")
         if arch not in torchvision.models.list_models(module=torchvision.models):
             raise ValueError(f"arch {arch!r} is not a torchvision classification model; try 'resnet18'.")
-        self.save_hyperparameters()
+        save_init_hparams(self)
         self.model: nn.Module = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
         if channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)

@@ -12,6 +12,7 @@ from typing_extensions import override
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datamodules.folder import FolderSource
 from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
+from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.device_augment import crop_resize_flip
 
 __all__ = ["TensorCacheDataModule"]
@@ -65,7 +66,7 @@ class TensorCacheDataModule(FastDataModule):
                 "holds no corrupt images."
             )
         super().__init__(**kwargs)
-        self.save_hyperparameters()
+        save_init_hparams(self)
         if augment_on not in ("workers", "device"):
             raise ValueError(f"augment_on should be 'workers' or 'device', got {augment_on!r}.")
         image_size = self.dataset_kwargs["image_size"]

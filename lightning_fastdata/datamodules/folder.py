@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.folder import ImageFolderDataset
+from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.index import FileIndex, find_classes
 from lightning_fastdata.loading.index_store import indexed_folder
 
@@ -113,7 +114,7 @@ class ImageFolderDataModule(FastDataModule):
 
     def __init__(self, root: str, val_root: str | None = None, index_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.save_hyperparameters()
+        save_init_hparams(self)
         self.source = FolderSource(root, val_root, index_dir)
         self.classes = self.source.classes
 

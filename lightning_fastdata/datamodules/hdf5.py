@@ -10,6 +10,7 @@ from torch.utils.data import Dataset
 
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset, Layout, inspect_hdf5
+from lightning_fastdata.hparams import save_init_hparams
 
 __all__ = ["HDF5DataModule"]
 
@@ -48,7 +49,7 @@ class HDF5DataModule(FastDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.save_hyperparameters()
+        save_init_hparams(self)
         self.path = os.fspath(path)
         self.val_path = None if val_path is None else os.fspath(val_path)
         self.file_kwargs: dict[str, Any] = dict(
