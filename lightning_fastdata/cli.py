@@ -223,7 +223,9 @@ def _convert(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog="fastdata convert",
         description="Convert an image folder.",
-        epilog="example: fastdata convert hdf5 --src data/demo --dst data/demo.h5 --mode raw --size 160",
+        epilog="examples: fastdata convert hdf5 --src data/demo --dst data/demo.h5 --mode raw --size 160\n"
+        "          fastdata convert hdf5 --src data/demo --dst data/demo-256.h5 --max-side 256  # compact",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="target", required=True)
     h5 = sub.add_parser("hdf5", help="write one HDF5 file (see HDF5Dataset for the layout)")
@@ -231,12 +233,26 @@ def _convert(argv: list[str]) -> None:
     h5.add_argument("--dst", required=True, help="output .h5 file (written atomically)")
     h5.add_argument("--mode", choices=["encoded", "raw"], default="encoded")
     h5.add_argument("--size", type=int, default=256, help="side of the stored square (raw mode)")
+    h5.add_argument(
+        "--max-side",
+        type=int,
+        default=None,
+        help="encoded mode: re-encode each image once, shorter side at most this (compact cache, e.g. 256)",
+    )
+    h5.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (--max-side)")
     h5.add_argument("--processes", type=int, default=None)
     h5.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
     args = parser.parse_args(argv)
     try:
         dst = convert_folder_to_hdf5(
-            args.src, args.dst, mode=args.mode, size=args.size, processes=args.processes, overwrite=args.overwrite
+            args.src,
+            args.dst,
+            mode=args.mode,
+            size=args.size,
+            processes=args.processes,
+            overwrite=args.overwrite,
+            max_side=args.max_side,
+            quality=args.quality,
         )
     except (FileExistsError, FileNotFoundError, OSError, ValueError) as err:
         sys.exit(f"fastdata convert: {err}")

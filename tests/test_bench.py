@@ -29,3 +29,36 @@ def test_bench_folder_suite_prints_a_table_and_writes_json(tmp_path: Path, capsy
     ]
     assert len(rows) == 6 and all(r["images_per_s"] > 0 for r in rows)
     assert rows[0]["vs_baseline"] == 1.0 and result["data"]["files"] == 24
+
+
+def test_scale_suite_measures_a_linked_tree_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The scale suite on a small tree: every table printed, figures consistent with what was built."""
+    result = main(
+        [
+            "--root", str(tmp_path / "bench"), "--num-classes", "2", "--per-class", "16", "--suites", "scale",
+            "--scale-root", str(tmp_path / "tree"), "--scale-classes", "3", "--scale-per-class", "7",
+            "--scale-epochs", "2", "--scale-batches", "1", "--batch-size", "8", "--image-size", "32",
+            "--repeats", "1", "--min-seconds", "0",
+        ]
+    )  # fmt: skip
+    scale = result["suites"]["scale"]
+    tree = tmp_path / "tree"
+    assert sorted(p.name for p in tree.iterdir()) == [".fastdata-linked-tree", "n00000000", "n00000001", "n00000002"]
+    first = tree / "n00000001" / "n00000001_0.JPEG"
+    assert first.stat().st_nlink == 7 and (tree / "n00000001" / "n00000001_6.JPEG").samefile(first)
+    assert [r["files"] for r in scale["scan"]] == [21] * 4  # torchvision, ours, first index run, reuse
+    assert [r["loader"] for r in scale["worker_pss"]] == ["torchvision", "ours"]
+    assert all(len(r["worker_pss_mb_per_epoch"]) == 2 for r in scale["worker_pss"])
+    cold = {r["loader"]: r for r in scale["cold_reads"]}
+    assert len(cold) == 9 and all(r["cold_images_per_s"] > 0 for r in cold.values())
+    folder_kb = cold["ImageFolderDataModule"]["mb_on_disk_per_image"]
+    assert folder_kb == pytest.approx(cold["HDF5DataModule encoded"]["mb_on_disk_per_image"], rel=0.05)
+    formats = {r["loader"]: r for r in scale["formats"]}
+    compact = formats["HDF5DataModule compact (--max-side 256, q90)"]["kb_per_image"]
+    assert compact < formats["ImageFolderDataModule (original JPEGs)"]["kb_per_image"]  # 500x375 -> 341x256
+    assert compact < formats["TensorCacheDataModule (256 px uint8)"]["kb_per_image"] / 3
+    printed = capsys.readouterr().out
+    for title in ("Suite scale: index of 21 files", "Worker PSS", "Cold reads", "Formats of the same"):
+        assert title in printed
+    with pytest.raises(FileExistsError, match="not empty"):  # never builds into a folder it did not make
+        main(["--root", str(tmp_path / "bench"), "--suites", "scale", "--scale-root", str(tmp_path / "bench")])

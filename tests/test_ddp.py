@@ -15,7 +15,8 @@ from lightning_fastdata.demos import make_image_folder
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("kind", "workers"), [("folder", 0), ("folder", 2), ("hdf5", 2), ("cache", 2)])
+# workers=0 shards through the same sampler (covered by test_sampler.py and the resume tests)
+@pytest.mark.parametrize(("kind", "workers"), [("folder", 2), ("hdf5", 2), ("cache", 2)])
 def test_two_process_ddp_ranks_get_disjoint_halves(tmp_path: Path, kind: str, workers: int) -> None:
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=10, size=(32, 24))
     source = root if kind != "hdf5" else convert_folder_to_hdf5(root, tmp_path / "d.h5", processes=1, progress=False)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -13,6 +14,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 
 from lightning_fastdata import (
@@ -244,3 +246,39 @@ def test_not_hdf5_and_missing(tmp_path: Path) -> None:
         HDF5DataModule(str(tmp_path / "a.h5"))
     with pytest.raises(FileNotFoundError, match="nope.h5"):
         HDF5DataModule(str(tmp_path / "nope.h5"))
+
+
+def test_reencoded_compact_file_is_smaller_same_samples_and_trains(image_folder: Path, tmp_path: Path) -> None:
+    """--max-side: each image re-encoded once (shorter side <= max_side), same files, order and labels."""
+    plain = convert_folder_to_hdf5(image_folder, tmp_path / "plain.h5", processes=1, progress=False)
+    compact = convert_folder_to_hdf5(
+        image_folder, tmp_path / "c.h5", max_side=40, quality=85, processes=2, progress=False
+    )
+    assert compact.stat().st_size < 0.8 * plain.stat().st_size
+    ref = ImageFolderDataset(str(image_folder), image_size=32)
+    ds = HDF5Dataset(str(compact), image_size=32, seed=3)
+    assert ds.classes == ref.classes and np.array_equal(ds.targets, ref.targets)
+    with h5py.File(compact) as f:
+        assert f.attrs["max_side"] == 40 and f.attrs["quality"] == 85
+        offsets, blob = f["offsets"][()], f["images"]
+        for i in (0, 17, 38):
+            with Image.open(io.BytesIO(blob[offsets[i] : offsets[i + 1]].tobytes())) as img:
+                original = Image.open(ref.index.path(i))
+                assert img.format == "JPEG" and min(img.size) == 40  # 96x72 sources: shorter side 72 -> 40
+                assert abs(img.size[0] / img.size[1] - original.size[0] / original.size[1]) < 0.05
+    images, labels = ds.__getitems__(KEYS)
+    assert images.shape == (39, 3, 32, 32) and labels.tolist() == ref.targets.tolist()
+    assert not list(tmp_path.glob(".*"))  # no temporary or side file left
+
+
+def test_reencode_rejects_impossible_arguments_and_names_corrupt_files(image_folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_side"):
+        convert_folder_to_hdf5(image_folder, tmp_path / "x.h5", mode="raw", max_side=64, progress=False)
+    with pytest.raises(ValueError, match="quality"):
+        convert_folder_to_hdf5(image_folder, tmp_path / "x.h5", max_side=64, quality=0, progress=False)
+    bad = make_image_folder(tmp_path / "bad", num_classes=2, per_class=2, size=(32, 24))
+    victim = next(bad.glob("class_001/*.jpg"))
+    victim.write_bytes(victim.read_bytes()[:200])
+    with pytest.raises(OSError, match=victim.name):
+        convert_folder_to_hdf5(bad, tmp_path / "bad.h5", max_side=16, processes=1, progress=False)
+    assert not (tmp_path / "bad.h5").exists() and not list(tmp_path.glob(".bad.h5*"))

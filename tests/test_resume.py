@@ -144,7 +144,7 @@ def test_resume_is_exact_with_sparse_snapshots(tmp_path: Path, sources: dict[str
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("kind", ["folder", "cache"])
+@pytest.mark.parametrize("kind", ["folder"])  # the per-rank state is the DataModule base's, the same for all kinds
 def test_resume_is_exact_under_two_process_ddp(tmp_path: Path, sources: dict[str, str], kind: str) -> None:
     """Each rank continues with its own shard: the checkpoint holds every rank's loader state."""
     conformance(tmp_path, kind, sources[kind], 2, 7, devices=2)

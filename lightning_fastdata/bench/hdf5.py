@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_fastdata import HDF5DataModule, convert_folder_to_hdf5
 from lightning_fastdata.bench.harness import Candidate, count_images, measure, ours_module, rows_for
 
-__all__ = ["SeedStyleH5", "hdf5_suite"]
+__all__ = ["SeedStyleH5", "bench_files", "hdf5_suite"]
 
 
 class SeedStyleH5(Dataset):
@@ -41,7 +41,7 @@ class SeedStyleH5(Dataset):
         return torch.from_numpy(self.file["images"][i]), int(self.file["labels"][i])
 
 
-def _files(args: argparse.Namespace) -> dict[str, Path]:
+def bench_files(args: argparse.Namespace) -> dict[str, Path]:
     """Build (once) the three files from the benchmark folder."""
     base = Path(args.root).with_suffix("")
     out = {"raw": Path(f"{base}-raw256.h5"), "encoded": Path(f"{base}-encoded.h5"), "seed": Path(f"{base}-seed.h5")}
@@ -67,7 +67,7 @@ def _files(args: argparse.Namespace) -> dict[str, Path]:
 
 def hdf5_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Seed-style vs ours (raw, encoded) vs the folder module, at each worker count."""
-    files = _files(args)
+    files = bench_files(args)
 
     def seed_loader(workers: int) -> DataLoader:
         return DataLoader(

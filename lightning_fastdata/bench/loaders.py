@@ -57,6 +57,7 @@ from lightning_fastdata.bench.harness import (
     rows_for,
 )
 from lightning_fastdata.bench.hdf5 import hdf5_suite
+from lightning_fastdata.bench.scale import scale_suite
 from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 
@@ -97,14 +98,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--suites",
         nargs="+",
-        choices=["folder", "hdf5", "cache", "callback"],
+        choices=["folder", "hdf5", "cache", "callback", "scale"],
         default=["folder", "hdf5", "cache", "callback"],
+        help="scale (not run by default: builds a 1.28M-file tree of hard links, ~5 min): index, worker memory, "
+        "cold reads",
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-seconds", type=float, default=2.0, help="each timed run lasts at least this")
+    parser.add_argument("--scale-root", default="data/scale", help="scale suite: where to build the linked tree")
+    parser.add_argument("--scale-classes", type=int, default=1000)
+    parser.add_argument("--scale-per-class", type=int, default=1281)
+    parser.add_argument("--scale-epochs", type=int, default=3, help="scale suite: epochs of the worker PSS run")
+    parser.add_argument("--scale-batches", type=int, default=30, help="scale suite: batches per PSS epoch")
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--plot", default=None, help="write a bar chart (PNG) of images/s per loader here")
     args = parser.parse_args(argv)
@@ -178,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"runs {min(runs):.1f}-{max(runs):.1f} ms)"
             )
         result["suites"]["snapshot"] = snap
+    if "scale" in args.suites:
+        result["suites"]["scale"] = scale_suite(args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
