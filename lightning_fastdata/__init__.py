@@ -1,22 +1,60 @@
-"""lightning-fastdata: DataModules and callbacks that keep the GPU fed."""
+"""lightning-fastdata: DataModules and callbacks that keep the GPU fed.
 
-from lightning_fastdata.callbacks.fastdata import FastDataCallback
-from lightning_fastdata.callbacks.monitor import DataWaitMonitor
-from lightning_fastdata.convert import convert_folder_to_hdf5
-from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.datamodules.cache import TensorCacheDataModule
-from lightning_fastdata.datamodules.folder import ImageFolderDataModule
-from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
-from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
-from lightning_fastdata.datasets.folder import ImageFolderDataset
-from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
-from lightning_fastdata.loading.index import FileIndex, scan_image_folder
-from lightning_fastdata.loading.loaders import PrefetchingDataLoader, PrefetchingStatefulDataLoader, with_prefetch
-from lightning_fastdata.loading.normalize import Normalizer
-from lightning_fastdata.loading.prefetch import DevicePrefetcher
-from lightning_fastdata.loading.sampler import EpochSampler
-from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
-from lightning_fastdata.models import ImageClassifier
+The names below are imported on first use (PEP 562), so ``import lightning_fastdata.loading.index`` (a spawn
+worker unpickling a dataset, a scan in a fresh process) does not pay for importing Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_fastdata.callbacks.fastdata import FastDataCallback
+    from lightning_fastdata.callbacks.monitor import DataWaitMonitor
+    from lightning_fastdata.convert import convert_folder_to_hdf5
+    from lightning_fastdata.datamodules.base import FastDataModule
+    from lightning_fastdata.datamodules.cache import TensorCacheDataModule
+    from lightning_fastdata.datamodules.folder import ImageFolderDataModule
+    from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
+    from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
+    from lightning_fastdata.datasets.folder import ImageFolderDataset
+    from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
+    from lightning_fastdata.loading.index import FileIndex, scan_image_folder
+    from lightning_fastdata.loading.loaders import PrefetchingDataLoader, PrefetchingStatefulDataLoader, with_prefetch
+    from lightning_fastdata.loading.normalize import Normalizer
+    from lightning_fastdata.loading.prefetch import DevicePrefetcher
+    from lightning_fastdata.loading.sampler import EpochSampler
+    from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
+    from lightning_fastdata.models import ImageClassifier
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "CpuBudget": "lightning_fastdata.loading.workers",
+    "DataWaitMonitor": "lightning_fastdata.callbacks.monitor",
+    "DevicePrefetcher": "lightning_fastdata.loading.prefetch",
+    "EpochSampler": "lightning_fastdata.loading.sampler",
+    "FastDataCallback": "lightning_fastdata.callbacks.fastdata",
+    "FastDataModule": "lightning_fastdata.datamodules.base",
+    "FileIndex": "lightning_fastdata.loading.index",
+    "HDF5DataModule": "lightning_fastdata.datamodules.hdf5",
+    "HDF5Dataset": "lightning_fastdata.datasets.hdf5",
+    "ImageClassifier": "lightning_fastdata.models",
+    "ImageFolderDataModule": "lightning_fastdata.datamodules.folder",
+    "ImageFolderDataset": "lightning_fastdata.datasets.folder",
+    "Normalizer": "lightning_fastdata.loading.normalize",
+    "PrefetchingDataLoader": "lightning_fastdata.loading.loaders",
+    "PrefetchingStatefulDataLoader": "lightning_fastdata.loading.loaders",
+    "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",
+    "TensorCacheDataset": "lightning_fastdata.datasets.cache",
+    "build_tensor_cache": "lightning_fastdata.datasets.cache",
+    "convert_folder_to_hdf5": "lightning_fastdata.convert",
+    "inspect_hdf5": "lightning_fastdata.datasets.hdf5",
+    "open_tensor_cache": "lightning_fastdata.datasets.cache",
+    "resolve_num_workers": "lightning_fastdata.loading.workers",
+    "scan_image_folder": "lightning_fastdata.loading.index",
+    "with_prefetch": "lightning_fastdata.loading.loaders",
+}
 
 __all__ = [
     "CpuBudget",
@@ -46,3 +84,17 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module the first time it is used."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_fastdata' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

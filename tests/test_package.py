@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).parents[1] / "lightning_fastdata"
@@ -79,3 +81,15 @@ def test_every_public_module_has_all() -> None:
         )
     ]
     assert not missing, missing
+
+
+def test_importing_a_submodule_does_not_import_lightning() -> None:
+    """The package's names load on first use: a scan in a fresh process or a spawn worker skips Lightning."""
+    code = (
+        "import sys; import lightning_fastdata.loading.index_store; import lightning_fastdata as lf; "
+        "assert 'lightning' not in sys.modules, 'lightning imported'; "
+        "assert lf.ImageFolderDataModule.__name__ == 'ImageFolderDataModule' and 'lightning' in sys.modules; "
+        "assert set(lf.__all__) <= set(dir(lf))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -232,7 +233,9 @@ def test_resume_after_a_failed_step_trains_that_steps_batch(tmp_path: Path, sour
 
 
 @pytest.mark.timeout(600)
-def test_readme_snippet_rerun_resumes_where_it_stopped(tmp_path: Path, sources: dict[str, str]) -> None:
+def test_readme_snippet_rerun_resumes_where_it_stopped(
+    tmp_path: Path, sources: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The README's Python snippet (fixed dirpath, ckpt_path="last"), rerun as a preempted job would be."""
     script = HELPER.with_name("snippet_run.py")
 
@@ -246,7 +249,12 @@ def test_readme_snippet_rerun_resumes_where_it_stopped(tmp_path: Path, sources: 
     def lines(path: Path) -> list[dict[str, Any]]:
         return [json.loads(x) for x in path.read_text().splitlines()]
 
-    rerun(tmp_path / "ref", 14, tmp_path / "ref.jsonl")
+    with monkeypatch.context() as m:  # the uninterrupted reference: the same script, in this process
+        m.setenv("FASTDATA_RECORD", str(tmp_path / "ref.jsonl"))
+        m.syspath_prepend(str(HELPER.parent))
+        m.chdir(tmp_path)
+        m.setattr(sys, "argv", [str(script), sources["folder"], str(tmp_path / "ref"), "14"])
+        runpy.run_path(str(script), run_name="__main__")
     first = rerun(tmp_path / "ck", 6, tmp_path / "a.jsonl")  # stops right after its checkpoint at step 6
     assert "no last checkpoint" in first.stderr + first.stdout  # a first run with nothing to resume says so
     second = rerun(tmp_path / "ck", 14, tmp_path / "b.jsonl")
