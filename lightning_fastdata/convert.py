@@ -103,7 +103,7 @@ def _remove_stale_temporaries(dst: Path) -> None:
 
 
 def convert_folder_to_hdf5(
-    src: str | os.PathLike[str],
+    src: str | os.PathLike[str] | FileIndex,
     dst: str | os.PathLike[str],
     mode: Literal["encoded", "raw"] = "encoded",
     size: int = 256,
@@ -124,7 +124,7 @@ def convert_folder_to_hdf5(
     to ``dst``: an interrupted or killed conversion never leaves a file at ``dst``.
 
     Args:
-        src: Image folder (torchvision ``ImageFolder`` layout and class order).
+        src: Image folder (torchvision ``ImageFolder`` layout and class order), or an index of (part of) one.
         dst: Output file.
         mode: ``"encoded"`` keeps the JPEG bytes (small file, decode per epoch); ``"raw"`` stores decoded pixels
             (no decode per epoch, ~150 KB per 224-px image).
@@ -160,7 +160,7 @@ def convert_folder_to_hdf5(
     dst = Path(dst)
     if dst.exists() and not overwrite:
         raise FileExistsError(f"{str(dst)!r} exists; pass overwrite=True (--overwrite) to replace it.")
-    index: FileIndex = scan_image_folder(os.fspath(src))
+    index = src if isinstance(src, FileIndex) else scan_image_folder(os.fspath(src))
     paths = [index.path(i) for i in range(len(index))]
     processes = processes or CpuBudget.detect().usable
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +175,7 @@ def convert_folder_to_hdf5(
                     fastdata_format=FORMAT_VERSION,
                     mode=mode,
                     classes=json.dumps(list(index.classes)),
-                    source=os.path.abspath(os.fspath(src)),
+                    source=os.path.abspath(index.root),
                 )
                 f.create_dataset("labels", data=index.labels.astype(np.int64))
                 if max_side is not None:

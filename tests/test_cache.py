@@ -172,3 +172,47 @@ def test_fit_from_the_cache(folder: Path, tmp_path: Path, workers: int, augment_
     trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
     assert len(seen) == 2 and seen[0].shape == (8, 3, 24, 24) and seen[0].dtype == torch.float32
     assert "val_acc" in trainer.callback_metrics
+
+
+def test_jpeg_cache_is_compact_rebuilt_on_change_and_trains(folder: Path, tmp_path: Path) -> None:
+    """storage='jpeg': each image re-encoded once (shorter side cache_size), same samples and labels as raw."""
+    raw = module(folder, tmp_path / "raw", cache_size=96)
+    raw.prepare_data()
+    raw.setup("fit")
+    dm = module(folder, tmp_path / "jpeg", cache_size=96, storage="jpeg", quality=85, num_workers=2)
+    dm.prepare_data()
+    dm.setup("fit")
+    files = sorted(p.name for p in (tmp_path / "jpeg").iterdir())
+    assert files == ["manifest.json", "train.h5", "val.h5"]
+    manifest = json.loads((tmp_path / "jpeg" / "manifest.json").read_text())
+    assert manifest["params"]["storage"] == "jpeg" and manifest["params"]["quality"] == 85
+    jpeg_bytes = sum(p.stat().st_size for p in (tmp_path / "jpeg").glob("*.h5"))
+    raw_bytes = sum(p.stat().st_size for p in (tmp_path / "raw").glob("*.npy"))
+    assert jpeg_bytes < raw_bytes / 4  # 64x48 sources are never upscaled: 96^2 raw squares vs 64x48 JPEGs
+    assert dm.train_dataset.targets.tolist() == raw.train_dataset.targets.tolist()  # type: ignore[union-attr]
+    assert len(dm.val_dataset) == len(raw.val_dataset) == 5  # type: ignore[arg-type]
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (8, 3, 24, 24) and images.dtype == torch.uint8
+    trainer = cpu_trainer(max_steps=2)
+    trainer.fit(ImageClassifier(num_classes=3, arch="resnet18"), dm)
+    assert trainer.global_step == 2
+    again = module(folder, tmp_path / "jpeg", cache_size=96, storage="jpeg", quality=70)  # stale: rebuilt
+    again.prepare_data()
+    assert json.loads((tmp_path / "jpeg" / "manifest.json").read_text())["params"]["quality"] == 70
+    with pytest.raises(ValueError, match="storage changed from 'jpeg' to 'raw'"):
+        module(folder, tmp_path / "jpeg", cache_size=96, read_only=True).prepare_data()
+    with pytest.raises(ValueError, match="augment_on='device' needs storage='raw'"):
+        module(folder, tmp_path / "x", storage="jpeg", augment_on="device")
+
+
+def test_a_cache_written_before_storage_existed_is_still_current(folder: Path, tmp_path: Path) -> None:
+    dm = module(folder, tmp_path / "c")
+    dm.prepare_data()
+    manifest_path = tmp_path / "c" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    for key in ("storage", "quality"):
+        del manifest["params"][key]
+    manifest_path.write_text(json.dumps(manifest))
+    before = (tmp_path / "c" / "train_images.npy").stat().st_mtime_ns
+    module(folder, tmp_path / "c", read_only=True).prepare_data()  # no "parameters changed" error, no rebuild
+    assert (tmp_path / "c" / "train_images.npy").stat().st_mtime_ns == before

@@ -306,6 +306,13 @@ def compact_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     cache = TensorCacheDataModule(args.root, cache_dir, cache_size=256, **kw)
     cache.prepare_data()
     modules["TensorCacheDataModule (256 px uint8)"] = (cache, sorted(glob.glob(os.path.join(cache_dir, "*.npy"))))
+    jpeg_dir = f"{Path(args.root).with_suffix('')}-cache-jpeg256"
+    jpeg = TensorCacheDataModule(args.root, jpeg_dir, cache_size=256, storage="jpeg", quality=90, **kw)
+    jpeg.prepare_data()
+    modules["TensorCacheDataModule storage='jpeg' (256, q90)"] = (
+        jpeg,
+        sorted(glob.glob(os.path.join(jpeg_dir, "*.h5"))),
+    )
     for dm, _ in modules.values():
         dm.setup("fit")
     n = len(modules["ImageFolderDataModule (original JPEGs)"][1])  # images (the folder's files)

@@ -11,7 +11,13 @@ from typing_extensions import override
 
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datamodules.folder import FolderSource
-from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
+from lightning_fastdata.datasets.cache import (
+    TensorCacheDataset,
+    build_tensor_cache,
+    open_jpeg_cache,
+    open_tensor_cache,
+)
+from lightning_fastdata.datasets.hdf5 import HDF5Dataset
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.device_augment import crop_resize_flip
 
@@ -38,6 +44,11 @@ class TensorCacheDataModule(FastDataModule):
             ``(cache_size / image_size)^2`` more bytes, frees the CPUs).
         read_only: Never build: a missing or stale cache is an error.
         build_processes: Decoding processes for the build; default: usable CPUs.
+        storage: ``"raw"``: uint8 arrays (no decode at all per epoch; ``cache_size^2 x 3`` bytes per image).
+            ``"jpeg"``: each image re-encoded once, shorter side ``cache_size``, at ``quality`` (~1/7 of the
+            raw size here; decoded per epoch by the region-of-interest path): for data that does not fit in
+            RAM or on the local disk as raw pixels. Crops use the whole image, not the central square.
+        quality: JPEG quality of ``storage="jpeg"``.
         index_dir: Keep the scanned file list of ``root`` here and reuse it while the folders are unchanged (see
             :class:`ImageFolderDataModule`); ``None``: scan at every ``prepare_data``.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
@@ -57,6 +68,8 @@ class TensorCacheDataModule(FastDataModule):
         read_only: bool = False,
         build_processes: int | None = None,
         index_dir: str | None = None,
+        storage: Literal["raw", "jpeg"] = "raw",
+        quality: int = 90,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("on_corrupt", "raise") != "raise":
@@ -69,6 +82,15 @@ class TensorCacheDataModule(FastDataModule):
         save_init_hparams(self)
         if augment_on not in ("workers", "device"):
             raise ValueError(f"augment_on should be 'workers' or 'device', got {augment_on!r}.")
+        if storage not in ("raw", "jpeg"):
+            raise ValueError(f"storage should be 'raw' or 'jpeg', got {storage!r}.")
+        if storage == "jpeg" and augment_on == "device":
+            raise ValueError(
+                "storage='jpeg' decodes each crop in the loader workers; augment_on='device' needs storage='raw' "
+                "(the device crops uint8 squares)."
+            )
+        if not 1 <= quality <= 100:
+            raise ValueError(f"quality should be 1..100 (JPEG quality), got {quality!r}.")
         image_size = self.dataset_kwargs["image_size"]
         if cache_size < image_size:
             raise ValueError(
@@ -82,6 +104,8 @@ class TensorCacheDataModule(FastDataModule):
         self.augment_on = augment_on
         self.read_only = read_only
         self.build_processes = build_processes
+        self.storage = storage
+        self.quality = quality
         self._prepared = False
 
     @property
@@ -102,6 +126,8 @@ class TensorCacheDataModule(FastDataModule):
             crop_fraction=self.dataset_kwargs["crop_fraction"],
             processes=self.build_processes,
             read_only=self.read_only,
+            storage=self.storage,
+            quality=self.quality,
         )
         self._prepared = True
 
@@ -113,6 +139,13 @@ class TensorCacheDataModule(FastDataModule):
         """
         if self.trainer is None and not self._prepared:
             self.prepare_data()
+        if self.storage == "jpeg":
+            train_file, val_file = open_jpeg_cache(self.cache_dir, "train"), open_jpeg_cache(self.cache_dir, "val")
+            assert train_file is not None
+            return (
+                HDF5Dataset(train_file, train=True, **self.dataset_kwargs),
+                None if val_file is None else HDF5Dataset(val_file, train=False, **self.dataset_kwargs),
+            )
         kw = {k: self.dataset_kwargs[k] for k in ("image_size", "scale", "ratio", "seed")}
         train_path, train_labels = open_tensor_cache(self.cache_dir, "train")
         train = TensorCacheDataset(train_path, train_labels, self.classes, True, augment_on=self._placement(), **kw)

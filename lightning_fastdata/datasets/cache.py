@@ -10,6 +10,11 @@ Layout of ``cache_dir`` (format version 1; any tool that reads ``.npy`` can open
 - ``manifest.json``: ``format_version``, the build parameters, ``classes``, counts, and a ``fingerprint`` of
   the source (sha256 of every file's relative path, size and mtime).
 
+With ``storage="jpeg"`` (the compact cache, for data bigger than RAM) the arrays are replaced by ``train.h5`` and
+``val.h5``: each image re-encoded once with its shorter side ``cache_size`` at JPEG ``quality``, in the
+converter's encoded HDF5 layout (see :func:`~lightning_fastdata.convert_folder_to_hdf5`), decoded by the
+region-of-interest path at training time; validation is resized and center-cropped when read.
+
 A build writes ``<cache_dir>.partial/`` (with ``progress.json``) under an exclusive lock file
 ``<cache_dir>.lock`` and renames it to ``cache_dir`` only when complete, so a killed build never leaves a
 cache that looks valid, a rerun resumes it (same parameters and source) or rebuilds it (and says which), and
@@ -34,6 +39,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
 from lightning_fastdata.loading.collate import empty_image_batch
@@ -41,7 +47,14 @@ from lightning_fastdata.loading.decode import decode_center_crop, random_resized
 from lightning_fastdata.loading.index import FileIndex
 from lightning_fastdata.loading.sampler import SampleKey
 
-__all__ = ["CACHE_FORMAT_VERSION", "CacheParams", "TensorCacheDataset", "build_tensor_cache", "open_tensor_cache"]
+__all__ = [
+    "CACHE_FORMAT_VERSION",
+    "CacheParams",
+    "TensorCacheDataset",
+    "build_tensor_cache",
+    "open_jpeg_cache",
+    "open_tensor_cache",
+]
 
 log = logging.getLogger("lightning_fastdata")
 
@@ -59,6 +72,8 @@ class CacheParams:
         crop_fraction: Validation crop as a fraction of the shorter side.
         fingerprint: sha256 of the source files' relative paths, sizes and mtimes (train and val lists).
         classes: Class names.
+        storage: ``"raw"`` (uint8 arrays) or ``"jpeg"`` (each image re-encoded once, compact).
+        quality: JPEG quality (``"jpeg"`` storage).
     """
 
     cache_size: int
@@ -66,6 +81,12 @@ class CacheParams:
     crop_fraction: float
     fingerprint: str
     classes: tuple[str, ...]
+    storage: str = "raw"
+    quality: int = 90
+
+
+#: What a manifest written before a parameter existed meant by it.
+_PARAM_DEFAULTS = {"storage": "raw", "quality": 90}
 
 
 def fingerprint(indexes: Sequence[FileIndex | None]) -> str:
@@ -110,8 +131,9 @@ def cache_is_current(cache_dir: str | os.PathLike[str], params: CacheParams) -> 
     if built.get("fingerprint") != params.fingerprint:
         return False, "the source images changed (file list, sizes or mtimes)"
     for key, value in asdict(params).items():
-        if key != "fingerprint" and built.get(key) != (list(value) if isinstance(value, tuple) else value):
-            return False, f"{key} changed from {built.get(key)!r} to {value!r}"
+        was = built.get(key, _PARAM_DEFAULTS.get(key))
+        if key != "fingerprint" and was != (list(value) if isinstance(value, tuple) else value):
+            return False, f"{key} changed from {was!r} to {value!r}"
     return True, "up to date"
 
 
@@ -189,6 +211,8 @@ def build_tensor_cache(
     processes: int | None = None,
     progress: bool = True,
     read_only: bool = False,
+    storage: Literal["raw", "jpeg"] = "raw",
+    quality: int = 90,
 ) -> Path:
     """Build (or resume, or reuse) the cache of ``train_index`` / ``val_index`` in ``cache_dir``.
 
@@ -211,6 +235,8 @@ def build_tensor_cache(
         crop_fraction=crop_fraction,
         fingerprint=fingerprint([train_index, val_index]),
         classes=tuple(train_index.classes),
+        storage=storage,
+        quality=quality,
     )
     current, why = cache_is_current(cache_dir, params)
     if current:
@@ -257,7 +283,8 @@ def build_tensor_cache(
                 shutil.rmtree(partial)
             else:
                 print(f"lightning_fastdata: building the tensor cache in {cache_dir} ({why})")
-            needed = sum(n * s * s * 3 + n * 8 for n, s in sizes.values()) + (1 << 20)
+            raw_bytes = sum(n * s * s * 3 + n * 8 for n, s in sizes.values())
+            needed = raw_bytes // (5 if storage == "jpeg" else 1) + (1 << 20)  # JPEG q90: ~1/6 to 1/10 of raw
             free = shutil.disk_usage(parent).free
             if free < needed:
                 raise OSError(
@@ -268,26 +295,31 @@ def build_tensor_cache(
             _write_json(partial / "progress.json", state)
         processes = processes or CpuBudget.detect().usable
         context = get_context("fork" if os.name == "posix" else "spawn")
-        with context.Pool(processes, initializer=init_build_process) as pool:
-            for split, index in (("train", train_index), ("val", val_index)):
-                n, side = sizes[split]
-                labels = np.zeros(0, np.int64) if index is None else index.labels.astype(np.int64)
-                np.save(partial / f"{split}_labels.npy", labels)
-                path = partial / f"{split}_images.npy"
-                start = state["done"][split]
-                images = _open_array_for_writing(path, (n, side, side, 3), resume=start > 0 and path.exists())
-                fraction = 1.0 if split == "train" else crop_fraction
-                jobs = [(index.path(i), side, fraction) for i in range(start, n)] if index is not None else []
-                bar = tqdm(total=n, initial=start, desc=f"cache {split}", unit="img", disable=not progress or n == 0)
-                for i, arr in enumerate(pool.imap(_decode_job, jobs, chunksize=8), start=start):
-                    images[i] = arr
-                    bar.update()
-                    if (i + 1) % 256 == 0 or i + 1 == n:  # checkpoint the progress for a resume
-                        images.flush()
-                        state["done"][split] = i + 1
-                        _write_json(partial / "progress.json", state)
-                bar.close()
-                del images
+        if storage == "jpeg":
+            _build_jpeg(partial, train_index, val_index, cache_size, quality, processes, progress)
+        else:
+            with context.Pool(processes, initializer=init_build_process) as pool:
+                for split, index in (("train", train_index), ("val", val_index)):
+                    n, side = sizes[split]
+                    labels = np.zeros(0, np.int64) if index is None else index.labels.astype(np.int64)
+                    np.save(partial / f"{split}_labels.npy", labels)
+                    path = partial / f"{split}_images.npy"
+                    start = state["done"][split]
+                    images = _open_array_for_writing(path, (n, side, side, 3), resume=start > 0 and path.exists())
+                    fraction = 1.0 if split == "train" else crop_fraction
+                    jobs = [(index.path(i), side, fraction) for i in range(start, n)] if index is not None else []
+                    bar = tqdm(
+                        total=n, initial=start, desc=f"cache {split}", unit="img", disable=not progress or n == 0
+                    )
+                    for i, arr in enumerate(pool.imap(_decode_job, jobs, chunksize=8), start=start):
+                        images[i] = arr
+                        bar.update()
+                        if (i + 1) % 256 == 0 or i + 1 == n:  # checkpoint the progress for a resume
+                            images.flush()
+                            state["done"][split] = i + 1
+                            _write_json(partial / "progress.json", state)
+                    bar.close()
+                    del images
         manifest = {
             "format_version": CACHE_FORMAT_VERSION,
             "params": state["params"],
@@ -303,6 +335,49 @@ def build_tensor_cache(
         else:
             os.replace(partial, cache_dir)
     return cache_dir
+
+
+def _build_jpeg(
+    partial: Path,
+    train_index: FileIndex,
+    val_index: FileIndex | None,
+    cache_size: int,
+    quality: int,
+    processes: int,
+    progress: bool,
+) -> None:
+    """Re-encode each split once into ``partial/<split>.h5`` (shorter side ``cache_size``, JPEG ``quality``).
+
+    Each file is written atomically by the converter, so a rerun keeps a split that is already there.
+    """
+    for split, index in (("train", train_index), ("val", val_index)):
+        dst = partial / f"{split}.h5"
+        if index is not None and not dst.exists():
+            convert_folder_to_hdf5(
+                index, dst, max_side=cache_size, quality=quality, processes=processes, progress=progress
+            )
+
+
+def open_jpeg_cache(cache_dir: str | os.PathLike[str], split: Literal["train", "val"]) -> str | None:
+    """Validate a ``storage="jpeg"`` cache and return the HDF5 file of ``split`` (``None``: the split is empty).
+
+    Raises:
+        FileNotFoundError: If there is no complete cache, or it is not a JPEG cache.
+        OSError: If the split's file is missing.
+    """
+    cache_dir = Path(cache_dir)
+    manifest = _read_manifest(cache_dir)
+    if manifest is None or manifest["params"].get("storage") != "jpeg":
+        raise FileNotFoundError(
+            f"No complete JPEG tensor cache in {str(cache_dir)!r}; build it with TensorCacheDataModule("
+            "storage='jpeg').prepare_data() (the Trainer calls it)."
+        )
+    if manifest["counts"][split] == 0:
+        return None
+    path = cache_dir / f"{split}.h5"
+    if not path.exists():
+        raise OSError(f"{str(path)!r} is missing from the cache; delete {str(cache_dir)!r} to rebuild it.")
+    return str(path)
 
 
 def open_tensor_cache(cache_dir: str | os.PathLike[str], split: Literal["train", "val"]) -> tuple[str, np.ndarray]:
