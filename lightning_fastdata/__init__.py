@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
     from lightning_fastdata.datasets.folder import ImageFolderDataset
     from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
+    from lightning_fastdata.diagnose import DoctorReport, doctor
     from lightning_fastdata.loading.index import FileIndex, scan_image_folder
     from lightning_fastdata.loading.loaders import PrefetchingDataLoader, PrefetchingStatefulDataLoader, with_prefetch
     from lightning_fastdata.loading.normalize import Normalizer
@@ -33,6 +34,8 @@ _EXPORTS = {
     "CpuBudget": "lightning_fastdata.loading.workers",
     "DataWaitMonitor": "lightning_fastdata.callbacks.monitor",
     "DevicePrefetcher": "lightning_fastdata.loading.prefetch",
+    "DoctorReport": "lightning_fastdata.diagnose",
+    "doctor": "lightning_fastdata.diagnose",
     "EpochSampler": "lightning_fastdata.loading.sampler",
     "FastDataCallback": "lightning_fastdata.callbacks.fastdata",
     "FastDataModule": "lightning_fastdata.datamodules.base",
@@ -60,6 +63,7 @@ __all__ = [
     "CpuBudget",
     "DataWaitMonitor",
     "DevicePrefetcher",
+    "DoctorReport",
     "EpochSampler",
     "FastDataCallback",
     "FastDataModule",
@@ -76,6 +80,7 @@ __all__ = [
     "TensorCacheDataset",
     "build_tensor_cache",
     "convert_folder_to_hdf5",
+    "doctor",
     "inspect_hdf5",
     "open_tensor_cache",
     "resolve_num_workers",

@@ -1,4 +1,4 @@
-"""The ``fastdata`` command: LightningCLI (``fit``, ...), ``demo``, ``config``, ``make-data``, ``convert``, ``bench``.
+"""The ``fastdata`` command: LightningCLI (``fit``, ...) and ``demo``, ``config``, ``convert``, ``doctor``, ....
 
 Configs ship inside the package (``lightning_fastdata/configs/``; the repository's ``configs/`` holds the same
 files): ``--config imagefolder`` finds the shipped ``imagefolder.yaml`` from any directory, and
@@ -24,6 +24,7 @@ from lightning_fastdata.bench.harness import compare_folder_loaders
 from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.demos import ensure_demo_data
+from lightning_fastdata.diagnose import main as doctor_main
 from lightning_fastdata.loading.workers import resolve_num_workers
 from lightning_fastdata.models import ImageClassifier
 
@@ -268,6 +269,7 @@ commands:
   make-data                     write a photo-like JPEG folder      fastdata make-data data/fake
   convert                       image folder -> one HDF5 file       fastdata convert hdf5 --src DIR --dst F.h5
   bench                         our loaders vs torchvision's        fastdata bench --suites folder
+  doctor                        measure your data, recommend setup  fastdata doctor data/train --step-ms 120
 
 `fastdata COMMAND --help` shows a command's options."""
 
@@ -285,6 +287,8 @@ def main(argv: list[str] | None = None) -> None:
         _demo(argv[1:])
     elif argv[0] == "config":
         _config(argv[1:])
+    elif argv[0] == "doctor":
+        doctor_main(argv[1:])
     elif argv[0] == "make-data":
         _make_data(argv[1:])
     else:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,11 +12,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_fastdata import (
+    DataWaitMonitor,
     DevicePrefetcher,
     FastDataCallback,
     ImageClassifier,
     ImageFolderDataModule,
 )
+from lightning_fastdata.loading.meter import DataWaitStats
 from lightning_fastdata.testing import cpu_trainer
 
 
@@ -225,3 +228,10 @@ def test_callback_prints_its_summary_without_a_logger(image_folder: Path, caplog
     with caplog.at_level(logging.INFO):
         cpu_trainer(FastDataCallback(print_summary=False), max_steps=3).fit(ImageClassifier(num_classes=3), dm)
     assert "images/s per rank" not in caplog.text
+
+
+def test_input_bound_advice_points_to_the_doctor_with_the_measured_step_time() -> None:
+    stats = DataWaitStats(steps=10, samples=640, wait_s=3.0, total_s=4.2)  # 120 ms of compute per step
+    trainer = SimpleNamespace(datamodule=None, train_dataloader=SimpleNamespace(num_workers=2))
+    advice = DataWaitMonitor().advice(stats, trainer)  # type: ignore[arg-type]
+    assert "waited for data 71%" in advice and "`fastdata doctor DATA --step-ms 120`" in advice

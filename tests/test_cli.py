@@ -221,9 +221,9 @@ def test_commands_do_not_warn_about_lightningcli_args() -> None:
 def test_fastdata_help_lists_every_command_and_each_has_an_example(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--help"])
     listed = capsys.readouterr().out
-    for command in ("fit", "demo", "config", "make-data", "convert", "bench"):
+    for command in ("fit", "demo", "config", "make-data", "convert", "bench", "doctor"):
         assert f"\n  {command}" in listed or f" {command}," in listed, command
-    for command in (["make-data"], ["demo"], ["config"], ["convert"], ["bench"]):
+    for command in (["make-data"], ["demo"], ["config"], ["convert"], ["bench"], ["doctor"]):
         with pytest.raises(SystemExit) as exit_info:
             main([*command, "--help"])
         assert exit_info.value.code == 0

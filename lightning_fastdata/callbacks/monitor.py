@@ -119,15 +119,22 @@ class DataWaitMonitor(Callback):
         dm = getattr(trainer, "datamodule", None)
         workers = getattr(trainer.train_dataloader, "num_workers", None)
         msg = f"The training loop waited for data {100 * stats.data_wait_fraction:.0f}% of the time. "
+        measure = (
+            " `fastdata doctor DATA --step-ms "
+            f"{1000 * (stats.total_s - stats.wait_s) / max(stats.steps, 1):.0f}` measures every option on your "
+            "data and this machine and writes the fastest config."
+        )
         if workers == 0:
-            return msg + "The loader has num_workers=0: set num_workers='auto' (or > 0) to decode in parallel."
+            return (
+                msg + "The loader has num_workers=0: set num_workers='auto' (or > 0) to decode in parallel." + measure
+            )
         name = type(dm).__name__ if dm is not None else "your DataModule"
         if name == "ImageFolderDataModule":
             return msg + (
                 f"JPEG decode is the likely limit ({workers} workers): train from TensorCacheDataModule (decode once, "
-                "no decode per epoch), or give the loader more workers if CPUs are idle."
+                "no decode per epoch), or give the loader more workers if CPUs are idle." + measure
             )
         return msg + (
             f"Check whether CPUs are idle (then raise num_workers, now {workers}) or the file system is the limit "
-            "(then move the data to one HDF5 file or a tensor cache on local disk)."
+            "(then move the data to one HDF5 file or a tensor cache on local disk)." + measure
         )
