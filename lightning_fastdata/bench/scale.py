@@ -255,11 +255,9 @@ def cold_read_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
             files,
         ),
         ("ImageFolderDataModule", lambda: folder(None), files),
-        ("ImageFolderDataModule, block_shuffle=64", lambda: folder(64), files),
         ("HDF5DataModule raw", lambda: hdf5("raw", None), lambda: [str(h5["raw"])]),
         ("HDF5DataModule raw, block_shuffle=64", lambda: hdf5("raw", 64), lambda: [str(h5["raw"])]),
         ("HDF5DataModule encoded", lambda: hdf5("encoded", None), lambda: [str(h5["encoded"])]),
-        ("HDF5DataModule encoded, block_shuffle=64", lambda: hdf5("encoded", 64), lambda: [str(h5["encoded"])]),
         ("TensorCacheDataModule", lambda: cache(None), cache_files),
         ("TensorCacheDataModule, block_shuffle=64", lambda: cache(64), cache_files),
     ]
