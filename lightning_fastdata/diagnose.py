@@ -194,7 +194,7 @@ def doctor(
     shm = shutil.disk_usage("/dev/shm").total / 1e9 if os.path.isdir("/dev/shm") else 0.0
     ram = _ram_gb()
     options: list[Option] = report_args.pop("options")
-    recommendation, reason, wait = _verdict(options, report_args["data_gb"], ram, free, batch_size, step_ms, devices)
+    recommendation, reason, wait = _verdict(options, report_args["data_gb"], ram, free, batch_size, step_ms)
     return DoctorReport(
         path=os.path.abspath(path),
         usable_cpus=usable,
@@ -375,7 +375,6 @@ def _verdict(
     free_gb: float,
     batch_size: int,
     step_ms: float | None,
-    devices: int,
 ) -> tuple[str, str, float | None]:
     """The one option to use, why, and the expected wait fraction at ``step_ms``."""
     usable = [o for o in options if o.config]
