@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from lightning_fastdata import TensorCacheDataModule
 from lightning_fastdata.bench.harness import Candidate, baseline_loader, count_images, measure, rows_for
+from lightning_fastdata.datamodules.cache import TensorCacheDataModule
 
 __all__ = ["cache_suite", "memcpy_ceiling"]
 

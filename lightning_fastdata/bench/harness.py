@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from lightning_fastdata import ImageFolderDataModule
+from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 
 __all__ = [
     "Candidate",

@@ -71,13 +71,14 @@ def linked_tree(root: str, classes: int, per_class: int, sources: list[str]) -> 
 
 _SCAN = """
 import json, os, sys, time
-import torchvision
 from lightning_fastdata.loading.index import scan_image_folder
 from lightning_fastdata.loading.index_store import indexed_folder
 def rss():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
 how, root, index_dir = sys.argv[1:4]
+if how == "torchvision":  # imported before measuring, and only here: the others need numpy and the index only
+    import torchvision
 before, start = rss(), time.perf_counter()
 if how == "torchvision":
     kept = torchvision.datasets.ImageFolder(root)
