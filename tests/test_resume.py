@@ -182,26 +182,10 @@ def test_resume_on_a_different_world_size_restarts_the_epoch(tmp_path: Path, sou
     single = records(uninterrupted({**base, "devices": 1}, tmp_path))
     ckpts = str(tmp_path / "ck")
     run({**base, "devices": 2, "max_steps": 4, "record": str(tmp_path / "ddp"), "save_every": 4, "ckpt_dir": ckpts})
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(HELPER),
-            json.dumps(
-                {
-                    **base,
-                    "devices": 1,
-                    "max_steps": 6,
-                    "record": str(tmp_path / "one"),
-                    "ckpt_path": f"{ckpts}/last.ckpt",
-                }
-            ),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "from 2 rank(s), this run has 1: epoch 1 restarts from its beginning" in out.stderr
+    code, output = RUNS({**base, "devices": 1, "max_steps": 6, "record": str(tmp_path / "one"),
+                         "ckpt_path": f"{ckpts}/last.ckpt"})  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert "from 2 rank(s), this run has 1: epoch 1 restarts from its beginning" in output
     resumed = records(tmp_path / "one")
     # 2 ranks x 3 steps per epoch: step 4 is inside epoch 1, which restarts on one rank from its first batch
     first_of_epoch_1 = single[5]  # one rank: 5 steps per epoch
