@@ -15,15 +15,10 @@ from typing_extensions import override
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.hparams import save_init_hparams
-from lightning_fastdata.loading.index import FileIndex, find_classes
+from lightning_fastdata.loading.index import FileIndex, contains_path, find_classes
 from lightning_fastdata.loading.index_store import indexed_folder
 
 __all__ = ["FolderSource", "ImageFolderDataModule"]
-
-
-def _inside(path: str, folder: str) -> bool:
-    path, folder = os.path.realpath(path), os.path.realpath(folder)
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 class FolderSource:
@@ -49,7 +44,11 @@ class FolderSource:
         self.val_root = None if val_root is None else os.fspath(val_root)
         self.index_dir = None if index_dir is None else os.fspath(index_dir)
         for data in (self.root, self.val_root):
-            if self.index_dir is not None and data is not None and _inside(self.index_dir, data):
+            if (
+                self.index_dir is not None
+                and data is not None
+                and contains_path(os.path.realpath(data), os.path.realpath(self.index_dir))
+            ):
                 raise ValueError(
                     f"index_dir={self.index_dir!r} is inside the data folder {data!r}, which lightning_fastdata never "
                     "writes to; choose a folder outside it (e.g. a cache folder on the node's local disk)."

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["IMG_EXTENSIONS", "FileIndex", "find_classes", "scan_image_folder", "scan_with_mtimes"]
+__all__ = ["IMG_EXTENSIONS", "FileIndex", "contains_path", "find_classes", "scan_image_folder", "scan_with_mtimes"]
 
 #: The extensions torchvision's ``ImageFolder`` accepts (compared lower-cased).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -106,7 +106,7 @@ def _walk(top: str) -> list[tuple[str, list[str], int, bool]]:
             except OSError:  # vanished or a dangling symlink: nothing to walk
                 continue
             if (st.st_dev, st.st_ino) in seen or (
-                os.path.islink(path) and _contains(os.path.realpath(path), os.path.realpath(dirpath))
+                os.path.islink(path) and contains_path(os.path.realpath(path), os.path.realpath(dirpath))
             ):
                 warnings.warn(
                     f"Skipped {path!r}: it leads to {os.path.realpath(path)!r}, a folder that contains it (a symlink "
@@ -147,7 +147,8 @@ def _list(dirpath: str, nlink: int) -> tuple[list[str], list[str], bool]:
     return files, subdirs, False
 
 
-def _contains(outer: str, inner: str) -> bool:
+def contains_path(outer: str, inner: str) -> bool:
+    """Whether ``inner`` is ``outer`` or below it (both as given: pass real paths to see through symlinks)."""
     return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
 
 
