@@ -235,8 +235,9 @@ def _folder(
                 resolutions.append(img.size)
         except Exception:  # PIL raises several types for broken files
             corrupt.append(p)
-    good_rows = np.array([i for i, p in zip(rows, paths) if p not in set(corrupt)], dtype=np.int64)
-    good = [p for p in paths if p not in set(corrupt)]
+    bad = set(corrupt)
+    good_rows = np.array([i for i, p in zip(rows, paths) if p not in bad], dtype=np.int64)
+    good = [p for p in paths if p not in bad]
     if len(good) < 4:
         raise OSError(
             f"{len(corrupt)} of the {len(paths)} sampled images in {root!r} are corrupt (e.g. {corrupt[0]!r}); "

@@ -26,6 +26,7 @@ __all__ = [
     "baseline_loader",
     "compare_folder_loaders",
     "count_images",
+    "count_normalised",
     "decode_ceiling",
     "measure",
     "ours_module",
@@ -62,6 +63,16 @@ def time_loader(
 
 def count_images(batch: Any) -> int:
     return len(batch[1])
+
+
+def count_normalised(dm: ImageFolderDataModule) -> Callable[[Any], int]:
+    """A batch counter that first normalises the batch to float on the CPU, as a CPU-only training step would."""
+
+    def consume(batch: Any) -> int:
+        dm.on_after_batch_transfer(batch, 0)
+        return len(batch[1])
+
+    return consume
 
 
 def baseline_loader(root: str, size: int, batch_size: int, workers: int) -> torch.utils.data.DataLoader:
@@ -163,14 +174,9 @@ def compare_folder_loaders(
     hand out what a model on this machine would train on.
     """
     dm = ours_module(root, size, batch_size, workers)
-
-    def normalised(batch: Any) -> int:
-        dm.on_after_batch_transfer(batch, 0)
-        return len(batch[1])
-
     candidates: list[Candidate] = [
         ("baseline", lambda: baseline_loader(root, size, batch_size, workers), count_images),
-        ("ours", dm.train_dataloader, normalised),
+        ("ours", dm.train_dataloader, count_normalised(dm)),
     ]
     rates = measure(candidates, repeats=1, min_seconds=min_seconds)
     return {name: runs[0] for name, runs in rates.items()}

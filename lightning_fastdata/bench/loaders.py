@@ -43,13 +43,13 @@ from typing import Any
 
 import torch
 
-from lightning_fastdata import ImageFolderDataModule
 from lightning_fastdata.bench.cache import cache_suite
 from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
 from lightning_fastdata.bench.harness import (
     Candidate,
     baseline_loader,
     count_images,
+    count_normalised,
     decode_ceiling,
     measure,
     ours_module,
@@ -70,10 +70,6 @@ def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str
     for workers in args.workers:
         dm = ours_module(args.root, args.image_size, args.batch_size, workers)
 
-        def consume_normalised(batch: Any, dm: ImageFolderDataModule = dm) -> int:
-            dm.on_after_batch_transfer(batch, 0)
-            return len(batch[1])
-
         candidates: list[Candidate] = [
             (
                 "baseline (torchvision ImageFolder)",
@@ -81,7 +77,7 @@ def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str
                 count_images,
             ),
             ("ImageFolderDataModule", dm.train_dataloader, count_images),
-            ("ImageFolderDataModule + CPU normalise", dm.train_dataloader, consume_normalised),
+            ("ImageFolderDataModule + CPU normalise", dm.train_dataloader, count_normalised(dm)),
         ]
         rows += rows_for(measure(candidates, args.repeats, args.min_seconds), workers, best_ceiling)
     return rows
