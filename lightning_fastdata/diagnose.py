@@ -1,14 +1,19 @@
 """``fastdata doctor``: measure a user's own data and machine, and say (and write) the fastest setup.
 
 Read-only on the data: it lists the folder (or inspects the HDF5 file), samples files, and builds everything it
-times (a folder of symlinks to the sample, caches of it) in a temporary directory it removes. The options are
-measured on the sample with the same harness as ``fastdata bench``, at the worker count each rank would get, and
-scaled to the whole data set only where that is arithmetic (sizes, build times).
+times (a folder of symlinks to the sample, HDF5 files and caches of it) in a temporary directory it removes. The
+options are measured on the sample with the same harness as ``fastdata bench``, pinned to one rank's share of the
+CPUs, at the worker count each rank would get; the recommended one again at other worker counts. Only sizes and
+build times are scaled to the whole data set, and an option whose data do not fit in RAM is capped at the rate the
+storage reads them cold.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import functools
 import io
 import os
 import shutil
@@ -17,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,20 +33,28 @@ from PIL import Image
 
 from lightning_fastdata.bench.cache import memcpy_ceiling
 from lightning_fastdata.bench.harness import baseline_loader, count_images, decode_ceiling, time_loader
+from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.datamodules.cache import TensorCacheDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
-from lightning_fastdata.datasets.hdf5 import inspect_hdf5
+from lightning_fastdata.datasets.hdf5 import HDF5Layout, inspect_hdf5, open_hdf5
 from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 from lightning_fastdata.loading.index import scan_image_folder
 from lightning_fastdata.loading.workers import CpuBudget
 
 __all__ = ["DoctorReport", "Option", "as_dict", "doctor", "main", "write_config"]
 
+PERCENTILES = (5, 25, 50, 75, 95)
+
 
 @dataclass
 class Option:
-    """One way to load the data, measured on the sample."""
+    """One way to load the data, measured on the sample.
+
+    ``images_per_s`` is the warm rate measured per rank; ``expected_per_s`` is what a rank can expect on the whole
+    data set (the same, unless the option's data do not fit in RAM: then at most what the storage reads cold,
+    shared by the node's ranks). ``prepare`` is the command to run once before training ("" if none).
+    """
 
     name: str
     images_per_s: float
@@ -50,11 +63,17 @@ class Option:
     dataset_gb: float
     build_s: float
     config: dict[str, Any] = field(default_factory=dict)
+    expected_per_s: float = 0.0
+    prepare: str = ""
 
 
 @dataclass
 class DoctorReport:
-    """What ``fastdata doctor`` found and recommends (``lightning_fastdata.doctor(...)`` returns it)."""
+    """What ``fastdata doctor`` found and recommends (``lightning_fastdata.doctor(...)`` returns it).
+
+    The distributions are percentiles of the sample (``{"p5": ..., "p50": ..., "p95": ...}``); ``worker_sweep``
+    maps a worker count to the recommended option's images/s per rank.
+    """
 
     path: str
     kind: str
@@ -64,8 +83,13 @@ class DoctorReport:
     sampled: int
     mean_kb: float
     median_resolution: tuple[int, int]
+    size_kb: dict[str, float]
+    shorter_side: dict[str, float]
+    smaller_than_crop: int
     corrupt: list[str]
+    unreadable: list[str]
     usable_cpus: int
+    gpus: int
     devices: int
     workers_per_rank: int
     ram_gb: float
@@ -79,32 +103,52 @@ class DoctorReport:
     decode_ceiling_1core: float
     memcpy_ceiling_1core: float
     options: list[Option]
+    worker_sweep: dict[int, float]
     recommendation: str
     reason: str
     expected_wait_fraction: float | None
+    scan_s: float
     seconds: float
 
     def table(self) -> str:
         """The options as a Markdown table."""
         lines = [
-            "| option | images/s per rank | vs baseline | KB per image | whole data set | build |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| option | images/s per rank | vs baseline | whole data set, per rank | KB per image | size | build |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for o in self.options:
-            build = "-" if not o.build_s else f"{o.build_s:.0f} s" if o.build_s < 120 else f"{o.build_s / 60:.0f} min"
+            build = _duration(o.build_s) if o.build_s else "-"
             lines.append(
-                f"| {o.name} | {o.images_per_s:.0f} | {o.vs_baseline:.2f}x | {o.kb_per_image:.0f} | "
-                f"{o.dataset_gb:.1f} GB | {build} |"
+                f"| {o.name} | {o.images_per_s:.0f} | {o.vs_baseline:.2f}x | {o.expected_per_s:.0f} | "
+                f"{o.kb_per_image:.0f} | {o.dataset_gb:.1f} GB | {build} |"
             )
         return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.0f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
 
 
 def _ram_gb() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
 
 
-def _read_rate(paths: list[str], evict: bool) -> float:
-    """MB/s reading ``paths``; with ``evict`` after asking the kernel to drop them from the page cache.
+def _percentiles(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {f"p{q}": float("nan") for q in PERCENTILES}
+    return {f"p{q}": float(np.percentile(values, q)) for q in PERCENTILES}
+
+
+def _read_rate(paths: list[str], evict: bool, limit: int | None = None) -> float:
+    """MB/s reading ``paths``, at most ``limit`` bytes of each.
+
+    With ``evict``, the kernel is first asked to drop the files from the page cache.
 
     ``POSIX_FADV_DONTNEED`` is a hint about our own reads: it changes no file (and drops no dirty page).
     """
@@ -118,8 +162,47 @@ def _read_rate(paths: list[str], evict: bool) -> float:
     start, total = time.perf_counter(), 0
     for p in paths:
         with open(p, "rb") as fh:
-            total += len(fh.read())
+            total += len(fh.read(-1 if limit is None else limit))
     return total / 1e6 / max(time.perf_counter() - start, 1e-9)
+
+
+class _Budget:
+    """Shares what is left of ``seconds`` among the timed runs still to come (builds and ceilings use it up too)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.perf_counter() + seconds
+
+    def share(self, runs_left: int) -> float:
+        return max(0.3, (self.deadline - time.perf_counter()) / max(1, runs_left))
+
+
+@contextlib.contextmanager
+def _rank_share(cpus: int) -> Iterator[None]:
+    """Pin this process (and so the loader workers it starts) to one rank's share of the CPUs while timing.
+
+    With ``--devices 8`` on 16 CPUs a rank's loader gets 2 CPUs in training; timing it alone on all 16 would
+    overstate it.
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    if cpus >= len(before):
+        yield
+        return
+    os.sched_setaffinity(0, sorted(before)[:cpus])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _sweep_counts(share: int, workers: int) -> list[int]:
+    """Worker counts to try for one rank with ``share`` CPUs: none, a few, the per-rank count, one per CPU."""
+    counts = {1, max(1, share // 2), workers, share}
+    if share <= 2:
+        counts.add(0)
+    return sorted(counts)
 
 
 def _sample_folder(index: Any, rows: np.ndarray, scratch: Path) -> Path:
@@ -140,8 +223,60 @@ def _sample_folder(index: Any, rows: np.ndarray, scratch: Path) -> Path:
     return root
 
 
-def _timed(make: Callable[[], Any], seconds: float) -> float:
-    return time_loader(make, count_images, warmup=1, min_seconds=seconds)
+@contextlib.contextmanager
+def _scratch(scratch_dir: str | None) -> Iterator[Path]:
+    """A temporary directory for the sample's caches; a clear error if it cannot be made (read-only, no room)."""
+    where = scratch_dir if scratch_dir is not None else tempfile.gettempdir()
+    try:
+        tmp = tempfile.TemporaryDirectory(prefix="fastdata-doctor-", dir=scratch_dir)
+    except OSError as err:
+        reason = "read-only file system" if err.errno == errno.EROFS else (err.strerror or str(err))
+        raise OSError(
+            f"Cannot create a scratch directory in {where!r} ({reason}): the doctor builds the sample's caches there "
+            "and removes them. Pass --scratch-dir DIR (scratch_dir=) or set TMPDIR to a writable local directory."
+        ) from err
+    with tmp as name:
+        yield Path(name)
+
+
+def _probe(path: str, err: OSError) -> OSError:
+    """Name the file and the fix for a permission error met while listing or reading the data."""
+    if isinstance(err, PermissionError):
+        return PermissionError(
+            f"No permission to read {err.filename or path!r} (under {path!r}). Run the doctor as the user that trains, "
+            "or make the data readable (e.g. chmod -R a+rX on it)."
+        )
+    return err
+
+
+@dataclass
+class _Candidate:
+    """An option to time: how to build it on the sample and how to make its train loader for a worker count."""
+
+    name: str
+    make: Callable[[int], Any]
+    kb_per_image: float
+    build_s_per_image: float
+    config: dict[str, Any]
+    prepare: str = ""
+
+
+class _Held:
+    """A DataModule's train loader that keeps the DataModule alive while it is timed."""
+
+    def __init__(self, dm: Any, prepare: bool = False) -> None:
+        if prepare:
+            dm.prepare_data()
+        dm.setup("fit")
+        self.dm, self.loader = dm, dm.train_dataloader()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.loader)
+
+
+def _held(cls: type, path: str, kwargs: dict[str, Any], num_workers: int) -> _Held:
+    """``cls(path, num_workers=..., **kwargs)``'s train loader; a cache is built (or found current) first."""
+    return _Held(cls(path, num_workers=num_workers, **kwargs), prepare=cls is TensorCacheDataModule)
 
 
 def doctor(
@@ -158,16 +293,21 @@ def doctor(
 
     Args:
         path: Image folder (``root/<class>/<image>``) or HDF5 file.
-        devices: Training processes per node (each rank gets ``usable CPUs / devices`` workers).
+        devices: Training processes per node (each rank gets ``usable CPUs / devices`` CPUs, and the timed runs
+            are pinned to that many).
         batch_size: Batch size per rank.
         image_size: Training crop side.
-        seconds: Time budget of the measurements (the scan comes on top).
+        seconds: Time budget of the measurements, builds of the sample's caches included (the listing comes on
+            top).
         step_ms: Your model's step time without data wait, if known: gives the expected wait fraction.
         sample: Files sampled for statistics and timed runs.
-        scratch_dir: Where to build the sample's caches (a temporary directory, removed afterwards).
+        scratch_dir: Where to build the sample's caches (a temporary directory in it, removed afterwards);
+            default: the system's temporary directory (``TMPDIR``).
 
     Raises:
         FileNotFoundError: If ``path`` does not exist, is an empty folder or holds no class folder.
+        PermissionError: If the data cannot be listed or read (the message names the file).
+        OSError: If the scratch directory cannot be created, or too many sampled files are corrupt.
         ValueError: If a file is not an HDF5 file, or an argument is impossible.
     """
     start_all = time.perf_counter()
@@ -182,22 +322,73 @@ def doctor(
             f"{path!r} does not exist. Pass an image folder (root/<class>/<image>) or an HDF5 file."
         )
     usable = CpuBudget.detect().usable
-    workers = max(1, usable // devices - 1) if usable > 1 else 0
-    per_time = seconds / 6
-    with tempfile.TemporaryDirectory(prefix="fastdata-doctor-", dir=scratch_dir) as tmp:
-        scratch = Path(tmp)
-        if os.path.isdir(path):
-            report_args = _folder(path, scratch, workers, batch_size, image_size, per_time, sample)
-        else:
-            report_args = _hdf5(path, workers, batch_size, image_size, per_time)
-        free = shutil.disk_usage(scratch).free / 1e9
-    shm = shutil.disk_usage("/dev/shm").total / 1e9 if os.path.isdir("/dev/shm") else 0.0
+    share = max(1, usable // devices)
+    workers = share - 1 if share > 1 else 0  # what num_workers="auto" gives each rank
     ram = _ram_gb()
-    options: list[Option] = report_args.pop("options")
-    recommendation, reason, wait = _verdict(options, report_args["data_gb"], ram, free, batch_size, step_ms)
+    budget = _Budget(seconds)
+    with _scratch(scratch_dir) as scratch:
+        try:
+            if os.path.isdir(path):
+                data, candidates = _folder(path, scratch, workers, batch_size, image_size, sample)
+            else:
+                data, candidates = _hdf5(path, workers, batch_size, image_size, sample)
+        except PermissionError as err:
+            raise _probe(path, err) from err
+        budget.deadline += data["scan_s"]  # the listing comes on top of the budget
+        n = data["files"]
+        sweep = _sweep_counts(share, workers)
+        options: list[Option] = []
+        timed: dict[str, _Candidate] = {}
+        with _rank_share(share):
+            for k, cand in enumerate(candidates):
+                runs_left = len(candidates) - k + len(sweep) - 1
+                rate = time_loader(
+                    functools.partial(cand.make, workers), count_images, warmup=1, min_seconds=budget.share(runs_left)
+                )
+                timed[cand.name] = cand
+                options.append(
+                    Option(
+                        name=cand.name,
+                        images_per_s=rate,
+                        vs_baseline=float("nan"),
+                        kb_per_image=cand.kb_per_image,
+                        dataset_gb=cand.kb_per_image * n / 1e6,
+                        build_s=cand.build_s_per_image * n,
+                        config=cand.config,
+                        prepare=cand.prepare,
+                    )
+                )
+            base = options[0].images_per_s if options[0].name.endswith("(baseline)") else float("nan")
+            cold_mb_s = data["read_mb_s_cold"]
+            for o in options:
+                o.vs_baseline = o.images_per_s / base
+                o.expected_per_s = _expected(o.images_per_s, o.dataset_gb, o.kb_per_image, ram, cold_mb_s, devices)
+            free = shutil.disk_usage(scratch).free / 1e9
+            recommendation, reason = _verdict(options, data["data_gb"], ram, free, batch_size, step_ms)
+            chosen = next(o for o in options if o.name == recommendation)
+            rates = {workers: chosen.images_per_s}
+            for k, w in enumerate(c for c in sweep if c != workers):
+                rates[w] = time_loader(
+                    functools.partial(timed[recommendation].make, w),
+                    count_images,
+                    warmup=1,
+                    min_seconds=budget.share(len(sweep) - 1 - k),
+                )
+    # 0 workers loads in the training process, serial with the step: shown, never chosen
+    best_w = max((w for w in rates if w > 0), key=lambda w: rates[w], default=workers)
+    rate = chosen.expected_per_s
+    if best_w != workers and rates[best_w] > 1.1 * rates[workers]:  # beyond the noise of a short run
+        chosen.config["init_args"]["num_workers"] = best_w
+        rate *= rates[best_w] / rates[workers]
+        reason += (
+            f"; {best_w} workers per rank measured {rates[best_w] / rates[workers] - 1:.0%} faster than "
+            f"num_workers='auto' ({workers}), so the config sets num_workers={best_w}"
+        )
+    shm = shutil.disk_usage("/dev/shm").total / 1e9 if os.path.isdir("/dev/shm") else 0.0
     return DoctorReport(
         path=os.path.abspath(path),
         usable_cpus=usable,
+        gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
         devices=devices,
         workers_per_rank=workers,
         ram_gb=ram,
@@ -206,45 +397,90 @@ def doctor(
         roi_decoder=roi_decode_available(),
         pillow_simd=pillow_simd_installed(),
         options=options,
+        worker_sweep=dict(sorted(rates.items())),
         recommendation=recommendation,
         reason=reason,
-        expected_wait_fraction=wait,
+        expected_wait_fraction=_wait(rate, batch_size, step_ms),
         seconds=time.perf_counter() - start_all,
-        **report_args,
+        **data,
     )
 
 
-def _folder(
-    root: str, scratch: Path, workers: int, batch_size: int, image_size: int, per_time: float, sample: int
-) -> dict[str, Any]:
-    index = scan_image_folder(root)
-    n = len(index)
-    rng = np.random.default_rng(0)
-    rows = np.sort(rng.choice(n, size=min(sample, n), replace=False))
-    paths = [index.path(int(i)) for i in rows]
+def _expected(rate: float, dataset_gb: float, kb: float, ram_gb: float, cold_mb_s: float, devices: int) -> float:
+    """A rank's rate on the whole data set: the measured (warm) rate, unless the data cannot stay in the page cache.
+
+    Then every epoch reads them from storage, shared by the node's ``devices`` ranks, at most at the cold rate.
+    """
+    if dataset_gb <= 0.8 * ram_gb or not np.isfinite(cold_mb_s):
+        return rate
+    return min(rate, cold_mb_s * 1e3 / kb / devices)
+
+
+def _sample_stats(
+    blobs: Iterator[tuple[str, bytes | None]], image_size: int
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Formats, size and resolution distributions of the sampled images; corrupt and unreadable ones by name."""
     formats: Counter[str] = Counter()
-    sizes, resolutions, corrupt = [], [], []
-    for p in paths:
-        sizes.append(os.path.getsize(p))
+    sizes, resolutions, corrupt, unreadable = [], [], [], []
+    for name, data in blobs:
+        if data is None:
+            unreadable.append(name)
+            continue
+        sizes.append(len(data) / 1e3)
         try:
-            with open(p, "rb") as fh:
-                data = fh.read()
             with Image.open(io.BytesIO(data)) as img:
                 img.convert("RGB")  # a full decode: a truncated or corrupt file fails here
                 formats[(img.format or "?").lower()] += 1
                 resolutions.append(img.size)
         except Exception:  # PIL raises several types for broken files
-            corrupt.append(p)
-    bad = set(corrupt)
+            corrupt.append(name)
+    res = sorted(resolutions)
+    shorter = [min(r) for r in resolutions]
+    stats = {
+        "formats": dict(formats),
+        "mean_kb": statistics.mean(sizes) if sizes else float("nan"),
+        "median_resolution": res[len(res) // 2] if res else (0, 0),
+        "size_kb": _percentiles(sizes),
+        "shorter_side": _percentiles(shorter),
+        "smaller_than_crop": sum(s < image_size for s in shorter),
+    }
+    return stats, corrupt, unreadable
+
+
+def _read_files(paths: list[str]) -> Iterator[tuple[str, bytes | None]]:
+    for p in paths:
+        try:
+            with open(p, "rb") as fh:
+                yield p, fh.read()
+        except PermissionError:
+            yield p, None
+
+
+def _too_few(path: str, sampled: int, corrupt: list[str], unreadable: list[str]) -> OSError:
+    if unreadable and len(unreadable) >= len(corrupt):
+        return _probe(path, PermissionError(errno.EACCES, "Permission denied", unreadable[0]))
+    return OSError(
+        f"{len(corrupt)} of the {sampled} sampled images in {path!r} are corrupt (e.g. {corrupt[0]!r}); "
+        "too few decode to measure anything. Check the files."
+    )
+
+
+def _folder(
+    root: str, scratch: Path, workers: int, batch_size: int, image_size: int, sample: int
+) -> tuple[dict[str, Any], list[_Candidate]]:
+    start = time.perf_counter()
+    index = scan_image_folder(root)
+    scan_s = time.perf_counter() - start
+    n = len(index)
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.choice(n, size=min(sample, n), replace=False))
+    paths = [index.path(int(i)) for i in rows]
+    stats, corrupt, unreadable = _sample_stats(_read_files(paths), image_size)
+    bad = set(corrupt) | set(unreadable)
     good_rows = np.array([i for i, p in zip(rows, paths) if p not in bad], dtype=np.int64)
     good = [p for p in paths if p not in bad]
     if len(good) < 4:
-        raise OSError(
-            f"{len(corrupt)} of the {len(paths)} sampled images in {root!r} are corrupt (e.g. {corrupt[0]!r}); "
-            "too few decode to measure anything. Check the files."
-        )
-    mean_kb = statistics.mean(sizes) / 1e3
-    batch = max(1, min(batch_size, len(good) // 4))
+        raise _too_few(root, len(paths), corrupt, unreadable)
     warm = _read_rate(good, evict=False)
     cold = _read_rate(good, evict=True)
     threads = torch.get_num_threads()
@@ -253,120 +489,182 @@ def _folder(
     finally:
         torch.set_num_threads(threads)
     sample_root = str(_sample_folder(index, good_rows, scratch))
-    kw: dict[str, Any] = dict(image_size=image_size, batch_size=batch, num_workers=workers, val_fraction=0.0)
-    cache_size = max(image_size, round(image_size * 256 / 224))
-    folder = ImageFolderDataModule(sample_root, **kw)
-    folder.setup("fit")
-    measured: dict[str, tuple[float, float, float]] = {}  # name -> (images/s, KB per image, build s per image)
-    measured["torchvision ImageFolder (baseline)"] = (
-        _timed(lambda: baseline_loader(sample_root, image_size, batch, workers), per_time),
-        mean_kb,
-        0.0,
-    )
-    measured["ImageFolderDataModule"] = (_timed(folder.train_dataloader, per_time), mean_kb, 0.0)
-    configs: dict[str, dict[str, Any]] = {
-        "ImageFolderDataModule": {"class_path": "lightning_fastdata.ImageFolderDataModule"}
-    }
-    storages: tuple[Literal["jpeg", "raw"], ...] = ("jpeg", "raw")
+    batch = max(1, min(batch_size, len(good) // 4))
+    kw: dict[str, Any] = dict(image_size=image_size, batch_size=batch, val_fraction=0.0)
+    side = max(image_size, round(image_size * 256 / 224))  # what a 224 crop of a 256 resize keeps
+    name = os.path.basename(os.path.abspath(root))
+    mean_kb = stats["mean_kb"]
+    src = os.path.abspath(root)
+    candidates = [
+        _Candidate(
+            "torchvision ImageFolder (baseline)",
+            lambda w: baseline_loader(sample_root, image_size, batch, w),
+            mean_kb,
+            0.0,
+            {},
+        ),
+        _Candidate(
+            "ImageFolderDataModule",
+            functools.partial(_held, ImageFolderDataModule, sample_root, kw),
+            mean_kb,
+            0.0,
+            {"class_path": "lightning_fastdata.ImageFolderDataModule", "init_args": {"root": src}},
+        ),
+    ]
+    hdf5s: list[tuple[str, str, dict[str, Any]]] = [
+        ("HDF5DataModule (original JPEG bytes)", f"{name}.h5", {"mode": "encoded"}),
+        (f"HDF5DataModule (JPEG, shorter side {side})", f"{name}-{side}.h5", {"mode": "encoded", "max_side": side}),
+        (f"HDF5DataModule (raw {side} px)", f"{name}-raw{side}.h5", {"mode": "raw", "size": side}),
+    ]
+    for label, file, args in hdf5s:
+        h5 = scratch / file
+        start = time.perf_counter()
+        convert_folder_to_hdf5(sample_root, h5, processes=max(1, workers), progress=False, **args)
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in args.items())
+        candidates.append(
+            _Candidate(
+                label,
+                functools.partial(_held, HDF5DataModule, str(h5), kw),
+                h5.stat().st_size / len(good) / 1e3,
+                (time.perf_counter() - start) / len(good),
+                {"class_path": "lightning_fastdata.HDF5DataModule", "init_args": {"path": f"cache/{file}"}},
+                prepare=f"fastdata convert hdf5 --src {src} --dst cache/{file} {flags}",
+            )
+        )
     memcpy = float("nan")
+    storages: tuple[Literal["jpeg", "raw"], ...] = ("jpeg", "raw")
     for storage in storages:
         cache_dir = scratch / f"cache-{storage}"
-        dm = TensorCacheDataModule(
-            sample_root, str(cache_dir), cache_size=cache_size, storage=storage, build_processes=max(1, workers), **kw
-        )
+        args = dict(cache_size=side, storage=storage, build_processes=max(1, workers))
         start = time.perf_counter()
-        dm.prepare_data()
-        build = (time.perf_counter() - start) / len(good)
-        dm.setup("fit")
-        kb = sum(f.stat().st_size for f in cache_dir.iterdir()) / len(good) / 1e3
-        name = f"TensorCacheDataModule(storage='{storage}')"
-        measured[name] = (_timed(dm.train_dataloader, per_time), kb, build)
-        configs[name] = {
-            "class_path": "lightning_fastdata.TensorCacheDataModule",
-            "init_args": {
-                # a local disk with room for it (see the report): never inside the data folder
-                "cache_dir": f"cache/{os.path.basename(root.rstrip(os.sep))}-{storage}{cache_size}",
-                "cache_size": cache_size,
-                **({"storage": "jpeg"} if storage == "jpeg" else {}),
-            },
-        }
+        TensorCacheDataModule(sample_root, str(cache_dir), num_workers=0, **kw, **args).prepare_data()
+        candidates.append(
+            _Candidate(
+                f"TensorCacheDataModule(storage='{storage}')",
+                functools.partial(
+                    _held, TensorCacheDataModule, sample_root, {"cache_dir": str(cache_dir), **kw, **args}
+                ),
+                sum(f.stat().st_size for f in cache_dir.iterdir()) / len(good) / 1e3,
+                (time.perf_counter() - start) / len(good),
+                {
+                    "class_path": "lightning_fastdata.TensorCacheDataModule",
+                    "init_args": {
+                        "root": src,
+                        # a local disk with room for it (see the report): never inside the data folder
+                        "cache_dir": f"cache/{name}-{storage}{side}",
+                        "cache_size": side,
+                        **({"storage": "jpeg"} if storage == "jpeg" else {}),
+                    },
+                },
+            )
+        )
         if storage == "raw":
             images = np.load(cache_dir / "train_images.npy", mmap_mode="r")
             memcpy = memcpy_ceiling(np.asarray(images), min(batch, len(images)), image_size, 1)
-        del dm
-    base = measured["torchvision ImageFolder (baseline)"][0]
-    options = [
-        Option(
-            name=name,
-            images_per_s=rate,
-            vs_baseline=rate / base,
-            kb_per_image=kb,
-            dataset_gb=kb * n / 1e6,
-            build_s=build * n,
-            config=configs.get(name, {}),
-        )
-        for name, (rate, kb, build) in measured.items()
-    ]
-    for o in options:
-        if o.config:
-            o.config.setdefault("init_args", {}).update(
-                root=os.path.abspath(root), image_size=image_size, batch_size=batch_size, num_workers="auto"
-            )
-    res = sorted(resolutions)
-    return {
+    # simplest first, as the verdict prefers them; the baseline first of all
+    order = [0, 1, 2, 3, 5, 4, 6]
+    candidates = [candidates[i] for i in order]
+    for cand in candidates:
+        if cand.config:
+            cand.config["init_args"].update(image_size=image_size, batch_size=batch_size, num_workers="auto")
+    data = {
         "kind": "folder",
         "files": n,
         "classes": len(index.classes),
-        "formats": dict(formats),
         "sampled": len(paths),
-        "mean_kb": mean_kb,
-        "median_resolution": res[len(res) // 2] if res else (0, 0),
+        **stats,
         "corrupt": corrupt,
+        "unreadable": unreadable,
         "data_gb": mean_kb * n / 1e6,
         "read_mb_s_warm": warm,
         "read_mb_s_cold": cold,
         "decode_ceiling_1core": ceiling,
         "memcpy_ceiling_1core": memcpy,
-        "options": options,
+        "scan_s": scan_s,
     }
+    return data, candidates
 
 
-def _hdf5(path: str, workers: int, batch_size: int, image_size: int, per_time: float) -> dict[str, Any]:
+def _hdf5_blobs(layout: HDF5Layout, rows: np.ndarray) -> Iterator[tuple[str, bytes | None]]:
+    with open_hdf5(layout.path) as f:
+        images = f[layout.images_key]
+        offsets = f[layout.offsets_key][()] if layout.offsets_key else None
+        for i in rows:
+            if offsets is not None:
+                data = images[int(offsets[i]) : int(offsets[i + 1])]
+            else:
+                data = images[int(i)]
+            yield f"{layout.path}[{int(i)}]", np.asarray(data, dtype=np.uint8).tobytes()
+
+
+def _hdf5(
+    path: str, workers: int, batch_size: int, image_size: int, sample: int
+) -> tuple[dict[str, Any], list[_Candidate]]:
+    start = time.perf_counter()
     layout = inspect_hdf5(path)  # raises naming the file if it is not an HDF5 file of images
+    scan_s = time.perf_counter() - start
     n = len(layout.labels)
     size = os.path.getsize(path)
-    dm = HDF5DataModule(path, image_size=image_size, batch_size=min(batch_size, max(1, n // 4)), num_workers=workers)
-    dm.setup("fit")
-    rate = _timed(dm.train_dataloader, per_time)
-    warm = _read_rate([path], evict=False) if size < 2e9 else float("nan")
-    option = Option(
-        name=f"HDF5DataModule ({layout.kind})",
-        images_per_s=rate,
-        vs_baseline=float("nan"),
-        kb_per_image=size / n / 1e3,
-        dataset_gb=size / 1e9,
-        build_s=0.0,
-        config={
+    rows = np.sort(np.random.default_rng(0).choice(n, size=min(sample, n), replace=False))
+    if layout.kind == "encoded":
+        stats, corrupt, unreadable = _sample_stats(_hdf5_blobs(layout, rows), image_size)
+        if len(corrupt) > len(rows) - 4:
+            raise _too_few(path, len(rows), corrupt, unreadable)
+    else:
+        h, w = layout.shape[1:3] if layout.kind == "hwc" else layout.shape[2:4]
+        side = float(min(h, w))
+        stats = {
+            "formats": {f"{layout.kind} {layout.dtype}": n},
+            "mean_kb": size / n / 1e3,
+            "median_resolution": (w, h),
+            "size_kb": {f"p{q}": size / n / 1e3 for q in PERCENTILES},
+            "shorter_side": {f"p{q}": side for q in PERCENTILES},
+            "smaller_than_crop": len(rows) if side < image_size else 0,
+        }
+        corrupt, unreadable = [], []
+    limit = min(size, 256 << 20)  # a bounded read: the file may be far bigger than RAM
+    warm = _read_rate([path], evict=False, limit=limit)
+    cold = _read_rate([path], evict=True, limit=limit)
+    batch = min(batch_size, max(1, n // 4))
+    candidate = _Candidate(
+        f"HDF5DataModule ({layout.kind})",
+        lambda w: _Held(HDF5DataModule(path, image_size=image_size, batch_size=batch, num_workers=w)),
+        size / n / 1e3,
+        0.0,
+        {
             "class_path": "lightning_fastdata.HDF5DataModule",
-            "init_args": {"path": path, "image_size": image_size, "batch_size": batch_size, "num_workers": "auto"},
+            "init_args": {
+                "path": os.path.abspath(path),
+                "image_size": image_size,
+                "batch_size": batch_size,
+                "num_workers": "auto",
+            },
         },
     )
-    return {
+    data = {
         "kind": "hdf5",
         "files": n,
-        "classes": len(set(np.asarray(layout.labels).tolist())),
-        "formats": {layout.kind: n},
-        "sampled": n,
-        "mean_kb": size / n / 1e3,
-        "median_resolution": (0, 0),
-        "corrupt": [],
+        "classes": len(layout.classes),
+        "sampled": len(rows),
+        **stats,
+        "corrupt": corrupt,
+        "unreadable": unreadable,
         "data_gb": size / 1e9,
         "read_mb_s_warm": warm,
-        "read_mb_s_cold": float("nan"),
+        "read_mb_s_cold": cold,
         "decode_ceiling_1core": float("nan"),
         "memcpy_ceiling_1core": float("nan"),
-        "options": [option],
+        "scan_s": scan_s,
     }
+    return data, [candidate]
+
+
+def _wait(rate: float, batch_size: int, step_ms: float | None) -> float | None:
+    """The fraction of a step spent waiting for data when loading runs at ``rate`` beside a ``step_ms`` step."""
+    if step_ms is None:
+        return None
+    load_ms = 1000 * batch_size / rate
+    return max(0.0, (load_ms - step_ms) / load_ms)
 
 
 def _verdict(
@@ -376,35 +674,29 @@ def _verdict(
     free_gb: float,
     batch_size: int,
     step_ms: float | None,
-) -> tuple[str, str, float | None]:
-    """The one option to use, why, and the expected wait fraction at ``step_ms``."""
+) -> tuple[str, str]:
+    """The one option to use and why: the simplest that keeps up at ``step_ms``, else the fastest that fits."""
     usable = [o for o in options if o.config]
-    fits = [o for o in usable if not o.build_s or (o.dataset_gb < 0.8 * ram_gb and o.dataset_gb < 0.9 * free_gb)]
-    ram_note = f"RAM {ram_gb:.0f} GB, free disk {free_gb:.0f} GB"
-
-    def wait(o: Option) -> float | None:
-        if step_ms is None:
-            return None
-        load_ms = 1000 * batch_size / o.images_per_s
-        return max(0.0, (load_ms - step_ms) / load_ms)
-
+    fits = [o for o in usable if not o.build_s or o.dataset_gb < 0.9 * free_gb] or usable[:1]
+    ram_note = f"RAM {ram_gb:.0f} GB, free disk {free_gb:.0f} GB, whole data set {data_gb:.1f} GB"
     if step_ms is not None:
-        enough = [o for o in fits if wait(o) == 0.0]
+        enough = [o for o in fits if _wait(o.expected_per_s, batch_size, step_ms) == 0.0]
         if enough:  # the simplest (least to build and store) that keeps the model busy
             best = min(enough, key=lambda o: (o.build_s, o.dataset_gb))
             need = 1000 * batch_size / step_ms
-            built = f"a {best.dataset_gb:.1f} GB cache to build once" if best.build_s else "nothing to build"
+            built = f"a {best.dataset_gb:.1f} GB file to build once" if best.build_s else "nothing to build"
             return (
                 best.name,
-                f"the simplest option that keeps up ({built}): {best.images_per_s:.0f} images/s per rank, the model "
+                f"the simplest option that keeps up ({built}): {best.expected_per_s:.0f} images/s per rank, the model "
                 f"needs {need:.0f} at {step_ms:g} ms per step of {batch_size} ({ram_note})",
-                wait(best),
             )
-    best = max(fits, key=lambda o: o.images_per_s)
-    why = f"the fastest option that fits this machine ({ram_note}; whole data set {data_gb:.1f} GB)"
+    best = max(fits, key=lambda o: o.expected_per_s)
+    why = f"the fastest option that fits this machine ({ram_note})"
+    if best.expected_per_s < 0.9 * best.images_per_s:
+        why += "; the data do not stay in RAM, so the storage's cold read rate limits it"
     if best.build_s:
-        why += f"; its cache ({best.dataset_gb:.1f} GB) builds once in ~{max(1, round(best.build_s / 60))} min"
-    return best.name, why, wait(best)
+        why += f"; its file ({best.dataset_gb:.1f} GB) builds once in ~{_duration(best.build_s)}"
+    return best.name, why
 
 
 def write_config(report: DoctorReport, path: str) -> Path:
@@ -428,9 +720,15 @@ def write_config(report: DoctorReport, path: str) -> Path:
         f"{option.images_per_s:.0f} images/s per rank measured on a sample of {report.sampled}.\n"
         f"# Why: {report.reason}.\n"
     )
+    if option.prepare:
+        header += f"# First, once: {option.prepare}\n"
     out = Path(path)
     out.write_text(header + yaml.safe_dump(config, sort_keys=False))
     return out
+
+
+def _dist(d: dict[str, float], unit: str) -> str:
+    return "/".join(f"{v:.0f}" for v in d.values()) + f" {unit} (p{'/p'.join(str(q) for q in PERCENTILES)})"
 
 
 def main(argv: list[str] | None = None) -> DoctorReport:
@@ -447,24 +745,49 @@ def main(argv: list[str] | None = None) -> DoctorReport:
     parser.add_argument("--seconds", type=float, default=60.0, help="time budget of the measurements")
     parser.add_argument("--step-ms", type=float, default=None, help="your model's step time without data wait")
     parser.add_argument("--sample", type=int, default=256, help="files sampled")
+    parser.add_argument("--scratch-dir", default=None, help="where to build the sample's caches (default: TMPDIR)")
     parser.add_argument("--write-config", default=None, help="write a LightningCLI YAML with the recommendation")
     args = parser.parse_args(argv)
     try:
         report = doctor(
-            args.path, args.devices, args.batch_size, args.image_size, args.seconds, args.step_ms, args.sample
+            args.path,
+            args.devices,
+            args.batch_size,
+            args.image_size,
+            args.seconds,
+            args.step_ms,
+            args.sample,
+            args.scratch_dir,
         )
     except (FileNotFoundError, ValueError, PermissionError, OSError) as err:
         sys.exit(f"fastdata doctor: {err}")
     print(f"\nfastdata doctor: {report.path} ({report.kind})")
     print(
         f"  data: {report.files:,} images, {report.classes} classes, formats {report.formats} (sample of "
-        f"{report.sampled}), mean {report.mean_kb:.0f} KB, median {report.median_resolution[0]}x"
-        f"{report.median_resolution[1]}, ~{report.data_gb:.1f} GB; corrupt in the sample: {len(report.corrupt)}"
+        f"{report.sampled}), ~{report.data_gb:.1f} GB; listed in {report.scan_s:.1f} s\n"
+        f"    file size {_dist(report.size_kb, 'KB')}, mean {report.mean_kb:.0f} KB\n"
+        f"    shorter side {_dist(report.shorter_side, 'px')}, median {report.median_resolution[0]}x"
+        f"{report.median_resolution[1]}"
+        + (
+            f"; {report.smaller_than_crop} sampled images are smaller than the {args.image_size} px crop "
+            "(upscaled in training)"
+            if report.smaller_than_crop
+            else ""
+        )
+        + f"\n    corrupt in the sample: {len(report.corrupt)}"
         + "".join(f"\n    corrupt: {p}" for p in report.corrupt[:10])
+        + (
+            f"\n    unreadable (permission denied) in the sample: {len(report.unreadable)}; training would fail on "
+            "them: make the data readable by the user that trains"
+            + "".join(f"\n    unreadable: {p}" for p in report.unreadable[:10])
+            if report.unreadable
+            else ""
+        )
     )
     print(
-        f"  machine: {report.usable_cpus} usable CPUs, {report.devices} device(s) -> {report.workers_per_rank} "
-        f"workers per rank; RAM {report.ram_gb:.0f} GB; free disk for a cache {report.scratch_free_gb:.0f} GB; "
+        f"  machine: {report.usable_cpus} usable CPUs, {report.gpus} GPU(s), {report.devices} device(s) -> "
+        f"{report.workers_per_rank} workers per rank (timed on {max(1, report.usable_cpus // report.devices)} "
+        f"CPUs); RAM {report.ram_gb:.0f} GB; free disk for a cache {report.scratch_free_gb:.0f} GB; "
         f"/dev/shm {report.shm_gb:.1f} GB; ROI JPEG decoder {'yes' if report.roi_decoder else 'no'}; "
         f"pillow-simd {'yes' if report.pillow_simd else 'no'}"
     )
@@ -474,11 +797,19 @@ def main(argv: list[str] | None = None) -> DoctorReport:
         f"{report.memcpy_ceiling_1core:.0f} img/s\n"
     )
     print(report.table())
+    print(
+        f"\nWorkers per rank, {report.recommendation}: "
+        + ", ".join(f"{w}: {r:.0f} img/s" for w, r in report.worker_sweep.items())
+        + (" (0: loads in the training process, not overlapped with the step)" if 0 in report.worker_sweep else "")
+    )
     wait = report.expected_wait_fraction
     print(
         f"\nRecommendation: {report.recommendation}: {report.reason}."
         + (f" Expected data wait at {args.step_ms:g} ms per step: {100 * wait:.0f}%." if wait is not None else "")
     )
+    option = next(o for o in report.options if o.name == report.recommendation)
+    if option.prepare:
+        print(f"First, once: {option.prepare}")
     print(f"(measured in {report.seconds:.0f} s; nothing was written to {report.path})")
     if args.write_config:
         out = write_config(report, args.write_config)

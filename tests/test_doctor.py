@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+import torch
 import yaml
+from PIL import Image
 
 from lightning_fastdata import doctor
 from lightning_fastdata.bench.harness import compare_folder_loaders
 from lightning_fastdata.cli import main as fastdata
 from lightning_fastdata.cli import run_cli
+from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.diagnose import main
+from lightning_fastdata.diagnose import _rank_share, main
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -45,18 +54,40 @@ def test_doctor_reports_measures_and_recommends_without_touching_the_data(
     assert report.files == 60 and report.classes == 3 and report.sampled == 60
     assert report.corrupt == [str(photos / "class_002" / "img_000003.jpg")]
     assert report.formats == {"jpeg": 59}
+    # the distributions are those of the files (the sample covers them all), not of anything we re-encoded
+    good = [p for p in photos.rglob("*.jpg") if p.stat().st_size > 300]
+    sides = [min(Image.open(p).size) for p in good]
+    assert report.shorter_side["p50"] == np.percentile(sides, 50) and report.smaller_than_crop == 0
+    assert report.size_kb["p95"] == pytest.approx(
+        np.percentile([p.stat().st_size / 1e3 for p in photos.rglob("*.jpg")], 95)
+    )
     names = [o.name for o in report.options]
-    assert names[:2] == ["torchvision ImageFolder (baseline)", "ImageFolderDataModule"]
+    assert names == [
+        "torchvision ImageFolder (baseline)",
+        "ImageFolderDataModule",
+        "HDF5DataModule (original JPEG bytes)",
+        "HDF5DataModule (JPEG, shorter side 73)",
+        "TensorCacheDataModule(storage='jpeg')",
+        "HDF5DataModule (raw 73 px)",
+        "TensorCacheDataModule(storage='raw')",
+    ]
     assert all(o.images_per_s > 0 for o in report.options)
-    sizes = {o.name: o.kb_per_image for o in report.options}
-    assert sizes["TensorCacheDataModule(storage='jpeg')"] < sizes["TensorCacheDataModule(storage='raw')"]
+    kb = {o.name: o.kb_per_image for o in report.options}
+    assert kb["TensorCacheDataModule(storage='jpeg')"] < kb["TensorCacheDataModule(storage='raw')"]
+    assert kb["HDF5DataModule (JPEG, shorter side 73)"] < kb["HDF5DataModule (original JPEG bytes)"]
+    assert abs(kb["HDF5DataModule (raw 73 px)"] - kb["TensorCacheDataModule(storage='raw')"]) < 2  # 73*73*3 bytes
     assert report.recommendation in names and report.expected_wait_fraction is not None
+    # the recommended option timed again at each worker count a rank could use (2 CPUs here -> 0, 1, 2)
+    assert set(report.worker_sweep) >= {1, report.workers_per_rank} and all(r > 0 for r in report.worker_sweep.values())
     printed = capsys.readouterr().out
     assert "Recommendation:" in printed and "corrupt: " in printed and "| option |" in printed
+    assert "Workers per rank" in printed and "(p5/p25/p50/p75/p95)" in printed
     # the written config names the recommended module and parses as a `fastdata fit` config
     data = yaml.safe_load(config.read_text())["data"]
-    assert data["class_path"].rsplit(".", 1)[1] == report.recommendation.split("(")[0]
-    assert data["init_args"]["root"] == str(photos)
+    assert data["class_path"].rsplit(".", 1)[1] == report.recommendation.split("(")[0].strip()
+    option = next(o for o in report.options if o.name == report.recommendation)
+    assert data["init_args"].get("root", str(photos)) == str(photos)
+    assert (f"# First, once: {option.prepare}" in config.read_text()) == bool(option.prepare)
 
 
 @pytest.mark.timeout(300)
@@ -70,11 +101,47 @@ def test_doctor_figures_agree_with_a_direct_benchmark(tmp_path: Path) -> None:
     assert 0.5 < by_name["ImageFolderDataModule"] / direct["ours"] < 2.0
 
 
+def test_rank_share_pins_the_loader_workers() -> None:
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs to pin to fewer")
+    loader = torch.utils.data.DataLoader(_Affinity(), batch_size=None, num_workers=1)
+    with _rank_share(1):
+        assert len(os.sched_getaffinity(0)) == 1
+        assert [len(a) for a in loader] == [1, 1]  # a worker started meanwhile inherits the rank's share
+    assert os.sched_getaffinity(0) == cpus
+
+
+class _Affinity(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> list[int]:
+        return sorted(os.sched_getaffinity(0))
+
+
 def test_written_config_trains(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clean = make_image_folder(tmp_path / "clean", num_classes=2, per_class=8, size=(64, 48))
     config = tmp_path / "fast.yaml"
-    main([str(clean), "--seconds", "2", "--batch-size", "4", "--image-size", "32", "--write-config", str(config)])
+    report = main(
+        [str(clean), "--seconds", "2", "--batch-size", "4", "--image-size", "32", "--devices", "2",
+         "--write-config", str(config)]
+    )  # fmt: skip
+    # 2 ranks on 2 CPUs: one CPU each, so num_workers="auto" is 0 and the sweep tries 0 and 1
+    assert report.workers_per_rank == 0 and set(report.worker_sweep) == {0, 1}
+    assert report.smaller_than_crop == 0 and 40 <= report.shorter_side["p50"] <= 48  # sizes vary down to 85%
     monkeypatch.chdir(tmp_path)
+    # every option's config works as written, after its one-time command (a conversion) where it has one
+    for option in report.options[1:]:
+        if option.prepare:
+            fastdata(shlex.split(option.prepare)[1:])
+        module, name = option.config["class_path"].rsplit(".", 1)
+        init_args = {**option.config["init_args"], "num_workers": 0}
+        dm = getattr(importlib.import_module(module), name)(**init_args)
+        dm.prepare_data()
+        dm.setup("fit")
+        images, labels = next(iter(dm.train_dataloader()))
+        assert images.shape == (4, 3, 32, 32) and len(labels) == 4, option.name
     cli = run_cli(
         ["fit", "--config", str(config), "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu",
          "--trainer.devices", "1", "--model.arch", "resnet18", "--data.init_args.num_workers", "0"]
@@ -100,14 +167,89 @@ def test_bad_input_gives_a_clear_message(tmp_path: Path, case: str) -> None:
     assert expected[case].lower() in message.lower()
 
 
-def test_hdf5_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["hwc", "encoded"])
+def test_hdf5_file(tmp_path: Path, layout: str) -> None:
     path = tmp_path / "d.h5"
-    with h5py.File(path, "w") as f:
-        f.create_dataset("images", data=np.random.default_rng(0).integers(0, 255, (40, 48, 48, 3), dtype=np.uint8))
-        f.create_dataset("labels", data=np.arange(40) % 4)
+    if layout == "hwc":
+        with h5py.File(path, "w") as f:
+            f.create_dataset("images", data=np.random.default_rng(0).integers(0, 255, (40, 48, 60, 3), dtype=np.uint8))
+            f.create_dataset("labels", data=np.arange(40) % 4)
+    else:
+        src = make_image_folder(tmp_path / "src", num_classes=4, per_class=10, size=(60, 48))
+        convert_folder_to_hdf5(src, path, progress=False)
+        sides = [min(Image.open(p).size) for p in src.rglob("*.jpg")]
+        shutil.rmtree(src)
     before = (path.stat().st_size, path.stat().st_mtime_ns)
     report = doctor(str(path), batch_size=8, image_size=32, seconds=2)
     assert report.kind == "hdf5" and report.files == 40 and report.classes == 4
-    assert report.recommendation == "HDF5DataModule (hwc)" and report.options[0].images_per_s > 0
+    assert report.recommendation == f"HDF5DataModule ({layout})" and report.options[0].images_per_s > 0
+    # encoded: each sampled image decoded (the sample covers all 40); decoded arrays: their shape
+    if layout == "hwc":
+        assert report.shorter_side["p50"] == 48 and report.median_resolution == (60, 48)
+    else:
+        assert report.shorter_side["p50"] == np.percentile(sides, 50) and report.formats == {"jpeg": 40}
+    assert report.corrupt == [] and report.smaller_than_crop == 0
     assert (path.stat().st_size, path.stat().st_mtime_ns) == before
     assert os.listdir(tmp_path) == ["d.h5"]
+
+
+_RESTRICTED = """
+import json, sys
+from lightning_fastdata.diagnose import main
+data, ro_scratch, locked = sys.argv[1:4]
+out = {}
+for name, argv in [
+    ("ro_data", [data, "--seconds", "1", "--batch-size", "4", "--image-size", "32", "--sample", "24"]),
+    ("ro_scratch", [data, "--seconds", "1", "--scratch-dir", ro_scratch]),
+    ("locked", [locked, "--seconds", "1"]),
+]:
+    try:
+        report = main(argv)
+        out[name] = {"unreadable": report.unreadable, "options": len(report.options)}
+    except SystemExit as err:
+        out[name] = {"error": str(err.code)}
+print("RESULT", json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_read_only_file_systems_and_permission_errors(tmp_path: Path) -> None:
+    """Data on a read-only mount, a read-only scratch dir, and files it may not read (root's DAC override dropped)."""
+    tools = [shutil.which(t) for t in ("unshare", "setpriv")]
+    if os.geteuid() != 0 or None in tools:
+        pytest.skip("needs root, unshare and setpriv to mount read-only file systems and drop the DAC override")
+    data = make_image_folder(tmp_path / "data", num_classes=2, per_class=12, size=(64, 48))
+    hidden = [data / "class_000" / "img_000003.jpg", data / "class_001" / "img_000005.jpg"]
+    locked = make_image_folder(tmp_path / "locked", num_classes=2, per_class=4, size=(32, 32))
+    for p in [*hidden, locked / "class_001"]:
+        p.chmod(0)
+    before = snapshot(data)
+    mnt, ro_scratch, script = tmp_path / "mnt", tmp_path / "ro-scratch", tmp_path / "restricted.py"
+    mnt.mkdir()
+    ro_scratch.mkdir()
+    script.write_text(_RESTRICTED)
+    drop = "--bounding-set=-dac_override,-dac_read_search --inh-caps=-dac_override,-dac_read_search"
+    shell = (
+        f"mount --bind {data} {mnt} && mount -o remount,bind,ro {mnt} && mount -t tmpfs -o ro tmpfs {ro_scratch} "
+        f"&& (touch {mnt}/probe 2>/dev/null && echo WRITABLE; true) "
+        f"&& setpriv {drop} {sys.executable} {script} {mnt} {ro_scratch} {locked}"
+    )
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", shell], capture_output=True, text=True, timeout=220
+    )
+    if "mount" in proc.stderr and "RESULT" not in proc.stdout:
+        pytest.skip(f"cannot mount a private file system here: {proc.stderr.strip()}")
+    assert "WRITABLE" not in proc.stdout  # the bind mount really is read-only
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = json.loads(line[len("RESULT ") :])
+    # read-only data: measured as usual; the two files it may not read are named, not called corrupt
+    assert out["ro_data"]["options"] == 7
+    assert sorted(out["ro_data"]["unreadable"]) == sorted(str(mnt / p.relative_to(data)) for p in hidden)
+    assert "read-only file system" in out["ro_scratch"]["error"] and "--scratch-dir" in out["ro_scratch"]["error"]
+    assert str(ro_scratch) in out["ro_scratch"]["error"]
+    locked_error = out["locked"]["error"]
+    assert (
+        locked_error.startswith("fastdata doctor: No permission to read") and str(locked / "class_001") in locked_error
+    )
+    assert snapshot(data) == before
