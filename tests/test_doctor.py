@@ -24,7 +24,7 @@ from lightning_fastdata.cli import main as fastdata
 from lightning_fastdata.cli import run_cli
 from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.diagnose import _rank_share, main
+from lightning_fastdata.diagnose import _rank_share, _wait, main
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -106,10 +106,11 @@ def test_rank_share_pins_the_loader_workers() -> None:
     if len(cpus) < 2:
         pytest.skip("needs 2 CPUs to pin to fewer")
     loader = torch.utils.data.DataLoader(_Affinity(), batch_size=None, num_workers=1)
+    threads = torch.get_num_threads()
     with _rank_share(1):
-        assert len(os.sched_getaffinity(0)) == 1
+        assert len(os.sched_getaffinity(0)) == 1 and torch.get_num_threads() == 1
         assert [len(a) for a in loader] == [1, 1]  # a worker started meanwhile inherits the rank's share
-    assert os.sched_getaffinity(0) == cpus
+    assert os.sched_getaffinity(0) == cpus and torch.get_num_threads() == threads
 
 
 class _Affinity(torch.utils.data.Dataset):
@@ -121,14 +122,18 @@ class _Affinity(torch.utils.data.Dataset):
 
 
 def test_written_config_trains(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    clean = make_image_folder(tmp_path / "clean", num_classes=2, per_class=8, size=(64, 48))
+    clean = make_image_folder(tmp_path / "clean", num_classes=6, per_class=3, size=(64, 48))
     config = tmp_path / "fast.yaml"
     report = main(
         [str(clean), "--seconds", "2", "--batch-size", "4", "--image-size", "32", "--devices", "2",
-         "--write-config", str(config)]
+         "--sample", "8", "--write-config", str(config)]
     )  # fmt: skip
     # 2 ranks on 2 CPUs: one CPU each, so num_workers="auto" is 0 and the sweep tries 0 and 1
     assert report.workers_per_rank == 0 and set(report.worker_sweep) == {0, 1}
+    # fewer files sampled than there are classes: the sizes are per sampled image (37 x 37 x 3 bytes raw)
+    assert report.sampled == 8
+    raw = next(o for o in report.options if o.name == "TensorCacheDataModule(storage='raw')")
+    assert raw.kb_per_image == pytest.approx(37 * 37 * 3 / 1e3, rel=0.05)
     assert report.smaller_than_crop == 0 and 40 <= report.shorter_side["p50"] <= 48  # sizes vary down to 85%
     monkeypatch.chdir(tmp_path)
     # every option's config works as written, after its one-time command (a conversion) where it has one
@@ -253,3 +258,10 @@ def test_read_only_file_systems_and_permission_errors(tmp_path: Path) -> None:
         locked_error.startswith("fastdata doctor: No permission to read") and str(locked / "class_001") in locked_error
     )
     assert snapshot(data) == before
+
+
+def test_wait_fraction_with_and_without_workers() -> None:
+    # 10 images at 100 images/s take 100 ms: beside a 100 ms step with workers nothing is waited for; with
+    # num_workers=0 the batch is loaded between steps, half of each 200 ms step
+    assert _wait(100, 10, 100.0) == 0.0 and _wait(100, 10, 50.0) == 0.5
+    assert _wait(100, 10, 100.0, overlapped=False) == 0.5 and _wait(100, 10, None) is None
