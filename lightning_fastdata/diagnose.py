@@ -328,7 +328,7 @@ def doctor(
     with _scratch(scratch_dir) as scratch:
         try:
             if os.path.isdir(path):
-                data, candidates = _folder(path, scratch, workers, batch_size, image_size, sample)
+                data, candidates = _folder(path, scratch, usable, batch_size, image_size, sample)
             else:
                 data, candidates = _hdf5(path, workers, batch_size, image_size, sample)
         except PermissionError as err:
@@ -392,8 +392,8 @@ def doctor(
         num_workers = best_w
         chosen.config["init_args"]["num_workers"] = best_w
         reason += (
-            f"; {best_w} workers per rank measured {rates[best_w]:.0f} images/s against {rates[workers]:.0f} with "
-            f"num_workers='auto' ({workers}), so the config sets num_workers={best_w}"
+            f"; {best_w} worker{'s' if best_w > 1 else ''} per rank measured {rates[best_w]:.0f} images/s against "
+            f"{rates[workers]:.0f} with num_workers='auto' ({workers}), so the config sets num_workers={best_w}"
         )
     shm = shutil.disk_usage("/dev/shm").total / 1e9 if os.path.isdir("/dev/shm") else 0.0
     return DoctorReport(
@@ -477,7 +477,7 @@ def _too_few(path: str, sampled: int, corrupt: list[str], unreadable: list[str])
 
 
 def _folder(
-    root: str, scratch: Path, workers: int, batch_size: int, image_size: int, sample: int
+    root: str, scratch: Path, processes: int, batch_size: int, image_size: int, sample: int
 ) -> tuple[dict[str, Any], list[_Candidate]]:
     start = time.perf_counter()
     index = scan_image_folder(root)
@@ -530,7 +530,7 @@ def _folder(
     for label, file, args in hdf5s:
         h5 = scratch / file
         start = time.perf_counter()
-        convert_folder_to_hdf5(sample_root, h5, processes=max(1, workers), progress=False, **args)
+        convert_folder_to_hdf5(sample_root, h5, processes=processes, progress=False, **args)
         flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in args.items())
         candidates.append(
             _Candidate(
@@ -546,7 +546,7 @@ def _folder(
     storages: tuple[Literal["jpeg", "raw"], ...] = ("jpeg", "raw")
     for storage in storages:
         cache_dir = scratch / f"cache-{storage}"
-        args = dict(cache_size=side, storage=storage, build_processes=max(1, workers))
+        args = dict(cache_size=side, storage=storage, build_processes=processes)
         start = time.perf_counter()
         TensorCacheDataModule(sample_root, str(cache_dir), num_workers=0, **kw, **args).prepare_data()
         candidates.append(
@@ -702,7 +702,7 @@ def _verdict(
         if enough:  # the simplest (least to build and store) that keeps the model busy
             best = min(enough, key=lambda o: (o.build_s, o.dataset_gb))
             need = 1000 * batch_size / step_ms
-            built = f"a {best.dataset_gb:.1f} GB file to build once" if best.build_s else "nothing to build"
+            built = f"{best.dataset_gb:.1f} GB to build once" if best.build_s else "nothing to build"
             return (
                 best.name,
                 f"the simplest option that keeps up ({built}): {best.expected_per_s:.0f} images/s per rank, the model "
@@ -713,7 +713,7 @@ def _verdict(
     if best.expected_per_s < 0.9 * best.images_per_s:
         why += "; the data do not stay in RAM, so the storage's cold read rate limits it"
     if best.build_s:
-        why += f"; its file ({best.dataset_gb:.1f} GB) builds once in ~{_duration(best.build_s)}"
+        why += f"; its {best.dataset_gb:.1f} GB build once in ~{_duration(best.build_s)}"
     return best.name, why
 
 

@@ -38,7 +38,7 @@ def test_scale_suite_measures_a_linked_tree_end_to_end(tmp_path: Path, capsys: p
             "--root", str(tmp_path / "bench"), "--num-classes", "2", "--per-class", "16", "--suites", "scale",
             "--scale-root", str(tmp_path / "tree"), "--scale-classes", "3", "--scale-per-class", "7",
             "--scale-epochs", "2", "--scale-batches", "1", "--batch-size", "8", "--image-size", "32",
-            "--repeats", "1", "--min-seconds", "0",
+            "--repeats", "1", "--min-seconds", "0", "--scale-doctor-seconds", "1",
         ]
     )  # fmt: skip
     scale = result["suites"]["scale"]
@@ -58,7 +58,14 @@ def test_scale_suite_measures_a_linked_tree_end_to_end(tmp_path: Path, capsys: p
     assert compact < formats["ImageFolderDataModule (original JPEGs)"]["kb_per_image"]  # 500x375 -> 341x256
     assert compact < formats["TensorCacheDataModule (256 px uint8)"]["kb_per_image"] / 3
     printed = capsys.readouterr().out
-    for title in ("Suite scale: index of 21 files", "Worker PSS", "Cold reads", "Formats of the same"):
+    assert scale["doctor"]["files"] == 21 and scale["doctor"]["sampled"] == 21
+    for title in (
+        "Suite scale: index of 21 files",
+        "Worker PSS",
+        "Cold reads",
+        "Formats of the same",
+        "`fastdata doctor`",
+    ):
         assert title in printed
     with pytest.raises(FileExistsError, match="not empty"):  # never builds into a folder it did not make
         main(["--root", str(tmp_path / "bench"), "--suites", "scale", "--scale-root", str(tmp_path / "bench")])

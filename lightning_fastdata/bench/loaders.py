@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--scale-per-class", type=int, default=1281)
     parser.add_argument("--scale-epochs", type=int, default=3, help="scale suite: epochs of the worker PSS run")
     parser.add_argument("--scale-batches", type=int, default=30, help="scale suite: batches per PSS epoch")
+    parser.add_argument(
+        "--scale-doctor-seconds", type=float, default=60.0, help="scale suite: `fastdata doctor --seconds` on the tree"
+    )
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--plot", default=None, help="write a bar chart (PNG) of images/s per loader here")
     args = parser.parse_args(argv)

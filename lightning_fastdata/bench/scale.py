@@ -374,4 +374,29 @@ def scale_suite(args: argparse.Namespace) -> dict[str, Any]:
             f"| {r['loader']} | {r['kb_per_image']:.0f} | {r['imagenet_gb']:.0f} | {r['images_per_s']:.0f} | "
             f"{r['vs_baseline']:.2f}x |"
         )
-    return {"scan": scans, "worker_pss": pss, "cold_reads": cold, "formats": compact}
+    report = doctor_row(str(tree), args.scale_doctor_seconds, args.batch_size, args.image_size)
+    print(
+        f"\n`fastdata doctor` on the {report['files']:,}-file tree (--devices 8 --step-ms 120 --seconds "
+        f"{args.scale_doctor_seconds:g}): a sample of {report['sampled']}; the listing comes on top of the budget\n"
+    )
+    print("| budget | listing | whole run | recommendation |\n|---:|---:|---:|---|")
+    print(
+        f"| {args.scale_doctor_seconds:g} s | {report['scan_s']:.1f} s | {report['seconds']:.0f} s | "
+        f"{report['recommendation']} |"
+    )
+    return {"scan": scans, "worker_pss": pss, "cold_reads": cold, "formats": compact, "doctor": report}
+
+
+def doctor_row(tree: str, seconds: float, batch_size: int, image_size: int) -> dict[str, Any]:
+    """``fastdata doctor`` on the whole tree, as for 8 ranks: does it stay within its budget plus the listing?"""
+    from lightning_fastdata.diagnose import doctor
+
+    report = doctor(tree, devices=8, batch_size=batch_size, image_size=image_size, seconds=seconds, step_ms=120)
+    return {
+        "files": report.files,
+        "sampled": report.sampled,
+        "scan_s": report.scan_s,
+        "seconds": report.seconds,
+        "budget_s": seconds,
+        "recommendation": report.recommendation,
+    }
