@@ -779,6 +779,7 @@ def main(argv: list[str] | None = None) -> DoctorReport:
         )
     except (FileNotFoundError, ValueError, PermissionError, OSError) as err:
         sys.exit(f"fastdata doctor: {err}")
+    share = max(1, report.usable_cpus // report.devices)
     print(f"\nfastdata doctor: {report.path} ({report.kind})")
     print(
         f"  data: {report.files:,} images, {report.classes} classes, formats {report.formats} (sample of "
@@ -803,9 +804,9 @@ def main(argv: list[str] | None = None) -> DoctorReport:
         )
     )
     print(
-        f"  machine: {report.usable_cpus} usable CPUs, {report.gpus} GPU(s), {report.devices} device(s) -> "
-        f"{report.workers_per_rank} workers per rank (timed on {max(1, report.usable_cpus // report.devices)} "
-        f"CPUs); RAM {report.ram_gb:.0f} GB; free disk for a cache {report.scratch_free_gb:.0f} GB; "
+        f"  machine: {report.usable_cpus} usable CPUs, {report.gpus} GPU(s); {report.devices} device(s): "
+        f"{share} CPU(s) per rank, num_workers='auto' = {report.workers_per_rank} (timed on the rank's share)\n    RAM "
+        f"{report.ram_gb:.0f} GB; free disk for a cache {report.scratch_free_gb:.0f} GB; "
         f"/dev/shm {report.shm_gb:.1f} GB; ROI JPEG decoder {'yes' if report.roi_decoder else 'no'}; "
         f"pillow-simd {'yes' if report.pillow_simd else 'no'}"
     )
@@ -815,7 +816,6 @@ def main(argv: list[str] | None = None) -> DoctorReport:
         f"{report.memcpy_ceiling_1core:.0f} img/s\n"
     )
     print(report.table())
-    share = max(1, report.usable_cpus // report.devices)
     print(
         f"\nWorkers per rank, {report.recommendation}: "
         + ", ".join(f"{w}: {r:.0f} img/s" for w, r in report.worker_sweep.items())
