@@ -39,7 +39,7 @@ from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
 from lightning_fastdata.datasets.hdf5 import HDF5Layout, inspect_hdf5, open_hdf5
 from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
-from lightning_fastdata.loading.index import scan_image_folder
+from lightning_fastdata.loading.index import contains_path, scan_image_folder
 from lightning_fastdata.loading.workers import CpuBudget
 
 __all__ = ["DoctorReport", "Option", "as_dict", "doctor", "main", "write_config"]
@@ -376,10 +376,11 @@ def doctor(
     # chosen from 1 .. share - 1: 0 loads in the training process, serial with the step, and a worker on every
     # CPU leaves none for the training step (the timed loader alone does not show that cost)
     eligible = [w for w in rates if 1 <= w <= max(1, share - 1)]
-    scale = chosen.expected_per_s / chosen.images_per_s  # the storage cap, if the data exceed RAM
+    # the storage's cap, if the data exceed RAM, holds at any worker count
+    cap = chosen.expected_per_s if chosen.expected_per_s < chosen.images_per_s else float("inf")
 
     def wait_at(w: int) -> float:
-        return _wait(rates[w] * scale, batch_size, step_ms, overlapped=w > 0) or 0.0
+        return _wait(min(rates[w], cap), batch_size, step_ms, overlapped=w > 0) or 0.0
 
     best_w = max(eligible, key=lambda w: rates[w], default=workers)
     if step_ms is not None and eligible:  # the least wait; the faster on a tie
@@ -411,7 +412,7 @@ def doctor(
         worker_sweep=dict(sorted(rates.items())),
         recommendation=recommendation,
         reason=reason,
-        expected_wait_fraction=_wait(rates[num_workers] * scale, batch_size, step_ms, num_workers > 0),
+        expected_wait_fraction=_wait(min(rates[num_workers], cap), batch_size, step_ms, num_workers > 0),
         seconds=time.perf_counter() - start_all,
         **data,
     )
@@ -717,6 +718,16 @@ def _verdict(
     return best.name, why
 
 
+def _check_config_path(data: str, config: str) -> None:
+    """Refuse a config path inside the data folder, or on the HDF5 file itself: the doctor never writes there."""
+    real, out = os.path.realpath(data), os.path.realpath(config)
+    if (os.path.isdir(real) and contains_path(real, out)) or out == real:
+        raise ValueError(
+            f"Refusing to write the config {config!r} into the data {data!r}: the doctor never writes into your "
+            "data. Pass --write-config a path outside it."
+        )
+
+
 def write_config(report: DoctorReport, path: str) -> Path:
     """A LightningCLI YAML with the recommended DataModule, runnable with ``fastdata fit --config PATH``."""
     import yaml
@@ -741,7 +752,10 @@ def write_config(report: DoctorReport, path: str) -> Path:
     if option.prepare:
         header += f"# First, once: {option.prepare}\n"
     out = Path(path)
-    out.write_text(header + yaml.safe_dump(config, sort_keys=False))
+    _check_config_path(report.path, path)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp.write_text(header + yaml.safe_dump(config, sort_keys=False))
+    os.replace(tmp, out)  # a reader never sees half a config
     return out
 
 
@@ -767,6 +781,8 @@ def main(argv: list[str] | None = None) -> DoctorReport:
     parser.add_argument("--write-config", default=None, help="write a LightningCLI YAML with the recommendation")
     args = parser.parse_args(argv)
     try:
+        if args.write_config:
+            _check_config_path(args.path, args.write_config)  # before a minute of measuring, not after
         report = doctor(
             args.path,
             args.devices,
@@ -836,7 +852,10 @@ def main(argv: list[str] | None = None) -> DoctorReport:
         print(f"First, once: {option.prepare}")
     print(f"(measured in {report.seconds:.0f} s; nothing was written to {report.path})")
     if args.write_config:
-        out = write_config(report, args.write_config)
+        try:
+            out = write_config(report, args.write_config)
+        except (ValueError, OSError) as err:
+            sys.exit(f"fastdata doctor: {err}")
         print(f"Wrote {out}: fastdata fit --config {out}")
     return report
 

@@ -46,7 +46,7 @@ def test_doctor_reports_measures_and_recommends_without_touching_the_data(
     before = snapshot(photos)
     config = tmp_path / "fast.yaml"
     report = main(
-        [str(photos), "--seconds", "6", "--batch-size", "8", "--image-size", "64", "--step-ms", "5", "--sample",
+        [str(photos), "--seconds", "4", "--batch-size", "8", "--image-size", "64", "--step-ms", "5", "--sample",
          "64", "--write-config", str(config)]
     )  # fmt: skip
     assert snapshot(photos) == before  # file list, sizes and mtimes unchanged
@@ -154,9 +154,13 @@ def test_written_config_trains(photos: Path, tmp_path: Path, monkeypatch: pytest
     assert cli.trainer.state.finished
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "not_hdf5", "no_images"])
+@pytest.mark.parametrize("case", ["missing", "empty", "not_hdf5", "no_images", "config_in_data"])
 def test_bad_input_gives_a_clear_message(tmp_path: Path, case: str) -> None:
     target = tmp_path / case
+    extra = []
+    if case == "config_in_data":
+        make_image_folder(target, num_classes=2, per_class=2, size=(32, 32))
+        extra = ["--write-config", str(target / "class_000" / "fast.yaml")]
     if case == "empty":
         target.mkdir()
     elif case == "not_hdf5":
@@ -165,11 +169,18 @@ def test_bad_input_gives_a_clear_message(tmp_path: Path, case: str) -> None:
         (target / "a").mkdir(parents=True)
         (target / "a" / "notes.txt").write_text("x")
     with pytest.raises(SystemExit) as err:
-        fastdata(["doctor", str(target), "--seconds", "1"])  # through the `fastdata` command
+        fastdata(["doctor", str(target), "--seconds", "1", *extra])  # through the `fastdata` command
     message = str(err.value.code)
     assert message.startswith("fastdata doctor: ") and str(target) in message
-    expected = {"missing": "does not exist", "empty": "class folder", "not_hdf5": "HDF5", "no_images": "no valid image"}
+    expected = {
+        "missing": "does not exist",
+        "empty": "class folder",
+        "not_hdf5": "HDF5",
+        "no_images": "no valid image",
+        "config_in_data": "never writes into your data",
+    }
     assert expected[case].lower() in message.lower()
+    assert not list(tmp_path.rglob("*.yaml"))
 
 
 @pytest.mark.parametrize("layout", ["hwc", "encoded"])
