@@ -124,6 +124,7 @@ class _Affinity(torch.utils.data.Dataset):
 def test_written_config_trains(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clean = make_image_folder(tmp_path / "clean", num_classes=6, per_class=3, size=(64, 48))
     config = tmp_path / "fast.yaml"
+    monkeypatch.setattr("lightning_fastdata.diagnose.INDEX_DIR_FILES", 18)  # as if these 18 files were 1.28M
     report = main(
         [str(clean), "--seconds", "2", "--batch-size", "4", "--image-size", "32", "--devices", "2",
          "--sample", "8", "--write-config", str(config)]
@@ -135,6 +136,8 @@ def test_written_config_trains(photos: Path, tmp_path: Path, monkeypatch: pytest
     raw = next(o for o in report.options if o.name == "TensorCacheDataModule(storage='raw')")
     assert raw.kb_per_image == pytest.approx(37 * 37 * 3 / 1e3, rel=0.05)
     assert report.smaller_than_crop == 0 and 40 <= report.shorter_side["p50"] <= 48  # sizes vary down to 85%
+    folder_based = [o for o in report.options[1:] if "root" in o.config["init_args"]]
+    assert len(folder_based) == 3 and all(o.config["init_args"]["index_dir"] == "cache/index" for o in folder_based)
     monkeypatch.chdir(tmp_path)
     # every option's config works as written, after its one-time command (a conversion) where it has one
     for option in report.options[1:]:
@@ -147,6 +150,7 @@ def test_written_config_trains(photos: Path, tmp_path: Path, monkeypatch: pytest
         dm.setup("fit")
         images, labels = next(iter(dm.train_dataloader()))
         assert images.shape == (4, 3, 32, 32) and len(labels) == 4, option.name
+    assert list((tmp_path / "cache" / "index").glob("*.fdindex.npz"))  # the folder list kept for the next run
     cli = run_cli(
         ["fit", "--config", str(config), "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu",
          "--trainer.devices", "1", "--model.arch", "resnet18", "--data.init_args.num_workers", "0"]
