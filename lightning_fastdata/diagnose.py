@@ -787,6 +787,13 @@ def main(argv: list[str] | None = None) -> DoctorReport:
     try:
         if args.write_config:
             _check_config_path(args.path, args.write_config)  # before a minute of measuring, not after
+        if os.path.exists(args.path):
+            print(
+                f"fastdata doctor: measuring {args.path} for about {args.seconds:g} s after listing it (a sample's "
+                "HDF5 files and caches are built in a temporary directory and removed) ...",
+                file=sys.stderr,
+                flush=True,
+            )
         report = doctor(
             args.path,
             args.devices,

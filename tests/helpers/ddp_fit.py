@@ -1,4 +1,7 @@
-"""Run a 2-process CPU DDP fit (gloo) and write what each rank's loader served to OUT/rank<k>.json."""
+"""Run 2-process CPU DDP fits (gloo), one per DataModule kind.
+
+Writes what each rank's loader served to OUT/rank<k>-<kind>.json.
+"""
 
 from __future__ import annotations
 
@@ -33,24 +36,27 @@ class Served(pl.Callback):
 
 
 if __name__ == "__main__":
-    source, out, workers, kind = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    kw = dict(image_size=16, batch_size=4, num_workers=workers, val_fraction=0)
-    if kind == "cache":
-        dm = TensorCacheDataModule(source, str(out / "cache"), cache_size=24, build_processes=1, **kw)
-    else:
-        dm = {"folder": ImageFolderDataModule, "hdf5": HDF5DataModule}[kind](source, **kw)
-    served = Served()
-    trainer = pl.Trainer(
-        strategy="ddp",
-        accelerator="cpu",
-        devices=2,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[served],
-    )
-    trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
-    record = {"indices": served.indices, "labels": served.labels, "world": trainer.world_size}
-    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+    # one launch, one fit per KIND=SOURCE: the later Trainers reuse the two processes and their process group
+    out, workers = Path(sys.argv[1]), int(sys.argv[2])
+    for pair in sys.argv[3:]:
+        kind, source = pair.split("=", 1)
+        kw = dict(image_size=16, batch_size=4, num_workers=workers, val_fraction=0)
+        if kind == "cache":
+            dm = TensorCacheDataModule(source, str(out / "cache"), cache_size=24, build_processes=1, **kw)
+        else:
+            dm = {"folder": ImageFolderDataModule, "hdf5": HDF5DataModule}[kind](source, **kw)
+        served = Served()
+        trainer = pl.Trainer(
+            strategy="ddp",
+            accelerator="cpu",
+            devices=2,
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[served],
+        )
+        trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
+        record = {"indices": served.indices, "labels": served.labels, "world": trainer.world_size}
+        (out / f"rank{trainer.global_rank}-{kind}.json").write_text(json.dumps(record))
