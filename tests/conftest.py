@@ -1,14 +1,23 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.fork_client import SERVER
 
 from lightning_fastdata.demos import make_image_folder, photo_like_image
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """Stop the fork server (``helpers/zygote.py``) that process-level tests share, if one was started."""
+    yield
+    SERVER.close()
 
 
 @pytest.fixture(scope="session")

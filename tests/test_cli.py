@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.fork_client import SERVER
 
 from lightning_fastdata import convert_folder_to_hdf5
 from lightning_fastdata.cli import CONFIG_DIR, DEMO_CPU_ARCH, ConfigNotFoundError, find_config, main, run_cli
@@ -168,10 +168,10 @@ def test_fastdata_convert_refuses_to_overwrite(image_folder: Path, tmp_path: Pat
     )
 
 
-def _fit(args: list[str], cwd: Path, record: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FASTDATA_RECORD": str(record), "PYTHONPATH": str(Path(__file__).with_name("helpers"))}
-    fastdata = Path(sys.executable).with_name("fastdata")
-    return subprocess.run([str(fastdata), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+def _fit(args: list[str], cwd: Path, record: Path) -> tuple[int, str]:
+    """``fastdata ARGS`` (``python -m lightning_fastdata.cli``) in a fresh process forked from the import server."""
+    env = {"FASTDATA_RECORD": str(record)}
+    return SERVER.command(args, cwd, record.with_suffix(".log"), env, module="lightning_fastdata.cli")
 
 
 @pytest.mark.timeout(600)
@@ -193,14 +193,16 @@ def test_documented_resume_command_continues_at_the_step_and_sample(
         m.syspath_prepend(str(Path(__file__).with_name("helpers")))
         m.chdir(tmp_path / "ref")
         run_cli([*common, "--trainer.max_steps", "10"])
-    nothing = _fit([*common, "--trainer.max_steps", "5", "--ckpt_path", "last"], tmp_path / "run", tmp_path / "a.jsonl")
-    assert nothing.returncode == 0, nothing.stderr[-3000:]
-    assert "no last checkpoint" in nothing.stderr + nothing.stdout  # a first run with nothing to resume says so
-    resumed = _fit(
+    code, nothing = _fit(
+        [*common, "--trainer.max_steps", "5", "--ckpt_path", "last"], tmp_path / "run", tmp_path / "a.jsonl"
+    )
+    assert code == 0, nothing[-3000:]
+    assert "no last checkpoint" in nothing  # a first run with nothing to resume says so
+    code, resumed = _fit(
         [*common, "--trainer.max_steps", "10", "--ckpt_path", "last"], tmp_path / "run", tmp_path / "b.jsonl"
     )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "checkpoints/resume/last.ckpt" in resumed.stderr + resumed.stdout
+    assert code == 0, resumed[-3000:]
+    assert "checkpoints/resume/last.ckpt" in resumed
     lines = [json.loads(x) for x in (tmp_path / "ref.jsonl").read_text().splitlines()]
     first = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
     second = [json.loads(x) for x in (tmp_path / "b.jsonl").read_text().splitlines()]

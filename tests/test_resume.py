@@ -8,7 +8,6 @@ concatenated records to equal the uninterrupted ones exactly.
 from __future__ import annotations
 
 import json
-import os
 import runpy
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.fork_client import SERVER
 
 from lightning_fastdata import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
@@ -33,44 +33,20 @@ class Runs:
     """
 
     def __init__(self) -> None:
-        self.server: subprocess.Popen | None = None
         self.started = 0
 
     def __call__(self, cfg: dict[str, Any]) -> tuple[int, str]:
         """Run one config; return its exit code and output."""
         self.started += 1
-        log = Path(f"{cfg['record']}.run{self.started}.log")
         if cfg.get("devices", 1) > 1:
             out = subprocess.run(
                 [sys.executable, str(HELPER), json.dumps(cfg)], capture_output=True, text=True, timeout=240
             )
             return out.returncode, out.stderr
-        if self.server is None or self.server.poll() is not None:
-            self.server = subprocess.Popen(
-                [sys.executable, str(HELPER.with_name("zygote.py"))],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-                cwd=HELPER.parent,
-            )
-        assert self.server.stdin is not None and self.server.stdout is not None
-        self.server.stdin.write(json.dumps({"cfg": cfg, "log": str(log)}) + "\n")
-        self.server.stdin.flush()
-        code = int(self.server.stdout.readline())
-        return code, log.read_text()
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.communicate(timeout=60)
+        return SERVER.request({"cfg": cfg, "log": f"{cfg['record']}.run{self.started}.log"})
 
 
 RUNS = Runs()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fork_server() -> Any:
-    yield
-    RUNS.close()
 
 
 def run(cfg: dict[str, Any], expect_kill: bool = False, expect_error: str | None = None) -> None:
@@ -237,12 +213,12 @@ def test_readme_snippet_rerun_resumes_where_it_stopped(
     """The README's Python snippet (fixed dirpath, ckpt_path="last"), rerun as a preempted job would be."""
     script = HELPER.with_name("snippet_run.py")
 
-    def rerun(ckpt_dir: Path, steps: int, record: Path) -> subprocess.CompletedProcess:
-        env = {**os.environ, "FASTDATA_RECORD": str(record), "PYTHONPATH": str(HELPER.parent)}
-        args = [sys.executable, str(script), sources["folder"], str(ckpt_dir), str(steps)]
-        out = subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
-        assert out.returncode == 0, out.stderr[-3000:]
-        return out
+    def rerun(ckpt_dir: Path, steps: int, record: Path) -> str:
+        """``python snippet_run.py ...`` in a fresh process (forked from the server that has the imports)."""
+        argv = [str(script), sources["folder"], str(ckpt_dir), str(steps)]
+        code, output = SERVER.command(argv, tmp_path, record.with_suffix(".log"), {"FASTDATA_RECORD": str(record)})
+        assert code == 0, output[-3000:]
+        return output
 
     def lines(path: Path) -> list[dict[str, Any]]:
         return [json.loads(x) for x in path.read_text().splitlines()]
@@ -254,9 +230,9 @@ def test_readme_snippet_rerun_resumes_where_it_stopped(
         m.setattr(sys, "argv", [str(script), sources["folder"], str(tmp_path / "ref"), "14"])
         runpy.run_path(str(script), run_name="__main__")
     first = rerun(tmp_path / "ck", 6, tmp_path / "a.jsonl")  # stops right after its checkpoint at step 6
-    assert "no last checkpoint" in first.stderr + first.stdout  # a first run with nothing to resume says so
+    assert "no last checkpoint" in first  # a first run with nothing to resume says so
     second = rerun(tmp_path / "ck", 14, tmp_path / "b.jsonl")
-    assert "last.ckpt" in second.stderr + second.stdout
+    assert "last.ckpt" in second
     a, b = lines(tmp_path / "a.jsonl"), lines(tmp_path / "b.jsonl")
     assert [r["step"] for r in b] == list(range(6, 14))  # continues at the step where the first run stopped
     assert a + b == lines(tmp_path / "ref.jsonl")  # same epochs, batch indices and samples as one run

@@ -1,0 +1,53 @@
+"""The test side of ``zygote.py``: one fork server for the whole session, started on first use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HELPERS = Path(__file__).parent
+
+
+class ForkServer:
+    """Runs each request as a fresh process forked from a server that has torch and Lightning imported."""
+
+    def __init__(self) -> None:
+        self.server: subprocess.Popen | None = None
+
+    def request(self, request: dict[str, Any]) -> tuple[int, str]:
+        """Run one request (see ``zygote.py``); return the child's exit code and its output."""
+        if self.server is None or self.server.poll() is not None:
+            self.server = subprocess.Popen(
+                [sys.executable, str(HELPERS / "zygote.py")],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=HELPERS,
+            )
+        assert self.server.stdin is not None and self.server.stdout is not None
+        self.server.stdin.write(json.dumps(request) + "\n")
+        self.server.stdin.flush()
+        code = int(self.server.stdout.readline())
+        return code, Path(request["log"]).read_text()
+
+    def command(
+        self, argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None, module: str | None = None
+    ) -> tuple[int, str]:
+        """``python SCRIPT ARGV...`` (``argv[0]`` is the script), or ``python -m MODULE ARGV...``, in ``cwd``."""
+        request: dict[str, Any] = {"cwd": str(cwd), "env": env or {}, "path": [str(HELPERS)], "log": str(log)}
+        if module is None:
+            request.update(script=argv[0], argv=argv[1:])
+        else:
+            request.update(module=module, argv=argv)
+        return self.request(request)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.communicate(timeout=60)
+            self.server = None
+
+
+SERVER = ForkServer()
