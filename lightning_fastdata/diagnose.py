@@ -251,7 +251,7 @@ def _probe(path: str, err: OSError) -> OSError:
 
 @dataclass
 class _Candidate:
-    """An option to time: how to build it on the sample and how to make its train loader for a worker count."""
+    """An option to time: its train loader for a worker count, and what building it for the sample cost."""
 
     name: str
     make: Callable[[int], Any]
@@ -290,6 +290,9 @@ def doctor(
     scratch_dir: str | None = None,
 ) -> DoctorReport:
     """Measure ``path`` (an image folder or an HDF5 file) on this machine and recommend a DataModule.
+
+    Not for use from several threads at once: while it times, it pins this whole process (CPU affinity and
+    torch's intra-op threads) to one rank's share of the CPUs, and restores both afterwards.
 
     Args:
         path: Image folder (``root/<class>/<image>``) or HDF5 file.
@@ -644,7 +647,7 @@ def _hdf5(
     batch = min(batch_size, max(1, n // 4))
     candidate = _Candidate(
         f"HDF5DataModule ({layout.kind})",
-        lambda w: _Held(HDF5DataModule(path, image_size=image_size, batch_size=batch, num_workers=w)),
+        functools.partial(_held, HDF5DataModule, path, {"image_size": image_size, "batch_size": batch}),
         size / n / 1e3,
         0.0,
         {
