@@ -725,7 +725,7 @@ def _verdict(
     if best.expected_per_s < 0.9 * best.images_per_s:
         why += "; the data do not stay in RAM, so the storage's cold read rate limits it"
     if best.build_s:
-        why += f"; its {best.dataset_gb:.1f} GB build once in ~{_duration(best.build_s)}"
+        why += f"; it is built once ({best.dataset_gb:.1f} GB, ~{_duration(best.build_s)})"
     return best.name, why
 
 
