@@ -230,11 +230,20 @@ from lightning_fastdata.loading import collate
 class Big(KeyedDataset):
     def __getitems__(self, keys):
         return collate.empty_image_batch(len(keys), 512, 512), torch.zeros(len(keys))
+import time
 loader = DataLoader(Big(), batch_size=8, num_workers=1, collate_fn=collate.collate_prebatched)
+it = iter(loader)
 try:
-    next(iter(loader))
+    next(it)
 except RuntimeError as err:
     print("ERROR:", err)
+# the worker may be inside its next (prefetched) allocation, between torch creating the file and the unlink
+# after the failure: shut it down first (directly: torch's reraise leaves the iterator in a reference cycle,
+# and a shutdown from the garbage collector waits 5 s per worker); a leaked file stays, one in flight goes
+it._shutdown_workers()
+deadline = time.monotonic() + 10
+while os.listdir("/dev/shm") and time.monotonic() < deadline:
+    time.sleep(0.05)
 print("LEFT:", sorted(os.listdir("/dev/shm")))
 """
 
