@@ -345,7 +345,7 @@ def doctor(
             if os.path.isdir(path):
                 data, candidates = _folder(path, scratch, usable, batch_size, image_size, sample)
             else:
-                data, candidates = _hdf5(path, workers, batch_size, image_size, sample)
+                data, candidates = _hdf5(path, batch_size, image_size, sample)
         except PermissionError as err:
             raise _probe(path, err) from err
         budget.deadline += data["scan_s"]  # the listing comes on top of the budget
@@ -620,9 +620,7 @@ def _hdf5_blobs(layout: HDF5Layout, rows: np.ndarray) -> Iterator[tuple[str, byt
             yield f"{layout.path}[{int(i)}]", np.asarray(data, dtype=np.uint8).tobytes()
 
 
-def _hdf5(
-    path: str, workers: int, batch_size: int, image_size: int, sample: int
-) -> tuple[dict[str, Any], list[_Candidate]]:
+def _hdf5(path: str, batch_size: int, image_size: int, sample: int) -> tuple[dict[str, Any], list[_Candidate]]:
     start = time.perf_counter()
     layout = inspect_hdf5(path)  # raises naming the file if it is not an HDF5 file of images
     scan_s = time.perf_counter() - start
