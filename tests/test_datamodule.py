@@ -135,6 +135,26 @@ def test_skipped_corrupt_images_are_reported_after_the_epoch(tmp_path: Path) -> 
     assert any("Epoch 1: skipped 1 corrupt" in str(w.message) for w in record)
 
 
+def test_workers_stop_at_once_after_a_worker_exception(tmp_path: Path) -> None:
+    """torch's ExceptionWrapper.reraise leaves a plain DataLoader iterator in a reference cycle; freed by the garbage
+    collector, each worker then misses its shutdown message and is joined after 5 s (10 s for 2 workers)."""
+    root = make_image_folder(tmp_path / "d", num_classes=2, per_class=6, size=(48, 40))
+    bad = root / "class_001" / "img_000002.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])  # truncated: on_corrupt="raise" fails in a worker
+    dm = ImageFolderDataModule(str(root), image_size=16, batch_size=2, num_workers=2, val_fraction=0, shuffle=False)
+    dm.setup("fit")
+    it = iter(dm.train_dataloader())
+    with pytest.raises(OSError, match="img_000002.jpg"):
+        for _ in range(10):
+            next(it)
+    ref = weakref.ref(it)
+    start = time.perf_counter()
+    del it
+    gc.collect()
+    assert ref() is None
+    assert time.perf_counter() - start < 4.0  # both workers told to stop, not joined after timeouts
+
+
 @pytest.mark.parametrize("kind", ["folder", "model"])
 def test_modules_are_freed_by_reference_count_and_their_workers_stop_at_once(image_folder: Path, kind: str) -> None:
     """Lightning's save_hyperparameters left a frame cycle: a dropped DataModule waited for the garbage collector,
