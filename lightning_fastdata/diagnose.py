@@ -40,7 +40,7 @@ from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
 from lightning_fastdata.datasets.hdf5 import HDF5Layout, inspect_hdf5, open_hdf5
 from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 from lightning_fastdata.loading.index import contains_path, scan_image_folder
-from lightning_fastdata.loading.workers import CpuBudget
+from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
 
 __all__ = ["DoctorReport", "Option", "as_dict", "doctor", "main", "write_config"]
 
@@ -335,9 +335,10 @@ def doctor(
         raise FileNotFoundError(
             f"{path!r} does not exist. Pass an image folder (root/<class>/<image>) or an HDF5 file."
         )
-    usable = CpuBudget.detect().usable
+    cpus = CpuBudget.detect()
+    usable = cpus.usable
     share = max(1, usable // devices)
-    workers = share - 1 if share > 1 else 0  # what num_workers="auto" gives each rank
+    workers = resolve_num_workers("auto", devices, cpus)  # what each rank gets in training
     ram = _ram_gb()
     budget = _Budget(seconds)
     with _scratch(scratch_dir) as scratch:
@@ -352,12 +353,10 @@ def doctor(
         n = data["files"]
         sweep = _sweep_counts(share, workers)
         options: list[Option] = []
-        timed: dict[str, _Candidate] = {}
         with _rank_share(share):
             for k, cand in enumerate(candidates):
                 runs_left = len(candidates) - k + len(sweep) - 1
                 rate = budget.time(functools.partial(cand.make, workers), runs_left)
-                timed[cand.name] = cand
                 options.append(
                     Option(
                         name=cand.name,
@@ -378,9 +377,10 @@ def doctor(
             free = shutil.disk_usage(scratch).free / 1e9
             recommendation, reason = _verdict(options, data["data_gb"], ram, free, batch_size, step_ms, workers > 0)
             chosen = next(o for o in options if o.name == recommendation)
+            make = next(c.make for c in candidates if c.name == recommendation)
             rates = {workers: chosen.images_per_s}
             for k, w in enumerate(c for c in sweep if c != workers):
-                rates[w] = budget.time(functools.partial(timed[recommendation].make, w), len(sweep) - 1 - k)
+                rates[w] = budget.time(functools.partial(make, w), len(sweep) - 1 - k)
     # chosen from 1 .. share - 1: 0 loads in the training process, serial with the step, and a worker on every
     # CPU leaves none for the training step (the timed loader alone does not show that cost)
     eligible = [w for w in rates if 1 <= w <= max(1, share - 1)]
