@@ -96,7 +96,9 @@ def test_demo_measures_both_loaders_then_trains_from_any_directory(tmp_path: Pat
     assert "torchvision ImageFolder + DataLoader" in baseline_line and "ImageFolderDataModule" in ours_line
     baseline = float(re.findall(r"([\d.]+) images/s", baseline_line)[0])
     ours, ratio = (float(x) for x in re.findall(r"([\d.]+) images/s\s+\(([\d.]+)x\)", ours_line)[0])
-    assert baseline > 0 and ours > 0 and ratio == pytest.approx(ours / baseline, abs=0.051)
+    # Rates are printed to the unit and the ratio to 0.1, from the unrounded rates: allow both roundings.
+    low, high = (ours - 0.5) / (baseline + 0.5), (ours + 0.5) / (baseline - 0.5)
+    assert baseline > 0 and ours > 0 and low - 0.05 <= ratio <= high + 0.05, (baseline, ours, ratio)
     assert out.stdout.count(ours_line) == 2  # printed once before training, once at the end
     assert "images/s per rank over 3 steps" in out.stdout + out.stderr
     assert f"trains a {DEMO_CPU_ARCH}" in out.stdout
