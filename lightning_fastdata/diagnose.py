@@ -590,6 +590,9 @@ def _folder(
         if n >= INDEX_DIR_FILES and "root" in cand.config.get("init_args", {}):
             # every rank lists the folder in setup(), every run: with index_dir, once per node, then reused
             cand.config["init_args"]["index_dir"] = "cache/index"
+            if cand.config["class_path"].endswith("TensorCacheDataModule"):
+                # each run checks the cache against its folders, not every file (0.09 s against 6.4 s here)
+                cand.config["init_args"]["verify_source"] = "folders"
     data = {
         "kind": "folder",
         "files": n,
@@ -760,6 +763,11 @@ def write_config(report: DoctorReport, path: str) -> Path:
     )
     if option.prepare:
         header += f"# First, once: {option.prepare}\n"
+    if option.config["init_args"].get("verify_source") == "folders":
+        header += (
+            "# verify_source: folders checks the cache against the file list and its folders' mtimes at each run, "
+            "not every file;\n# after rewriting images in place (same names), run once with verify_source: files.\n"
+        )
     out = Path(path)
     _check_config_path(report.path, path)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

@@ -47,6 +47,10 @@ def test_scale_suite_measures_a_linked_tree_end_to_end(tmp_path: Path, capsys: p
     first = tree / "n00000001" / "n00000001_0.JPEG"
     assert first.stat().st_nlink == 7 and (tree / "n00000001" / "n00000001_6.JPEG").samefile(first)
     assert [r["files"] for r in scale["scan"]] == [21] * 4  # torchvision, ours, first index run, reuse
+    checks = {r["verify_source"]: r for r in scale["staleness_check"]}
+    assert sorted(checks) == ["files", "folders"]
+    assert all(r["files"] == 21 and r["folders"] == 4 for r in checks.values())  # the root and its 3 classes
+    assert not list(tmp_path.glob("*manifest-only-cache*"))  # its stand-in cache is removed
     assert [r["loader"] for r in scale["worker_pss"]] == ["torchvision", "ours"]
     assert all(len(r["worker_pss_mb_per_epoch"]) == 2 for r in scale["worker_pss"])
     cold = {r["loader"]: r for r in scale["cold_reads"]}

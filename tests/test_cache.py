@@ -216,3 +216,133 @@ def test_a_cache_written_before_storage_existed_is_still_current(folder: Path, t
     before = (tmp_path / "c" / "train_images.npy").stat().st_mtime_ns
     module(folder, tmp_path / "c", read_only=True).prepare_data()  # no "parameters changed" error, no rebuild
     assert (tmp_path / "c" / "train_images.npy").stat().st_mtime_ns == before
+
+
+def _age(root: Path, seconds: float = 60.0) -> None:
+    """Date every folder under ``root`` back, as data written a while before the cache is built."""
+    past = time.time() - seconds
+    for folder in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        os.utime(folder, (past, past))
+
+
+def _file_stats(monkeypatch: pytest.MonkeyPatch, root: Path) -> list[str]:
+    """Record every ``os.stat`` of an image file under ``root`` from now on."""
+    calls: list[str] = []
+    real = os.stat
+
+    def counting(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        name = os.fsdecode(path)
+        if name.endswith(".jpg") and str(root) in os.path.abspath(name):
+            calls.append(name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counting)
+    return calls
+
+
+def _built(capsys: pytest.CaptureFixture[str]) -> bool:
+    return "building the tensor cache" in capsys.readouterr().out
+
+
+def test_folder_check_stats_no_file_and_sees_added_and_renamed_files(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _age(folder)
+    cache = tmp_path / "c"
+    module(folder, cache, verify_source="folders").prepare_data()
+    assert _built(capsys)
+    stats = _file_stats(monkeypatch, folder)
+    module(folder, cache, verify_source="folders").prepare_data()
+    assert not _built(capsys) and stats == []  # current, from the folders alone: no file was stat'ed
+    module(folder, cache).prepare_data()  # the default stats every file
+    assert not _built(capsys) and len(stats) == 21
+    # the parameters are still compared on the fast path
+    with pytest.raises(ValueError, match="cache_size changed"):
+        module(folder, cache, cache_size=40, verify_source="folders", read_only=True).prepare_data()
+
+    # another split of the same files: the file lists differ, no folder does
+    module(folder, cache, val_fraction=0.5, verify_source="folders").prepare_data()
+    assert _built(capsys)
+    assert json.loads((cache / "manifest.json").read_text())["counts"] == {"train": 11, "val": 10}
+
+    # a file replaced by a rename (how careful tools write): its folder's mtime changes
+    _age(folder)
+    module(folder, cache, verify_source="folders").prepare_data()  # records the re-dated folders
+    capsys.readouterr()
+    target = folder / "class_001" / "img_000003.jpg"
+    new = tmp_path / "new.jpg"
+    new.write_bytes((folder / "class_002" / "img_000001.jpg").read_bytes())
+    os.replace(new, target)
+    module(folder, cache, verify_source="folders").prepare_data()
+    assert _built(capsys)
+    index = module(folder, cache).source.indexes(module(folder, cache).split)
+    rows = [i for i in range(len(index[0])) if index[0].path(i) == str(target)]
+    path, _ = open_tensor_cache(cache, "train")
+    if rows:  # in the training split: the cache holds the new picture
+        assert np.array_equal(np.load(path)[rows[0]], decode_center_crop(str(target), 32))
+
+    # a file added: the file list changes
+    _age(folder)
+    module(folder, cache, verify_source="folders").prepare_data()
+    capsys.readouterr()
+    (folder / "class_000" / "img_extra.jpg").write_bytes(target.read_bytes())
+    module(folder, cache, verify_source="folders").prepare_data()
+    assert _built(capsys)
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert manifest["counts"]["train"] + manifest["counts"]["val"] == 22
+
+
+def test_folder_check_misses_in_place_rewrites_as_documented(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _age(folder)
+    module(folder, tmp_path / "c", verify_source="folders").prepare_data()
+    capsys.readouterr()
+    changed = folder / "class_001" / "img_000003.jpg"
+    changed.write_bytes(changed.read_bytes() + b"\0")  # same name, same folder: no folder mtime changes
+    module(folder, tmp_path / "c", verify_source="folders").prepare_data()
+    assert not _built(capsys)  # the documented blind spot of verify_source="folders"
+    module(folder, tmp_path / "c", verify_source="files").prepare_data()
+    assert _built(capsys)  # the full check sees it
+
+
+def test_folders_modified_during_the_build_get_the_full_check_once(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "c"
+    module(folder, cache, verify_source="folders").prepare_data()  # the folder was written just now: racy
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert all(mtime == -1 for rows in manifest["source"]["folders"] for _, mtime in rows)
+    _age(folder)  # time passes; nothing else changes
+    capsys.readouterr()
+    stats = _file_stats(monkeypatch, folder)
+    module(folder, cache, verify_source="folders").prepare_data()
+    assert not _built(capsys) and len(stats) == 21  # the full check, which found it current and recorded the folders
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert all(mtime > 0 for rows in manifest["source"]["folders"] for _, mtime in rows)
+    stats.clear()
+    module(folder, cache, verify_source="folders").prepare_data()
+    assert not _built(capsys) and stats == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "c.lock", "src"]  # no temporary left beside it
+
+
+def test_fingerprint_is_the_per_file_record_it_always_was(tmp_path: Path) -> None:
+    """Caches built before the faster fingerprint stay current: same records, same digest, any file name."""
+    import hashlib
+
+    from lightning_fastdata.datasets.cache import fingerprint
+    from lightning_fastdata.loading.index import scan_image_folder
+
+    root = make_image_folder(tmp_path / "src", num_classes=2, per_class=3, size=(16, 16))
+    odd = os.path.join(os.fsencode(root / "class_001"), b"caf\xe9 \xff.jpg")  # not UTF-8
+    with open(odd, "wb") as fh:
+        fh.write((root / "class_000" / "img_000000.jpg").read_bytes())
+    index = scan_image_folder(str(root))
+    digest = hashlib.sha256()
+    for split in (index, None):
+        digest.update(b"|split|")
+        for i in range(len(split) if split is not None else 0):
+            st = os.stat(split.path(i))
+            record = f"{split.relpath(i)}\0{st.st_size}\0{st.st_mtime_ns}\0{split.labels[i]}\n"
+            digest.update(record.encode(errors="surrogateescape"))
+    assert len(index) == 7 and fingerprint([index, None]) == digest.hexdigest()

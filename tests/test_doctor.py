@@ -138,6 +138,8 @@ def test_written_config_trains(photos: Path, tmp_path: Path, monkeypatch: pytest
     assert report.smaller_than_crop == 0 and 40 <= report.shorter_side["p50"] <= 48  # sizes vary down to 85%
     folder_based = [o for o in report.options[1:] if "root" in o.config["init_args"]]
     assert len(folder_based) == 3 and all(o.config["init_args"]["index_dir"] == "cache/index" for o in folder_based)
+    caches = [o.config["init_args"] for o in folder_based if o.config["class_path"].endswith("TensorCacheDataModule")]
+    assert len(caches) == 2 and all(c["verify_source"] == "folders" for c in caches)
     monkeypatch.chdir(tmp_path)
     # every option's config works as written, after its one-time command (a conversion) where it has one
     for option in report.options[1:]:

@@ -3,6 +3,8 @@
 - **Index**: a hard-linked ImageNet-shaped tree (default 1,000 classes x 1,281 files; hard links, so seconds and
   no disk) scanned by torchvision's ``ImageFolder`` and by us, each in a fresh process: seconds and resident
   memory added; then the persisted index (``index_dir``): first run (scan + write) and reuse.
+- **Cache staleness check**: what ``TensorCacheDataModule.prepare_data`` spends per run checking a current cache
+  against that tree: every file (``verify_source="files"``) against the folders (``"folders"``).
 - **Worker memory**: PSS of each loader worker after each of a few epochs over that 1.28M-file index (ours vs
   torchvision's list of tuples, whose reference counts make every touched page a private copy).
 - **Cold reads**: one pass of every DataModule over the benchmark data after evicting its files from the page
@@ -32,7 +34,16 @@ from lightning_fastdata import HDF5DataModule, ImageFolderDataModule, TensorCach
 from lightning_fastdata.bench.harness import Candidate, baseline_loader, count_images, measure, rows_for
 from lightning_fastdata.bench.hdf5 import bench_files
 
-__all__ = ["cold_read_rows", "compact_rows", "evict", "linked_tree", "scale_suite", "scan_rows", "worker_pss_rows"]
+__all__ = [
+    "cold_read_rows",
+    "compact_rows",
+    "evict",
+    "linked_tree",
+    "scale_suite",
+    "scan_rows",
+    "staleness_rows",
+    "worker_pss_rows",
+]
 
 _DONE = ".fastdata-linked-tree"  # not the demo data's marker: a demo folder is not a tree of ours
 
@@ -126,6 +137,54 @@ def scan_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, Any]]:
             "runs_s": [r["s"] for r in rs],
         }
         for how, rs in runs.items()
+    ]
+
+
+_CHECK = """
+import json, sys, time
+from lightning_fastdata.datasets.cache import build_tensor_cache
+from lightning_fastdata.loading.index_store import indexed_folder
+mode, root, index_dir, cache_dir = sys.argv[1:5]
+index, lookup = indexed_folder(root, index_dir=index_dir)
+start = time.perf_counter()
+build_tensor_cache(cache_dir, index, None, read_only=True, progress=False, verify_source=mode)  # raises if stale
+print(json.dumps({"s": time.perf_counter() - start, "files": len(index), "index_reused": lookup.reused}))
+"""
+
+
+def staleness_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, Any]]:
+    """Seconds a ``TensorCacheDataModule.prepare_data`` spends checking a current cache of ``root`` against it.
+
+    The cache is a manifest only (building 1.28M images would take hours; the check reads nothing else), written
+    as a build writes it. Each check runs in a fresh process after the index is loaded from ``index_dir``,
+    ``verify_source="files"`` and ``"folders"`` interleaved.
+    """
+    from lightning_fastdata.datasets.cache import CacheParams, fingerprint, source_record, write_manifest
+    from lightning_fastdata.loading.index_store import indexed_folder
+
+    index, _ = indexed_folder(root, index_dir=index_dir)
+    cache_dir = Path(f"{root.rstrip(os.sep)}-manifest-only-cache")
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    cache_dir.mkdir(parents=True)
+    record = source_record([index, None])
+    params = CacheParams(256, 224, 0.875, fingerprint([index, None]), tuple(index.classes))
+    write_manifest(cache_dir, params, {"train": len(index), "val": 0}, record)
+    runs: dict[str, list[dict[str, Any]]] = {"files": [], "folders": []}
+    for _ in range(repeats):
+        for mode in runs:
+            runs[mode].append(_in_fresh_process(_CHECK, mode, root, index_dir, str(cache_dir)))
+    shutil.rmtree(cache_dir)
+    base = statistics.median(r["s"] for r in runs["files"])
+    return [
+        {
+            "verify_source": mode,
+            "files": rs[0]["files"],
+            "folders": len(record["folders"][0]),
+            "seconds": statistics.median(r["s"] for r in rs),
+            "vs_files": statistics.median(r["s"] for r in rs) / base,
+            "runs_s": [r["s"] for r in rs],
+        }
+        for mode, rs in runs.items()
     ]
 
 
@@ -342,6 +401,14 @@ def scale_suite(args: argparse.Namespace) -> dict[str, Any]:
     print("| what | seconds | vs torchvision | MB resident |\n|---|---:|---:|---:|")
     for r in scans:
         print(f"| {r['what']} | {r['seconds']:.2f} | {r['vs_torchvision']:.2f}x | {r['mb']:.0f} |")
+    checks = staleness_rows(str(tree), index_dir, args.repeats)
+    print(
+        f"\nTensor cache staleness check at each prepare_data ({checks[0]['files']:,} files in "
+        f"{checks[0]['folders']:,} folders, index reused, warm metadata, fresh process each)\n"
+    )
+    print("| verify_source | seconds | vs files |\n|---|---:|---:|")
+    for r in checks:
+        print(f"| {r['verify_source']} | {r['seconds']:.2f} | {r['vs_files']:.3f}x |")
     pss = worker_pss_rows(str(tree), args.scale_epochs, args.scale_batches)
     print(
         f"\nWorker PSS over the {scans[0]['files']:,}-file index (2 workers, {args.scale_batches} batches of 64 per "
@@ -384,7 +451,14 @@ def scale_suite(args: argparse.Namespace) -> dict[str, Any]:
         f"| {args.scale_doctor_seconds:g} s | {report['scan_s']:.1f} s | {report['seconds']:.0f} s | "
         f"{report['recommendation']} |"
     )
-    return {"scan": scans, "worker_pss": pss, "cold_reads": cold, "formats": compact, "doctor": report}
+    return {
+        "scan": scans,
+        "staleness_check": checks,
+        "worker_pss": pss,
+        "cold_reads": cold,
+        "formats": compact,
+        "doctor": report,
+    }
 
 
 def doctor_row(tree: str, seconds: float, batch_size: int, image_size: int) -> dict[str, Any]:

@@ -51,6 +51,11 @@ class TensorCacheDataModule(FastDataModule):
         quality: JPEG quality of ``storage="jpeg"``.
         index_dir: Keep the scanned file list of ``root`` here and reuse it while the folders are unchanged (see
             :class:`ImageFolderDataModule`); ``None``: scan at every ``prepare_data``.
+        verify_source: How ``prepare_data`` checks a built cache against ``root`` at each run. ``"files"``: one
+            ``stat`` per source file (size and mtime; ~6 s for 1.28M local files, minutes on a network file
+            system). ``"folders"``: the file list and the mtimes of its folders, recorded at build time (~0.1 s
+            for 1.28M files): sees files added, removed, renamed or replaced by a rename, but not a file rewritten
+            in place under the same name (then run once with ``"files"``, or delete the cache).
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -70,6 +75,7 @@ class TensorCacheDataModule(FastDataModule):
         index_dir: str | None = None,
         storage: Literal["raw", "jpeg"] = "raw",
         quality: int = 90,
+        verify_source: Literal["files", "folders"] = "files",
         **kwargs: Any,
     ) -> None:
         if kwargs.get("on_corrupt", "raise") != "raise":
@@ -89,6 +95,11 @@ class TensorCacheDataModule(FastDataModule):
                 "storage='jpeg' decodes each crop in the loader workers; augment_on='device' needs storage='raw' "
                 "(the device crops uint8 squares)."
             )
+        if verify_source not in ("files", "folders"):
+            raise ValueError(
+                f"verify_source should be 'files' (stat every source file) or 'folders' (the file list and its "
+                f"folders' mtimes), got {verify_source!r}."
+            )
         if not 1 <= quality <= 100:
             raise ValueError(f"quality should be 1..100 (JPEG quality), got {quality!r}.")
         image_size = self.dataset_kwargs["image_size"]
@@ -106,6 +117,7 @@ class TensorCacheDataModule(FastDataModule):
         self.build_processes = build_processes
         self.storage = storage
         self.quality = quality
+        self.verify_source = verify_source
         self._prepared = False
 
     @property
@@ -128,6 +140,7 @@ class TensorCacheDataModule(FastDataModule):
             read_only=self.read_only,
             storage=self.storage,
             quality=self.quality,
+            verify_source=self.verify_source,
         )
         self._prepared = True
 
