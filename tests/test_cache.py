@@ -346,3 +346,28 @@ def test_fingerprint_is_the_per_file_record_it_always_was(tmp_path: Path) -> Non
             record = f"{split.relpath(i)}\0{st.st_size}\0{st.st_mtime_ns}\0{split.labels[i]}\n"
             digest.update(record.encode(errors="surrogateescape"))
     assert len(index) == 7 and fingerprint([index, None]) == digest.hexdigest()
+
+
+def test_folder_check_sees_a_linked_file_replaced_at_its_target(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A subset made of symlinks: replacing a target changes the target's folder, which is recorded too."""
+    subset = tmp_path / "subset"
+    for cls in ("class_000", "class_001"):
+        (subset / cls).mkdir(parents=True)
+        for i in range(3):
+            os.symlink(folder / cls / f"img_{i:06d}.jpg", subset / cls / f"img_{i:06d}.jpg")
+    _age(folder)
+    _age(subset)
+    cache = tmp_path / "c"
+    module(subset, cache, verify_source="folders").prepare_data()
+    manifest = json.loads((cache / "manifest.json").read_text())
+    recorded = {name for rows in manifest["source"]["folders"] for name, _ in rows}
+    assert {str(folder / "class_000"), str(folder / "class_001")} <= recorded
+    module(subset, cache, verify_source="folders").prepare_data()
+    capsys.readouterr()
+    new = tmp_path / "new.jpg"
+    new.write_bytes((folder / "class_002" / "img_000001.jpg").read_bytes())
+    os.replace(new, folder / "class_001" / "img_000002.jpg")  # the subset's own folders do not change
+    module(subset, cache, verify_source="folders").prepare_data()
+    assert _built(capsys)

@@ -133,9 +133,24 @@ def listing_digest(indexes: Sequence[FileIndex | None]) -> str:
     return digest.hexdigest()
 
 
-def folder_mtimes(indexes: Sequence[FileIndex | None], started: float) -> list[list[list[Any]]]:
-    """Per index, ``[relative folder, mtime_ns]`` of its root, its class folders and every folder holding its files.
+def _link_target_folders(folder: str) -> set[str]:
+    """The real folders of the files that symlinks in ``folder`` point to (one ``scandir``; the entry types are free).
 
+    A tree of links (a subset of a data set, say) changes when a target is replaced, which changes the target's
+    folder, not the link's.
+    """
+    targets = set()
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_symlink() and entry.is_file():  # a linked folder is stat'ed as itself
+                targets.add(os.path.dirname(os.path.realpath(entry.path)))
+    return targets
+
+
+def folder_mtimes(indexes: Sequence[FileIndex | None], started: float) -> list[list[list[Any]]]:
+    """Per index, ``[folder, mtime_ns]`` of its root, its class folders and every folder holding its files.
+
+    Folders are relative to the index's root, except the real (absolute) folders of the targets of file symlinks.
     A folder modified within :data:`~lightning_fastdata.loading.index_store.RACY_SECONDS` of ``started`` is
     recorded with mtime ``-1`` ("unknown"): a file replaced in the same clock tick would not change it.
     """
@@ -149,6 +164,8 @@ def folder_mtimes(indexes: Sequence[FileIndex | None], started: float) -> list[l
         sep = os.fsencode(os.sep)
         folders = {blob[offsets[i] : offsets[i + 1]].rpartition(sep)[0] for i in range(len(offsets) - 1)}
         names = {".", *index.classes, *(os.fsdecode(f) for f in folders)}
+        for rel in list(names):
+            names |= _link_target_folders(os.path.join(index.root, rel))
         rows = []
         for rel in sorted(names):
             mtime = os.stat(os.path.join(index.root, rel)).st_mtime_ns
