@@ -564,7 +564,8 @@ def _folder(
                 functools.partial(
                     _held, TensorCacheDataModule, sample_root, {"cache_dir": str(cache_dir), **kw, **args}
                 ),
-                sum(f.stat().st_size for f in cache_dir.iterdir()) / len(good) / 1e3,
+                # per image: the images and labels, not the manifest (its folder record grows with the folders)
+                sum(f.stat().st_size for f in cache_dir.iterdir() if f.name != "manifest.json") / len(good) / 1e3,
                 (time.perf_counter() - start) / len(good),
                 {
                     "class_path": "lightning_fastdata.TensorCacheDataModule",
