@@ -19,6 +19,7 @@ from lightning_fastdata import (
     ImageFolderDataModule,
     TensorCacheDataModule,
 )
+from lightning_fastdata.testing import cpu_trainer
 
 
 class Served(pl.Callback):
@@ -46,17 +47,7 @@ if __name__ == "__main__":
         else:
             dm = {"folder": ImageFolderDataModule, "hdf5": HDF5DataModule}[kind](source, **kw)
         served = Served()
-        trainer = pl.Trainer(
-            strategy="ddp",
-            accelerator="cpu",
-            devices=2,
-            max_epochs=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[served],
-        )
+        trainer = cpu_trainer(served, strategy="ddp", devices=2)
         trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
         record = {"indices": served.indices, "labels": served.labels, "world": trainer.world_size}
         (out / f"rank{trainer.global_rank}-{kind}.json").write_text(json.dumps(record))

@@ -11,11 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
-
 from lightning_fastdata import ImageClassifier, ImageFolderDataModule, TensorCacheDataModule
 from lightning_fastdata.datamodules import cache as cache_dm
 from lightning_fastdata.datamodules import folder as folder_module
+from lightning_fastdata.testing import cpu_trainer
 
 if __name__ == "__main__":
     root, out, node, kind, index_dir, cache_dir, per_node = sys.argv[1:8]
@@ -43,17 +42,7 @@ if __name__ == "__main__":
     else:
         dm = ImageFolderDataModule(root, **kw)
     dm.prepare_data_per_node = per_node == "1"
-    trainer = pl.Trainer(
-        strategy="ddp",
-        accelerator="cpu",
-        devices=1,
-        num_nodes=2,
-        max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = cpu_trainer(strategy="ddp", devices=1, num_nodes=2, max_steps=2, epochs=-1)
     trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
     record = {"events": events, "global_rank": trainer.global_rank, "world": trainer.world_size}
     (Path(out) / f"node{node}.json").write_text(json.dumps(record))
