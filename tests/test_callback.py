@@ -154,6 +154,25 @@ def test_callback_on_a_foreign_datamodule(recwarn: pytest.WarningsRecorder) -> N
 
 
 @pytest.mark.timeout(120)
+def test_a_second_fit_on_a_foreign_datamodule_prefetches_again_and_leaves_it_as_it_was() -> None:
+    import warnings
+
+    dm = ForeignDataModule()
+    method = type(dm).train_dataloader
+    callback = FastDataCallback()
+    for _ in range(2):
+        t = cpu_trainer(callback)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t.fit(ImageClassifier(num_classes=3), dm)
+        ours = [str(w.message) for w in caught if "FastDataCallback" in str(w.message)]
+        assert not ours  # e.g. "cannot rebuild": the first fit's closure, met by the second
+        assert type(t.train_dataloader).__name__ == "PrefetchingDataLoader"
+        assert t.train_dataloader.prefetch_device == t.strategy.root_device
+        assert "train_dataloader" not in vars(dm) and dm.train_dataloader.__func__ is method
+
+
+@pytest.mark.timeout(120)
 def test_callback_explains_what_it_cannot_do() -> None:
     with pytest.warns(UserWarning, match="returned Batches, not a DataLoader"):
         cpu_trainer(FastDataCallback()).fit(ImageClassifier(num_classes=3), ForeignDataModule(as_list=True))

@@ -8,7 +8,7 @@ import pickle
 import shutil
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -18,11 +18,14 @@ import torch
 from torch.multiprocessing.reductions import shared_cache
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_fastdata.loading import shm_pool
+from lightning_fastdata.loading import torch_internals
 from lightning_fastdata.loading.collate import collate_prebatched, empty_image_batch
+from lightning_fastdata.loading.loaders import PrefetchingDataLoader
 from lightning_fastdata.loading.shm_pool import MAX_SLOTS, WorkerPool, main_cache_stats
 
-pytestmark = pytest.mark.skipif(not shm_pool.pool_supported(), reason="this torch lacks the pool's primitives")
+pytestmark = pytest.mark.skipif(
+    bool(torch_internals.MISSING), reason=f"this torch lacks the pool's primitives: {torch_internals.MISSING}"
+)
 
 SIDE = 8
 
@@ -48,8 +51,9 @@ class KeyedDataset(Dataset):
 
 
 def make_loader(persistent: bool) -> DataLoader:
-    return DataLoader(
+    return PrefetchingDataLoader(
         KeyedDataset(),
+        batch_transport="shm_pool",
         batch_size=8,
         shuffle=True,
         num_workers=2,
@@ -122,24 +126,23 @@ def test_batches_through_workers_are_intact_even_when_held() -> None:
     assert len(ptrs) < batches / 2, (len(ptrs), batches)
 
 
-def test_exited_workers_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exited_workers_are_forgotten() -> None:
+    gc.collect()
     before = main_cache_stats()["workers"]  # other tests' loaders may still be cached
     loader = make_loader(persistent=False)
     for _ in range(4):
         for batch in loader:
             check(batch)
         del batch
-        # This epoch's two workers; the previous epoch's were forgotten on this epoch's first batch.
-        assert main_cache_stats()["workers"] <= before + 2
-    # An abandoned iterator leaves batches unread: forgotten once its workers exited and the grace passed.
-    monkeypatch.setattr(shm_pool, "_DEAD_GRACE_S", 0.0)
+        # The epoch's end shut its two workers down, and they were forgotten then.
+        assert main_cache_stats()["workers"] == before
+    # An abandoned iterator leaves batches unread: its workers are forgotten when it is freed.
     it = iter(loader)
     next(it)
+    assert main_cache_stats()["workers"] > before
     del it
     gc.collect()
-    for batch in loader:
-        check(batch)
-    assert main_cache_stats()["workers"] <= before + 2
+    assert main_cache_stats()["workers"] == before
 
 
 def snapshot(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -213,9 +216,6 @@ def test_buffers_are_freed_when_workers_exit() -> None:
     assert main_cache_stats()["buffers"] > before["buffers"]
     del it, loader  # the persistent workers exit; nothing else arrives to trigger a poll
     gc.collect()
-    deadline = time.monotonic() + 10
-    while main_cache_stats()["buffers"] > before["buffers"] and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert main_cache_stats()["workers"] == before["workers"]
     assert main_cache_stats()["buffers"] == before["buffers"]
 
@@ -227,11 +227,14 @@ sys.path.insert(0, sys.argv[1])
 from test_shm_pool import KeyedDataset, SIDE
 import test_shm_pool
 from lightning_fastdata.loading import collate
+from lightning_fastdata.loading.loaders import PrefetchingDataLoader
 class Big(KeyedDataset):
     def __getitems__(self, keys):
         return collate.empty_image_batch(len(keys), 512, 512), torch.zeros(len(keys))
 import time
-loader = DataLoader(Big(), batch_size=8, num_workers=1, collate_fn=collate.collate_prebatched)
+loader = PrefetchingDataLoader(
+    Big(), batch_size=8, num_workers=1, collate_fn=collate.collate_prebatched, batch_transport="shm_pool"
+)
 it = iter(loader)
 try:
     next(it)
@@ -240,7 +243,7 @@ except RuntimeError as err:
 # the worker may be inside its next (prefetched) allocation, between torch creating the file and the unlink
 # after the failure: shut it down first (directly: torch's reraise leaves the iterator in a reference cycle,
 # and a shutdown from the garbage collector waits 5 s per worker); a leaked file stays, one in flight goes
-it._shutdown_workers()
+it.inner._shutdown_workers()  # torch's iterator, inside our PrefetchIterator
 deadline = time.monotonic() + 10
 while os.listdir("/dev/shm") and time.monotonic() < deadline:
     time.sleep(0.05)
@@ -262,3 +265,83 @@ def test_full_dev_shm_leaves_no_file_behind(tmp_path: Path) -> None:
     assert "ERROR:" in proc.stdout, proc.stdout + proc.stderr
     assert "No space left on device" in proc.stdout and "--shm-size" in proc.stdout
     assert "LEFT: []" in proc.stdout, proc.stdout
+
+
+def _child_reads(queue: torch.multiprocessing.SimpleQueue, results: torch.multiprocessing.SimpleQueue) -> None:
+    images, labels = queue.get()
+    ref, _ = expected([int(k) // 3 for k in labels])
+    results.put((bool(torch.equal(images, ref)), main_cache_stats()["workers"]))
+
+
+def test_a_child_forked_after_many_loaders_reads_its_batch() -> None:
+    """Several loaders (persistent, not, stateful, one left mid-epoch, one thread still unpickling), then a fork."""
+    from lightning_fastdata.loading.loaders import PrefetchingStatefulDataLoader
+
+    loaders: list[DataLoader] = [make_loader(persistent=True), make_loader(persistent=False)]
+    loaders.append(
+        PrefetchingStatefulDataLoader(
+            KeyedDataset(), batch_transport="shm_pool", batch_size=8, num_workers=2, collate_fn=collate_prebatched
+        )
+    )
+    for loader in loaders:
+        for _ in range(2):
+            for batch in loader:
+                check(batch)
+    mid_epoch = iter(loaders[0])
+    check(next(mid_epoch))
+    stop = threading.Event()
+
+    def keep_reading() -> None:  # a second thread inside the cache (its lock) while the main thread forks
+        while not stop.is_set():
+            for batch in loaders[2]:
+                check(batch)
+
+    reader = threading.Thread(target=keep_reading)
+    reader.start()
+    ctx = torch.multiprocessing.get_context("fork")
+    try:
+        for _ in range(5):
+            queue, results = ctx.SimpleQueue(), ctx.SimpleQueue()
+            child = ctx.Process(target=_child_reads, args=(queue, results))
+            child.start()
+            queue.put(next(mid_epoch))
+            child.join(20)
+            assert not child.is_alive(), "the forked child is stuck on the batch it received"
+            child.close()
+            intact, cached_in_child = results.get()
+            assert intact and cached_in_child == 0  # its own, empty cache: the parent's workers are not its
+    finally:
+        stop.set()
+        reader.join(30)
+
+
+def _stats_in_child(results: torch.multiprocessing.SimpleQueue) -> None:
+    results.put(main_cache_stats())
+
+
+def test_a_fork_while_another_thread_holds_the_cache_lock_does_not_block_the_child() -> None:
+    from lightning_fastdata.loading import shm_pool
+
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with shm_pool._main().lock:
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(10)
+    ctx = torch.multiprocessing.get_context("fork")
+    results = ctx.SimpleQueue()
+    child = ctx.Process(target=_stats_in_child, args=(results,))
+    try:
+        child.start()
+        child.join(10)
+        assert not child.is_alive(), "the child waited for a lock a thread of its parent held at fork"
+        assert results.get() == {"workers": 0, "buffers": 0, "outstanding": 0}
+    finally:
+        release.set()
+        holder.join(10)
+        if child.is_alive():
+            child.kill()

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_fastdata import FastDataCallback, TensorCacheDataModule
 from lightning_fastdata.bench.harness import count_images, time_loader
 from lightning_fastdata.loading.collate import collate_prebatched
+from lightning_fastdata.loading.loaders import PrefetchingDataLoader
 from lightning_fastdata.testing import cpu_trainer
 
 __all__ = ["callback_suite", "snapshot_suite"]
@@ -122,8 +123,6 @@ def snapshot_suite(args: argparse.Namespace) -> dict[str, Any]:
     """
     from pathlib import Path
 
-    from torch.utils.data import DataLoader as PlainLoader
-
     cache_dir = str(Path(f"{Path(args.root).with_suffix('')}-cache256"))
     rates: dict[str, list[float]] = {
         "plain DataLoader (no state)": [],
@@ -146,14 +145,15 @@ def snapshot_suite(args: argparse.Namespace) -> dict[str, Any]:
         dm.setup("fit")
         modules[name] = dm
 
-    def plain() -> PlainLoader:
+    def plain() -> PrefetchingDataLoader:
         loader = modules["snapshot every step"].train_dataloader()
-        return PlainLoader(
+        return PrefetchingDataLoader(  # no state, the same batch transport as the DataModule's loaders
             loader.dataset,
             batch_size=args.batch_size,
             sampler=loader.sampler,
             num_workers=2,
             collate_fn=collate_prebatched,
+            batch_transport=loader.batch_transport,
         )
 
     for _ in range(max(6, args.repeats)):  # single runs vary by +-20% here: compare medians of many

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -16,6 +17,8 @@ from lightning_fastdata.loading.workers import resolve_num_workers
 
 __all__ = ["FastDataCallback"]
 
+_NOT_SET = object()
+
 
 class FastDataCallback(Callback):
     """Pinned memory, CUDA-stream prefetch, per-rank worker scaling and a data-wait monitor, in one callback.
@@ -28,9 +31,11 @@ class FastDataCallback(Callback):
     On any other LightningDataModule it rebuilds what ``train_dataloader()`` returns, when that is a plain
     ``DataLoader``/``StatefulDataLoader``, as its prefetching twin (same dataset, sampler and settings; pinned
     only if ``pin_memory=True`` is passed here: a foreign loader's own ``pin_memory`` and ``num_workers`` are
-    the user's choice). Other loader classes (their constructors are unknown), non-loaders, and loaders passed
-    straight to ``trainer.fit(train_dataloaders=...)`` or returned by the LightningModule are used as they are
-    (warned); the monitor works everywhere. Normalisation on the device is done by the package's DataModules.
+    the user's choice). For that, the DataModule's ``train_dataloader`` is replaced from ``setup`` to
+    ``teardown`` of each fit, and put back as it was (each fit prefetches to its own Trainer's device). Other
+    loader classes (their constructors are unknown), non-loaders, and loaders passed straight to
+    ``trainer.fit(train_dataloaders=...)`` or returned by the LightningModule are used as they are (warned); the
+    monitor works everywhere. Normalisation on the device is done by the package's DataModules.
 
     Prefetch keeps one batch in flight: the next batch is copied host-to-device on a side CUDA stream while
     the current step runs, Lightning's own transfer then finds it on the device (a no-op), and a checkpoint
@@ -67,6 +72,7 @@ class FastDataCallback(Callback):
         self.num_workers = num_workers
         self.channels_last = channels_last
         self.monitor = DataWaitMonitor(log_every_n_steps, warn_threshold, print_summary)
+        self._restore: Callable[[], None] | None = None  # undoes _wrap_foreign
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -86,7 +92,7 @@ class FastDataCallback(Callback):
                 f"lightning_fastdata: FastDataCallback on {type(dm).__name__}: prefetch={self.prefetch}, "
                 f"device={device}{own}."
             )
-        elif dm is not None:
+        elif dm is not None and stage == "fit" and self._restore is None:
             self._wrap_foreign(dm, device)
         else:
             rank_zero_warn(
@@ -94,10 +100,24 @@ class FastDataCallback(Callback):
                 "returned by the LightningModule are not prefetched). Pass a LightningDataModule to get prefetch."
             )
 
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Put a foreign DataModule's ``train_dataloader`` back as it was before :meth:`setup`."""
+        if self._restore is not None:
+            self._restore()
+            self._restore = None
+
     def _wrap_foreign(self, dm: Any, device: Any) -> None:
         """Rebuild the foreign DataModule's train loader as its prefetching twin, each time it is asked for."""
         original = dm.train_dataloader
+        own = vars(dm).get("train_dataloader", _NOT_SET)  # an instance attribute of the user's, if any
         callback = self
+
+        def restore() -> None:
+            if own is _NOT_SET:
+                del dm.train_dataloader
+            else:
+                dm.train_dataloader = own
 
         def train_dataloader() -> Any:
             loader = original()
@@ -117,6 +137,7 @@ class FastDataCallback(Callback):
             return twin
 
         dm.train_dataloader = train_dataloader
+        self._restore = restore
 
     # -- the monitor ---------------------------------------------------------------------------------------
     @override

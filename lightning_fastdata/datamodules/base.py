@@ -19,6 +19,7 @@ from lightning_fastdata.loading.collate import collate_prebatched
 from lightning_fastdata.loading.loaders import PrefetchingDataLoader, PrefetchingStatefulDataLoader
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 from lightning_fastdata.loading.sampler import EpochSampler
+from lightning_fastdata.loading.shm_pool import BatchTransport, resolve_transport
 from lightning_fastdata.loading.workers import init_worker, resolve_num_workers
 
 __all__ = ["FastDataModule"]
@@ -99,6 +100,10 @@ class FastDataModule(LightningDataModule):
             there is one (snapshots then coincide with checkpoints), else 1.
         block_shuffle: Shuffle blocks of this many consecutive samples instead of single samples (sequential
             reads; less random batches, see :class:`~lightning_fastdata.EpochSampler`). ``None``: full shuffle.
+        batch_transport: How batches cross from the workers: ``"shm_pool"`` in a few shared-memory buffers
+            each worker reuses (:mod:`~lightning_fastdata.loading.shm_pool`), ``"torch"`` as torch sends them (a
+            new shared segment per batch). ``"shm_pool"`` falls back to ``"torch"``, warned, where this torch
+            lacks what the pool needs.
 
     Raises:
         ValueError: On an impossible combination, e.g. ``prefetch_factor`` with ``num_workers=0``.
@@ -125,6 +130,7 @@ class FastDataModule(LightningDataModule):
         in_order: bool = True,
         snapshot_every_n_steps: int | None = None,
         block_shuffle: int | None = None,
+        batch_transport: BatchTransport = "shm_pool",
     ) -> None:
         super().__init__()
         if image_size <= 0:
@@ -168,6 +174,7 @@ class FastDataModule(LightningDataModule):
         self.in_order = in_order
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.block_shuffle = block_shuffle
+        self.batch_transport = resolve_transport(batch_transport)
         self.normalizer = Normalizer(mean, std)
         # Transfer settings a callback hands over through configure_transfer() (this module's own values win).
         self.channels_last = True
@@ -468,6 +475,7 @@ class FastDataModule(LightningDataModule):
             persistent_workers=persistent,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
             in_order=self.in_order,
+            batch_transport=self.batch_transport,
             # Worker seeds follow the DataModule's seed, so a run is reproducible end to end.
             generator=torch.Generator().manual_seed(self.seed + rank),
         )

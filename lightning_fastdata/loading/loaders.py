@@ -1,10 +1,15 @@
 """Loaders that prefetch to a device: a ``DataLoader`` and a ``StatefulDataLoader`` that own their prefetcher.
 
-The path of one batch: the loader's own iterator (workers, shared-memory batch) -> :class:`PrefetchIterator`
-(started on the device one step ahead, on a side CUDA stream) -> the training step. Each loader creates its
-:class:`DevicePrefetcher` (one CUDA stream) once, in ``__init__``; ``prefetch_device=None`` means no look-ahead.
-``prefetch_device`` is a constructor argument, so a copy Lightning re-instantiates (to inject a
-``DistributedSampler``) prefetches too.
+The path of one batch: a worker builds it (``__getitems__``) in shared memory -> it crosses to the main process by
+the loader's ``batch_transport`` -> the loader's own iterator -> :class:`PrefetchIterator` (started on the device
+one step ahead, on a side CUDA stream) -> the training step. Each loader creates its :class:`DevicePrefetcher`
+(one CUDA stream) once, in ``__init__``; ``prefetch_device=None`` means no look-ahead. Both choices are
+constructor arguments, so a copy Lightning re-instantiates (to inject a ``DistributedSampler``) keeps them.
+
+``batch_transport``: ``"torch"`` (the default of these classes, as a plain ``DataLoader``) sends each batch as a
+new shared-memory segment; ``"shm_pool"`` (what the package's DataModules choose) reuses a few buffers per worker
+(:mod:`~lightning_fastdata.loading.shm_pool`), for datasets that build their batches with
+:func:`~lightning_fastdata.loading.collate.empty_image_batch`. Other datasets' batches travel torch's way either way.
 
 :func:`with_prefetch` rebuilds a plain ``DataLoader``/``StatefulDataLoader`` that someone else made (a foreign
 DataModule's) as its prefetching twin over the same dataset, sampler and settings.
@@ -20,7 +25,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from lightning_fastdata.loading import shm_pool
 from lightning_fastdata.loading.prefetch import DevicePrefetcher, PrefetchIterator
+from lightning_fastdata.loading.shm_pool import BatchTransport, PoolWorkerInit
 
 __all__ = ["PrefetchingDataLoader", "PrefetchingStatefulDataLoader", "with_prefetch"]
 
@@ -29,26 +36,83 @@ def _prefetcher(device: torch.device | str | None) -> DevicePrefetcher | None:
     return None if device is None else DevicePrefetcher(device)
 
 
-class PrefetchingDataLoader(DataLoader):
+class _TransportMixin:
+    """What both loaders share: the batch transport (chosen in ``__init__``), its clean-up hooks, and the repr."""
+
+    batch_transport: BatchTransport
+    prefetch_device: torch.device | str | None
+    num_workers: int
+    batch_size: int | None
+    _watched: weakref.ref[Any] | None = None
+
+    @staticmethod
+    def _transport_kwargs(batch_transport: str, kwargs: dict[str, Any]) -> tuple[BatchTransport, dict[str, Any]]:
+        """Resolve the transport; with the pool, wrap ``worker_init_fn`` so that each worker turns it on."""
+        transport = shm_pool.resolve_transport(batch_transport)
+        init = kwargs.get("worker_init_fn")
+        if isinstance(init, PoolWorkerInit):  # a re-instantiated copy (Lightning passes our own attribute back)
+            init = init.inner
+        if transport == "shm_pool" and kwargs.get("num_workers", 0) > 0:
+            init = PoolWorkerInit(init)
+        return transport, {**kwargs, "worker_init_fn": init}
+
+    def _pooled(self) -> bool:
+        return self.batch_transport == "shm_pool" and self.num_workers > 0
+
+    def _watch(self, inner: Any) -> None:
+        """Forget this iterator's workers' buffers once it is freed (its workers are joined by then)."""
+        if self._pooled() and (self._watched is None or self._watched() is not inner):
+            weakref.finalize(inner, shm_pool.collect, True).atexit = False
+            self._watched = weakref.ref(inner)
+
+    def _on_exhausted(self) -> Any:
+        """End of an epoch: workers that were not persistent have exited; forget their buffers now."""
+        return shm_pool.collect if self._pooled() else None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(batch_size={self.batch_size}, num_workers={self.num_workers}, "
+            f"batch_transport={self.batch_transport!r}, prefetch_device={self.prefetch_device!r})"
+        )
+
+
+class PrefetchingDataLoader(_TransportMixin, DataLoader):
     """A ``DataLoader`` whose iterator keeps the next batch in flight to ``prefetch_device``.
 
     Args:
         dataset: As ``DataLoader``'s.
         prefetch_device: Copy the next batch to this device while the current one is used; ``None``: no look-ahead.
+        batch_transport: ``"torch"``: batches cross from workers as torch sends them; ``"shm_pool"``: in reused
+            shared-memory buffers (for the package's datasets; falls back to ``"torch"``, warned, where this torch
+            lacks what the pool needs).
         **kwargs: ``DataLoader``'s other arguments.
+
+    Raises:
+        ValueError: If ``batch_transport`` is neither ``"shm_pool"`` nor ``"torch"``.
     """
 
-    def __init__(self, dataset: Dataset, prefetch_device: torch.device | str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        prefetch_device: torch.device | str | None = None,
+        batch_transport: BatchTransport = "torch",
+        **kwargs: Any,
+    ) -> None:
+        self.batch_transport, kwargs = self._transport_kwargs(batch_transport, kwargs)
         super().__init__(dataset, **kwargs)
         self.prefetch_device = prefetch_device
         self._prefetcher = _prefetcher(prefetch_device)
 
     def __iter__(self) -> Any:
         inner = super().__iter__()
-        return inner if self._prefetcher is None else PrefetchIterator(inner, self._prefetcher)
+        self._watch(inner)
+        on_exhausted = self._on_exhausted()
+        if self._prefetcher is None and on_exhausted is None:
+            return inner
+        return PrefetchIterator(inner, self._prefetcher, on_exhausted=on_exhausted)
 
 
-class PrefetchingStatefulDataLoader(StatefulDataLoader):
+class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
     """A torchdata ``StatefulDataLoader`` that prefetches, and whose state is what was really handed out.
 
     :meth:`state_dict` is the state after the batch last returned (the look-ahead batch left out, so a resume
@@ -58,10 +122,21 @@ class PrefetchingStatefulDataLoader(StatefulDataLoader):
     Args:
         dataset: As ``StatefulDataLoader``'s.
         prefetch_device: Copy the next batch to this device while the current one trains; ``None``: no look-ahead.
+        batch_transport: As :class:`PrefetchingDataLoader`'s.
         **kwargs: ``StatefulDataLoader``'s other arguments.
+
+    Raises:
+        ValueError: If ``batch_transport`` is neither ``"shm_pool"`` nor ``"torch"``.
     """
 
-    def __init__(self, dataset: Dataset, prefetch_device: torch.device | str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        prefetch_device: torch.device | str | None = None,
+        batch_transport: BatchTransport = "torch",
+        **kwargs: Any,
+    ) -> None:
+        self.batch_transport, kwargs = self._transport_kwargs(batch_transport, kwargs)
         with warnings.catch_warnings():
             # torchdata's constructor calls torch.set_vital, which torch >= 2.10 deprecates: a warning about
             # torchdata's own call at every loader we build, that no user can act on.
@@ -78,7 +153,9 @@ class PrefetchingStatefulDataLoader(StatefulDataLoader):
 
     def __iter__(self) -> PrefetchIterator:  # type: ignore[override]
         state_fn = super().state_dict if self.exact_state else None  # out of order: no state worth tracking
-        it = PrefetchIterator(super().__iter__(), self._prefetcher, state_fn)
+        inner = super().__iter__()
+        self._watch(inner)
+        it = PrefetchIterator(inner, self._prefetcher, state_fn, self._on_exhausted())
         self._current = weakref.ref(it)
         return it
 

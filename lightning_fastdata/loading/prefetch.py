@@ -72,6 +72,7 @@ class PrefetchIterator:
         inner: The loader's own iterator.
         prefetcher: Moves batches to the device one step ahead; ``None`` for no look-ahead.
         state_fn: Returns the loader's live state (``None``: a loader without state).
+        on_exhausted: Called once when ``inner`` is exhausted (the loader's end-of-epoch clean-up).
     """
 
     def __init__(
@@ -79,8 +80,10 @@ class PrefetchIterator:
         inner: Iterator[Any],
         prefetcher: DevicePrefetcher | None = None,
         state_fn: Callable[[], dict[str, Any]] | None = None,
+        on_exhausted: Callable[[], None] | None = None,
     ) -> None:
         self.inner = inner
+        self.on_exhausted = on_exhausted
         self.prefetcher = prefetcher
         self.state_fn = state_fn
         self.state_after: dict[str, Any] | None = self._state()
@@ -91,10 +94,19 @@ class PrefetchIterator:
     def _state(self) -> dict[str, Any] | None:
         return None if self.state_fn is None else self.state_fn()
 
+    def _next_inner(self) -> Any:
+        try:
+            return next(self.inner)
+        except StopIteration:
+            if self.on_exhausted is not None:
+                self.on_exhausted()
+                self.on_exhausted = None
+            raise
+
     def _fetch(self) -> Any:
         assert self.prefetcher is not None
         try:
-            return self.prefetcher.start(next(self.inner))
+            return self.prefetcher.start(self._next_inner())
         except StopIteration:
             return _END
 
@@ -104,7 +116,7 @@ class PrefetchIterator:
     def __next__(self) -> Any:
         if self.prefetcher is None:
             self.state_before = self._state()
-            batch = next(self.inner)
+            batch = self._next_inner()
             self.state_after = None  # the live state: no look-ahead to leave out
             self.returned += 1
             return batch

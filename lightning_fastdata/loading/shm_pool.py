@@ -2,9 +2,8 @@
 
 torch sends a worker's batch to the main process as a fresh shared-memory segment per tensor: the worker
 allocates and zero-fills new pages, writes them, passes one file descriptor per tensor through a socket,
-and the main process maps and unmaps the segment. On a 2-core machine that costs more than copying the
-pixels out of a memory-mapped cache (measured: 11,500 img/s with fresh segments, 31,000 reusing segments
-but still passing descriptors, 52,000 passing none; 64 x 224 x 224 batches, 2 workers).
+and the main process maps and unmaps the segment: for a loader that only copies pixels (a tensor cache) that
+costs more than the copy (the README's architecture section has the figures).
 
 Protocol (each worker process is one *incarnation*, named by a random nonce):
 
@@ -25,12 +24,29 @@ Protocol (each worker process is one *incarnation*, named by a random nonce):
 - If no buffer is free (the user holds batches, a batch was never sent), the worker replaces one with a
   new buffer at a new generation: the old buffer is never written again and lives on as long as anyone
   references it. So the pool can only cost speed, never overwrite a batch someone still holds.
-- The main process drops an incarnation's cache as soon as the worker exits (a reaper thread, alive only
-  while workers are cached, sees end-of-file on a pipe whose write end only the worker holds) and every
-  batch it sent has arrived, or 120 s after it exited (batches abandoned in a queue that will never be read).
+- The main process drops an incarnation's cache once the worker has exited (end-of-file on a pipe whose write
+  end only the worker holds) and every batch it sent has arrived, or, whatever arrived, once the loader
+  iterator that owned the worker is freed (the batches still in its queue will never be read).
+
+Lifetime (nothing runs or stays installed beyond the loaders that need it):
+
+- The pool is an explicit choice of the loader (``batch_transport="shm_pool"``, see
+  :mod:`lightning_fastdata.loading.loaders`): its ``worker_init_fn`` turns the pool on in each worker
+  (:class:`PoolWorkerInit`). Any other loader's workers send batches torch's own way.
+- The main process has no thread of its own: buffers are released when a batch arrives, and exited workers are
+  forgotten when a batch arrives, when a loader's epoch ends and when a loader's worker iterator is freed (its
+  workers have been joined then). So at interpreter exit no thread of ours can be freeing a tensor (a daemon
+  thread doing so while Python finalises aborted the process: ``terminate called without an active exception``).
+- While any worker is cached, torch's ``ForkingPickler`` reducer for storages is wrapped (to see a pooled buffer
+  sent on to another process); the wrapper is removed when the last cached worker is forgotten.
+- A forked child starts with an empty cache and a lock of its own (checked by process id at each use, so a
+  fork while another thread held the parent's lock cannot block the child).
+
+Every private torch API used here lives in :mod:`lightning_fastdata.loading.torch_internals`; where one is
+missing, :func:`resolve_transport` falls back to ``"torch"`` with one warning.
 
 Thread safety: the main process's cache is guarded by one lock (pin-memory threads, loaders in several
-threads, the reaper); a worker's pool is used by that worker's one thread.
+threads); a worker's pool is used by that worker's one thread.
 
 Shared memory held per worker: up to ``MAX_SLOTS`` batches (in practice the batches in flight plus one).
 """
@@ -44,31 +60,61 @@ import secrets
 import select
 import sys
 import threading
-import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.reduction import DupFd, ForkingPickler
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-__all__ = ["MAX_SLOTS", "WorkerPool", "main_cache_stats", "pool_supported", "worker_pool"]
+from lightning_fastdata.loading import torch_internals as internals
+
+__all__ = [
+    "MAX_SLOTS",
+    "BatchTransport",
+    "PoolWorkerInit",
+    "WorkerPool",
+    "collect",
+    "enable_in_worker",
+    "main_cache_stats",
+    "new_worker_buffer",
+    "resolve_transport",
+    "worker_pool",
+]
+
+#: How batches travel from worker processes to the main process: ``"shm_pool"`` reuses this module's buffers,
+#: ``"torch"`` is torch's own transport (a new shared segment and descriptor per tensor).
+BatchTransport = Literal["shm_pool", "torch"]
 
 #: Buffers per worker at most.
 MAX_SLOTS = 8
 #: Tensors of at most this many bytes (labels, boxes, flips) travel by value inside the pickle.
 _BY_VALUE_BYTES = 1 << 16
-_DEAD_GRACE_S = 120.0
+_warned_missing = False
 
 
-def pool_supported() -> bool:
-    """Whether this torch exposes what the pool needs (else batches travel the usual way)."""
-    return hasattr(torch.UntypedStorage, "_new_shared") and hasattr(torch._C, "_storage_Use_Count")
+def resolve_transport(requested: str) -> BatchTransport:
+    """The transport a loader uses for ``requested``: ``"torch"`` when the pool's private APIs are missing.
 
-
-def _use_count(storage: torch.UntypedStorage) -> int:
-    return int(torch._C._storage_Use_Count(storage._cdata))
+    Raises:
+        ValueError: If ``requested`` is neither ``"shm_pool"`` nor ``"torch"``.
+    """
+    global _warned_missing
+    if requested not in ("shm_pool", "torch"):
+        raise ValueError(f"batch_transport should be 'shm_pool' or 'torch', got {requested!r}.")
+    if requested == "torch" or not internals.MISSING:
+        return requested  # type: ignore[return-value]
+    if not _warned_missing:
+        _warned_missing = True
+        warnings.warn(
+            f"lightning_fastdata: this torch lacks {', '.join(internals.MISSING)}, which the reused shared-memory "
+            "batch buffers need; batches travel torch's own way instead (batch_transport='torch'), correct but slower.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return "torch"
 
 
 def _new_buffer(nbytes: int) -> torch.UntypedStorage:
@@ -79,9 +125,9 @@ def _new_buffer(nbytes: int) -> torch.UntypedStorage:
     ``/dev/shm`` killed the worker with SIGBUS at the first write: the pages are reserved here (``posix_fallocate``).
     """
     try:
-        storage = torch.UntypedStorage._new_shared(nbytes)
+        storage = internals.new_shared_storage(nbytes)
         if hasattr(os, "posix_fallocate") and torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
-            fd, size = storage._share_fd_cpu_()
+            fd, size = internals.reserve_pages(storage)
             os.posix_fallocate(fd, 0, size)
         return storage
     except (RuntimeError, OSError) as err:
@@ -97,6 +143,23 @@ def _new_buffer(nbytes: int) -> torch.UntypedStorage:
         ) from err
 
 
+def new_worker_buffer(nbytes: int) -> torch.UntypedStorage | None:
+    """A storage for a batch built in a worker: a pooled buffer, else a fresh shared one; ``None`` outside workers.
+
+    Either way the batch is written in shared memory directly, so sending it copies nothing (``None``: the caller
+    allocates ordinary memory; also when this torch lacks ``_new_shared``, then torch copies it when sending).
+    """
+    if get_worker_info() is None:
+        return None
+    pool = worker_pool()
+    if pool is not None:
+        return pool.acquire(nbytes)
+    if "torch.UntypedStorage._new_shared" in internals.MISSING:
+        return None
+    return internals.new_shared_storage(nbytes)  # the allocator default_collate uses
+
+
+# -- worker process ----------------------------------------------------------------------------------------------
 @dataclass
 class _Slot:
     storage: torch.UntypedStorage
@@ -152,7 +215,7 @@ class WorkerPool:
         slot = self.slots[index]
         hello = None
         if self._alive_r is not None:  # the first batch of this incarnation introduces it
-            hello = (self.flags, DupFd(self._alive_r))
+            hello = (self.flags, internals.DupFd(self._alive_r))
             os.close(self._alive_r)  # DupFd holds its own duplicate until the main process takes it
             self._alive_r = None
         storage = None if slot.known else slot.storage
@@ -184,14 +247,39 @@ class _PooledBatch:
 _POOL: WorkerPool | None = None
 
 
-def worker_pool() -> WorkerPool | None:
-    """This worker process's pool; ``None`` in the main process or when unsupported."""
+def enable_in_worker() -> WorkerPool:
+    """Turn the pool on in this worker process (what :class:`PoolWorkerInit` does); returns it."""
     global _POOL
-    if get_worker_info() is None or not pool_supported():
-        return None
     if _POOL is None or _POOL.pid != os.getpid():  # first use, or inherited through fork
         _POOL = WorkerPool()
     return _POOL
+
+
+def worker_pool() -> WorkerPool | None:
+    """This worker process's pool if its loader chose ``batch_transport="shm_pool"``, else ``None``."""
+    if _POOL is None or _POOL.pid != os.getpid() or get_worker_info() is None:
+        return None
+    return _POOL
+
+
+class PoolWorkerInit:
+    """A loader's ``worker_init_fn`` with the pool turned on first (picklable, so it works under ``spawn``).
+
+    Args:
+        inner: The loader's own ``worker_init_fn`` (called after), or ``None``.
+    """
+
+    def __init__(self, inner: Callable[[int], None] | None = None) -> None:
+        self.inner = inner
+
+    def __call__(self, worker_id: int) -> None:
+        """Turn the pool on, then run the loader's own initialiser."""
+        enable_in_worker()
+        if self.inner is not None:
+            self.inner(worker_id)
+
+    def __repr__(self) -> str:
+        return f"PoolWorkerInit({self.inner!r})"
 
 
 # -- main process ----------------------------------------------------------------------------------------------
@@ -202,28 +290,112 @@ class _Incarnation:
     storages: dict[int, torch.UntypedStorage] = field(default_factory=dict)
     outstanding: dict[int, int] = field(default_factory=dict)  # slot -> generation not yet released
     received: int = 0
-    dead_since: float | None = None
+    exited: bool = False
 
 
-_MAIN: dict[int, _Incarnation] = {}
-# Every place the main process's state is read or changed holds this lock: the pin-memory thread of one loader
-# and the main thread of another both unpickle, and the reaper thread forgets exited workers.
-_LOCK = threading.RLock()
-_ESCAPED: set[int] = set()  # data_ptr of cached buffers that were shared with another process (never reused)
-_REAPER: threading.Thread | None = None
-_WAKE_R, _WAKE_W = -1, -1  # the reaper's wake-up pipe (a new worker to watch)
+class _MainCache:
+    """The main process's view of its pooled workers: their buffers, what is in use, what escaped.
+
+    One per process (:func:`_main`); every method takes the lock. A pin-memory thread of one loader and the main
+    thread of another may both unpickle batches.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.RLock()
+        self.incarnations: dict[int, _Incarnation] = {}
+        self.escaped: set[int] = set()  # data_ptr of cached buffers shared with another process (never reused)
+
+    def rebuild(self, nonce: int, index: int, gen: int, hello: Any, storage: Any, meta: tuple[Any, ...]) -> Any:
+        with self.lock:
+            if hello is not None:
+                self.incarnations[nonce] = _Incarnation(hello[0].numpy(), hello[1].detach())
+                _wrap_storage_reducer()
+            inc = self.incarnations.get(nonce)
+            if inc is not None and storage is not None:
+                inc.storages[index] = storage
+            cached = None if inc is None else inc.storages.get(index)
+            if inc is None or cached is None:
+                raise RuntimeError(
+                    f"lightning_fastdata: a batch refers to shared buffer {index} of worker {nonce:x}, which this "
+                    "process never received (batches of one worker must be unpickled in order, by one process)."
+                )
+            dtype, offset, shape, stride = meta
+            images = torch.empty(0, dtype=dtype).set_(cached, offset, shape, stride)
+            inc.received += 1
+            inc.outstanding[index] = gen
+            self.collect()
+            return images
+
+    def collect(self, forget_exited: bool = False) -> None:
+        """Release buffers nobody references any more; forget workers that exited.
+
+        A worker that exited is forgotten once every batch it sent has arrived, or with ``forget_exited`` (its
+        loader iterator was freed, so the rest will never be read).
+        """
+        with self.lock:
+            exited = self._exited()
+            for nonce, inc in list(self.incarnations.items()):
+                flags = inc.flags
+                for index, gen in list(inc.outstanding.items()):
+                    ptr = inc.storages[index].data_ptr()
+                    if ptr in self.escaped:  # shared with another process: we cannot know when it is done with it
+                        self.escaped.discard(ptr)
+                        del inc.storages[index], inc.outstanding[index]  # never released: the worker replaces it
+                    elif self._only_cached(inc.storages, index):
+                        flags[index] = gen
+                        del inc.outstanding[index]
+                inc.exited = inc.exited or inc.alive_fd in exited
+                if inc.exited and (forget_exited or inc.received >= flags[MAX_SLOTS]):
+                    os.close(inc.alive_fd)
+                    del self.incarnations[nonce]
+            if not self.incarnations:
+                _unwrap_storage_reducer()
+
+    def _exited(self) -> set[int]:
+        """Alive-pipe descriptors at end-of-file: the worker never writes, so readable means it exited."""
+        poller = select.poll()  # not select.select: that fails for descriptors >= 1024 (FD_SETSIZE)
+        for inc in self.incarnations.values():
+            if not inc.exited:
+                poller.register(inc.alive_fd, select.POLLIN)
+        return {fd for fd, _ in poller.poll(0)}
+
+    @staticmethod
+    def _only_cached(storages: dict[int, torch.UntypedStorage], index: int) -> bool:
+        """Whether nothing but our cache can reach the memory of ``storages[index]`` in this process.
+
+        The storage's use count counts tensors and views (a pinned copy, a batch the user kept); the Python
+        refcount of the storage object counts references to the object itself (``images.untyped_storage()``
+        returns this very object, not a new one): our dict's entry and ``getrefcount``'s argument make 2.
+        """
+        return internals.storage_use_count(storages[index]) == 1 and sys.getrefcount(storages[index]) == 2
+
+    def note_shared(self, storage: torch.UntypedStorage) -> None:
+        """``storage`` is being pickled for another process: if it is one of our buffers, retire it."""
+        with self.lock:
+            ptr = storage.data_ptr()
+            if any(s.data_ptr() == ptr for inc in self.incarnations.values() for s in inc.storages.values()):
+                self.escaped.add(ptr)
+
+    def stats(self) -> dict[str, int]:
+        with self.lock:
+            incs = self.incarnations.values()
+            return {
+                "workers": len(incs),
+                "buffers": sum(len(inc.storages) for inc in incs),
+                "outstanding": sum(len(inc.outstanding) for inc in incs),
+            }
 
 
-def _after_fork_in_child() -> None:
-    """A forked child starts with no cache, a free lock and no reaper (the parent's own are not ours)."""
-    global _LOCK, _REAPER, _WAKE_R, _WAKE_W
-    _LOCK = threading.RLock()
-    _MAIN.clear()
-    _ESCAPED.clear()
-    _REAPER, _WAKE_R, _WAKE_W = None, -1, -1
+_CACHE = _MainCache()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+def _main() -> _MainCache:
+    """This process's cache; a forked child gets a new, empty one (never the parent's lock, maybe held at fork)."""
+    global _CACHE
+    if _CACHE.pid != os.getpid():
+        _CACHE = _MainCache()
+    return _CACHE
 
 
 def _rebuild(
@@ -235,143 +407,43 @@ def _rebuild(
     meta: tuple[torch.dtype, int, tuple[int, ...], tuple[int, ...]],
     rest: tuple[Any, ...],
 ) -> tuple[Any, ...]:
-    with _LOCK:
-        if hello is not None:
-            _MAIN[nonce] = _Incarnation(hello[0].numpy(), hello[1].detach())
-            _install_share_hook()
-            _watch_exits()
-        inc = _MAIN.get(nonce)
-        if inc is not None and storage is not None:
-            inc.storages[index] = storage
-        cached = None if inc is None else inc.storages.get(index)
-        if inc is None or cached is None:
-            raise RuntimeError(
-                f"lightning_fastdata: a batch refers to shared buffer {index} of worker {nonce:x}, which this process "
-                "never received (batches of one worker must be unpickled in order, by one process)."
-            )
-        dtype, offset, shape, stride = meta
-        images = torch.empty(0, dtype=dtype).set_(cached, offset, shape, stride)
-        inc.received += 1
-        inc.outstanding[index] = gen
-        _collect(_exited(0))
+    images = _main().rebuild(nonce, index, gen, hello, storage, meta)
     return (images, *(torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in rest))
 
 
-def _only_cached(storages: dict[int, torch.UntypedStorage], index: int) -> bool:
-    """Whether nothing but our cache can reach the memory of ``storages[index]`` in this process.
-
-    The storage's use count counts tensors and views (a pinned copy, a batch the user kept); the Python
-    refcount of the storage object counts references to the object itself (``images.untyped_storage()``
-    returns this very object, not a new one): our dict's entry and ``getrefcount``'s argument make 2.
-    """
-    return _use_count(storages[index]) == 1 and sys.getrefcount(storages[index]) == 2
-
-
-def _exited(timeout_ms: int | None) -> set[int]:
-    """Alive-pipe descriptors at end-of-file (their worker exited); waits up to ``timeout_ms`` for one."""
-    poller = select.poll()  # not select.select: that fails for descriptors >= 1024 (FD_SETSIZE)
-    for inc in _MAIN.values():
-        if inc.dead_since is None:
-            poller.register(inc.alive_fd, select.POLLIN)
-    return {fd for fd, _ in poller.poll(timeout_ms)}
-
-
-def _collect(exited: set[int]) -> None:
-    """Release buffers nobody references any more; forget workers that exited (called under the lock)."""
-    now = time.monotonic()
-    for nonce, inc in list(_MAIN.items()):
-        flags = inc.flags
-        for index, gen in list(inc.outstanding.items()):
-            ptr = inc.storages[index].data_ptr()
-            if ptr in _ESCAPED:  # shared with another process: we cannot know when it is done with it
-                _ESCAPED.discard(ptr)
-                del inc.storages[index], inc.outstanding[index]  # never released: the worker replaces it
-            elif _only_cached(inc.storages, index):
-                flags[index] = gen
-                del inc.outstanding[index]
-        if inc.alive_fd in exited:  # the worker never writes: readable means end-of-file, it exited
-            inc.dead_since = now
-        if inc.dead_since is not None and (inc.received >= flags[MAX_SLOTS] or now - inc.dead_since > _DEAD_GRACE_S):
-            os.close(inc.alive_fd)
-            del _MAIN[nonce]
-
-
-def _watch_exits() -> None:
-    """Start the reaper thread if none runs, else wake it to watch the new worker (called under the lock)."""
-    global _REAPER, _WAKE_R, _WAKE_W
-    if _REAPER is not None and _REAPER.is_alive():
-        os.write(_WAKE_W, b"w")
-        return
-    if _WAKE_R < 0:
-        _WAKE_R, _WAKE_W = os.pipe()
-        os.set_blocking(_WAKE_R, False)
-    _REAPER = threading.Thread(target=_reap, name="fastdata-shm-reaper", daemon=True)
-    _REAPER.start()
-
-
-def _reap() -> None:
-    """Forget workers as soon as they exit, so their buffers are freed without waiting for another batch.
-
-    Runs while any worker is cached (then exits: no idle thread when a later ``fork`` starts new workers).
-    """
-    global _REAPER
-    while True:
-        with _LOCK:
-            if not _MAIN:
-                _REAPER = None
-                return
-            fds = {inc.alive_fd for inc in _MAIN.values() if inc.dead_since is None}
-            pending_dead = len(fds) < len(_MAIN)
-        poller = select.poll()
-        poller.register(_WAKE_R, select.POLLIN)
-        for fd in fds:
-            poller.register(fd, select.POLLIN)
-        # A worker that exited with batches still in a queue is forgotten after a grace period: look again then.
-        events = poller.poll(1000 if pending_dead else None)
-        try:
-            os.read(_WAKE_R, 4096)
-        except BlockingIOError:
-            pass
-        with _LOCK:
-            _collect({fd for fd, _ in events if fd in fds})
-
-
-def _note_shared(storage: torch.UntypedStorage) -> None:
-    """Called when ``storage`` is pickled for another process: if it is one of our buffers, retire it."""
-    with _LOCK:
-        ptr = storage.data_ptr()
-        if any(s.data_ptr() == ptr for inc in _MAIN.values() for s in inc.storages.values()):
-            _ESCAPED.add(ptr)
-
-
-def _install_share_hook() -> None:
-    """Wrap torch's reducer for shared CPU storages, so that a pooled batch sent onward is never reused.
-
-    A batch put on a ``torch.multiprocessing`` queue crosses as its shared-memory segment; the receiving
-    process's references are invisible here, so such a buffer is dropped from the cache (the worker replaces
-    it) instead of being written again.
-    """
-    from torch.multiprocessing import reductions  # noqa: F401 - registers torch's reducers first
-
-    reducers = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
-    original = reducers.get(torch.UntypedStorage)
-    if original is None or getattr(original, "_fastdata_hook", False):
-        return
-
-    def reduce_storage(storage: torch.UntypedStorage) -> Any:
-        if _MAIN and storage.device.type == "cpu":
-            _note_shared(storage)
-        return original(storage)
-
-    reduce_storage._fastdata_hook = True  # type: ignore[attr-defined]
-    ForkingPickler.register(torch.UntypedStorage, reduce_storage)
+def collect(forget_exited: bool = False) -> None:
+    """Release free buffers and forget exited workers now (loaders call this when an epoch or an iterator ends)."""
+    _main().collect(forget_exited)
 
 
 def main_cache_stats() -> dict[str, int]:
     """Workers and buffers the main process currently caches (for tests and diagnostics)."""
-    with _LOCK:
-        return {
-            "workers": len(_MAIN),
-            "buffers": sum(len(inc.storages) for inc in _MAIN.values()),
-            "outstanding": sum(len(inc.outstanding) for inc in _MAIN.values()),
-        }
+    return _main().stats()
+
+
+# torch's reducer while ours wraps it (the same function in a forked child, which inherits the wrapper).
+_torch_reducer: Callable[[torch.UntypedStorage], Any] | None = None
+
+
+def _reduce_storage(storage: torch.UntypedStorage) -> Any:
+    """Torch's reducer for storages, after retiring ``storage`` if it is a pooled buffer (see the protocol)."""
+    if storage.device.type == "cpu":
+        _main().note_shared(storage)
+    assert _torch_reducer is not None
+    return _torch_reducer(storage)
+
+
+def _wrap_storage_reducer() -> None:
+    """Wrap torch's reducer while workers are cached (called under the cache's lock)."""
+    global _torch_reducer
+    current = internals.storage_reducer()
+    if current is _reduce_storage or current is None:
+        return
+    _torch_reducer = current
+    internals.set_storage_reducer(_reduce_storage)
+
+
+def _unwrap_storage_reducer() -> None:
+    """Put torch's reducer back (unless someone wrapped ours since: then ours stays, a pass-through when empty)."""
+    if _torch_reducer is not None and internals.storage_reducer() is _reduce_storage:
+        internals.set_storage_reducer(_torch_reducer)

@@ -34,10 +34,21 @@ class ForkServer:
         return code, Path(request["log"]).read_text()
 
     def command(
-        self, argv: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None, module: str | None = None
+        self,
+        argv: list[str],
+        cwd: Path,
+        log: Path,
+        env: dict[str, str] | None = None,
+        module: str | None = None,
+        finalize: bool = False,
     ) -> tuple[int, str]:
-        """``python SCRIPT ARGV...`` (``argv[0]`` is the script), or ``python -m MODULE ARGV...``, in ``cwd``."""
+        """``python SCRIPT ARGV...`` (``argv[0]`` is the script), or ``python -m MODULE ARGV...``, in ``cwd``.
+
+        ``finalize``: the script's process ends through the interpreter's shutdown, as a script's does.
+        """
         request: dict[str, Any] = {"cwd": str(cwd), "env": env or {}, "path": [str(HELPERS)], "log": str(log)}
+        if finalize:
+            request["finalize"] = True
         if module is None:
             request.update(script=argv[0], argv=argv[1:])
         else:

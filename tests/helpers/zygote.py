@@ -8,7 +8,10 @@ come here.
 Protocol: one JSON line per run on stdin, either ``{"cfg": {...}, "log": path}`` (``resume_run.main(cfg)``) or
 ``{"script": path | "module": name, "argv": [...], "cwd": dir, "env": {...}, "path": [...], "log": path}`` (run
 as ``python SCRIPT ARGV...`` / ``python -m MODULE ARGV...`` would); the child's stdout and stderr go to ``log``;
-the answer is one line: the child's exit code (negative: the signal that killed it).
+the answer is one line: the child's exit code (negative: the signal that killed it). With ``"finalize": true`` a
+script runs in the real ``__main__`` (its globals live until shutdown, as a script's do) and the child ends
+through the interpreter's shutdown (atexit handlers, module teardown, daemon threads stopped) instead of
+``os._exit``: for tests of what happens at exit.
 """
 
 from __future__ import annotations
@@ -33,7 +36,13 @@ def _serve(request: dict[str, Any]) -> int:
     sys.path[:0] = request.get("path", [])
     sys.argv = [request.get("script") or request["module"], *request["argv"]]
     try:
-        if "script" in request:
+        if "script" in request and request.get("finalize"):
+            # run_path's temporary module would free the script's globals, and what they hold, before shutdown.
+            main = sys.modules["__main__"].__dict__
+            main["__file__"] = path = request["script"]
+            with open(path) as f:
+                exec(compile(f.read(), path, "exec"), main)
+        elif "script" in request:
             runpy.run_path(request["script"], run_name="__main__")
         else:
             runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
@@ -55,6 +64,8 @@ if __name__ == "__main__":
             except BaseException:  # noqa: BLE001 - report whatever ended the run, as a process would
                 traceback.print_exc()
                 code = 1
+            if request.get("finalize"):
+                sys.exit(code)  # out of the loop: the interpreter shuts down as after any script
             gc.collect()  # loaders' iterators shut their workers down
             sys.stdout.flush()
             sys.stderr.flush()

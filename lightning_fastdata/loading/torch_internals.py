@@ -1,0 +1,84 @@
+"""Every private torch and ``multiprocessing`` API the shared-memory batch pool uses, checked once at import.
+
+The pool (:mod:`lightning_fastdata.loading.shm_pool`) reaches below torch's public API in these places, and
+nowhere else:
+
+- ``torch.UntypedStorage._new_shared(nbytes)``: allocate a storage directly in shared memory (the allocator
+  torch's own ``default_collate`` uses in workers);
+- ``UntypedStorage._share_fd_cpu_()``: the file descriptor of such a storage, to reserve its pages;
+- ``torch._C._storage_Use_Count(storage._cdata)``: how many tensors and views hold a storage;
+- ``multiprocessing.reduction.DupFd``: pass a descriptor along with a pickled object;
+- ``ForkingPickler._extra_reducers``: torch's registered reducer for ``UntypedStorage``, which the pool wraps
+  while it caches buffers (to see a pooled buffer sent on to another process).
+
+:data:`MISSING` names those that this torch or Python lacks; when it is not empty the pool is not used and
+batches travel torch's own way (one warning, from :func:`lightning_fastdata.loading.shm_pool.resolve_transport`).
+Each behaviour the pool relies on is pinned by a test in ``tests/loading/test_torch_internals.py``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.reduction
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.multiprocessing import reductions as _torch_reductions  # noqa: F401 - registers torch's reducers
+
+__all__ = [
+    "MISSING",
+    "DupFd",
+    "ForkingPickler",
+    "new_shared_storage",
+    "reserve_pages",
+    "set_storage_reducer",
+    "storage_reducer",
+    "storage_use_count",
+]
+
+ForkingPickler = multiprocessing.reduction.ForkingPickler
+DupFd: Any = getattr(multiprocessing.reduction, "DupFd", None)
+
+
+def _missing() -> list[str]:
+    checks = {
+        "torch.UntypedStorage._new_shared": hasattr(torch.UntypedStorage, "_new_shared"),
+        "torch.UntypedStorage._share_fd_cpu_": hasattr(torch.UntypedStorage, "_share_fd_cpu_"),
+        "torch._C._storage_Use_Count": hasattr(torch._C, "_storage_Use_Count"),
+        "multiprocessing.reduction.DupFd": DupFd is not None,
+        "ForkingPickler._extra_reducers[torch.UntypedStorage]": isinstance(
+            getattr(ForkingPickler, "_extra_reducers", None), dict
+        )
+        and torch.UntypedStorage in ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
+    }
+    return [name for name, present in checks.items() if not present]
+
+
+#: The private APIs above that this torch/Python lacks (empty: the pool can be used).
+MISSING: list[str] = _missing()
+
+
+def new_shared_storage(nbytes: int) -> torch.UntypedStorage:
+    """A new ``nbytes`` storage in shared memory (torch's allocator for worker batches)."""
+    return torch.UntypedStorage._new_shared(nbytes)
+
+
+def reserve_pages(storage: torch.UntypedStorage) -> tuple[int, int]:
+    """The ``(fd, size)`` of a shared storage (``file_descriptor`` strategy), to reserve its pages up front."""
+    fd, size = storage._share_fd_cpu_()
+    return int(fd), int(size)
+
+
+def storage_use_count(storage: torch.UntypedStorage) -> int:
+    """Tensors and views that hold ``storage`` (a pinned copy or a user's view counts too)."""
+    return int(torch._C._storage_Use_Count(storage._cdata))
+
+
+def storage_reducer() -> Callable[[torch.UntypedStorage], Any] | None:
+    """The reducer ``ForkingPickler`` uses for CPU storages now (torch's, unless wrapped)."""
+    return ForkingPickler._extra_reducers.get(torch.UntypedStorage)  # type: ignore[attr-defined]
+
+
+def set_storage_reducer(reduce: Callable[[torch.UntypedStorage], Any]) -> None:
+    """Make ``ForkingPickler`` (queues of ``multiprocessing`` and ``torch.multiprocessing``) use ``reduce``."""
+    ForkingPickler.register(torch.UntypedStorage, reduce)
