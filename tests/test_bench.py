@@ -73,3 +73,20 @@ def test_scale_suite_measures_a_linked_tree_end_to_end(tmp_path: Path, capsys: p
         assert title in printed
     with pytest.raises(FileExistsError, match="not empty"):  # never builds into a folder it did not make
         main(["--root", str(tmp_path / "bench"), "--suites", "scale", "--scale-root", str(tmp_path / "bench")])
+
+
+def test_bench_builds_its_files_in_scratch_and_leaves_nothing_beside_the_data(tmp_path: Path) -> None:
+    """Before: the HDF5 and cache suites left ``<root>-raw256.h5``, ``-encoded.h5``, ``-seed.h5``, a cache folder and
+    its ``.lock`` beside the folder. Now they go to a temporary folder, removed, or to ``--scratch``, kept."""
+    from lightning_fastdata.demos import make_image_folder
+
+    user = make_image_folder(tmp_path / "data" / "mine", num_classes=2, per_class=5, size=(64, 48))
+    beside = sorted(p.name for p in user.parent.iterdir())
+    small = ["--suites", "hdf5", "cache", "--workers", "0", "--batch-size", "4", "--image-size", "32"]
+    small += ["--repeats", "1", "--min-seconds", "0"]
+    main(["--root", str(user), *small])
+    assert sorted(p.name for p in user.parent.iterdir()) == beside
+    scratch = tmp_path / "scratch"
+    main(["--root", str(user), "--scratch", str(scratch), *small])
+    assert sorted(p.name for p in user.parent.iterdir()) == beside
+    assert {"mine-raw256.h5", "mine-encoded.h5", "mine-seed.h5", "mine-cache256"} <= {p.name for p in scratch.iterdir()}

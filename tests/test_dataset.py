@@ -86,8 +86,18 @@ def corrupt_folder(tmp_path: Path) -> tuple[Path, Path]:
 def test_corrupt_image_raises_by_default_naming_it(tmp_path: Path) -> None:
     root, bad = corrupt_folder(tmp_path)
     ds = ImageFolderDataset(str(root), image_size=16)
-    with pytest.raises(OSError, match=str(bad)):
+    with pytest.raises(OSError, match=str(bad)) as raised:
         ds.__getitems__([(0, i) for i in range(10)])
+    assert "b'" not in str(raised.value)
+
+
+def test_a_file_that_is_no_image_is_named_as_the_user_wrote_it(tmp_path: Path) -> None:
+    root, bad = corrupt_folder(tmp_path)
+    bad.write_bytes(b"<html>not an image</html>")
+    ds = ImageFolderDataset(str(root), image_size=16)
+    with pytest.raises(OSError, match=f"Cannot decode image '{bad}': cannot identify image file. ") as raised:
+        ds.__getitems__([(0, i) for i in range(10)])
+    assert "BytesIO" not in str(raised.value)  # was: "... cannot identify image file <_io.BytesIO object at 0x...>"
 
 
 @pytest.mark.timeout(120)

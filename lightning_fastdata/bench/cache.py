@@ -6,12 +6,11 @@ import argparse
 import functools
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lightning_fastdata.bench.harness import Candidate, baseline_loader, count_images, measure, rows_for
+from lightning_fastdata.bench.harness import Candidate, baseline_loader, count_images, measure, rows_for, scratch_path
 from lightning_fastdata.datamodules.cache import TensorCacheDataModule
 
 __all__ = ["cache_suite", "memcpy_ceiling"]
@@ -34,7 +33,7 @@ def memcpy_ceiling(images: np.ndarray, batch_size: int, size: int, repeats: int)
 
 def cache_suite(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Baseline vs cache (workers, device placement); plus the memcpy ceiling and the build time."""
-    cache_dir = Path(f"{Path(args.root).with_suffix('')}-cache256")
+    cache_dir = scratch_path(args, "cache256")
     build_s = 0.0
     modules = {}
     for placement in ("workers", "device"):

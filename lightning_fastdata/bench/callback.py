@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_fastdata import FastDataCallback, TensorCacheDataModule
-from lightning_fastdata.bench.harness import count_images, time_loader
+from lightning_fastdata.bench.harness import count_images, scratch_path, time_loader
 from lightning_fastdata.loading.collate import collate_prebatched
 from lightning_fastdata.loading.loaders import PrefetchingDataLoader
 from lightning_fastdata.testing import cpu_trainer
@@ -121,9 +121,7 @@ def snapshot_suite(args: argparse.Namespace) -> dict[str, Any]:
     If the snapshots cost < 1% of the time this loader needs per batch, they cost less than 1% of any
     training step that this loader can keep fed.
     """
-    from pathlib import Path
-
-    cache_dir = str(Path(f"{Path(args.root).with_suffix('')}-cache256"))
+    cache_dir = str(scratch_path(args, "cache256"))
     rates: dict[str, list[float]] = {
         "plain DataLoader (no state)": [],
         "snapshot every step": [],

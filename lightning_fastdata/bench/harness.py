@@ -9,11 +9,13 @@ into table rows with the ratio to the first (baseline) candidate.
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -180,3 +182,8 @@ def compare_folder_loaders(
     ]
     rates = measure(candidates, repeats=1, min_seconds=min_seconds)
     return {name: runs[0] for name, runs in rates.items()}
+
+
+def scratch_path(args: argparse.Namespace, name: str) -> Path:
+    """Where a suite keeps a file or folder it builds from ``args.root``: in ``args.scratch``, never beside the data."""
+    return Path(args.scratch) / f"{Path(args.root).name}-{name}"

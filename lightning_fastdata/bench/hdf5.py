@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_fastdata import HDF5DataModule, convert_folder_to_hdf5
-from lightning_fastdata.bench.harness import Candidate, count_images, measure, ours_module, rows_for
+from lightning_fastdata.bench.harness import Candidate, count_images, measure, ours_module, rows_for, scratch_path
 
 __all__ = ["SeedStyleH5", "bench_files", "hdf5_suite"]
 
@@ -42,9 +42,12 @@ class SeedStyleH5(Dataset):
 
 
 def bench_files(args: argparse.Namespace) -> dict[str, Path]:
-    """Build (once) the three files from the benchmark folder."""
-    base = Path(args.root).with_suffix("")
-    out = {"raw": Path(f"{base}-raw256.h5"), "encoded": Path(f"{base}-encoded.h5"), "seed": Path(f"{base}-seed.h5")}
+    """Build the three files from the benchmark folder, once per scratch folder."""
+    out = {
+        "raw": scratch_path(args, "raw256.h5"),
+        "encoded": scratch_path(args, "encoded.h5"),
+        "seed": scratch_path(args, "seed.h5"),
+    }
     if not out["encoded"].exists():
         convert_folder_to_hdf5(args.root, out["encoded"], mode="encoded")
     if not out["raw"].exists():

@@ -32,12 +32,14 @@ without ``FastDataCallback`` (fast in-memory data, so any overhead of the callba
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import glob
 import json
 import os
 import platform
 import statistics
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -112,10 +114,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--scale-doctor-seconds", type=float, default=60.0, help="scale suite: `fastdata doctor --seconds` on the tree"
     )
+    parser.add_argument(
+        "--scratch",
+        default=None,
+        help="folder for the HDF5 files and caches the suites build from --root (kept, and reused by later runs); "
+        "default: a temporary folder, removed at the end. Nothing is ever written in or beside --root.",
+    )
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--plot", default=None, help="write a bar chart (PNG) of images/s per loader here")
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as cleanup:
+        if args.scratch is None:
+            args.scratch = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="fastdata-bench-"))
+        else:
+            Path(args.scratch).mkdir(parents=True, exist_ok=True)
+        return _run(args)
 
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     import PIL
 
     ensure_demo_data(args.root, args.num_classes, args.per_class)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_fastdata import HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule, convert_folder_to_hdf5
-from lightning_fastdata.bench.harness import Candidate, baseline_loader, count_images, measure, rows_for
+from lightning_fastdata.bench.harness import Candidate, baseline_loader, count_images, measure, rows_for, scratch_path
 from lightning_fastdata.bench.hdf5 import bench_files
 
 __all__ = [
@@ -283,7 +283,7 @@ def cold_read_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         return sorted(glob.glob(os.path.join(args.root, "*", "*")))
 
     h5 = bench_files(args)
-    cache_dir = f"{Path(args.root).with_suffix('')}-cache256"
+    cache_dir = str(scratch_path(args, "cache256"))
     kw = dict(image_size=args.image_size, batch_size=args.batch_size, num_workers=2, val_fraction=0.0)
 
     def folder(block: int | None) -> Any:
@@ -349,10 +349,10 @@ def cold_read_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 def compact_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Size on disk per image and images/s of each format of the same images (2 workers, interleaved runs)."""
     h5 = bench_files(args)
-    compact = Path(f"{Path(args.root).with_suffix('')}-jpeg256q90.h5")
+    compact = scratch_path(args, "jpeg256q90.h5")
     if not compact.exists():
         convert_folder_to_hdf5(args.root, compact, max_side=256, quality=90)
-    cache_dir = f"{Path(args.root).with_suffix('')}-cache256"
+    cache_dir = str(scratch_path(args, "cache256"))
     kw = dict(image_size=args.image_size, batch_size=args.batch_size, num_workers=2, val_fraction=0.0)
     folder = ImageFolderDataModule(args.root, **kw)
     modules: dict[str, tuple[Any, list[str]]] = {
@@ -364,7 +364,7 @@ def compact_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     cache = TensorCacheDataModule(args.root, cache_dir, cache_size=256, **kw)
     cache.prepare_data()
     modules["TensorCacheDataModule (256 px uint8)"] = (cache, sorted(glob.glob(os.path.join(cache_dir, "*.npy"))))
-    jpeg_dir = f"{Path(args.root).with_suffix('')}-cache-jpeg256"
+    jpeg_dir = str(scratch_path(args, "cache-jpeg256"))
     jpeg = TensorCacheDataModule(args.root, jpeg_dir, cache_size=256, storage="jpeg", quality=90, **kw)
     jpeg.prepare_data()
     modules["TensorCacheDataModule storage='jpeg' (256, q90)"] = (

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -265,11 +267,15 @@ def decode_resized_crop(
     try:
         crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])))
     except OSError as err:  # only errors about the image data are OSError here (see _decode_crop)
+        why = _IN_MEMORY_FILE.sub("", str(err))  # PIL names our in-memory copy, not the user's file
         raise OSError(
-            f"Cannot decode image {name!r}: {err}. The file is corrupt, truncated or too large: replace or delete it, "
-            "or pass on_corrupt='skip' to skip such files (each is logged and counted)."
+            f"Cannot decode image {os.fsdecode(name)!r}: {why}. The file is corrupt, truncated or too large: replace "
+            "or delete it, or pass on_corrupt='skip' to skip such files (each is logged and counted)."
         ) from err
     resize_crop_into(out, crop, flip)
+
+
+_IN_MEMORY_FILE = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
 
 def roi_decode_available() -> bool:
