@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any, Literal
 
 import numpy as np
@@ -15,8 +14,10 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
+from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_intervals
+from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
 from lightning_fastdata.loading.collate import collate_prebatched
-from lightning_fastdata.loading.loaders import PrefetchingDataLoader, PrefetchingStatefulDataLoader
+from lightning_fastdata.loading.loaders import PrefetchingDataLoader
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.shm_pool import BatchTransport, resolve_transport
@@ -25,43 +26,6 @@ from lightning_fastdata.loading.workers import init_worker, resolve_num_workers
 __all__ = ["FastDataModule"]
 
 log = logging.getLogger("lightning_fastdata")
-
-
-@contextmanager
-def _quiet_torchdata_in_order() -> Iterator[None]:
-    """Drop torchdata's "in_order=False ... no guarantees for state management" log line while inside."""
-
-    def drop(record: logging.LogRecord) -> bool:
-        return "in_order=False" not in record.getMessage()
-
-    torchdata_log = logging.getLogger(StatefulDataLoader.__module__)
-    torchdata_log.addFilter(drop)
-    try:
-        yield
-    finally:
-        torchdata_log.removeFilter(drop)
-
-
-class _TrainLoader(PrefetchingStatefulDataLoader):
-    """The train loader: prefetching and stateful, restored per rank by the DataModule (not by Lightning)."""
-
-    def __init__(self, dataset: Dataset, prefetch_device: torch.device | str | None = None, **kwargs: Any) -> None:
-        super().__init__(dataset, prefetch_device=prefetch_device, **kwargs)
-        self.restored = False  # the DataModule restored this rank's state: ignore Lightning's next load
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        """The state after the batch last returned (torchdata's in_order=False warning is said once, elsewhere)."""
-        with nullcontext() if self.exact_state else _quiet_torchdata_in_order():
-            return super().state_dict()
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load ``state_dict``, unless the DataModule already restored this rank's own state."""
-        if self.restored:
-            self.restored = False
-            return
-        super().load_state_dict(state_dict)
 
 
 class FastDataModule(LightningDataModule):
@@ -185,13 +149,11 @@ class FastDataModule(LightningDataModule):
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self._resolved_workers: int | None = None
-        # Exact resume (see state_dict): the train loader, and its state for this rank from a checkpoint.
-        self._train_loader: _TrainLoader | None = None
-        self._pending_loader_state: dict[str, Any] | None = None
-        self._restart_epoch: int | None = None
+        # Exact resume: the train loader last built, and what a checkpoint asked of the next one.
+        self._train_loader: ResumableLoader | None = None
+        self.resume = LoaderResume()
         self._skip_epoch = -1
         self._warned_in_order = False
-        self._resumed_mid_epoch: int | None = None
 
     # -- what subclasses provide -----------------------------------------------------------------------
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
@@ -219,19 +181,7 @@ class FastDataModule(LightningDataModule):
         if self.train_dataset is None:
             raise RuntimeError(f"{type(self).__name__}.train_dataloader() needs setup('fit') to run first.")
         loader = self._loader(self.train_dataset, train=True)
-        if self._pending_loader_state is not None:
-            # Restored here, when the loader is made, rather than by Lightning's fit loop: that one restores
-            # rank 0's state on every rank, and not at all if configure_optimizers loaded the data early
-            # (Lightning #20550). Lightning's later load_state_dict call on this loader is then ignored.
-            loader.load_state_dict(self._pending_loader_state)
-            loader.restored = True
-            self._pending_loader_state = None
-            if self._resumed_mid_epoch is not None:
-                self._align_fit_loop(self._resumed_mid_epoch)
-        elif self._restart_epoch is not None:
-            loader.sampler.set_epoch(self._restart_epoch)
-            loader.restored = True
-            self._restart_epoch = None
+        self.resume.apply(loader, self.trainer)
         self._train_loader = loader
         return loader
 
@@ -244,62 +194,19 @@ class FastDataModule(LightningDataModule):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's train-loader state (gathered: Lightning writes only rank 0's checkpoint).
-
-        A checkpoint saved because a step failed (``OnExceptionCheckpoint``: the Trainer is interrupted) holds
-        the state *before* the failed batch, so that batch is trained after resume. Such a save may run on one
-        rank only, so under DDP nothing is gathered then (a collective would wait forever for the others): the
-        checkpoint holds this rank's state alone, and a resume from it restarts the epoch on every rank (warned).
-        Saves by ``ModelCheckpoint`` run on every rank and gather.
-        """
-        loader = self._train_loader
-        if loader is None:
-            return {}
+        """Every rank's train-loader state, gathered (see :meth:`LoaderResume.save`)."""
         trainer = self.trainer
-        interrupted = trainer is not None and trainer.interrupted
-        state = loader.state_before_current_batch() if interrupted else loader.state_dict()
-        world_size, rank = 1, 0
-        states: list[dict[str, Any] | None] = [state]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            world_size, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
-            states = [None] * world_size
-            if interrupted:
-                states[rank] = state
-            else:
-                torch.distributed.all_gather_object(states, state)
-        epoch = getattr(loader.sampler, "epoch", 0)
-        done = loader.batches_done(before_current_batch=interrupted)
-        mid_epoch = done is not None and done < len(loader)
-        return {"loader_states": states, "world_size": world_size, "epoch": epoch, "mid_epoch": mid_epoch}
+        return self.resume.save(self._train_loader, interrupted=trainer is not None and trainer.interrupted)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep this rank's loader state until :meth:`train_dataloader` makes the loader.
+        """Keep this rank's loader state until :meth:`train_dataloader` makes the loader (see :class:`LoaderResume`).
 
-        A checkpoint from a different world size cannot continue the interrupted epoch sample-exactly (its
-        shards were cut for another number of ranks), nor can one that lacks some rank's state (saved by one
-        rank on an exception): the epoch is restarted from its beginning on every rank, with a warning (its
-        samples seen before the checkpoint are seen again).
+        A checkpoint from a different world size, or one that lacks some rank's state, restarts the interrupted
+        epoch from its beginning on every rank, with a warning.
         """
-        states = state_dict.get("loader_states")
-        if not states:
-            return
-        self._resumed_mid_epoch = int(state_dict["epoch"]) if state_dict.get("mid_epoch") else None
         world_size, rank = self._world()[:2]
-        if len(states) != world_size or any(s is None for s in states):
-            why = (
-                f"is from {len(states)} rank(s), this run has {world_size}"
-                if len(states) != world_size
-                else "lacks some ranks' state (saved by one rank on an exception)"
-            )
-            rank_zero_warn(
-                f"The checkpoint's loader state {why}: epoch {state_dict['epoch']} restarts from its beginning (its "
-                "samples seen before the checkpoint are seen again). Resume with the same number of devices, from a "
-                "checkpoint saved on all ranks (ModelCheckpoint), for an exact continuation."
-            )
-            self._restart_epoch = int(state_dict["epoch"])
-            return
-        self._pending_loader_state = states[rank]
+        self.resume.load(state_dict, world_size, rank)
 
     @override
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -375,25 +282,6 @@ class FastDataModule(LightningDataModule):
             self._report_skipped(self._skip_epoch)
             self._skip_epoch = -1
 
-    def _align_fit_loop(self, epoch: int) -> None:
-        """Make Lightning count the resumed epoch as unfinished when the loader state says it is.
-
-        When ``max_steps`` stops a run in the middle of an epoch, Lightning still ends the epoch (its counters say
-        "processed", "completed") and saves ``last.ckpt`` so; resumed from it, the fit loop started the next epoch
-        (``Epoch 1: 6/15`` while epoch 0's remaining samples were served, and epoch 1's permutation was then
-        skipped). The counters are put back to "epoch started, not processed"; called from ``train_dataloader()``,
-        which the fit loop calls before it derives its restart stage from them.
-        """
-        fit_loop = getattr(self.trainer, "fit_loop", None)
-        progress = getattr(fit_loop, "epoch_progress", None)
-        if progress is not None and progress.current.started == epoch + 1 and progress.current.processed == epoch + 1:
-            for tracker in (progress.total, progress.current):
-                if tracker.completed == tracker.processed:
-                    tracker.completed -= 1
-                tracker.processed -= 1
-            rank_zero_info(f"lightning_fastdata: resuming inside epoch {epoch}, where the checkpoint's loader stopped.")
-        self._resumed_mid_epoch = None
-
     # -- the one place loaders are built ---------------------------------------------------------------
     def _report_skipped(self, epoch: int) -> None:
         count = getattr(self.train_dataset, "skipped_count", lambda epoch: 0)(epoch)
@@ -420,18 +308,13 @@ class FastDataModule(LightningDataModule):
     def _snapshot_interval(self) -> int:
         if self.snapshot_every_n_steps is not None:
             return self.snapshot_every_n_steps
-        checkpoints = self.trainer.checkpoint_callbacks if self.trainer is not None else []
-        intervals = []
-        for cb in checkpoints:
-            # ModelCheckpoint keeps its interval only as the private _every_n_train_steps (no public accessor).
-            if not hasattr(cb, "_every_n_train_steps"):
-                rank_zero_warn(
-                    f"lightning_fastdata: cannot read the step interval of {type(cb).__name__} (this Lightning has no "
-                    "ModelCheckpoint._every_n_train_steps); loader snapshots are taken every step. Pass "
-                    "snapshot_every_n_steps= to the DataModule to choose."
-                )
-            elif cb._every_n_train_steps:
-                intervals.append(int(cb._every_n_train_steps))
+        intervals = checkpoint_step_intervals(self.trainer)
+        if intervals is None:
+            rank_zero_warn(
+                "lightning_fastdata: cannot read the step interval of a checkpoint callback (this Lightning has no "
+                "ModelCheckpoint._every_n_train_steps); loader snapshots are taken every step. Pass "
+                "snapshot_every_n_steps= to the DataModule to choose."
+            )
         return min(intervals) if intervals else 1
 
     def _use_pin_memory(self) -> bool:
@@ -491,8 +374,8 @@ class FastDataModule(LightningDataModule):
                 )
                 self._warned_in_order = True
             # Said once above, instead of by torchdata at every loader and state_dict.
-            with nullcontext() if exact else _quiet_torchdata_in_order():
-                loader = _TrainLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
+            with nullcontext() if exact else quiet_torchdata_in_order():
+                loader = ResumableLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
         else:
             loader = PrefetchingDataLoader(dataset, **kwargs)
         return loader

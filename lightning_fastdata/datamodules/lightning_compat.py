@@ -1,0 +1,53 @@
+"""Every Lightning internal the package reads or writes, in one place.
+
+Each function names the internal it touches and what it relies on; ``tests/datamodules/test_lightning_compat.py``
+pins each behaviour, so that a Lightning upgrade that changes one fails there first, by name.
+
+- ``ModelCheckpoint._every_n_train_steps`` (read): the checkpoint interval in steps, which has no public
+  accessor; used to snapshot the loader when checkpoints are taken (:func:`checkpoint_step_intervals`).
+- ``trainer.fit_loop.epoch_progress`` (written): when ``max_steps`` stops a run inside an epoch, Lightning still
+  counts that epoch as processed, so a resume would start the next one (:func:`reopen_epoch`).
+- The order of ``fit_loop.setup_data()``: the DataModule's ``train_dataloader()`` is called before the fit loop
+  loads the checkpoint's loader state into that loader (``_load_combined_loader_states``), and that state is rank
+  0's on every rank. :class:`~lightning_fastdata.datamodules.resume.LoaderResume` restores each rank's own state
+  when the loader is built and has the loader ignore the fit loop's load that follows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["checkpoint_step_intervals", "reopen_epoch"]
+
+
+def checkpoint_step_intervals(trainer: Any) -> list[int] | None:
+    """The ``every_n_train_steps`` of the Trainer's checkpoint callbacks that have one.
+
+    Returns ``None`` if a checkpoint callback does not expose it (a Lightning without
+    ``ModelCheckpoint._every_n_train_steps``, or another class): the caller cannot know the interval.
+    """
+    intervals = []
+    for callback in trainer.checkpoint_callbacks if trainer is not None else []:
+        if not hasattr(callback, "_every_n_train_steps"):
+            return None
+        if callback._every_n_train_steps:
+            intervals.append(int(callback._every_n_train_steps))
+    return intervals
+
+
+def reopen_epoch(trainer: Any, epoch: int) -> bool:
+    """Count ``epoch`` as started but not processed, if Lightning counted it as processed; returns whether it did.
+
+    When ``max_steps`` stops a run in the middle of an epoch, Lightning still ends the epoch (its counters say
+    "processed", "completed") and saves ``last.ckpt`` so; resumed from it, the fit loop would start the next
+    epoch while the loader still serves the interrupted one. Called before the fit loop derives its restart stage
+    from these counters (from ``train_dataloader()``, inside ``setup_data``).
+    """
+    progress = getattr(getattr(trainer, "fit_loop", None), "epoch_progress", None)
+    if progress is None or progress.current.started != epoch + 1 or progress.current.processed != epoch + 1:
+        return False
+    for tracker in (progress.total, progress.current):
+        if tracker.completed == tracker.processed:
+            tracker.completed -= 1
+        tracker.processed -= 1
+    return True
