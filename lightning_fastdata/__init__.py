@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lightning_fastdata.callbacks.fastdata import FastDataCallback
     from lightning_fastdata.callbacks.monitor import DataWaitMonitor
-    from lightning_fastdata.convert import convert_folder_to_hdf5
     from lightning_fastdata.datamodules.base import FastDataModule
     from lightning_fastdata.datamodules.cache import TensorCacheDataModule
     from lightning_fastdata.datamodules.folder import ImageFolderDataModule
     from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
     from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
+    from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
     from lightning_fastdata.datasets.folder import ImageFolderDataset
     from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
     from lightning_fastdata.diagnose import DoctorReport, doctor
@@ -51,7 +51,7 @@ _EXPORTS = {
     "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",
     "TensorCacheDataset": "lightning_fastdata.datasets.cache",
     "build_tensor_cache": "lightning_fastdata.datasets.cache",
-    "convert_folder_to_hdf5": "lightning_fastdata.convert",
+    "convert_folder_to_hdf5": "lightning_fastdata.datasets.convert",
     "inspect_hdf5": "lightning_fastdata.datasets.hdf5",
     "open_tensor_cache": "lightning_fastdata.datasets.cache",
     "resolve_num_workers": "lightning_fastdata.loading.workers",

@@ -20,12 +20,12 @@ from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
 from lightning_fastdata.bench import main as bench_main
-from lightning_fastdata.bench.harness import compare_folder_loaders
-from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.diagnose import main as doctor_main
 from lightning_fastdata.loading.workers import resolve_num_workers
+from lightning_fastdata.measure import compare_folder_loaders
 from lightning_fastdata.models import ImageClassifier
 
 __all__ = ["CONFIG_DIR", "ConfigNotFoundError", "FastDataCLI", "find_config", "main", "run_cli"]

@@ -31,16 +31,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from lightning_fastdata.bench.cache import memcpy_ceiling
-from lightning_fastdata.bench.harness import baseline_loader, count_images, decode_ceiling, time_loader
-from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.datamodules.cache import TensorCacheDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
+from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.datasets.hdf5 import HDF5Layout, inspect_hdf5, open_hdf5
 from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 from lightning_fastdata.loading.index import contains_path, scan_image_folder
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
+from lightning_fastdata.measure import baseline_loader, count_images, decode_ceiling, memcpy_ceiling, time_loader
 
 __all__ = ["DoctorReport", "Option", "as_dict", "doctor", "main", "write_config"]
 

@@ -19,12 +19,12 @@ import yaml
 from PIL import Image
 
 from lightning_fastdata import doctor
-from lightning_fastdata.bench.harness import compare_folder_loaders
 from lightning_fastdata.cli import main as fastdata
 from lightning_fastdata.cli import run_cli
-from lightning_fastdata.convert import convert_folder_to_hdf5
+from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.diagnose import _rank_share, _wait, main
+from lightning_fastdata.measure import compare_folder_loaders
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:

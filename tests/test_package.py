@@ -57,6 +57,33 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles[:5])
 
 
+def test_top_level_parts_import_each_other_in_one_direction_only() -> None:
+    """``loading``, ``datasets``, ``datamodules``, ``measure``, ``diagnose``, ``bench``...: no two import each other.
+
+    Before: ``diagnose`` imported ``bench`` and ``bench.scale`` imported ``diagnose``; ``datasets.cache`` imported
+    ``convert``, which imported ``datasets``. Names taken from the package root count as their modules'.
+    """
+    import lightning_fastdata
+
+    def part(module: str) -> str | None:
+        pieces = module.split(".")
+        return pieces[1] if len(pieces) > 1 and pieces[1] != "__init__" else None
+
+    edges: set[tuple[str, str]] = set()
+    for name, tree in modules_cache.items():
+        source = part(name)
+        if source is None:
+            continue
+        targets = set(imported(tree, top_level_only=False))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "lightning_fastdata":
+                targets.update(lightning_fastdata._EXPORTS.get(a.name, "") for a in node.names)
+        edges.update((source, t) for t in map(part, targets) if t is not None and t != source)
+    both_ways = sorted((a, b) for a, b in edges if (b, a) in edges and a < b)
+    assert not both_ways, f"top-level parts that import each other: {both_ways}"
+    assert ("bench", "diagnose") in edges and ("diagnose", "measure") in edges  # the tool tier's one direction
+
+
 def test_no_function_level_imports_of_private_names() -> None:
     offenders = []
     for name, tree in modules_cache.items():

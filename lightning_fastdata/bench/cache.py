@@ -4,31 +4,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import time
 from typing import Any
 
 import numpy as np
 
-from lightning_fastdata.bench.harness import Candidate, baseline_loader, count_images, measure, rows_for, scratch_path
+from lightning_fastdata.bench.scratch import scratch_path
 from lightning_fastdata.datamodules.cache import TensorCacheDataModule
+from lightning_fastdata.measure import Candidate, baseline_loader, count_images, measure, memcpy_ceiling, rows_for
 
-__all__ = ["cache_suite", "memcpy_ceiling"]
-
-
-def memcpy_ceiling(images: np.ndarray, batch_size: int, size: int, repeats: int) -> float:
-    """One core copying ``size x size x 3`` uint8 samples (a sorted random gather per batch) into a batch array."""
-    n = len(images)
-    out = np.empty((batch_size, size, size, 3), np.uint8)
-    rates = []
-    for _ in range(repeats):
-        order = np.random.default_rng(0).permutation(n)
-        start = time.perf_counter()
-        for b in range(0, n - batch_size + 1, batch_size):
-            rows = np.sort(order[b : b + batch_size])
-            np.copyto(out, images[rows, :size, :size])
-        rates.append((n // batch_size) * batch_size / (time.perf_counter() - start))
-    return statistics.median(rates)
+__all__ = ["cache_suite"]
 
 
 def cache_suite(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, float]]:

@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_fastdata import HDF5DataModule, convert_folder_to_hdf5
-from lightning_fastdata.bench.harness import Candidate, count_images, measure, ours_module, rows_for, scratch_path
+from lightning_fastdata.bench.scratch import scratch_path
+from lightning_fastdata.measure import Candidate, count_images, measure, ours_module, rows_for
 
 __all__ = ["SeedStyleH5", "bench_files", "hdf5_suite"]
 

@@ -47,7 +47,11 @@ import torch
 
 from lightning_fastdata.bench.cache import cache_suite
 from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
-from lightning_fastdata.bench.harness import (
+from lightning_fastdata.bench.hdf5 import hdf5_suite
+from lightning_fastdata.bench.scale import scale_suite
+from lightning_fastdata.demos import ensure_demo_data
+from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
+from lightning_fastdata.measure import (
     Candidate,
     baseline_loader,
     count_images,
@@ -58,10 +62,6 @@ from lightning_fastdata.bench.harness import (
     print_table,
     rows_for,
 )
-from lightning_fastdata.bench.hdf5 import hdf5_suite
-from lightning_fastdata.bench.scale import scale_suite
-from lightning_fastdata.demos import ensure_demo_data
-from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 
 __all__ = ["folder_suite", "main", "plot"]
 

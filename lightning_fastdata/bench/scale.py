@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_fastdata import HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule, convert_folder_to_hdf5
-from lightning_fastdata.bench.harness import Candidate, baseline_loader, count_images, measure, rows_for, scratch_path
 from lightning_fastdata.bench.hdf5 import bench_files
+from lightning_fastdata.bench.scratch import scratch_path
+from lightning_fastdata.measure import Candidate, baseline_loader, count_images, measure, rows_for
 
 __all__ = [
     "cold_read_rows",
@@ -207,7 +208,7 @@ def children():
     return sorted(out)
 which, root, epochs, batches = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 if which == "torchvision":
-    from lightning_fastdata.bench.harness import baseline_loader
+    from lightning_fastdata.measure import baseline_loader
     loader = baseline_loader(root, 64, 64, 2)
 else:
     from lightning_fastdata import ImageFolderDataModule

@@ -42,8 +42,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from lightning_fastdata.convert import convert_folder_to_hdf5
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
+from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
 from lightning_fastdata.loading.collate import empty_image_batch
 from lightning_fastdata.loading.decode import decode_center_crop, random_resized_crop_box

@@ -1,4 +1,6 @@
-"""The measuring primitives of ``fastdata bench``: timed passes, interleaved repeats, tables, the ceilings.
+"""The measuring core under ``fastdata bench`` and ``fastdata doctor`` (it imports neither of them).
+
+Timed passes, interleaved repeats, tables, the ceilings.
 
 Public so that every suite (``folder`` in :mod:`~lightning_fastdata.bench.loaders`, ``hdf5``, ``cache``,
 ``callback``) and your own scripts time loaders the same way: :func:`measure` runs each ``Candidate`` (name,
@@ -9,15 +11,14 @@ into table rows with the ratio to the first (baseline) candidate.
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -31,6 +32,7 @@ __all__ = [
     "count_normalised",
     "decode_ceiling",
     "measure",
+    "memcpy_ceiling",
     "ours_module",
     "print_table",
     "rows_for",
@@ -64,6 +66,7 @@ def time_loader(
 
 
 def count_images(batch: Any) -> int:
+    """The images in a ``(images, labels)`` batch."""
     return len(batch[1])
 
 
@@ -184,6 +187,16 @@ def compare_folder_loaders(
     return {name: runs[0] for name, runs in rates.items()}
 
 
-def scratch_path(args: argparse.Namespace, name: str) -> Path:
-    """Where a suite keeps a file or folder it builds from ``args.root``: in ``args.scratch``, never beside the data."""
-    return Path(args.scratch) / f"{Path(args.root).name}-{name}"
+def memcpy_ceiling(images: np.ndarray, batch_size: int, size: int, repeats: int) -> float:
+    """One core copying ``size x size x 3`` uint8 samples (a sorted random gather per batch) into a batch array."""
+    n = len(images)
+    out = np.empty((batch_size, size, size, 3), np.uint8)
+    rates = []
+    for _ in range(repeats):
+        order = np.random.default_rng(0).permutation(n)
+        start = time.perf_counter()
+        for b in range(0, n - batch_size + 1, batch_size):
+            rows = np.sort(order[b : b + batch_size])
+            np.copyto(out, images[rows, :size, :size])
+        rates.append((n // batch_size) * batch_size / (time.perf_counter() - start))
+    return statistics.median(rates)
