@@ -37,7 +37,12 @@ def _prefetcher(device: torch.device | str | None) -> DevicePrefetcher | None:
 
 
 class _TransportMixin:
-    """What both loaders share: the batch transport (chosen in ``__init__``), its clean-up hooks, and the repr."""
+    """What both loaders share: the batch transport (chosen in ``__init__``), its clean-up hooks, and the repr.
+
+    Each loader class keeps its own ``__init__`` with the same explicit signature, not one here: Lightning records
+    a loader's constructor arguments (to rebuild it with a ``DistributedSampler``) only for ``DataLoader``
+    subclasses that define ``__init__`` themselves, and this mixin is not one.
+    """
 
     batch_transport: BatchTransport
     prefetch_device: torch.device | str | None
