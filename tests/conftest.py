@@ -6,11 +6,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers.fork_client import SERVER
 
 from lightning_fastdata.demos import make_image_folder, photo_like_image
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the ``cuda``-marked tests without a GPU (``pytest -m cuda`` selects them on a GPU machine)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(
+        reason="needs a CUDA GPU (scripts/gpu-check.sh runs these there); CPU tests cover the logic"
+    )
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -183,44 +183,6 @@ def test_callback_explains_what_it_cannot_do() -> None:
         FastDataCallback(num_workers=-2)
 
 
-cuda = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU tests above cover the logic)"
-)
-
-
-@cuda
-@pytest.mark.timeout(300)
-def test_cuda_prefetch_equals_cpu_and_keeps_reserved_memory_flat(image_folder: Path) -> None:
-    expected = list(folder_loader(image_folder, 2))
-    loader = folder_loader(image_folder, 2, prefetch_to="cuda")
-    reserved = []
-    for _ in range(4):
-        got = list(loader)
-        torch.cuda.synchronize()
-        reserved.append(torch.cuda.memory_reserved())
-        assert all(x.is_cuda for x, _ in got)
-        assert same([(x.cpu(), y.cpu()) for x, y in got], expected)
-    assert reserved[-1] == reserved[1], reserved  # flat after the first epoch
-
-
-@cuda
-@pytest.mark.timeout(300)
-def test_cuda_fit_with_the_callback(image_folder: Path) -> None:
-    dm = ImageFolderDataModule(str(image_folder), image_size=32, batch_size=8, num_workers=2)
-    spy = Spy()
-    t = pl.Trainer(
-        max_epochs=2,
-        accelerator="gpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        callbacks=[spy, FastDataCallback()],
-    )
-    t.fit(ImageClassifier(num_classes=3), dm)
-    assert spy.batches[0][0].is_cuda and t.train_dataloader.pin_memory
-
-
 def test_monitor_counts_every_step_and_reports_runs_shorter_than_the_log_interval(
     image_folder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

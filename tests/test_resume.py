@@ -142,9 +142,14 @@ def test_resume_is_exact_under_two_process_ddp(tmp_path: Path, sources: dict[str
 
 
 @pytest.mark.timeout(600)
-def test_sigkill_then_resume_from_the_last_checkpoint_on_disk(tmp_path: Path, sources: dict[str, str]) -> None:
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "FastDataCallback"])
+def test_sigkill_then_resume_from_the_last_checkpoint_on_disk(
+    tmp_path: Path, sources: dict[str, str], prefetch: bool
+) -> None:
+    """With the callback, the killed and the resumed runs prefetch; the reference run does not (same batches)."""
     base = {"kind": "folder", "source": sources["folder"], "workers": 2, "devices": 1, "cache_dir": str(tmp_path / "c")}
     full = records(uninterrupted(base, tmp_path))
+    base["prefetch"] = prefetch  # the GPU twin of this test is in test_cuda.py
     ckpts = str(tmp_path / "ck")
     # checkpoints every 3 steps; the process is SIGKILLed at the start of step 8 (last checkpoint: step 6)
     run(

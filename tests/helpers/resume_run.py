@@ -5,7 +5,8 @@ ckpt_dir, save_every (checkpoint interval, or null), ckpt_path (resume from it, 
 one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), kill_at (SIGKILL this process at the
 start of that step, or null), raise_at (raise an error in that step, as an out-of-memory error would, with an
 OnExceptionCheckpoint saving ckpt_dir/on_exception.ckpt), stepping (touch trainer.estimated_stepping_batches in
-configure_optimizers, Lightning #20550; it only loads data early with max_epochs set), max_epochs, cache_dir.
+configure_optimizers, Lightning #20550; it only loads data early with max_epochs set), max_epochs, cache_dir,
+accelerator ("cpu" unless given), prefetch (add FastDataCallback: pinned memory and the side-stream prefetch).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torch import nn
 
-from lightning_fastdata import HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule
+from lightning_fastdata import FastDataCallback, HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule
 
 
 class Recorder(pl.LightningModule):
@@ -76,14 +77,14 @@ def main(cfg: dict[str, Any]) -> None:
     trainer = pl.Trainer(
         max_steps=cfg["max_steps"],
         max_epochs=cfg.get("max_epochs"),
-        accelerator="cpu",
+        accelerator=cfg.get("accelerator", "cpu"),
         devices=cfg.get("devices", 1),
         strategy="ddp" if cfg.get("devices", 1) > 1 else "auto",
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=bool(callbacks),
-        callbacks=callbacks,
+        callbacks=callbacks + ([FastDataCallback(print_summary=False)] if cfg.get("prefetch") else []),
         num_sanity_val_steps=0,
     )
     model = Recorder(cfg["record"], cfg.get("kill_at"), cfg.get("stepping", False), cfg.get("raise_at"))

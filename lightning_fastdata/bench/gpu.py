@@ -1,0 +1,509 @@
+"""GPU suite: how fast each DataModule feeds a model on this machine's GPU, and what each mechanism buys.
+
+``scripts/gpu-check.sh`` runs it after staging, building and generating the data; by hand::
+
+    python -m lightning_fastdata.bench.gpu --root DATA --json benchmarks/results/gpu.json [--parts fed,scale]
+
+Parts (each adds its key to the JSON file, so a long check can be split over several runs):
+
+- ``fed``: the rate a loader must feed (the model on device-resident synthetic batches), then the same model
+  through ``Trainer.fit`` fed by each DataModule with ``FastDataCallback``, and by the torchvision baseline.
+  Each row: ``img_s`` over epochs 1.. (epoch 0 warms up workers, cuDNN autotuning and the page cache),
+  ``data_wait`` from our monitor, ``gpu_idle`` from CUDA events, and per epoch ``gpu_mem_mb`` (reserved),
+  ``gpu_alloc_mb`` and ``host_rss_mb`` (the training process).
+- ``mechanisms``: the tensor cache (augment in workers) with everything on, then one mechanism off at a time.
+- ``correctness``: batches through the side-stream prefetch compared bit for bit with the plain path.
+- ``decode``: nvJPEG batch decode (+ random-resized crop) on the GPU vs our CPU path with the same workers.
+- ``scale``: our folder module vs the torchvision baseline at 1, 2, 4, 8, 15 workers, next to the decode ceiling.
+
+What the two wait figures measure: ``data_wait`` is host time (the monitor does not synchronise the GPU): from the
+end of one ``training_step`` call to the start of the next, i.e. fetching and transferring the batch while the
+GPU may still run queued work. ``gpu_idle`` is GPU time: the gaps between one step's last kernel and the next
+step's first, measured by CUDA events on the training stream, over gaps + steps. When the GPU is the limit the
+host runs ahead, so ``data_wait`` can be large while ``gpu_idle`` stays near 0; the GPU figure is the one that says
+whether it starves.
+
+On a machine without a GPU every part runs on the CPU (``--quick`` sizes keep it to about a minute) and the JSON
+says ``"device": "cpu"``; the GPU-only measurements are recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import Dataset
+
+from lightning_fastdata import (
+    FastDataCallback,
+    HDF5DataModule,
+    ImageClassifier,
+    ImageFolderDataModule,
+    TensorCacheDataModule,
+    convert_folder_to_hdf5,
+)
+from lightning_fastdata.callbacks.monitor import DataWaitMonitor
+from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.loading.meter import DataWaitMeter, DataWaitStats
+from lightning_fastdata.measure import (
+    baseline_loader,
+    compare_folder_loaders,
+    count_images,
+    decode_ceiling,
+    time_loader,
+)
+
+__all__ = ["PARTS", "Settings", "main", "run_parts"]
+
+PARTS = ("fed", "mechanisms", "correctness", "decode", "scale")
+
+
+@dataclass
+class Settings:
+    """What one run measures with.
+
+    Args:
+        root: The ImageNet-like folder (``root/<class>/<image>.jpg``).
+        scratch: Where the tensor cache and the HDF5 file are built (kept for the next part or run).
+        scale_root: A smaller folder for the ``scale`` part (whole passes at 1 worker must stay short).
+        arch: torchvision model trained in the ``fed`` and ``mechanisms`` parts.
+        image_size: Crop size.
+        batch_size: Batch size.
+        workers: Loader workers in every part except ``scale``.
+        steps: Training steps per epoch.
+        epochs: Epochs per run; the first is warm-up, the rate is over the others.
+        cache_size: Side of the cached squares (tensor cache, HDF5 raw).
+        scale_workers: Worker counts of the ``scale`` part.
+        decode_images: Files decoded by the ``decode`` part.
+        repeats: Interleaved rounds of the ``mechanisms`` part.
+    """
+
+    root: str
+    scratch: str
+    scale_root: str
+    arch: str = "resnet50"
+    image_size: int = 224
+    batch_size: int = 256
+    workers: int = 15
+    steps: int = 40
+    epochs: int = 5
+    cache_size: int = 256
+    scale_workers: tuple[int, ...] = (1, 2, 4, 8, 15)
+    decode_images: int = 2048
+    repeats: int = 1
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def _rss_mb() -> float | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        return None
+
+
+def _minus(a: DataWaitStats, b: DataWaitStats) -> DataWaitStats:
+    return DataWaitStats(a.steps - b.steps, a.samples - b.samples, a.wait_s - b.wait_s, a.total_s - b.total_s)
+
+
+class _Timer(pl.Callback):
+    """Rate over epochs 1.., GPU idle from CUDA events, memory at each epoch's end (see the module docstring)."""
+
+    def __init__(self, meter: DataWaitMeter) -> None:
+        self.meter = meter
+        self.start: float | None = None
+        self.images = 0
+        self.steps: list[list[Any]] = []  # per timed step: [epoch, start event, end event]
+        self.gpu_mem_mb: list[float] = []
+        self.gpu_alloc_mb: list[float] = []
+        self.host_rss_mb: list[float | None] = []
+
+    def _event(self) -> Any:
+        if not _cuda():
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 1:
+            if _cuda():
+                torch.cuda.synchronize()
+            self.start, self.waited = time.perf_counter(), self.meter.total()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
+        if self.start is not None:
+            self.images += len(batch[1])
+            self.steps.append([trainer.current_epoch, self._event(), None])
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if self.start is not None:
+            self.steps[-1][2] = self._event()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if _cuda():
+            torch.cuda.synchronize()
+            self.gpu_mem_mb.append(round(torch.cuda.memory_reserved() / 2**20, 1))
+            self.gpu_alloc_mb.append(round(torch.cuda.memory_allocated() / 2**20, 1))
+        self.host_rss_mb.append(None if (rss := _rss_mb()) is None else round(rss, 1))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if _cuda():
+            torch.cuda.synchronize()
+        self.seconds = time.perf_counter() - (self.start or time.perf_counter())
+
+    def gpu_idle(self) -> float | None:
+        """Gaps between consecutive steps of an epoch over gaps + steps, in GPU time."""
+        if not _cuda() or not self.steps:
+            return None
+        busy = sum(s.elapsed_time(e) for _, s, e in self.steps)
+        gaps = sum(a[2].elapsed_time(b[1]) for a, b in zip(self.steps, self.steps[1:]) if a[0] == b[0])
+        return gaps / (gaps + busy) if gaps + busy > 0 else None
+
+    def row(self) -> dict[str, Any]:
+        if self.start is None:
+            raise RuntimeError("The run ended before its second epoch: raise --epochs to at least 2.")
+        waited = _minus(self.meter.total(), self.waited)
+        idle = self.gpu_idle()
+        return {
+            "img_s": round(self.images / self.seconds, 1),
+            "data_wait": round(waited.data_wait_fraction, 4),
+            "gpu_idle": None if idle is None else round(idle, 4),
+            "gpu_mem_mb": self.gpu_mem_mb,
+            "gpu_alloc_mb": self.gpu_alloc_mb,
+            "host_rss_mb": self.host_rss_mb,
+            "timed_steps": len(self.steps),
+        }
+
+
+def _fit(s: Settings, dm: pl.LightningDataModule, callback: pl.Callback, channels_last: bool = True) -> dict:
+    """Train ``s.arch`` on ``dm`` for ``s.epochs`` x ``s.steps``; the timer's row."""
+    monitor = callback.monitor if isinstance(callback, FastDataCallback) else callback
+    assert isinstance(monitor, DataWaitMonitor)
+    timer = _Timer(monitor.meter)
+    trainer = pl.Trainer(
+        accelerator="auto",
+        devices=1,
+        precision="bf16-mixed" if _cuda() else "32-true",
+        max_epochs=s.epochs,
+        limit_train_batches=s.steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        benchmark=_cuda(),
+        callbacks=[callback, timer],
+    )
+    num_classes = len(getattr(dm, "classes", [])) or 1000
+    trainer.fit(ImageClassifier(num_classes=num_classes, arch=s.arch, channels_last=channels_last), dm)
+    return timer.row()
+
+
+class _Repeat:
+    """The same device-resident batch, ``steps`` times per epoch: the model alone, nothing to load."""
+
+    def __init__(self, batch: tuple[torch.Tensor, torch.Tensor], steps: int) -> None:
+        self.batch, self.steps = batch, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return (self.batch for _ in range(self.steps))
+
+
+class _Synthetic(pl.LightningDataModule):
+    def __init__(self, s: Settings, num_classes: int) -> None:
+        super().__init__()
+        self.s, self.classes = s, list(range(num_classes))
+
+    def train_dataloader(self) -> _Repeat:
+        device = "cuda" if _cuda() else "cpu"
+        g = torch.Generator(device=device).manual_seed(0)
+        shape = (self.s.batch_size, 3, self.s.image_size, self.s.image_size)
+        images = torch.randn(shape, device=device, generator=g).contiguous(memory_format=torch.channels_last)
+        labels = torch.randint(0, len(self.classes), (self.s.batch_size,), device=device, generator=g)
+        return _Repeat((images, labels), self.s.steps)
+
+
+class _Baseline(pl.LightningDataModule):
+    """torchvision ``ImageFolder`` + classic transforms + a plain ``DataLoader``: what users write today."""
+
+    def __init__(self, s: Settings) -> None:
+        super().__init__()
+        self.s = s
+        self.classes = sorted(p.name for p in Path(s.root).iterdir() if p.is_dir())
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return baseline_loader(self.s.root, self.s.image_size, self.s.batch_size, self.s.workers)
+
+
+class _NormalisedOnHost(Dataset):
+    """Wraps a batched dataset: normalises each batch to float32 in the worker (4x the bytes over PCIe)."""
+
+    def __init__(self, inner: Any, dm: FastDataModule) -> None:
+        self.inner, self.normalizer = inner, dm.normalizer
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        images, *rest = self.inner.__getitems__(indices)
+        return (self.normalizer(images).contiguous(memory_format=torch.channels_last), *rest)
+
+
+class _HostNormaliseCache(TensorCacheDataModule):
+    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+        train, val = super().build_datasets()
+        return _NormalisedOnHost(train, self), val
+
+
+def _common(s: Settings) -> dict[str, Any]:
+    return dict(image_size=s.image_size, batch_size=s.batch_size, num_workers=s.workers, val_fraction=0.0)
+
+
+def _cache(s: Settings, augment_on: str = "workers", cls: type = TensorCacheDataModule) -> TensorCacheDataModule:
+    cache_dir = str(Path(s.scratch) / f"cache{s.cache_size}")
+    return cls(
+        s.root,
+        cache_dir,
+        cache_size=s.cache_size,
+        augment_on=augment_on,
+        build_processes=os.cpu_count(),
+        **_common(s),
+    )
+
+
+def _hdf5(s: Settings) -> HDF5DataModule:
+    path = Path(s.scratch) / f"raw{s.cache_size}.h5"
+    if not path.exists():
+        convert_folder_to_hdf5(s.root, path, mode="raw", size=s.cache_size, processes=os.cpu_count(), progress=False)
+    return HDF5DataModule(str(path), **_common(s))
+
+
+def fed(s: Settings) -> list[dict[str, Any]]:
+    """The synthetic rate, then one row per loader (see the module docstring)."""
+    num_classes = len(_Baseline(s).classes)
+    synthetic = _fit(s, _Synthetic(s, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
+    loaders: list[tuple[str, Any, pl.Callback | None]] = [
+        ("torchvision ImageFolder (baseline)", lambda: _Baseline(s), DataWaitMonitor(print_summary=False)),
+        ("ImageFolderDataModule", lambda: ImageFolderDataModule(s.root, **_common(s)), None),
+        ("TensorCacheDataModule raw, augment in workers", lambda: _cache(s, "workers"), None),
+        ("TensorCacheDataModule raw, augment on device", lambda: _cache(s, "device"), None),
+        ("HDF5DataModule raw", lambda: _hdf5(s), None),
+    ]
+    rows = [{"loader": "synthetic (device-resident)", "img_s": synthetic, "synthetic_img_s": synthetic}]
+    for name, make, callback in loaders:
+        row = _fit(s, make(), callback or FastDataCallback(print_summary=False))
+        rows.append({"loader": name, **row, "synthetic_img_s": synthetic, "fed_ratio": row["img_s"] / synthetic})
+        print(f"gpu-check fed: {name}: {row['img_s']:.0f} img/s ({row['img_s'] / synthetic:.2f} of synthetic)")
+    return rows
+
+
+def mechanisms(s: Settings) -> list[dict[str, Any]]:
+    """The tensor cache with everything on, then each mechanism off; ``repeats`` interleaved rounds."""
+    variants: list[tuple[str, Any, Any, bool]] = [
+        ("all on", lambda: _cache(s), lambda: FastDataCallback(print_summary=False), True),
+        (
+            "prefetch off (Lightning's copy)",
+            lambda: _cache(s),
+            lambda: FastDataCallback(prefetch=False, print_summary=False),
+            True,
+        ),
+        (
+            "pageable memory (pin_memory=False)",
+            lambda: _cache(s),
+            lambda: FastDataCallback(pin_memory=False, print_summary=False),
+            True,
+        ),
+        (
+            "normalise on the host (float32 over PCIe)",
+            lambda: _cache(s, cls=_HostNormaliseCache),
+            lambda: FastDataCallback(print_summary=False),
+            True,
+        ),
+        (
+            "contiguous NCHW (channels_last off)",
+            lambda: _cache(s),
+            lambda: FastDataCallback(channels_last=False, print_summary=False),
+            False,
+        ),
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in variants}
+    for _ in range(s.repeats):
+        for name, make, callback, channels_last in variants:
+            runs[name].append(_fit(s, make(), callback(), channels_last=channels_last))
+            print(f"gpu-check mechanisms: {name}: {runs[name][-1]['img_s']:.0f} img/s")
+    base = sorted(r["img_s"] for r in runs["all on"])[len(runs["all on"]) // 2]
+    rows = []
+    for name, rs in runs.items():
+        rate = sorted(r["img_s"] for r in rs)[len(rs) // 2]
+        rows.append({"variant": name, "img_s": rate, "vs_all_on": rate / base, "runs": rs})
+    return rows
+
+
+def correctness(s: Settings) -> dict[str, Any]:
+    """The first batches through the prefetching loader (to the GPU) equal the plain loader's, bit for bit."""
+    device = "cuda" if _cuda() else "cpu"
+    out: dict[str, Any] = {"device": device}
+    makers: list[tuple[str, Any]] = [
+        ("ImageFolderDataModule", lambda: ImageFolderDataModule(s.root, **_common(s))),
+        ("TensorCacheDataModule raw, augment in workers", lambda: _cache(s, "workers")),
+        ("TensorCacheDataModule raw, augment on device", lambda: _cache(s, "device")),
+    ]
+    for name, make in makers:
+        plain, fetched = make(), make()
+        fetched.configure_transfer(prefetch=True, prefetch_device=device)
+        plain.setup("fit")
+        fetched.setup("fit")
+        equal, n = True, 0
+        for a, b in zip(plain.train_dataloader(), fetched.train_dataloader()):
+            equal &= all(torch.equal(x, y.cpu()) and y.device.type == device for x, y in zip(a, b))
+            n += 1
+            if n == 3:
+                break
+        out[name] = {"batches": n, "bit_identical": bool(equal)}
+    return out
+
+
+def decode(s: Settings) -> dict[str, Any]:
+    """Batch decode with nvJPEG (+ random-resized crop and flip) on the GPU vs our CPU path's loader rate."""
+    dm = ImageFolderDataModule(s.root, **_common(s))
+    dm.setup("fit")
+    cpu_rate = time_loader(dm.train_dataloader, count_images, min_seconds=5.0)
+    out: dict[str, Any] = {"cpu_path_img_s": round(cpu_rate, 1), "workers": s.workers}
+    if not _cuda():
+        return {**out, "gpu": "skipped: no CUDA device"}
+    from torchvision.io import decode_jpeg
+    from torchvision.transforms import v2
+
+    files = sorted(str(p) for p in Path(s.root).rglob("*.jpg"))[: s.decode_images]
+    data = [torch.frombuffer(bytearray(Path(f).read_bytes()), dtype=torch.uint8) for f in files]
+    crop = v2.Compose([v2.RandomResizedCrop(s.image_size, antialias=True), v2.RandomHorizontalFlip()])
+
+    def rate(with_crop: bool) -> float:
+        decode_jpeg(data[: s.batch_size], device="cuda")  # warm-up: nvJPEG handles, allocator
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(0, len(data), s.batch_size):
+            images = decode_jpeg(data[i : i + s.batch_size], device="cuda")
+            if with_crop:
+                torch.stack([crop(im) for im in images])
+        torch.cuda.synchronize()
+        return len(data) / (time.perf_counter() - start)
+
+    gpu_decode, gpu_crop = rate(False), rate(True)
+    return {
+        **out,
+        "gpu_decode_img_s": round(gpu_decode, 1),
+        "gpu_decode_crop_img_s": round(gpu_crop, 1),
+        "gpu_vs_cpu_path": round(gpu_crop / cpu_rate, 2),
+        "note": "GPU rates exclude reading the files (bytes in memory) and run in the training process",
+    }
+
+
+def scale(s: Settings) -> list[dict[str, Any]]:
+    """Loader-only rates at each worker count, with the full-decode ceiling of that many cores."""
+    files = sorted(str(p) for p in Path(s.scale_root).rglob("*.jpg"))[:200]
+    ceiling = max(decode_ceiling(files).values())
+    rows = []
+    for w in s.scale_workers:
+        r = compare_folder_loaders(s.scale_root, s.image_size, s.batch_size, w, min_seconds=3.0)
+        base, ours = r["baseline"], r["ours"]
+        rows.append(
+            {
+                "workers": w,
+                "baseline_img_s": round(base, 1),
+                "ours_img_s": round(ours, 1),
+                "vs_baseline": round(ours / base, 2),
+                "decode_ceiling_img_s": round(ceiling * w, 1),
+                "ours_vs_ceiling": round(ours / (ceiling * w), 2),
+            }
+        )
+        print(f"gpu-check scale: {w} workers: baseline {base:.0f}, ours {ours:.0f} img/s (ceiling {ceiling * w:.0f})")
+    return rows
+
+
+def _header(s: Settings) -> dict[str, Any]:
+    import torchvision
+
+    return {
+        "device": torch.cuda.get_device_name(0) if _cuda() else "cpu",
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+        "settings": asdict(s),
+    }
+
+
+def run_parts(s: Settings, parts: list[str], json_path: str | None) -> dict[str, Any]:
+    """Run ``parts`` and merge their results into ``json_path`` (a part run again replaces its old result)."""
+    result: dict[str, Any] = {}
+    if json_path and Path(json_path).exists():
+        result = json.loads(Path(json_path).read_text())
+    jobs = {"fed": fed, "mechanisms": mechanisms, "correctness": correctness, "decode": decode, "scale": scale}
+    for part in parts:
+        started = time.perf_counter()
+        result.update(_header(s))
+        result[part] = jobs[part](s)
+        result.setdefault("seconds", {})[part] = round(time.perf_counter() - started, 1)
+        if json_path:
+            tmp = Path(f"{json_path}.tmp")
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
+            os.replace(tmp, json_path)  # after each part: a run stopped at its time limit keeps what it measured
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``python -m lightning_fastdata.bench.gpu``."""
+    p = argparse.ArgumentParser(prog="python -m lightning_fastdata.bench.gpu", description=__doc__.split("\n")[0])
+    p.add_argument("--root", required=True, help="the image folder to train from")
+    p.add_argument("--scale-root", default=None, help="a smaller folder for the scale part (default: --root)")
+    p.add_argument("--scratch", required=True, help="folder for the tensor cache and the HDF5 file")
+    p.add_argument("--json", default=None, help="merge the results into this JSON file")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks the suite itself (CPU, CI)")
+    p.add_argument("--workers", type=int, default=None, help="loader workers (default: CPUs - 1)")
+    p.add_argument("--repeats", type=int, default=1, help="interleaved rounds of the mechanisms part")
+    args = p.parse_args(argv)
+    parts = [x for x in args.parts.split(",") if x]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        p.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
+    s = Settings(args.root, args.scratch, args.scale_root or args.root, workers=workers, repeats=args.repeats)
+    s.scale_workers = tuple(w for w in (1, 2, 4, 8, 15) if w <= workers) or (workers,)
+    if args.quick:
+        s.arch, s.image_size, s.batch_size, s.steps, s.epochs, s.cache_size = "resnet18", 64, 16, 3, 2, 72
+        s.scale_workers, s.decode_images = (1,), 32
+    Path(s.scratch).mkdir(parents=True, exist_ok=True)
+    if not _cuda():
+        print("gpu-check: no CUDA device; running every part on the CPU (the GPU-only measurements are skipped).")
+    return run_parts(s, parts, args.json)
+
+
+if __name__ == "__main__":
+    main()

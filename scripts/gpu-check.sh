@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The GPU check: the CUDA tests and the GPU benchmark (lightning_fastdata/bench/gpu.py), from a clean checkout.
+#
+#   bash scripts/gpu-check.sh stage     # where there is a network: wheels and the libjpeg-turbo .debs into .gpu-stage/
+#   bash scripts/gpu-check.sh [--parts tests,fed,mechanisms,correctness,decode,scale] [--out DIR] [--data DIR]
+#                             [--images N] [--quick]
+#
+# The run mode needs no network. It installs what .gpu-stage/ holds (if present) into /tmp, builds the ROI JPEG
+# decoder in place if it is not built, generates an ImageNet-like folder (N photo-like JPEGs, 1,000 classes; 3,000
+# in 100 classes for the scaling part), runs `pytest -m cuda`, then the benchmark parts, and writes
+# gpu.json, cuda-tests.txt/.xml and gpu-check.log to --out (default benchmarks/results). The data stays in --data
+# (default /tmp/fastdata-gpu), so a second run with other --parts reuses it. Without a GPU it says so and runs
+# everything on the CPU; --quick (tiny data and model, output to DATA/results) is what CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STAGE=.gpu-stage
+
+if [ "${1:-}" = stage ]; then
+  rm -rf "$STAGE" && mkdir -p "$STAGE/wheels" "$STAGE/deb"
+  # what the device image lacks (it has torch, torchvision, lightning, h5py, pillow, pytest, pyyaml, requests)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$STAGE/wheels" \
+    torchdata==0.11.0 jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.14.0
+  (cd "$STAGE/deb" && { apt-get download libjpeg62-turbo-dev libjpeg62-turbo 2>/dev/null \
+    || { apt-get update -q >/dev/null && apt-get download libjpeg62-turbo-dev libjpeg62-turbo; }; })
+  du -sh "$STAGE"; ls "$STAGE"/*
+  exit 0
+fi
+
+PARTS=tests,fed,mechanisms,correctness,decode,scale
+OUT=""
+DATA=/tmp/fastdata-gpu
+IMAGES=20000
+QUICK=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    run) ;;
+    --parts) PARTS=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --data) DATA=$2; shift ;;
+    --images) IMAGES=$2; shift ;;
+    --quick) QUICK=--quick ;;
+    *) echo "gpu-check.sh: unknown argument $1 (see the comment at the top of scripts/gpu-check.sh)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -z "$OUT" ]; then OUT=$([ -n "$QUICK" ] && echo "$DATA/results" || echo benchmarks/results); fi
+mkdir -p "$OUT" "$DATA"
+exec > >(tee -a "$OUT/gpu-check.log") 2>&1
+
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d "$STAGE/wheels" ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fastdata-site \
+    "$STAGE"/wheels/*.whl
+  export PYTHONPATH="$PYTHONPATH:/tmp/fastdata-site"
+fi
+if [ -d "$STAGE/deb" ] && [ ! -f /usr/include/jpeglib.h ]; then
+  for f in "$STAGE"/deb/*.deb; do dpkg -x "$f" /tmp/fastdata-jpeg; done  # not into /: it could break the image
+  J=/tmp/fastdata-jpeg/usr
+  export CPATH="$J/include:$J/include/x86_64-linux-gnu" LIBRARY_PATH="$J/lib/x86_64-linux-gnu"
+  export LDFLAGS="-Wl,-rpath,$J/lib/x86_64-linux-gnu"
+fi
+ROI='from lightning_fastdata.loading.decode import roi_decode_available as r; raise SystemExit(0 if r() else 1)'
+"$PY" -c "$ROI" 2>/dev/null || "$PY" setup.py -q build_ext --inplace >/dev/null
+"$PY" - <<'EOF'
+import torch, torchvision
+from lightning_fastdata.loading.decode import roi_decode_available
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none: everything runs on the CPU"
+print(f"gpu-check: torch {torch.__version__} (CUDA {torch.version.cuda}), torchvision {torchvision.__version__}, "
+      f"GPU {gpu}, ROI JPEG decoder {'built' if roi_decode_available() else 'MISSING (slower fallback)'}")
+EOF
+
+NPROC=$(nproc)
+if [ -n "$QUICK" ]; then
+  ROOT=$DATA/quick SCALE=$DATA/quick
+  "$PY" -m lightning_fastdata.cli make-data "$ROOT" --num-classes 4 --per-class 24 --processes 2
+else
+  ROOT=$DATA/imagenet-like SCALE=$DATA/scale
+  "$PY" -m lightning_fastdata.cli make-data "$ROOT" --num-classes 1000 --per-class $((IMAGES / 1000)) --processes "$NPROC"
+  "$PY" -m lightning_fastdata.cli make-data "$SCALE" --num-classes 100 --per-class 30 --processes "$NPROC"
+fi
+
+if [[ ",$PARTS," == *,tests,* ]]; then
+  set +e
+  "$PY" -m pytest tests -m cuda -q -p no:cacheprovider -o addopts=-ra --junitxml="$OUT/cuda-tests.xml" \
+    2>&1 | tee "$OUT/cuda-tests.txt"
+  TESTS_RC=${PIPESTATUS[0]}
+  set -e
+  echo "gpu-check: CUDA tests exit code $TESTS_RC"
+fi
+BENCH=$(echo ",$PARTS," | sed 's/,tests,/,/; s/^,//; s/,$//')
+if [ -n "$BENCH" ]; then
+  "$PY" -m lightning_fastdata.bench.gpu --root "$ROOT" --scale-root "$SCALE" --scratch "$DATA/scratch" \
+    --json "$OUT/gpu.json" --parts "$BENCH" $QUICK
+fi
+echo "gpu-check: done; results in $OUT"
+exit "${TESTS_RC:-0}"

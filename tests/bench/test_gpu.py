@@ -1,0 +1,38 @@
+"""``scripts/gpu-check.sh`` end to end at its ``--quick`` sizes: without a GPU it says so and runs every part."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FED_FIELDS = {"loader", "img_s", "synthetic_img_s", "data_wait", "gpu_idle", "gpu_mem_mb", "host_rss_mb"}
+
+
+@pytest.mark.timeout(600)
+def test_gpu_check_script_runs_every_part_without_a_gpu(tmp_path: Path) -> None:
+    out = subprocess.run(
+        ["bash", "scripts/gpu-check.sh", "--quick", "--data", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=580,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "GPU none: everything runs on the CPU" in out.stdout
+    results = tmp_path / "results"
+    assert "skipped" in (results / "cuda-tests.txt").read_text()  # the CUDA tests were collected, then skipped
+    report = json.loads((results / "gpu.json").read_text())
+    assert report["device"] == "cpu" and report["settings"]["arch"] == "resnet18"
+    assert set(report["seconds"]) == {"fed", "mechanisms", "correctness", "decode", "scale"}
+    loaders = [row["loader"] for row in report["fed"]]
+    assert loaders[:3] == ["synthetic (device-resident)", "torchvision ImageFolder (baseline)", "ImageFolderDataModule"]
+    assert len(loaders) == 6
+    for row in report["fed"][1:]:
+        assert FED_FIELDS <= set(row) and row["img_s"] > 0 and 0 <= row["data_wait"] < 1
+        assert len(row["host_rss_mb"]) == report["settings"]["epochs"] and row["gpu_mem_mb"] == []
+    assert len(report["mechanisms"]) == 5 and report["mechanisms"][0]["vs_all_on"] == 1.0
+    assert all(v["bit_identical"] and v["batches"] == 3 for k, v in report["correctness"].items() if k != "device")
+    assert report["decode"]["cpu_path_img_s"] > 0 and report["decode"]["gpu"].startswith("skipped")
+    assert [r["workers"] for r in report["scale"]] == [1] and report["scale"][0]["ours_img_s"] > 0
+    assert not (ROOT / "benchmarks" / "results" / "gpu-check.log").exists()  # --quick never writes into the repo

@@ -1,0 +1,136 @@
+"""What runs only on a GPU: prefetch on a side stream, pinned transfers, the device crop, resume with prefetch.
+
+Every test here carries the ``cuda`` mark: ``conftest.py`` skips them without a GPU (the logic each one guards also
+has a CPU test), and ``pytest -m cuda`` (``scripts/gpu-check.sh``) runs exactly these on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_fastdata import FastDataCallback, ImageClassifier, ImageFolderDataModule, TensorCacheDataModule
+
+pytestmark = pytest.mark.cuda
+HELPER = Path(__file__).with_name("helpers") / "resume_run.py"
+
+
+def first_batches(dm: Any, n: int, prefetch_to: str | None = None) -> list[tuple[torch.Tensor, ...]]:
+    if prefetch_to is not None:
+        dm.configure_transfer(prefetch=True, prefetch_device=prefetch_to)
+    dm.setup("fit")
+    out = []
+    for batch in dm.train_dataloader():
+        out.append(tuple(t.cpu() if prefetch_to is None else t for t in batch))
+        if len(out) == n:
+            break
+    return out
+
+
+class Spy(pl.Callback):
+    def __init__(self) -> None:
+        self.batches: list[Any] = []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
+        self.batches.append(batch)
+
+
+@pytest.mark.timeout(300)
+def test_cuda_prefetch_equals_cpu_and_keeps_reserved_memory_flat(image_folder: Path) -> None:
+    def make() -> ImageFolderDataModule:
+        return ImageFolderDataModule(str(image_folder), image_size=16, batch_size=4, num_workers=2, val_fraction=0)
+
+    expected = first_batches(make(), 100)
+    dm = make()
+    dm.configure_transfer(prefetch=True, prefetch_device="cuda")
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    reserved = []
+    for _ in range(4):
+        got = list(loader)
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+        assert all(x.is_cuda and x.dtype == torch.uint8 for x, _ in got)
+        assert len(got) == len(expected)
+        assert all(torch.equal(x.cpu(), a) and torch.equal(y.cpu(), b) for (x, y), (a, b) in zip(got, expected))
+    assert reserved[-1] == reserved[1], reserved  # flat after the first epoch: no stream or buffer per epoch
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("augment_on", ["workers", "device"])
+def test_cuda_tensor_cache_batches_through_prefetch_are_the_plain_batches(
+    image_folder: Path, tmp_path: Path, augment_on: str
+) -> None:
+    def make() -> TensorCacheDataModule:
+        return TensorCacheDataModule(
+            str(image_folder), str(tmp_path / "c"), cache_size=24, image_size=16, batch_size=8, num_workers=2,
+            val_fraction=0, augment_on=augment_on, build_processes=1,
+        )  # fmt: skip
+
+    plain, fetched = first_batches(make(), 3), first_batches(make(), 3, prefetch_to="cuda")
+    assert len(plain) == len(fetched) == 3
+    for a, b in zip(plain, fetched):
+        assert all(t.is_cuda for t in b)
+        assert all(torch.equal(x, y.cpu()) for x, y in zip(a, b))  # bit for bit, boxes and flips included
+    if augment_on == "device":  # the crop itself, on the GPU vs on the CPU, from the same squares and boxes
+        dm = make()
+        on_cpu = dm.on_after_batch_transfer(plain[0], 0)[0]
+        on_gpu = dm.on_after_batch_transfer(fetched[0], 0)[0]
+        assert on_gpu.is_cuda and on_gpu.shape == on_cpu.shape == (8, 3, 16, 16)
+        assert on_gpu.is_contiguous(memory_format=torch.channels_last)
+        # bilinear resize in float: the two backends round differently, by far less than one uint8 level
+        assert (on_gpu.cpu() - on_cpu).abs().max() < 2 / 255 / 0.224
+
+
+@pytest.mark.timeout(300)
+def test_cuda_fit_with_the_callback(image_folder: Path) -> None:
+    dm = ImageFolderDataModule(str(image_folder), image_size=32, batch_size=8, num_workers=2)
+    spy = Spy()
+    t = pl.Trainer(
+        max_epochs=2,
+        accelerator="gpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[spy, FastDataCallback()],
+    )
+    t.fit(ImageClassifier(num_classes=3, channels_last=True), dm)
+    images = spy.batches[0][0]
+    assert images.is_cuda and images.dtype == torch.float32 and t.train_dataloader.pin_memory
+    assert images.is_contiguous(memory_format=torch.channels_last)
+
+
+def run(cfg: dict[str, Any]) -> int:
+    out = subprocess.run([sys.executable, str(HELPER), json.dumps(cfg)], capture_output=True, text=True, timeout=240)
+    assert out.returncode in (0, -9), out.stderr[-3000:]
+    return out.returncode
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(f"{path}.rank0").read_text().splitlines()]
+
+
+@pytest.mark.timeout(600)
+def test_cuda_sigkilled_run_with_prefetch_resumes_at_the_exact_sample(image_folder: Path, tmp_path: Path) -> None:
+    """Killed at step 8 (last checkpoint at step 6), resumed: steps 6.. are those of the uninterrupted run."""
+    base = {
+        "kind": "folder", "source": str(image_folder), "workers": 2, "devices": 1, "accelerator": "gpu",
+        "prefetch": True, "max_steps": 12, "cache_dir": str(tmp_path / "c"),
+    }  # fmt: skip
+    assert run({**base, "record": str(tmp_path / "full")}) == 0
+    ckpts = str(tmp_path / "ck")
+    killed = {**base, "record": str(tmp_path / "killed"), "save_every": 3, "ckpt_dir": ckpts, "kill_at": 8}
+    assert run(killed) == -9
+    assert run({**base, "record": str(tmp_path / "resumed"), "ckpt_path": f"{ckpts}/last.ckpt"}) == 0
+    full, resumed = records(tmp_path / "full"), records(tmp_path / "resumed")
+    killed_steps = records(tmp_path / "killed")
+    assert [r["step"] for r in full] == list(range(12)) and resumed[0]["step"] == 6
+    assert killed_steps[:6] + resumed == full
