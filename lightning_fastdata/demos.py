@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from lightning_fastdata.loading.atomic import atomic_write_bytes
+
 __all__ = ["ensure_demo_data", "make_image_folder", "photo_like_image"]
 
 _DONE = ".complete"
@@ -55,9 +57,7 @@ def _write_class(args: tuple[str, int, int, int, tuple[int, int], int, int, str]
         buf = io.BytesIO()
         fmt = "JPEG" if ext in (".jpg", ".jpeg") else ext.lstrip(".").upper()
         photo_like_image(rng, w, h, hue).save(buf, fmt, **({"quality": quality} if fmt == "JPEG" else {}))
-        tmp = folder / f".{i:06d}{ext}.tmp"
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, folder / f"img_{i:06d}{ext}")
+        atomic_write_bytes(folder / f"img_{i:06d}{ext}", buf.getvalue(), fsync=False)  # generated data
     return count
 
 

@@ -36,6 +36,7 @@ from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.datasets.hdf5 import HDF5Layout, inspect_hdf5, open_hdf5
+from lightning_fastdata.loading.atomic import atomic_write_text
 from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 from lightning_fastdata.loading.index import contains_path, scan_image_folder
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
@@ -770,9 +771,7 @@ def write_config(report: DoctorReport, path: str) -> Path:
         )
     out = Path(path)
     _check_config_path(report.path, path)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(header + yaml.safe_dump(config, sort_keys=False))
-    os.replace(tmp, out)  # a reader never sees half a config
+    atomic_write_text(out, header + yaml.safe_dump(config, sort_keys=False))  # a reader never sees half a config
     return out
 
 

@@ -175,7 +175,7 @@ def test_file_rewritten_under_a_memory_map_is_an_error_not_sigbus(tmp_path: Path
 
 _FULL_DISK = """
 import shutil, sys
-import lightning_fastdata.datasets.cache as cache
+import lightning_fastdata.datasets.cache_build as cache
 from lightning_fastdata import TensorCacheDataModule
 real = shutil.disk_usage
 cache.shutil.disk_usage = lambda p: real("/")  # the up-front check passes; the disk then fills during the build

@@ -108,6 +108,18 @@ def test_opened_before_workers_start_is_handled(raw: Path, context: str) -> None
     assert torch.equal(ds[(0, 0)][0], first[0])
 
 
+def test_a_setup_opens_the_file_once_for_both_splits(encoded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dm = HDF5DataModule(str(encoded), image_size=16, batch_size=4, num_workers=0, val_fraction=0.25)
+    opened: list[str] = []
+    real = h5py.File
+    monkeypatch.setattr(h5py, "File", lambda name, *a, **k: opened.append(str(name)) or real(name, *a, **k))
+    dm.setup("fit")
+    assert opened == [str(encoded)]  # one inspection (offsets included) serves the train and the val dataset
+    assert len(dm.train_dataset) + len(dm.val_dataset) == 39  # type: ignore[arg-type]
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (4, 3, 16, 16) and opened == [str(encoded)]  # the reader maps the file: no h5py open
+
+
 def write_user_file(path: Path, images: np.ndarray, labels: np.ndarray, **create: object) -> Path:
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=images, **create)
@@ -157,16 +169,16 @@ def test_killed_conversion_leaves_nothing_at_dst_and_rerun_recovers(tmp_path: Pa
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
     deadline = time.time() + 60
-    while not list(dst.parent.glob(".big.h5.tmp-*")) and time.time() < deadline:
+    while not list(dst.parent.glob(".big.h5.*.tmp")) and time.time() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert not dst.exists(), "a killed conversion must not leave a file at dst"
-    assert list(dst.parent.glob(".big.h5.tmp-*"))  # the half-written temporary is only under a hidden name
+    assert list(dst.parent.glob(".big.h5.*.tmp"))  # the half-written temporary is only under a hidden name
     convert_folder_to_hdf5(src, dst, mode="raw", size=32, processes=2, progress=False)
     assert len(inspect_hdf5(str(dst)).labels) == 400
-    assert not list(dst.parent.glob(".big.h5.tmp-*"))  # the dead run's temporary was cleaned up
+    assert not list(dst.parent.glob(".big.h5.*.tmp"))  # the dead run's temporary was cleaned up
 
 
 def test_corrupt_source_image_fails_the_conversion(tmp_path: Path) -> None:

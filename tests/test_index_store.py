@@ -14,7 +14,7 @@ import pytest
 
 from lightning_fastdata import ImageFolderDataModule
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.loading import index_store
+from lightning_fastdata.loading import atomic, index_store
 from lightning_fastdata.loading.index import scan_image_folder
 from lightning_fastdata.loading.index_store import FORMAT, index_file, indexed_folder
 
@@ -180,10 +180,10 @@ def test_datamodule_prepares_once_then_every_setup_reuses(
 
 KILLED_WRITER = """
 import os, sys
-from lightning_fastdata.loading import index_store
+from lightning_fastdata.loading import atomic, index_store
 def killed(src, dst):
     os._exit(3)  # as SIGKILL: no exception handler, no cleanup
-index_store.os.replace = killed
+atomic.os.replace = killed
 index_store.indexed_folder(sys.argv[1], index_dir=sys.argv[2])
 """
 
@@ -194,12 +194,16 @@ def test_a_writer_killed_mid_write_leaves_no_index(tree: Path, tmp_path: Path) -
     assert died.returncode == 3
     path = index_file(idx, str(tree))
     assert not path.exists() and len(list(idx.glob(".*.tmp"))) == 1  # the whole file exists only under its tmp name
+    leftover = next(idx.glob(".*.tmp"))
+    # a live writer on another host (a shared file system): kept until it has not been touched for an hour
+    foreign = leftover.with_name(f".{path.name}.otherhost-{os.getpid()}.tmp")
+    foreign.write_bytes(b"partial")
     _, lookup = indexed_folder(str(tree), index_dir=idx)
     assert not lookup.reused and lookup.why is None  # no index yet: a plain first scan
+    assert not leftover.exists() and foreign.exists()  # this host's dead writer's file went at once
     assert indexed_folder(str(tree), index_dir=idx)[1].reused
-    leftover = next(idx.glob(".*.tmp"))
-    old = time.time() - 2 * index_store.STALE_TMP_SECONDS
-    os.utime(leftover, (old, old))
+    old = time.time() - 2 * atomic.STALE_SECONDS
+    os.utime(foreign, (old, old))
     (tree / "class_000" / "img_000000.jpg").unlink()  # changed: the next lookup rewrites, and clears the leftover
     indexed_folder(str(tree), index_dir=idx)
-    assert not leftover.exists()
+    assert not foreign.exists()

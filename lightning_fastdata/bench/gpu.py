@@ -54,6 +54,7 @@ from lightning_fastdata import (
 )
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.loading.atomic import atomic_write_text
 from lightning_fastdata.loading.meter import DataWaitMeter, DataWaitStats
 from lightning_fastdata.measure import (
     baseline_loader,
@@ -471,9 +472,8 @@ def run_parts(s: Settings, parts: list[str], json_path: str | None) -> dict[str,
         result[part] = jobs[part](s)
         result.setdefault("seconds", {})[part] = round(time.perf_counter() - started, 1)
         if json_path:
-            tmp = Path(f"{json_path}.tmp")
-            tmp.write_text(json.dumps(result, indent=1) + "\n")
-            os.replace(tmp, json_path)  # after each part: a run stopped at its time limit keeps what it measured
+            # after each part: a run stopped at its time limit keeps what it measured
+            atomic_write_text(json_path, json.dumps(result, indent=1) + "\n")
     return result
 
 

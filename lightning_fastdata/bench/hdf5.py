@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_fastdata import HDF5DataModule, convert_folder_to_hdf5
 from lightning_fastdata.bench.scratch import scratch_path
+from lightning_fastdata.loading.atomic import atomic_path
 from lightning_fastdata.measure import Candidate, count_images, measure, ours_module, rows_for
 
 __all__ = ["SeedStyleH5", "bench_files", "hdf5_suite"]
@@ -57,15 +57,13 @@ def bench_files(args: argparse.Namespace) -> dict[str, Path]:
         size = args.image_size
         with h5py.File(out["raw"], "r") as src:
             n, labels = len(src["labels"]), src["labels"][()]
-            tmp = out["seed"].with_suffix(".tmp")
-            with h5py.File(tmp, "w") as f:
+            with atomic_path(out["seed"], fsync=False) as tmp, h5py.File(tmp, "w") as f:
                 images = f.create_dataset("images", shape=(n, 3, size, size), dtype=np.float32)
                 for start in range(0, n, 128):
                     x = torch.from_numpy(src["images"][start : start + 128]).permute(0, 3, 1, 2).float() / 255
                     x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
                     images[start : start + len(x)] = x.numpy()
                 f.create_dataset("labels", data=labels)
-            os.replace(tmp, out["seed"])
     return out
 
 

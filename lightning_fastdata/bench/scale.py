@@ -160,7 +160,8 @@ def staleness_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, An
     as a build writes it. Each check runs in a fresh process after the index is loaded from ``index_dir``,
     ``verify_source="files"`` and ``"folders"`` interleaved.
     """
-    from lightning_fastdata.datasets.cache import CacheParams, fingerprint, source_record, write_manifest
+    from lightning_fastdata.datasets.cache_manifest import CacheParams, write_manifest
+    from lightning_fastdata.datasets.cache_source import fingerprint, source_record
     from lightning_fastdata.loading.index_store import indexed_folder
 
     index, _ = indexed_folder(root, index_dir=index_dir)

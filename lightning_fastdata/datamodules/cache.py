@@ -14,6 +14,8 @@ from lightning_fastdata.datamodules.folder import FolderSource
 from lightning_fastdata.datasets.cache import (
     TensorCacheDataset,
     build_tensor_cache,
+    check_augment_on,
+    check_verify_source,
     open_jpeg_cache,
     open_tensor_cache,
 )
@@ -86,8 +88,7 @@ class TensorCacheDataModule(FastDataModule):
             )
         super().__init__(**kwargs)
         save_init_hparams(self)
-        if augment_on not in ("workers", "device"):
-            raise ValueError(f"augment_on should be 'workers' or 'device', got {augment_on!r}.")
+        check_augment_on(augment_on)
         if storage not in ("raw", "jpeg"):
             raise ValueError(f"storage should be 'raw' or 'jpeg', got {storage!r}.")
         if storage == "jpeg" and augment_on == "device":
@@ -95,11 +96,7 @@ class TensorCacheDataModule(FastDataModule):
                 "storage='jpeg' decodes each crop in the loader workers; augment_on='device' needs storage='raw' "
                 "(the device crops uint8 squares)."
             )
-        if verify_source not in ("files", "folders"):
-            raise ValueError(
-                f"verify_source should be 'files' (stat every source file) or 'folders' (the file list and its "
-                f"folders' mtimes), got {verify_source!r}."
-            )
+        check_verify_source(verify_source)
         if not 1 <= quality <= 100:
             raise ValueError(f"quality should be 1..100 (JPEG quality), got {quality!r}.")
         image_size = self.dataset_kwargs["image_size"]

@@ -57,7 +57,6 @@ class HDF5DataModule(FastDataModule):
         )
         inspected = inspect_hdf5(self.path, images_key, labels_key, layout, offsets_key, locking)
         self.classes = inspected.classes
-        self._length = len(inspected.labels)
         if self.val_path is not None:
             val = inspect_hdf5(self.val_path, images_key, labels_key, layout, offsets_key, locking)
             bad = np.flatnonzero(val.labels >= len(self.classes))
@@ -74,14 +73,13 @@ class HDF5DataModule(FastDataModule):
         return len(self.classes)
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
-        """Build the train and validation datasets (cheap: the file is opened lazily by each reader)."""
-        kwargs = {**self.dataset_kwargs, **self.file_kwargs}
+        """Build the train and validation datasets: each file inspected once (one open), read lazily by each reader."""
+        kwargs = {**self.dataset_kwargs, "locking": self.file_kwargs["locking"]}
+        layout = inspect_hdf5(self.path, **self.file_kwargs)  # again: the file may have changed since __init__
         if self.val_path is not None:
-            return (
-                HDF5Dataset(self.path, train=True, **kwargs),
-                HDF5Dataset(self.val_path, train=False, **kwargs),
-            )
-        train_rows, val_rows = self.split(self._length)
-        train = HDF5Dataset(self.path, train=True, indices=train_rows, **kwargs)
-        val = None if val_rows is None else HDF5Dataset(self.path, train=False, indices=val_rows, **kwargs)
+            val_layout = inspect_hdf5(self.val_path, **self.file_kwargs)
+            return HDF5Dataset(layout, train=True, **kwargs), HDF5Dataset(val_layout, train=False, **kwargs)
+        train_rows, val_rows = self.split(len(layout.labels))
+        train = HDF5Dataset(layout, train=True, indices=train_rows, **kwargs)
+        val = None if val_rows is None else HDF5Dataset(layout, train=False, indices=val_rows, **kwargs)
         return train, val

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import io
 import json
 import os
@@ -16,6 +15,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from lightning_fastdata.datasets.hdf5 import FORMAT_VERSION, inspect_hdf5
+from lightning_fastdata.loading.atomic import atomic_path, side_path
 from lightning_fastdata.loading.decode import decode_center_crop
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
 from lightning_fastdata.loading.workers import CpuBudget, init_build_process
@@ -64,12 +64,11 @@ def _decode_square(args: tuple[str, int]) -> np.ndarray:
     return decode_center_crop(args[0], args[1])
 
 
-def _write_reencoded(f: Any, results: Iterator[bytes], tmp: Path, bar: tqdm) -> None:
+def _write_reencoded(f: Any, results: Iterator[bytes], side: Path, bar: tqdm) -> None:
     """Store re-encoded images as ``images`` + ``offsets``, through a side file.
 
     Their sizes are known only once encoded, and a memory-mappable (contiguous) dataset needs its size up front.
     """
-    side = tmp.with_name(tmp.name.replace(".tmp-", ".bytes-"))
     sizes: list[int] = []
     try:
         with open(side, "wb") as out:
@@ -90,18 +89,6 @@ def _write_reencoded(f: Any, results: Iterator[bytes], tmp: Path, bar: tqdm) -> 
         side.unlink(missing_ok=True)
 
 
-def _remove_stale_temporaries(dst: Path) -> None:
-    """Delete temporaries of conversions to ``dst`` whose process is gone (killed runs)."""
-    for tmp in glob.glob(str(dst.parent / f".{dst.name}.tmp-*")) + glob.glob(str(dst.parent / f".{dst.name}.bytes-*")):
-        pid = tmp.rsplit("-", 1)[-1]
-        try:
-            os.kill(int(pid), 0)
-        except (ValueError, ProcessLookupError):
-            os.unlink(tmp)
-        except PermissionError:
-            pass  # alive, another user's
-
-
 def convert_folder_to_hdf5(
     src: str | os.PathLike[str] | FileIndex,
     dst: str | os.PathLike[str],
@@ -120,8 +107,9 @@ def convert_folder_to_hdf5(
     ``raw`` mode ``N x size x size x 3`` uint8 (the central square of each image, resized); ``labels`` int64;
     attributes ``fastdata_format``, ``mode``, ``classes`` (JSON list), ``size`` (raw) and ``source``.
 
-    The file is written as ``.<name>.tmp-<pid>`` beside ``dst``, re-opened and checked, and only then renamed
-    to ``dst``: an interrupted or killed conversion never leaves a file at ``dst``.
+    The file is written under a hidden temporary name beside ``dst`` (:mod:`~lightning_fastdata.loading.atomic`),
+    re-opened and checked, and only then renamed to ``dst``: an interrupted or killed conversion never leaves a
+    file at ``dst``.
 
     Args:
         src: Image folder (torchvision ``ImageFolder`` layout and class order), or an index of (part of) one.
@@ -164,10 +152,10 @@ def convert_folder_to_hdf5(
     paths = [index.path(i) for i in range(len(index))]
     processes = processes or CpuBudget.detect().usable
     dst.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(dst)
-    tmp = dst.parent / f".{dst.name}.tmp-{os.getpid()}"
-    bar = tqdm(total=len(paths), desc=f"hdf5 ({mode})", unit="img", disable=not progress)
-    try:
+    with (
+        atomic_path(dst) as tmp,
+        tqdm(total=len(paths), desc=f"hdf5 ({mode})", unit="img", disable=not progress) as bar,
+    ):
         context = get_context("fork" if os.name == "posix" else "spawn")
         with context.Pool(processes, initializer=init_build_process) as pool:
             with h5py.File(tmp, "w", libver="latest") as f:
@@ -180,9 +168,8 @@ def convert_folder_to_hdf5(
                 f.create_dataset("labels", data=index.labels.astype(np.int64))
                 if max_side is not None:
                     f.attrs.update(max_side=max_side, quality=quality)
-                    _write_reencoded(
-                        f, pool.imap(_reencode, [(p, max_side, quality) for p in paths], chunksize=8), tmp, bar
-                    )
+                    jobs = [(p, max_side, quality) for p in paths]
+                    _write_reencoded(f, pool.imap(_reencode, jobs, chunksize=8), side_path(dst, "bytes"), bar)
                 elif mode == "encoded":
                     sizes = np.array([os.path.getsize(p) for p in paths], dtype=np.int64)
                     offsets = np.zeros(len(paths) + 1, dtype=np.int64)
@@ -205,10 +192,4 @@ def convert_folder_to_hdf5(
         check = inspect_hdf5(str(tmp))  # re-open and validate before the file gets its real name
         if len(check.labels) != len(paths) or check.mmap_offset is None:
             raise OSError(f"Verification of {str(tmp)!r} failed; nothing was written to {str(dst)!r}.")
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    finally:
-        bar.close()
     return dst

@@ -100,6 +100,7 @@ class HDF5Layout:
         classes: Class names from the file's ``classes`` attribute, else ``("0", "1", ...)``.
         labels: All labels, int64.
         signature: ``(size, mtime_ns)`` of the file when inspected (a reader refuses a file changed since).
+        offsets: The ``N + 1`` byte offsets (int64) of a blob of encoded images, read once here, else None.
     """
 
     path: str
@@ -115,6 +116,7 @@ class HDF5Layout:
     classes: tuple[str, ...]
     labels: np.ndarray
     signature: tuple[int, int] = (0, 0)
+    offsets: np.ndarray | None = None
 
 
 def inspect_hdf5(
@@ -229,6 +231,7 @@ def inspect_hdf5(
             labels_key=labels_key,
             kind=kind,  # type: ignore[arg-type]
             offsets_key=offsets_name,
+            offsets=None if offsets_name is None else f[offsets_name][()].astype(np.int64),
             vlen=vlen_base is not None,
             mmap_offset=None if mmap_offset is None else int(mmap_offset),
             shape=tuple(images.shape),
@@ -248,9 +251,7 @@ class HDF5Dataset(AugmentedImageDataset):
     works under ``fork`` and ``spawn``, with any number of workers and DDP ranks, even if the main process
     read a sample before the workers started.
 
-    Read paths, chosen from the layout (measured on 1,500 uint8 256 px images, sorted batches of 256, one core:
-    a memory map 18,500 img/s, per-row reads of a chunked dataset 2,900-8,500, one fancy selection of a chunked
-    dataset 55):
+    Read paths, chosen from the layout, fastest first (the README's HDF5 section has the measured rates):
 
     - contiguous, uncompressed dataset (what our converter writes): a read-only memory map at the dataset's
       byte offset; a batch is one sorted gather. No HDF5 call per sample at all.
@@ -263,7 +264,7 @@ class HDF5Dataset(AugmentedImageDataset):
     want them; the DataModule normalises only uint8).
 
     Args:
-        path: The HDF5 file.
+        path: The HDF5 file, or the :class:`HDF5Layout` :func:`inspect_hdf5` returned for it (not inspected again).
         images_key: Dataset of the images.
         labels_key: Dataset of the labels.
         layout: ``"auto"`` (from the file's attributes, dtype and shape), ``"encoded"``, ``"hwc"`` or ``"chw"``.
@@ -283,7 +284,7 @@ class HDF5Dataset(AugmentedImageDataset):
 
     def __init__(
         self,
-        path: str,
+        path: str | HDF5Layout,
         images_key: str = "images",
         labels_key: str = "labels",
         layout: Layout = "auto",
@@ -295,15 +296,15 @@ class HDF5Dataset(AugmentedImageDataset):
         super().__init__(**kwargs)
         if layout not in ("auto", "encoded", "hwc", "chw"):
             raise ValueError(f"layout should be 'auto', 'encoded', 'hwc' or 'chw', got {layout!r}.")
-        self.layout = inspect_hdf5(path, images_key, labels_key, layout, offsets_key, locking)
+        if isinstance(path, HDF5Layout):
+            self.layout = path  # already inspected (the DataModule inspects a file once for both of its splits)
+        else:
+            self.layout = inspect_hdf5(path, images_key, labels_key, layout, offsets_key, locking)
         self.locking = locking
         rows = np.arange(len(self.layout.labels)) if indices is None else np.asarray(indices, dtype=np.int64)
         self.rows = rows
         self._labels = self.layout.labels[rows]
-        self._offsets: np.ndarray | None = None
-        if self.layout.offsets_key is not None:
-            with open_hdf5(self.layout.path, locking) as f:
-                self._offsets = f[self.layout.offsets_key][()].astype(np.int64)
+        self._offsets = self.layout.offsets
         self._file: Any = None
         self._images: Any = None
         self._mapped: MappedFile | None = None

@@ -7,11 +7,12 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from torchvision.datasets import folder as tv_folder
 
 __all__ = ["IMG_EXTENSIONS", "FileIndex", "contains_path", "find_classes", "scan_image_folder", "scan_with_mtimes"]
 
-#: The extensions torchvision's ``ImageFolder`` accepts (compared lower-cased).
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+#: The extensions torchvision's ``ImageFolder`` accepts (its own constant; compared lower-cased).
+IMG_EXTENSIONS: tuple[str, ...] = tuple(tv_folder.IMG_EXTENSIONS)
 #: The extensions in lower and upper case: one ``str.endswith`` accepts almost every name without ``lower()``.
 _EXT_CASES = IMG_EXTENSIONS + tuple(e.upper() for e in IMG_EXTENSIONS)
 
@@ -64,22 +65,24 @@ class FileIndex:
 
 
 def find_classes(root: str) -> tuple[str, ...]:
-    """Return the sorted class folder names of ``root``, as torchvision's ``find_classes`` does.
+    """Return the sorted class folder names of ``root``: torchvision's ``find_classes``, with errors that say more.
 
     Raises:
-        FileNotFoundError: If ``root`` does not exist or holds no class folder.
+        FileNotFoundError: If ``root`` does not exist, is not a folder, or holds no class folder (the message
+            says which, and the layout expected; torchvision's says "Couldn't find any class folder" for all three).
     """
     if not os.path.isdir(root):
         raise FileNotFoundError(
             f"Image folder {root!r} does not exist or is not a directory. Pass the folder that holds one "
             "sub-folder per class (root/<class>/<image>)."
         )
-    classes = tuple(sorted(entry.name for entry in os.scandir(root) if entry.is_dir()))
-    if not classes:
+    try:
+        classes, _ = tv_folder.find_classes(root)
+    except FileNotFoundError:
         raise FileNotFoundError(
             f"Couldn't find any class folder in {root!r}. Expected one sub-folder per class (root/<class>/<image>)."
-        )
-    return classes
+        ) from None
+    return tuple(classes)
 
 
 def _walk(top: str) -> list[tuple[str, list[str], int, bool]]:

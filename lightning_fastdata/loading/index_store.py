@@ -16,17 +16,19 @@ index is rescanned once at its next use instead of trusted.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import time
 import zipfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from lightning_fastdata.loading.atomic import atomic_path
 from lightning_fastdata.loading.index import FileIndex, find_classes, scan_with_mtimes
 
 __all__ = [
@@ -34,6 +36,8 @@ __all__ = [
     "RACY_SECONDS",
     "IndexLookup",
     "IndexStale",
+    "changed_folder",
+    "folder_record",
     "index_file",
     "indexed_folder",
     "load_index",
@@ -42,8 +46,6 @@ __all__ = [
 
 #: The index file format this version writes; an index of a newer format is not read.
 FORMAT = 1
-#: A temporary index file this old is a killed writer's leftover, removed by the next save.
-STALE_TMP_SECONDS = 3600.0
 #: Folders modified this recently before the scan are not trusted by the next run (see the module docstring).
 RACY_SECONDS = 2.0
 
@@ -67,37 +69,51 @@ def index_file(index_dir: str | os.PathLike[str], root: str) -> Path:
     return Path(index_dir) / f"{name or 'root'}-{digest}.fdindex.npz"
 
 
+def folder_record(mtimes: Iterable[tuple[str, int]], started: float) -> list[list[Any]]:
+    """``[folder, mtime_ns]`` rows to store; a folder modified within :data:`RACY_SECONDS` of ``started`` gets -1.
+
+    -1 means "unknown": a file added in the same clock tick as the scan would leave the folder's mtime unchanged.
+    The one rule for every record of folder mtimes (the persisted index, the tensor cache's source record).
+    """
+    racy_after = int((started - RACY_SECONDS) * 1e9)
+    return [[folder, -1 if mtime >= racy_after else mtime] for folder, mtime in mtimes]
+
+
+def changed_folder(root: str, rows: Iterable[Sequence[Any]]) -> tuple[str, bool] | None:
+    """The first recorded folder (relative to ``root``, or absolute) whose mtime differs now, and whether it was racy.
+
+    ``None`` when every folder is unchanged: no file was added, removed or renamed in any of them.
+    """
+    for rel, mtime in rows:
+        path = os.path.join(root, rel)
+        try:
+            now = os.stat(path).st_mtime_ns
+        except OSError:
+            now = None
+        if mtime == -1 or now != mtime:
+            return path, mtime == -1
+    return None
+
+
 def save_index(path: str | os.PathLike[str], index: FileIndex, dirs: list[tuple[str, int]], started: float) -> None:
     """Write ``index`` and its folders' mtimes to ``path`` atomically (temporary name, then rename)."""
-    racy_after = int((started - RACY_SECONDS) * 1e9)
     meta = {
         "format": FORMAT,
         "root": os.path.realpath(index.root),
         "classes": list(index.classes),
-        "dirs": [[d, -1 if m >= racy_after else m] for d, m in dirs],
+        "dirs": folder_record(dirs, started),
         "files": len(index),
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            np.savez(
-                fh,
-                meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                path_bytes=index.path_bytes,
-                offsets=index.offsets,
-                labels=index.labels,
-            )
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    for leftover in path.parent.glob(f".{path.name}.*.tmp"):  # of a writer killed mid-write, an hour ago or more
-        with contextlib.suppress(OSError):
-            if time.time() - leftover.stat().st_mtime > STALE_TMP_SECONDS:
-                leftover.unlink()
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez(
+            fh,
+            meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+            path_bytes=index.path_bytes,
+            offsets=index.offsets,
+            labels=index.labels,
+        )
 
 
 def load_index(path: str | os.PathLike[str], root: str, classes: tuple[str, ...]) -> FileIndex:
@@ -123,14 +139,11 @@ def load_index(path: str | os.PathLike[str], root: str, classes: tuple[str, ...]
         raise IndexStale(f"the index {path} is of {meta['root']!r}, not of {os.path.realpath(root)!r}")
     if tuple(meta["classes"]) != tuple(classes):
         raise IndexStale(f"the class folders of {root!r} changed since the index {path} was written")
-    for rel, mtime in meta["dirs"]:
-        try:
-            now = os.stat(os.path.join(root, rel)).st_mtime_ns
-        except OSError:
-            now = None
-        if mtime == -1 or now != mtime:
-            what = "was modified during the scan" if mtime == -1 else "changed"
-            raise IndexStale(f"{os.path.join(root, rel)!r} {what} since the index {path} was written")
+    changed = changed_folder(root, meta["dirs"])
+    if changed is not None:
+        folder, racy = changed
+        what = "was modified during the scan" if racy else "changed"
+        raise IndexStale(f"{folder!r} {what} since the index {path} was written")
     n = int(meta["files"])
     path_bytes, offsets, labels = arrays["path_bytes"], arrays["offsets"], arrays["labels"]
     if (

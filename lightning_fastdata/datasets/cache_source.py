@@ -1,0 +1,125 @@
+"""Has the source folder of a tensor cache changed? The per-file fingerprint and the O(folders) record.
+
+``verify_source="files"`` compares :func:`fingerprint` (every file's path, size and mtime); ``"folders"``
+compares :func:`source_record` (the file list's digest and the mtimes of the folders holding the files, taken
+before the build decoded anything) with :func:`folders_unchanged`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lightning_fastdata.loading.index import FileIndex
+from lightning_fastdata.loading.index_store import changed_folder, folder_record
+
+__all__ = ["fingerprint", "folder_mtimes", "folders_unchanged", "listing_digest", "source_record"]
+
+
+def fingerprint(indexes: Sequence[FileIndex | None]) -> str:
+    """sha256 of each file's relative path, size and mtime, over the given indexes in order.
+
+    One ``stat`` per file (1.28M files: ~4 s of system calls on a local disk, minutes on a network file system);
+    the records are built from the index's path bytes, with no per-file decode (12.6 s -> 6.5 s on the 1.28M-file
+    tree before this change; the digest is the same, so existing caches stay current).
+    """
+    digest = hashlib.sha256()
+    stat = os.stat
+    for index in indexes:
+        digest.update(b"|split|")
+        if index is None:
+            continue
+        root = os.path.join(os.fsencode(index.root), b"")
+        blob, offsets, labels = index.path_bytes.tobytes(), index.offsets.tolist(), index.labels.tolist()
+        for lo in range(0, len(labels), 65536):  # a chunk of records at a time: bounded memory, few updates
+            records = []
+            for i in range(lo, min(lo + 65536, len(labels))):
+                rel = blob[offsets[i] : offsets[i + 1]]  # os.fsencode of the relative path: any name, also non-UTF-8
+                st = stat(root + rel)
+                records.append(b"%s\0%d\0%d\0%d\n" % (rel, st.st_size, st.st_mtime_ns, labels[i]))
+            digest.update(b"".join(records))
+    return digest.hexdigest()
+
+
+def listing_digest(indexes: Sequence[FileIndex | None]) -> str:
+    """sha256 of the indexes' relative paths, labels and classes: no file system access (~50 ms for 1.28M files)."""
+    digest = hashlib.sha256()
+    for index in indexes:
+        digest.update(b"|split|")
+        if index is None:
+            continue
+        digest.update(json.dumps(list(index.classes)).encode(errors="surrogateescape"))
+        digest.update(np.ascontiguousarray(index.offsets, dtype=np.int64).tobytes())
+        digest.update(np.ascontiguousarray(index.labels, dtype=np.int64).tobytes())
+        digest.update(index.path_bytes.tobytes())
+    return digest.hexdigest()
+
+
+def _link_target_folders(folder: str) -> set[str]:
+    """The real folders of the files that symlinks in ``folder`` point to (one ``scandir``; the entry types are free).
+
+    A tree of links (a subset of a data set, say) changes when a target is replaced, which changes the target's
+    folder, not the link's.
+    """
+    targets = set()
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_symlink() and entry.is_file():  # a linked folder is stat'ed as itself
+                targets.add(os.path.dirname(os.path.realpath(entry.path)))
+    return targets
+
+
+def folder_mtimes(indexes: Sequence[FileIndex | None], started: float) -> list[list[list[Any]]]:
+    """Per index, ``[folder, mtime_ns]`` of its root, its class folders and every folder holding its files.
+
+    Folders are relative to the index's root, except the real (absolute) folders of the targets of file symlinks.
+    A folder modified within :data:`~lightning_fastdata.loading.index_store.RACY_SECONDS` of ``started`` is
+    recorded with mtime ``-1`` ("unknown"): a file replaced in the same clock tick would not change it.
+    """
+    out: list[list[list[Any]]] = []
+    for index in indexes:
+        if index is None:
+            out.append([])
+            continue
+        blob, offsets = index.path_bytes.tobytes(), index.offsets.tolist()
+        sep = os.fsencode(os.sep)
+        folders = {blob[offsets[i] : offsets[i + 1]].rpartition(sep)[0] for i in range(len(offsets) - 1)}
+        names = {".", *index.classes, *(os.fsdecode(f) for f in folders)}
+        for rel in list(names):
+            names |= _link_target_folders(os.path.join(index.root, rel))
+        mtimes = [(rel, os.stat(os.path.join(index.root, rel)).st_mtime_ns) for rel in sorted(names)]
+        out.append(folder_record(mtimes, started))
+    return out
+
+
+def source_record(indexes: Sequence[FileIndex | None]) -> dict[str, Any]:
+    """What ``verify_source="folders"`` compares: the listing's digest and the folders' mtimes, taken now."""
+    return {"listing": listing_digest(indexes), "folders": folder_mtimes(indexes, time.time())}
+
+
+def folders_unchanged(manifest: dict[str, Any] | None, indexes: Sequence[FileIndex | None]) -> tuple[bool, str]:
+    """Whether the source is unchanged since ``manifest``'s folder record, in ``O(folders)`` ``stat`` calls.
+
+    Same file list (paths, labels, classes) and every recorded folder's mtime unchanged: no file was added,
+    removed, renamed or replaced by a rename (which changes its folder's mtime). A file rewritten in place under
+    the same name is *not* seen: that needs the full check (``verify_source="files"``).
+    """
+    record = None if manifest is None else manifest.get("source")
+    if not isinstance(record, dict) or "listing" not in record or "folders" not in record:
+        return False, "no folder record in the manifest"
+    if record["listing"] != listing_digest(indexes):
+        return False, "the file list changed"
+    for index, rows in zip(indexes, record["folders"], strict=False):
+        if index is None:
+            continue
+        changed = changed_folder(index.root, rows)
+        if changed is not None:
+            path, racy = changed
+            return False, f"{path!r} {'was modified during the build' if racy else 'changed'}"
+    return True, "up to date (folders unchanged)"
