@@ -19,12 +19,9 @@ from __future__ import annotations
 import argparse
 import gc
 import glob
-import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,6 +29,7 @@ from typing import Any
 
 from lightning_fastdata import HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule, convert_folder_to_hdf5
 from lightning_fastdata.bench.hdf5 import bench_files
+from lightning_fastdata.bench.probes import run_probe
 from lightning_fastdata.bench.scratch import scratch_path
 from lightning_fastdata.measure import Candidate, baseline_loader, count_images, measure, rows_for
 
@@ -81,38 +79,6 @@ def linked_tree(root: str, classes: int, per_class: int, sources: list[str]) -> 
     return path
 
 
-_SCAN = """
-import json, os, sys, time
-from lightning_fastdata.loading.index import scan_image_folder
-from lightning_fastdata.loading.index_store import indexed_folder
-def rss():
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
-how, root, index_dir = sys.argv[1:4]
-if how == "torchvision":  # imported before measuring, and only here: the others need numpy and the index only
-    import torchvision
-before, start = rss(), time.perf_counter()
-if how == "torchvision":
-    kept = torchvision.datasets.ImageFolder(root)
-    n = len(kept)
-elif how == "ours":
-    kept = scan_image_folder(root)
-    n = len(kept)
-else:
-    kept, lookup = indexed_folder(root, index_dir=index_dir)
-    n = len(kept)
-    assert lookup.reused == (how == "reuse"), lookup
-print(json.dumps({"s": time.perf_counter() - start, "mb": rss() - before, "files": n}))
-"""
-
-
-def _in_fresh_process(code: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=1200)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def scan_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, Any]]:
     """Seconds and MB for torchvision's scan, ours, the index's first run and its reuse (interleaved repeats)."""
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in ("torchvision", "ours", "first", "reuse")}
@@ -120,7 +86,7 @@ def scan_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, Any]]:
         for how in runs:
             if how == "first":
                 shutil.rmtree(index_dir, ignore_errors=True)
-            runs[how].append(_in_fresh_process(_SCAN, how, root, index_dir))
+            runs[how].append(run_probe("scan", how, root, index_dir))
     names = {
         "torchvision": "torchvision ImageFolder(root)",
         "ours": "scan_image_folder (ImageFolderDataModule.setup)",
@@ -139,18 +105,6 @@ def scan_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, Any]]:
         }
         for how, rs in runs.items()
     ]
-
-
-_CHECK = """
-import json, sys, time
-from lightning_fastdata.datasets.cache import build_tensor_cache
-from lightning_fastdata.loading.index_store import indexed_folder
-mode, root, index_dir, cache_dir = sys.argv[1:5]
-index, lookup = indexed_folder(root, index_dir=index_dir)
-start = time.perf_counter()
-build_tensor_cache(cache_dir, index, None, read_only=True, progress=False, verify_source=mode)  # raises if stale
-print(json.dumps({"s": time.perf_counter() - start, "files": len(index), "index_reused": lookup.reused}))
-"""
 
 
 def staleness_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, Any]]:
@@ -174,7 +128,7 @@ def staleness_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, An
     runs: dict[str, list[dict[str, Any]]] = {"files": [], "folders": []}
     for _ in range(repeats):
         for mode in runs:
-            runs[mode].append(_in_fresh_process(_CHECK, mode, root, index_dir, str(cache_dir)))
+            runs[mode].append(run_probe("check", mode, root, index_dir, str(cache_dir)))
     shutil.rmtree(cache_dir)
     base = statistics.median(r["s"] for r in runs["files"])
     return [
@@ -190,49 +144,11 @@ def staleness_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, An
     ]
 
 
-_PSS = """
-import json, os, sys, itertools
-import torch
-def pss(pid):
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("Pss:")) / 1024
-def children():
-    me, out = os.getpid(), []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
-                        out.append(int(p))
-            except OSError:
-                pass
-    return sorted(out)
-which, root, epochs, batches = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-if which == "torchvision":
-    from lightning_fastdata.measure import baseline_loader
-    loader = baseline_loader(root, 64, 64, 2)
-else:
-    from lightning_fastdata import ImageFolderDataModule
-    dm = ImageFolderDataModule(root, val_fraction=0.0, image_size=64, batch_size=64, num_workers=2,
-                               persistent_workers=True)
-    dm.setup("fit")
-    loader = dm.train_dataloader()
-per_epoch = []
-for epoch in range(epochs):
-    if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
-        loader.sampler.set_epoch(epoch)
-    for batch in itertools.islice(iter(loader), batches):
-        pass
-    per_epoch.append([pss(p) for p in children()])
-print(json.dumps({"pss_mb": per_epoch, "main_pss_mb": pss(os.getpid())}))
-"""
-
-
 def worker_pss_rows(root: str, epochs: int, batches: int) -> list[dict[str, Any]]:
     """PSS (MB) of each of 2 workers after each epoch of ``batches`` batches, for torchvision's loader and ours."""
     rows = []
     for which in ("torchvision", "ours"):
-        got = _in_fresh_process(_PSS, which, root, str(epochs), str(batches))
+        got = run_probe("worker_pss", which, root, str(epochs), str(batches))
         per_epoch = [statistics.mean(ws) for ws in got["pss_mb"]]
         rows.append(
             {
