@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,8 +9,6 @@ import torch
 from helpers.fork_client import SERVER
 
 from lightning_fastdata.demos import make_image_folder, photo_like_image
-
-warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
