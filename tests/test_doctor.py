@@ -23,7 +23,9 @@ from lightning_fastdata.cli import main as fastdata
 from lightning_fastdata.cli import run_cli
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.diagnose import _rank_share, _wait, main
+from lightning_fastdata.diagnose import Option, main
+from lightning_fastdata.diagnose.timing import rank_share
+from lightning_fastdata.diagnose.verdict import NOISE, choose_option, wait_fraction
 from lightning_fastdata.measure import compare_folder_loaders
 
 
@@ -65,12 +67,13 @@ def test_doctor_reports_measures_and_recommends_without_touching_the_data(
     assert names == [
         "torchvision ImageFolder (baseline)",
         "ImageFolderDataModule",
+        "TensorCacheDataModule(storage='jpeg')",
+        "TensorCacheDataModule(storage='raw')",
         "HDF5DataModule (original JPEG bytes)",
         "HDF5DataModule (JPEG, shorter side 73)",
-        "TensorCacheDataModule(storage='jpeg')",
         "HDF5DataModule (raw 73 px)",
-        "TensorCacheDataModule(storage='raw')",
-    ]
+    ]  # simplest first: the data as they are, then caches that build themselves, then files to convert first
+    assert [o.steps for o in report.options] == [0, 0, 1, 1, 2, 2, 2]
     assert all(o.images_per_s > 0 for o in report.options)
     kb = {o.name: o.kb_per_image for o in report.options}
     assert kb["TensorCacheDataModule(storage='jpeg')"] < kb["TensorCacheDataModule(storage='raw')"]
@@ -82,6 +85,10 @@ def test_doctor_reports_measures_and_recommends_without_touching_the_data(
     printed = capsys.readouterr().out
     assert "Recommendation:" in printed and "corrupt: " in printed and "| option |" in printed
     assert "Workers per rank" in printed and "(p5/p25/p50/p75/p95)" in printed
+    # the last lines: every command to run, in order, ending with the training run of the written config
+    steps = printed.split("Then run, in order:")[1].strip().splitlines()
+    assert steps[-1].strip() == f"{len(steps)}. fastdata fit --config {config}"
+    assert ("fastdata convert hdf5" in steps[0]) == bool(report.chosen.prepare)
     # the written config names the recommended module and parses as a `fastdata fit` config
     data = yaml.safe_load(config.read_text())["data"]
     assert data["class_path"].rsplit(".", 1)[1] == report.recommendation.split("(")[0].strip()
@@ -107,7 +114,7 @@ def test_rank_share_pins_the_loader_workers() -> None:
         pytest.skip("needs 2 CPUs to pin to fewer")
     loader = torch.utils.data.DataLoader(_Affinity(), batch_size=None, num_workers=1)
     threads = torch.get_num_threads()
-    with _rank_share(1):
+    with rank_share(1):
         assert len(os.sched_getaffinity(0)) == 1 and torch.get_num_threads() == 1
         assert [len(a) for a in loader] == [1, 1]  # a worker started meanwhile inherits the rank's share
     assert os.sched_getaffinity(0) == cpus and torch.get_num_threads() == threads
@@ -124,7 +131,7 @@ class _Affinity(torch.utils.data.Dataset):
 def test_written_config_trains(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clean = make_image_folder(tmp_path / "clean", num_classes=6, per_class=3, size=(64, 48))
     config = tmp_path / "fast.yaml"
-    monkeypatch.setattr("lightning_fastdata.diagnose.INDEX_DIR_FILES", 18)  # as if these 18 files were 1.28M
+    monkeypatch.setattr("lightning_fastdata.diagnose.options.INDEX_DIR_FILES", 18)  # as if these 18 files were 1.28M
     report = main(
         [str(clean), "--seconds", "2", "--batch-size", "4", "--image-size", "32", "--devices", "2",
          "--sample", "8", "--write-config", str(config)]
@@ -280,5 +287,22 @@ def test_read_only_file_systems_and_permission_errors(tmp_path: Path) -> None:
 def test_wait_fraction_with_and_without_workers() -> None:
     # 10 images at 100 images/s take 100 ms: beside a 100 ms step with workers nothing is waited for; with
     # num_workers=0 the batch is loaded between steps, half of each 200 ms step
-    assert _wait(100, 10, 100.0) == 0.0 and _wait(100, 10, 50.0) == 0.5
-    assert _wait(100, 10, 100.0, overlapped=False) == 0.5 and _wait(100, 10, None) is None
+    assert wait_fraction(100, 10, 100.0) == 0.0 and wait_fraction(100, 10, 50.0) == 0.5
+    assert wait_fraction(100, 10, 100.0, overlapped=False) == 0.5 and wait_fraction(100, 10, None) is None
+
+
+def option(key: str, steps: int, rate: float) -> Option:
+    return Option(key, rate, 1.0, 100.0, 1.0, 10.0 * steps, {"init_args": {}}, rate, key=key, steps=steps)
+
+
+def test_a_tie_within_the_noise_goes_to_the_option_with_fewer_steps() -> None:
+    """An HDF5 file (convert first) a few percent faster than a cache that builds itself is a tie: the cache wins."""
+    cache, hdf5 = option("cache-raw", 1, 1000.0), option("hdf5-raw", 2, 1000.0 * (1 + NOISE / 2))
+    baseline = option("baseline", 0, 5000.0)  # never recommended, however fast
+    best, why = choose_option([baseline, cache, hdf5], 1.0, 64.0, 500.0, 64, None)
+    assert best is cache and "fewer steps" in why and "hdf5-raw" in why
+    clearly = option("hdf5-raw", 2, 1000.0 * (1 + 2 * NOISE))
+    best, why = choose_option([cache, clearly], 1.0, 64.0, 500.0, 64, None)
+    assert best is clearly and why.startswith("the fastest option")
+    # with a step time: the fewest steps that keeps up (both do at 500 ms per step of 64)
+    assert choose_option([clearly, cache], 1.0, 64.0, 500.0, 64, 500.0)[0] is cache

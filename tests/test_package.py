@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).parents[1] / "lightning_fastdata"
 
 
@@ -98,7 +96,6 @@ def test_no_python_source_in_strings_run_by_a_subprocess() -> None:
     assert not offenders, offenders
 
 
-@pytest.mark.xfail(strict=True, reason="diagnose.py (~900 lines) is not split by job yet: issue 23, item 4")
 def test_no_package_module_is_over_500_lines() -> None:
     sizes = {module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     big = {name: n for name, n in sizes.items() if n > 500}

@@ -35,248 +35,40 @@ import json
 import os
 import platform
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import Dataset
 
 from lightning_fastdata import (
     FastDataCallback,
     HDF5DataModule,
-    ImageClassifier,
     ImageFolderDataModule,
     TensorCacheDataModule,
     convert_folder_to_hdf5,
 )
+from lightning_fastdata.bench.gpu_fit import (
+    BaselineData,
+    HostNormaliseCache,
+    Settings,
+    SyntheticData,
+    cuda_available,
+    fit,
+)
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
-from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.loading.atomic import atomic_write_text
-from lightning_fastdata.loading.meter import DataWaitMeter, DataWaitStats
 from lightning_fastdata.measure import (
-    baseline_loader,
     compare_folder_loaders,
     count_images,
     decode_ceiling,
     time_loader,
 )
 
-__all__ = ["PARTS", "Settings", "main", "run_parts"]
+__all__ = ["PARTS", "Settings", "main", "run_parts"]  # Settings lives in gpu_fit, with the fit it configures
 
 PARTS = ("fed", "mechanisms", "correctness", "decode", "scale")
-
-
-@dataclass
-class Settings:
-    """What one run measures with.
-
-    Args:
-        root: The ImageNet-like folder (``root/<class>/<image>.jpg``).
-        scratch: Where the tensor cache and the HDF5 file are built (kept for the next part or run).
-        scale_root: A smaller folder for the ``scale`` part (whole passes at 1 worker must stay short).
-        arch: torchvision model trained in the ``fed`` and ``mechanisms`` parts.
-        image_size: Crop size.
-        batch_size: Batch size.
-        workers: Loader workers in every part except ``scale``.
-        steps: Training steps per epoch.
-        epochs: Epochs per run; the first is warm-up, the rate is over the others.
-        cache_size: Side of the cached squares (tensor cache, HDF5 raw).
-        scale_workers: Worker counts of the ``scale`` part.
-        decode_images: Files decoded by the ``decode`` part.
-        repeats: Interleaved rounds of the ``mechanisms`` part.
-    """
-
-    root: str
-    scratch: str
-    scale_root: str
-    arch: str = "resnet50"
-    image_size: int = 224
-    batch_size: int = 256
-    workers: int = 15
-    steps: int = 40
-    epochs: int = 5
-    cache_size: int = 256
-    scale_workers: tuple[int, ...] = (1, 2, 4, 8, 15)
-    decode_images: int = 2048
-    repeats: int = 1
-
-
-def _cuda() -> bool:
-    return torch.cuda.is_available()
-
-
-def _rss_mb() -> float | None:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError):
-        return None
-
-
-def _minus(a: DataWaitStats, b: DataWaitStats) -> DataWaitStats:
-    return DataWaitStats(a.steps - b.steps, a.samples - b.samples, a.wait_s - b.wait_s, a.total_s - b.total_s)
-
-
-class _Timer(pl.Callback):
-    """Rate over epochs 1.., GPU idle from CUDA events, memory at each epoch's end (see the module docstring)."""
-
-    def __init__(self, meter: DataWaitMeter) -> None:
-        self.meter = meter
-        self.start: float | None = None
-        self.images = 0
-        self.steps: list[list[Any]] = []  # per timed step: [epoch, start event, end event]
-        self.gpu_mem_mb: list[float] = []
-        self.gpu_alloc_mb: list[float] = []
-        self.host_rss_mb: list[float | None] = []
-
-    def _event(self) -> Any:
-        if not _cuda():
-            return None
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.current_epoch == 1:
-            if _cuda():
-                torch.cuda.synchronize()
-            self.start, self.waited = time.perf_counter(), self.meter.total()
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
-        if self.start is not None:
-            self.images += len(batch[1])
-            self.steps.append([trainer.current_epoch, self._event(), None])
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
-        if self.start is not None:
-            self.steps[-1][2] = self._event()
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if _cuda():
-            torch.cuda.synchronize()
-            self.gpu_mem_mb.append(round(torch.cuda.memory_reserved() / 2**20, 1))
-            self.gpu_alloc_mb.append(round(torch.cuda.memory_allocated() / 2**20, 1))
-        self.host_rss_mb.append(None if (rss := _rss_mb()) is None else round(rss, 1))
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if _cuda():
-            torch.cuda.synchronize()
-        self.seconds = time.perf_counter() - (self.start or time.perf_counter())
-
-    def gpu_idle(self) -> float | None:
-        """Gaps between consecutive steps of an epoch over gaps + steps, in GPU time."""
-        if not _cuda() or not self.steps:
-            return None
-        busy = sum(s.elapsed_time(e) for _, s, e in self.steps)
-        gaps = sum(a[2].elapsed_time(b[1]) for a, b in zip(self.steps, self.steps[1:]) if a[0] == b[0])
-        return gaps / (gaps + busy) if gaps + busy > 0 else None
-
-    def row(self) -> dict[str, Any]:
-        if self.start is None:
-            raise RuntimeError("The run ended before its second epoch: raise --epochs to at least 2.")
-        waited = _minus(self.meter.total(), self.waited)
-        idle = self.gpu_idle()
-        return {
-            "img_s": round(self.images / self.seconds, 1),
-            "data_wait": round(waited.data_wait_fraction, 4),
-            "gpu_idle": None if idle is None else round(idle, 4),
-            "gpu_mem_mb": self.gpu_mem_mb,
-            "gpu_alloc_mb": self.gpu_alloc_mb,
-            "host_rss_mb": self.host_rss_mb,
-            "timed_steps": len(self.steps),
-        }
-
-
-def _fit(s: Settings, dm: pl.LightningDataModule, callback: pl.Callback, channels_last: bool = True) -> dict:
-    """Train ``s.arch`` on ``dm`` for ``s.epochs`` x ``s.steps``; the timer's row."""
-    monitor = callback.monitor if isinstance(callback, FastDataCallback) else callback
-    assert isinstance(monitor, DataWaitMonitor)
-    timer = _Timer(monitor.meter)
-    trainer = pl.Trainer(
-        accelerator="auto",
-        devices=1,
-        precision="bf16-mixed" if _cuda() else "32-true",
-        max_epochs=s.epochs,
-        limit_train_batches=s.steps,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        benchmark=_cuda(),
-        callbacks=[callback, timer],
-    )
-    num_classes = len(getattr(dm, "classes", [])) or 1000
-    trainer.fit(ImageClassifier(num_classes=num_classes, arch=s.arch, channels_last=channels_last), dm)
-    return timer.row()
-
-
-class _Repeat:
-    """The same device-resident batch, ``steps`` times per epoch: the model alone, nothing to load."""
-
-    def __init__(self, batch: tuple[torch.Tensor, torch.Tensor], steps: int) -> None:
-        self.batch, self.steps = batch, steps
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return (self.batch for _ in range(self.steps))
-
-
-class _Synthetic(pl.LightningDataModule):
-    def __init__(self, s: Settings, num_classes: int) -> None:
-        super().__init__()
-        self.s, self.classes = s, list(range(num_classes))
-
-    def train_dataloader(self) -> _Repeat:
-        device = "cuda" if _cuda() else "cpu"
-        g = torch.Generator(device=device).manual_seed(0)
-        shape = (self.s.batch_size, 3, self.s.image_size, self.s.image_size)
-        images = torch.randn(shape, device=device, generator=g).contiguous(memory_format=torch.channels_last)
-        labels = torch.randint(0, len(self.classes), (self.s.batch_size,), device=device, generator=g)
-        return _Repeat((images, labels), self.s.steps)
-
-
-class _Baseline(pl.LightningDataModule):
-    """torchvision ``ImageFolder`` + classic transforms + a plain ``DataLoader``: what users write today."""
-
-    def __init__(self, s: Settings) -> None:
-        super().__init__()
-        self.s = s
-        self.classes = sorted(p.name for p in Path(s.root).iterdir() if p.is_dir())
-
-    def train_dataloader(self) -> torch.utils.data.DataLoader:
-        return baseline_loader(self.s.root, self.s.image_size, self.s.batch_size, self.s.workers)
-
-
-class _NormalisedOnHost(Dataset):
-    """Wraps a batched dataset: normalises each batch to float32 in the worker (4x the bytes over PCIe)."""
-
-    def __init__(self, inner: Any, dm: FastDataModule) -> None:
-        self.inner, self.normalizer = inner, dm.normalizer
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def __getitems__(self, indices: list[int]) -> Any:
-        images, *rest = self.inner.__getitems__(indices)
-        return (self.normalizer(images).contiguous(memory_format=torch.channels_last), *rest)
-
-
-class _HostNormaliseCache(TensorCacheDataModule):
-    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
-        train, val = super().build_datasets()
-        return _NormalisedOnHost(train, self), val
 
 
 def _common(s: Settings) -> dict[str, Any]:
@@ -304,10 +96,10 @@ def _hdf5(s: Settings) -> HDF5DataModule:
 
 def fed(s: Settings) -> list[dict[str, Any]]:
     """The synthetic rate, then one row per loader (see the module docstring)."""
-    num_classes = len(_Baseline(s).classes)
-    synthetic = _fit(s, _Synthetic(s, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
+    num_classes = len(BaselineData(s).classes)
+    synthetic = fit(s, SyntheticData(s, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
     loaders: list[tuple[str, Any, pl.Callback | None]] = [
-        ("torchvision ImageFolder (baseline)", lambda: _Baseline(s), DataWaitMonitor(print_summary=False)),
+        ("torchvision ImageFolder (baseline)", lambda: BaselineData(s), DataWaitMonitor(print_summary=False)),
         ("ImageFolderDataModule", lambda: ImageFolderDataModule(s.root, **_common(s)), None),
         ("TensorCacheDataModule raw, augment in workers", lambda: _cache(s, "workers"), None),
         ("TensorCacheDataModule raw, augment on device", lambda: _cache(s, "device"), None),
@@ -315,7 +107,7 @@ def fed(s: Settings) -> list[dict[str, Any]]:
     ]
     rows = [{"loader": "synthetic (device-resident)", "img_s": synthetic, "synthetic_img_s": synthetic}]
     for name, make, callback in loaders:
-        row = _fit(s, make(), callback or FastDataCallback(print_summary=False))
+        row = fit(s, make(), callback or FastDataCallback(print_summary=False))
         rows.append({"loader": name, **row, "synthetic_img_s": synthetic, "fed_ratio": row["img_s"] / synthetic})
         print(f"gpu-check fed: {name}: {row['img_s']:.0f} img/s ({row['img_s'] / synthetic:.2f} of synthetic)")
     return rows
@@ -339,7 +131,7 @@ def mechanisms(s: Settings) -> list[dict[str, Any]]:
         ),
         (
             "normalise on the host (float32 over PCIe)",
-            lambda: _cache(s, cls=_HostNormaliseCache),
+            lambda: _cache(s, cls=HostNormaliseCache),
             lambda: FastDataCallback(print_summary=False),
             True,
         ),
@@ -353,7 +145,7 @@ def mechanisms(s: Settings) -> list[dict[str, Any]]:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in variants}
     for _ in range(s.repeats):
         for name, make, callback, channels_last in variants:
-            runs[name].append(_fit(s, make(), callback(), channels_last=channels_last))
+            runs[name].append(fit(s, make(), callback(), channels_last=channels_last))
             print(f"gpu-check mechanisms: {name}: {runs[name][-1]['img_s']:.0f} img/s")
     base = sorted(r["img_s"] for r in runs["all on"])[len(runs["all on"]) // 2]
     rows = []
@@ -365,7 +157,7 @@ def mechanisms(s: Settings) -> list[dict[str, Any]]:
 
 def correctness(s: Settings) -> dict[str, Any]:
     """The first batches through the prefetching loader (to the GPU) equal the plain loader's, bit for bit."""
-    device = "cuda" if _cuda() else "cpu"
+    device = "cuda" if cuda_available() else "cpu"
     out: dict[str, Any] = {"device": device}
     makers: list[tuple[str, Any]] = [
         ("ImageFolderDataModule", lambda: ImageFolderDataModule(s.root, **_common(s))),
@@ -393,7 +185,7 @@ def decode(s: Settings) -> dict[str, Any]:
     dm.setup("fit")
     cpu_rate = time_loader(dm.train_dataloader, count_images, min_seconds=5.0)
     out: dict[str, Any] = {"cpu_path_img_s": round(cpu_rate, 1), "workers": s.workers}
-    if not _cuda():
+    if not cuda_available():
         return {**out, "gpu": "skipped: no CUDA device"}
     from torchvision.io import decode_jpeg
     from torchvision.transforms import v2
@@ -449,7 +241,7 @@ def _header(s: Settings) -> dict[str, Any]:
     import torchvision
 
     return {
-        "device": torch.cuda.get_device_name(0) if _cuda() else "cpu",
+        "device": torch.cuda.get_device_name(0) if cuda_available() else "cpu",
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "cuda": torch.version.cuda,
@@ -500,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         s.arch, s.image_size, s.batch_size, s.steps, s.epochs, s.cache_size = "resnet18", 64, 16, 3, 2, 72
         s.scale_workers, s.decode_images = (1,), 32
     Path(s.scratch).mkdir(parents=True, exist_ok=True)
-    if not _cuda():
+    if not cuda_available():
         print("gpu-check: no CUDA device; running every part on the CPU (the GPU-only measurements are skipped).")
     return run_parts(s, parts, args.json)
 

@@ -54,10 +54,11 @@ class TensorCacheDataModule(FastDataModule):
         index_dir: Keep the scanned file list of ``root`` here and reuse it while the folders are unchanged (see
             :class:`ImageFolderDataModule`); ``None``: scan at every ``prepare_data``.
         verify_source: How ``prepare_data`` checks a built cache against ``root`` at each run. ``"files"``: one
-            ``stat`` per source file (size and mtime; ~6 s for 1.28M local files, minutes on a network file
-            system). ``"folders"``: the file list and the mtimes of its folders, recorded at build time (~0.1 s
-            for 1.28M files): sees files added, removed, renamed or replaced by a rename, but not a file rewritten
-            in place under the same name (then run once with ``"files"``, or delete the cache).
+            ``stat`` per source file (size and mtime; ``O(files)``: minutes on a network file system for ImageNet).
+            ``"folders"``: the file list and the mtimes of its folders, recorded at build time (``O(folders)``,
+            the README's scale section has the figures): sees files added, removed, renamed or replaced by a
+            rename, but not a file rewritten in place under the same name (then run once with ``"files"``, or
+            delete the cache).
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -170,7 +171,8 @@ class TensorCacheDataModule(FastDataModule):
             if device.type == "cpu":
                 rank_zero_warn(
                     "TensorCacheDataModule(augment_on='device') on a CPU Trainer would crop in the training process "
-                    "(measured 0.35x the torchvision baseline on 2 cores); cropping in the loader workers instead "
+                    "(slower than the workers' crop: see the README's benchmark); cropping in the loader workers "
+                    "instead "
                     "(augment_on='workers'). augment_on='device' pays off on a GPU."
                 )
                 return "workers"

@@ -1,14 +1,14 @@
 """Decode an encoded image straight into a resized crop, spending as little as the crop allows.
 
-Measured on this project's 2-core machine (photo-like ~500x375 JPEGs, one core, see ``benchmarks/``):
+Why these paths (the figures are in the README's benchmark section, with their machine and date):
 
-- full decode: ``torchvision.io.decode_jpeg`` ~1,150 img/s, PIL ``open().convert()`` ~960, simplejpeg within
-  2% of ``decode_jpeg`` (its ``fastdct``/``fastupsample`` +7%); libjpeg-turbo's non-power-of-two scaled
-  decode (6/8, 5/8) is *slower* than full decode, only 1/2, 1/4, 1/8 are fast;
+- full decode: ``torchvision.io.decode_jpeg`` is a little faster than PIL ``open().convert()``; simplejpeg is no
+  faster than ``decode_jpeg``; libjpeg-turbo's non-power-of-two scaled decode (6/8, 5/8) is *slower* than a full
+  decode, only 1/2, 1/4, 1/8 are fast;
 - region-of-interest decode (``_jpegroi``, our small libjpeg-turbo extension: ``jpeg_crop_scanline`` +
-  ``jpeg_skip_scanlines``, stopping after the crop's last row) of ``RandomResizedCrop`` boxes: ~1.4x the
+  ``jpeg_skip_scanlines``, stopping after the crop's last row) of ``RandomResizedCrop`` boxes is faster than a
   full decode, since only the crop's rows and columns are inverse-DCT'd and colour-converted;
-- resize: torch's uint8 antialiased bilinear kernel on a channels-last view ~3x PIL's ``resize``.
+- resize: torch's uint8 antialiased bilinear kernel on a channels-last view is faster than PIL's ``resize``.
 
 So a JPEG crop is decoded by ``_jpegroi`` when it is built (falling back to ``decode_jpeg`` + slicing), except
 when the crop is at least twice the output: then PIL's ``draft`` decodes at 1/2, 1/4 or 1/8 scale in the DCT
