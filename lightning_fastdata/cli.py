@@ -8,10 +8,8 @@ files): ``--config imagefolder`` finds the shipped ``imagefolder.yaml`` from any
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-import traceback
 import warnings
 from pathlib import Path
 
@@ -23,7 +21,9 @@ from lightning_fastdata.bench import main as bench_main
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import ensure_demo_data
-from lightning_fastdata.diagnose import main as doctor_main
+from lightning_fastdata.diagnose.main import add_arguments as add_doctor_arguments
+from lightning_fastdata.diagnose.main import run as run_doctor
+from lightning_fastdata.errors import PathNotFoundError, UsageError
 from lightning_fastdata.loading.workers import resolve_num_workers
 from lightning_fastdata.measure import compare_folder_loaders
 from lightning_fastdata.models import ImageClassifier
@@ -32,7 +32,6 @@ __all__ = ["CONFIG_DIR", "ConfigNotFoundError", "FastDataCLI", "find_config", "m
 
 #: The configs shipped with the package (the repository's ``configs/`` is a copy, tested equal).
 CONFIG_DIR = Path(__file__).parent / "configs"
-_PACKAGE_DIR = str(Path(__file__).parent) + os.sep
 #: The model the demo trains when there is no GPU: small enough that training stays well under a minute.
 DEMO_CPU_ARCH = "mobilenet_v3_small"
 
@@ -42,7 +41,7 @@ def shipped_configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
-class ConfigNotFoundError(FileNotFoundError):
+class ConfigNotFoundError(PathNotFoundError):
     """A ``--config`` that is neither a file nor a shipped config's name."""
 
 
@@ -75,15 +74,14 @@ def _with_configs_found(argv: list[str]) -> list[str]:
     return out
 
 
-def _our_error(err: BaseException) -> BaseException | None:
-    """The exception in ``err``'s cause chain that our own code raised (its innermost frame is in the package)."""
+def _usage_error(err: BaseException) -> UsageError | None:
+    """The error our validation raised on purpose in ``err``'s cause chain, if any (see :mod:`..errors`)."""
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        frames = traceback.extract_tb(current.__traceback__)
-        if frames and frames[-1].filename.startswith(_PACKAGE_DIR):
+        if isinstance(current, UsageError):
             return current
+        seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
 
@@ -91,9 +89,9 @@ def _our_error(err: BaseException) -> BaseException | None:
 class FastDataCLI(LightningCLI):
     """LightningCLI with ``model.num_classes`` linked from the DataModule's ``num_classes``.
 
-    When a value fails the package's own validation (a missing folder, an impossible argument), the command
-    exits with that message alone (``error: ...``), not jsonargparse's listing of every Union subtype and
-    argument around it.
+    When a value fails the package's own validation (a :class:`~lightning_fastdata.errors.UsageError`: a missing
+    folder, an impossible argument), the command exits with that message alone (``error: ...``), not jsonargparse's
+    listing of every Union subtype and argument around it; any other error keeps its traceback.
     """
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse's parser type
@@ -101,79 +99,53 @@ class FastDataCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
 
     @override
+    def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - LightningCLI's types
+        """Parse ``args``: ``fastdata`` always passes them (its own parser split the command line first)."""
+        self.config = parser.parse_args(args)
+
+    @override
     def instantiate_classes(self) -> None:
-        """Build the classes; our validation errors become one clear message and exit status 2."""
+        """Build the classes; our validation errors become one clear message (exit status 1)."""
         try:
             super().instantiate_classes()
         except Exception as err:
-            ours = _our_error(err)
+            ours = _usage_error(err)
             if ours is None:
                 raise
-            print(f"fastdata {self.subcommand or ''}: error: {ours}".replace("  ", " "), file=sys.stderr)
-            raise SystemExit(2) from ours
+            raise SystemExit(f"fastdata {self.subcommand or ''}: error: {ours}".replace("  ", " ")) from ours
 
 
 def run_cli(args: list[str] | None = None) -> FastDataCLI:
     """Run LightningCLI over :class:`ImageClassifier` and any :class:`FastDataModule` subclass.
 
-    ``args`` (default: the command line) are handed over as the command line itself, not as LightningCLI's
-    ``args=`` (which warns that it is meant for calls from Python whenever the process has arguments too).
-    ``--config`` may name a shipped config (``--config imagefolder``).
+    ``args``: ``[subcommand, options...]`` (default: the command line after the program name). ``--config`` may
+    name a shipped config (``--config imagefolder``). ``sys.argv`` is never changed (a DDP launcher that
+    re-runs it resolves the same names).
+
+    Raises:
+        ConfigNotFoundError: If a ``--config`` is neither a file nor a shipped config.
     """
-    saved = sys.argv
-    argv = _with_configs_found(saved[1:] if args is None else args)
-    sys.argv = [saved[0] if saved else "fastdata", *argv]
-    try:
-        with warnings.catch_warnings():
-            # Lightning's CombinedLoader builds a torch pytree ``LeafSpec`` for every batch, which torch >= 2.10
-            # deprecates: not the user's code nor ours, and nothing they could change. Only in our command.
-            warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
-            return FastDataCLI(
-                ImageClassifier, FastDataModule, subclass_mode_data=True, save_config_kwargs={"overwrite": True}
-            )
-    finally:
-        sys.argv = saved
+    argv = _with_configs_found(sys.argv[1:] if args is None else args)
+    with warnings.catch_warnings():
+        # Lightning's CombinedLoader builds a torch pytree ``LeafSpec`` for every batch, which torch >= 2.10
+        # deprecates: not the user's code nor ours, and nothing they could change. Only in our command.
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
+        return FastDataCLI(
+            ImageClassifier,
+            FastDataModule,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            args=argv,
+        )
 
 
-def _make_data(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
-        prog="fastdata make-data",
-        description="Generate a photo-like JPEG folder (into a new or empty folder only).",
-        epilog="example: fastdata make-data data/fake --num-classes 4 --per-class 32",
-    )
-    parser.add_argument("root")
-    parser.add_argument("--num-classes", type=int, default=8)
-    parser.add_argument("--per-class", type=int, default=64)
-    parser.add_argument("--processes", type=int, default=2)
-    args = parser.parse_args(argv)
-    try:
-        ensure_demo_data(args.root, args.num_classes, args.per_class, args.processes, use_existing=False)
-    except (FileExistsError, NotADirectoryError) as err:
-        sys.exit(f"fastdata make-data: {err}")
+def _make_data(args: argparse.Namespace, rest: list[str]) -> None:
+    ensure_demo_data(args.root, args.num_classes, args.per_class, args.processes, use_existing=False)
 
 
-def _demo(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
-        prog="fastdata demo",
-        description=(
-            "Generate demo JPEGs, measure torchvision's loader against ours on them, then train briefly "
-            "(ResNet-18 on a GPU; a small model on a CPU). Other arguments go to `fastdata fit`."
-        ),
-        epilog="example: fastdata demo --trainer.max_epochs 1",
-    )
-    parser.add_argument("--root", default="data/demo", help="demo data folder (generated if missing)")
-    parser.add_argument("--config", default="demo", help="config for the training part (a path or shipped name)")
-    parser.add_argument("--num-classes", type=int, default=8, help="classes when generating")
-    parser.add_argument("--per-class", type=int, default=64, help="images per class when generating")
-    parser.add_argument(
-        "--seconds", type=float, default=3.0, help="each loader's timed run in the comparison (0: no comparison)"
-    )
-    args, rest = parser.parse_known_args(argv)
-    try:
-        config = find_config(args.config)
-        root = ensure_demo_data(args.root, args.num_classes, args.per_class)
-    except (FileNotFoundError, FileExistsError, NotADirectoryError) as err:
-        sys.exit(f"fastdata demo: {err}")
+def _demo(args: argparse.Namespace, rest: list[str]) -> None:
+    config = find_config(args.config)
+    root = ensure_demo_data(args.root, args.num_classes, args.per_class)
     comparison = None
     if args.seconds > 0:
         images = sum(1 for f in root.glob("*/*") if not f.name.startswith("."))
@@ -200,36 +172,100 @@ def _demo(argv: list[str]) -> None:
         print(comparison)
 
 
-def _config(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(
-        prog="fastdata config",
-        description="List the configs shipped with the package, or print one (to start your own from it).",
-        epilog="example: fastdata config imagefolder > my.yaml && fastdata fit --config my.yaml",
-    )
-    parser.add_argument("name", nargs="?", help="a shipped config's name; none: list them")
-    args = parser.parse_args(argv)
+def _config(args: argparse.Namespace, rest: list[str]) -> None:
     if args.name is None:
         for name in shipped_configs():
             first = (CONFIG_DIR / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ")
             print(f"{name:16s} {first}")
         print(f"\n(in {CONFIG_DIR}; `fastdata fit --config NAME` uses one from any directory)")
         return
-    try:
-        print(find_config(args.name).read_text(), end="")
-    except ConfigNotFoundError as err:
-        sys.exit(f"fastdata config: {err}")
+    print(find_config(args.name).read_text(), end="")
 
 
-def _convert(argv: list[str]) -> None:
+def _convert(args: argparse.Namespace, rest: list[str]) -> None:
+    dst = convert_folder_to_hdf5(
+        args.src,
+        args.dst,
+        mode=args.mode,
+        size=args.size,
+        processes=args.processes,
+        overwrite=args.overwrite,
+        max_side=args.max_side,
+        quality=args.quality,
+    )
+    print(f"fastdata convert: wrote {dst}")
+
+
+#: Subcommands whose options another parser reads: LightningCLI's, and the benchmark's.
+_PASS_THROUGH = ("fit", "validate", "test", "predict", "bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fastdata`` parser: one subcommand each, with its help and an example."""
     parser = argparse.ArgumentParser(
-        prog="fastdata convert",
+        prog="fastdata",
+        description="Fast input pipelines for PyTorch Lightning: train, measure, convert, diagnose.",
+        epilog="`fastdata COMMAND --help` shows a command's options and an example.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, what in (
+        ("fit", "LightningCLI: train (fastdata fit --config imagefolder --data.init_args.root DIR)"),
+        ("validate", "LightningCLI: validate a checkpoint"),
+        ("test", "LightningCLI: test a checkpoint"),
+        ("predict", "LightningCLI: predict with a checkpoint"),
+    ):
+        sub.add_parser(name, help=what, add_help=False)  # LightningCLI reads (and documents) the options
+    sub.add_parser("bench", help="our loaders vs torchvision's (fastdata bench --suites folder)", add_help=False)
+
+    demo = sub.add_parser(
+        "demo",
+        help="make demo JPEGs, time torchvision's loader vs ours, train briefly",
+        description=(
+            "Generate demo JPEGs, measure torchvision's loader against ours on them, then train briefly "
+            "(ResNet-18 on a GPU; a small model on a CPU). Other arguments go to `fastdata fit`."
+        ),
+        epilog="example: fastdata demo --trainer.max_epochs 1",
+    )
+    demo.add_argument("--root", default="data/demo", help="demo data folder (generated if missing)")
+    demo.add_argument("--config", default="demo", help="config for the training part (a path or shipped name)")
+    demo.add_argument("--num-classes", type=int, default=8, help="classes when generating")
+    demo.add_argument("--per-class", type=int, default=64, help="images per class when generating")
+    demo.add_argument(
+        "--seconds", type=float, default=3.0, help="each loader's timed run in the comparison (0: no comparison)"
+    )
+    demo.set_defaults(handler=_demo, takes_rest=True)
+
+    config = sub.add_parser(
+        "config",
+        help="list or print the shipped configs",
+        description="List the configs shipped with the package, or print one (to start your own from it).",
+        epilog="example: fastdata config imagefolder > my.yaml && fastdata fit --config my.yaml",
+    )
+    config.add_argument("name", nargs="?", help="a shipped config's name; none: list them")
+    config.set_defaults(handler=_config)
+
+    make = sub.add_parser(
+        "make-data",
+        help="write a photo-like JPEG folder",
+        description="Generate a photo-like JPEG folder (into a new or empty folder only).",
+        epilog="example: fastdata make-data data/fake --num-classes 4 --per-class 32",
+    )
+    make.add_argument("root")
+    make.add_argument("--num-classes", type=int, default=8)
+    make.add_argument("--per-class", type=int, default=64)
+    make.add_argument("--processes", type=int, default=2)
+    make.set_defaults(handler=_make_data)
+
+    convert = sub.add_parser(
+        "convert",
+        help="image folder -> one HDF5 file",
         description="Convert an image folder.",
         epilog="examples: fastdata convert hdf5 --src data/demo --dst data/demo.h5 --mode raw --size 160\n"
         "          fastdata convert hdf5 --src data/demo --dst data/demo-256.h5 --max-side 256  # compact",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="target", required=True)
-    h5 = sub.add_parser("hdf5", help="write one HDF5 file (see HDF5Dataset for the layout)")
+    targets = convert.add_subparsers(dest="target", required=True)
+    h5 = targets.add_parser("hdf5", help="write one HDF5 file (see HDF5Dataset for the layout)")
     h5.add_argument("--src", required=True, help="image folder: SRC/<class>/<image>")
     h5.add_argument("--dst", required=True, help="output .h5 file (written atomically)")
     h5.add_argument("--mode", choices=["encoded", "raw"], default="encoded")
@@ -243,59 +279,40 @@ def _convert(argv: list[str]) -> None:
     h5.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (--max-side)")
     h5.add_argument("--processes", type=int, default=None)
     h5.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
-    args = parser.parse_args(argv)
-    try:
-        dst = convert_folder_to_hdf5(
-            args.src,
-            args.dst,
-            mode=args.mode,
-            size=args.size,
-            processes=args.processes,
-            overwrite=args.overwrite,
-            max_side=args.max_side,
-            quality=args.quality,
-        )
-    except (FileExistsError, FileNotFoundError, OSError, ValueError) as err:
-        sys.exit(f"fastdata convert: {err}")
-    print(f"fastdata convert: wrote {dst}")
+    h5.set_defaults(handler=_convert)
 
-
-COMMANDS = """usage: fastdata COMMAND [options]
-
-commands:
-  fit, validate, test, predict  LightningCLI: train or evaluate     fastdata fit --config imagefolder
-  demo                          measure loaders, then train briefly fastdata demo
-  config                        list or print the shipped configs   fastdata config imagefolder
-  make-data                     write a photo-like JPEG folder      fastdata make-data data/fake
-  convert                       image folder -> one HDF5 file       fastdata convert hdf5 --src DIR --dst F.h5
-  bench                         our loaders vs torchvision's        fastdata bench --suites folder
-  doctor                        measure your data, recommend setup  fastdata doctor data/train --step-ms 120
-
-`fastdata COMMAND --help` shows a command's options."""
+    doctor = sub.add_parser(
+        "doctor",
+        help="measure your data, recommend a setup (fastdata doctor data/train --step-ms 120)",
+        description="Measure your data and this machine (read-only), and recommend the fastest DataModule.",
+        epilog="example: fastdata doctor data/train --devices 8 --step-ms 120 --write-config fast.yaml",
+    )
+    add_doctor_arguments(doctor)
+    doctor.set_defaults(handler=lambda args, rest: run_doctor(args))
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``fastdata`` console script."""
+    """Entry point of the ``fastdata`` console script.
+
+    An error our validation raises on purpose (:class:`~lightning_fastdata.errors.UsageError`) ends the command
+    with its message alone (``fastdata COMMAND: error: ...``, exit status 1; a command line argparse cannot parse
+    exits with 2); any other error is a bug and keeps its traceback.
+    """
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help"):
-        print(COMMANDS)
-    elif argv[0] == "bench":
-        bench_main(argv[1:])
-    elif argv[0] == "convert":
-        _convert(argv[1:])
-    elif argv[0] == "demo":
-        _demo(argv[1:])
-    elif argv[0] == "config":
-        _config(argv[1:])
-    elif argv[0] == "doctor":
-        doctor_main(argv[1:])
-    elif argv[0] == "make-data":
-        _make_data(argv[1:])
-    else:
-        try:
-            run_cli(argv)
-        except ConfigNotFoundError as err:
-            sys.exit(f"fastdata {argv[0]}: error: {err}")
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        if args.command == "bench":
+            bench_main(rest)
+        elif args.command in _PASS_THROUGH:
+            run_cli([args.command, *rest])
+        else:
+            if rest and not getattr(args, "takes_rest", False):
+                parser.error(f"unrecognized arguments: {' '.join(rest)}")
+            args.handler(args, rest)
+    except UsageError as err:
+        raise SystemExit(f"fastdata {args.command}: error: {err}") from err
 
 
 if __name__ == "__main__":

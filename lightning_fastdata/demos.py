@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from lightning_fastdata.errors import NotAFolderError, PathExistsError
 from lightning_fastdata.loading.atomic import atomic_write_bytes
 
 __all__ = ["ensure_demo_data", "make_image_folder", "photo_like_image"]
@@ -108,13 +109,13 @@ def ensure_demo_data(
     if (path / _DONE).exists():
         return path
     if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"{str(path)!r} is a file; pass a folder to generate the images in.")
+        raise NotAFolderError(f"{str(path)!r} is a file; pass a folder to generate the images in.")
     ours = (path / _GENERATING).exists()
     if path.exists() and not ours and any(path.iterdir()):
         if use_existing:
             print(f"fastdata: using the existing folder {path} as it is (read-only; nothing is generated in it).")
             return path
-        raise FileExistsError(
+        raise PathExistsError(
             f"{str(path)!r} exists and is not empty; fastdata never writes into a folder it did not create. "
             "Choose a new or empty folder."
         )

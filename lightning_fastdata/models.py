@@ -10,6 +10,7 @@ from lightning.pytorch import LightningModule
 from torch import nn
 from typing_extensions import override
 
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 
 __all__ = ["ImageClassifier"]
@@ -42,9 +43,9 @@ class ImageClassifier(LightningModule):
     ) -> None:
         super().__init__()
         if num_classes <= 0:
-            raise ValueError(f"num_classes should be a positive int, got {num_classes!r}.")
+            raise InvalidValueError(f"num_classes should be a positive int, got {num_classes!r}.")
         if arch not in torchvision.models.list_models(module=torchvision.models):
-            raise ValueError(f"arch {arch!r} is not a torchvision classification model; try 'resnet18'.")
+            raise InvalidValueError(f"arch {arch!r} is not a torchvision classification model; try 'resnet18'.")
         save_init_hparams(self)
         self.model: nn.Module = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
         if channels_last:

@@ -279,7 +279,8 @@ def test_read_only_file_systems_and_permission_errors(tmp_path: Path) -> None:
     assert str(ro_scratch) in out["ro_scratch"]["error"]
     locked_error = out["locked"]["error"]
     assert (
-        locked_error.startswith("fastdata doctor: No permission to read") and str(locked / "class_001") in locked_error
+        locked_error.startswith("fastdata doctor: error: No permission to read")
+        and str(locked / "class_001") in locked_error
     )
     assert snapshot(data) == before
 

@@ -10,6 +10,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.meter import DataWaitMeter, DataWaitStats
 
 __all__ = ["DataWaitMonitor"]
@@ -50,9 +51,9 @@ class DataWaitMonitor(Callback):
         self, log_every_n_steps: int | None = None, warn_threshold: float = 0.2, print_summary: bool = False
     ) -> None:
         if log_every_n_steps is not None and log_every_n_steps < 1:
-            raise ValueError(f"log_every_n_steps should be a positive int or None, got {log_every_n_steps!r}.")
+            raise InvalidValueError(f"log_every_n_steps should be a positive int or None, got {log_every_n_steps!r}.")
         if not 0 < warn_threshold < 1:
-            raise ValueError(f"warn_threshold should be in (0, 1), got {warn_threshold!r}.")
+            raise InvalidValueError(f"warn_threshold should be in (0, 1), got {warn_threshold!r}.")
         self.log_every_n_steps = log_every_n_steps
         self.warn_threshold = warn_threshold
         self.print_summary = print_summary

@@ -16,6 +16,7 @@ from typing_extensions import override
 
 from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_intervals
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.collate import collate_prebatched
 from lightning_fastdata.loading.loaders import PrefetchingDataLoader
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
@@ -98,25 +99,27 @@ class FastDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         if image_size <= 0:
-            raise ValueError(f"image_size should be a positive int, got {image_size!r}.")
+            raise InvalidValueError(f"image_size should be a positive int, got {image_size!r}.")
         if not 0 <= val_fraction < 1:
-            raise ValueError(f"val_fraction should be in [0, 1), got {val_fraction!r}.")
+            raise InvalidValueError(f"val_fraction should be in [0, 1), got {val_fraction!r}.")
         if not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}.")
+            raise InvalidValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size!r}."
+            )
         resolve_num_workers(num_workers)  # validates; resolved again once the Trainer's device count is known
         if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError(
+            raise InvalidValueError(
                 f"prefetch_factor={prefetch_factor!r} needs worker processes; use num_workers > 0 or leave "
                 "prefetch_factor unset."
             )
         if num_workers == 0 and persistent_workers:
-            raise ValueError("persistent_workers=True needs worker processes; use num_workers > 0.")
+            raise InvalidValueError("persistent_workers=True needs worker processes; use num_workers > 0.")
         if prefetch_factor is not None and prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor should be a positive int, got {prefetch_factor!r}.")
+            raise InvalidValueError(f"prefetch_factor should be a positive int, got {prefetch_factor!r}.")
         if block_shuffle is not None and block_shuffle < 1:
-            raise ValueError(f"block_shuffle should be a positive int or None, got {block_shuffle!r}.")
+            raise InvalidValueError(f"block_shuffle should be a positive int or None, got {block_shuffle!r}.")
         if snapshot_every_n_steps is not None and snapshot_every_n_steps < 1:
-            raise ValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
+            raise InvalidValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
         self.val_fraction = val_fraction
         # What every image dataset of the package takes; validated again (with messages) by the datasets.
         self.dataset_kwargs: dict[str, Any] = dict(

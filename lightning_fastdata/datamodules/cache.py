@@ -20,6 +20,7 @@ from lightning_fastdata.datasets.cache import (
     open_tensor_cache,
 )
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.device_augment import crop_resize_flip
 
@@ -82,7 +83,7 @@ class TensorCacheDataModule(FastDataModule):
         **kwargs: Any,
     ) -> None:
         if kwargs.get("on_corrupt", "raise") != "raise":
-            raise ValueError(
+            raise InvalidValueError(
                 f"TensorCacheDataModule does not take on_corrupt={kwargs['on_corrupt']!r}: the cache build stops at "
                 "the first corrupt image and names it (replace or remove it, then build again); the cache itself "
                 "holds no corrupt images."
@@ -91,18 +92,18 @@ class TensorCacheDataModule(FastDataModule):
         save_init_hparams(self)
         check_augment_on(augment_on)
         if storage not in ("raw", "jpeg"):
-            raise ValueError(f"storage should be 'raw' or 'jpeg', got {storage!r}.")
+            raise InvalidValueError(f"storage should be 'raw' or 'jpeg', got {storage!r}.")
         if storage == "jpeg" and augment_on == "device":
-            raise ValueError(
+            raise InvalidValueError(
                 "storage='jpeg' decodes each crop in the loader workers; augment_on='device' needs storage='raw' "
                 "(the device crops uint8 squares)."
             )
         check_verify_source(verify_source)
         if not 1 <= quality <= 100:
-            raise ValueError(f"quality should be 1..100 (JPEG quality), got {quality!r}.")
+            raise InvalidValueError(f"quality should be 1..100 (JPEG quality), got {quality!r}.")
         image_size = self.dataset_kwargs["image_size"]
         if cache_size < image_size:
-            raise ValueError(
+            raise InvalidValueError(
                 f"cache_size={cache_size!r} is smaller than image_size={image_size!r}; crops would be upscaled. "
                 "Use cache_size >= image_size (e.g. 256 for 224)."
             )

@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.folder import ImageFolderDataset
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.index import FileIndex, contains_path, find_classes
 from lightning_fastdata.loading.index_store import indexed_folder
@@ -49,7 +50,7 @@ class FolderSource:
                 and data is not None
                 and contains_path(os.path.realpath(data), os.path.realpath(self.index_dir))
             ):
-                raise ValueError(
+                raise InvalidValueError(
                     f"index_dir={self.index_dir!r} is inside the data folder {data!r}, which lightning_fastdata never "
                     "writes to; choose a folder outside it (e.g. a cache folder on the node's local disk)."
                 )
@@ -57,7 +58,7 @@ class FolderSource:
         if self.val_root is not None:
             val_classes = find_classes(self.val_root)
             if val_classes != self.classes:
-                raise ValueError(
+                raise InvalidValueError(
                     f"val_root {self.val_root!r} has class folders {list(val_classes)} but root {self.root!r} has "
                     f"{list(self.classes)}; both need the same class folders."
                 )

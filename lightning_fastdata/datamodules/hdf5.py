@@ -10,6 +10,7 @@ from torch.utils.data import Dataset
 
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset, Layout, inspect_hdf5
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 
 __all__ = ["HDF5DataModule"]
@@ -61,7 +62,7 @@ class HDF5DataModule(FastDataModule):
             val = inspect_hdf5(self.val_path, images_key, labels_key, layout, offsets_key, locking)
             bad = np.flatnonzero(val.labels >= len(self.classes))
             if bad.size:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{self.val_path!r}[{labels_key!r}][{bad[0]}] = {val.labels[bad[0]]} is out of range for the "
                     f"{len(self.classes)} classes of the training file {self.path!r} ({bad.size} such labels); the "
                     "validation file must use the training file's labels."

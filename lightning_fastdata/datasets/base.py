@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.collate import empty_image_batch
 from lightning_fastdata.loading.decode import (
     Box,
@@ -72,15 +73,15 @@ class AugmentedImageDataset(Dataset):
         on_corrupt: Literal["raise", "skip"] = "raise",
     ) -> None:
         if image_size <= 0:
-            raise ValueError(f"image_size should be a positive int, got {image_size!r}.")
+            raise InvalidValueError(f"image_size should be a positive int, got {image_size!r}.")
         if not (0 < scale[0] <= scale[1] <= 1):
-            raise ValueError(f"scale should satisfy 0 < min <= max <= 1, got {scale!r}.")
+            raise InvalidValueError(f"scale should satisfy 0 < min <= max <= 1, got {scale!r}.")
         if not (0 < ratio[0] <= ratio[1]):
-            raise ValueError(f"ratio should satisfy 0 < min <= max, got {ratio!r}.")
+            raise InvalidValueError(f"ratio should satisfy 0 < min <= max, got {ratio!r}.")
         if not 0 < crop_fraction <= 1:
-            raise ValueError(f"crop_fraction should be in (0, 1], got {crop_fraction!r}.")
+            raise InvalidValueError(f"crop_fraction should be in (0, 1], got {crop_fraction!r}.")
         if on_corrupt not in ("raise", "skip"):
-            raise ValueError(f"on_corrupt should be 'raise' or 'skip', got {on_corrupt!r}.")
+            raise InvalidValueError(f"on_corrupt should be 'raise' or 'skip', got {on_corrupt!r}.")
         self.train = train
         self.image_size = image_size
         self.scale = (float(scale[0]), float(scale[1]))
@@ -180,7 +181,7 @@ class AugmentedImageDataset(Dataset):
     def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
         images, labels = self.__getitems__([key])
         if len(labels) == 0:
-            raise OSError(f"{self.describe(self._plan(key)[0])} is corrupt and was skipped (on_corrupt='skip').")
+            raise DataError(f"{self.describe(self._plan(key)[0])} is corrupt and was skipped (on_corrupt='skip').")
         return images[0], int(labels[0])
 
     def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, torch.Tensor]:

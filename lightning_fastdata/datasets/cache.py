@@ -39,6 +39,7 @@ from lightning_fastdata.datasets.cache_manifest import (
     open_tensor_cache,
     write_manifest,
 )
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
 from lightning_fastdata.loading.collate import empty_image_batch
 from lightning_fastdata.loading.decode import random_resized_crop_box
@@ -64,7 +65,7 @@ def check_augment_on(augment_on: str) -> None:
         ValueError: If it is neither ``"workers"`` nor ``"device"``.
     """
     if augment_on not in ("workers", "device"):
-        raise ValueError(f"augment_on should be 'workers' or 'device', got {augment_on!r}.")
+        raise InvalidValueError(f"augment_on should be 'workers' or 'device', got {augment_on!r}.")
 
 
 class TensorCacheDataset(AugmentedImageDataset):

@@ -34,6 +34,7 @@ from lightning_fastdata.datasets.cache_manifest import (
 )
 from lightning_fastdata.datasets.cache_source import fingerprint, folders_unchanged, source_record
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
+from lightning_fastdata.errors import AccessError, DataError, InvalidValueError
 from lightning_fastdata.loading.decode import decode_center_crop
 from lightning_fastdata.loading.index import FileIndex
 
@@ -79,7 +80,7 @@ def _open_array_for_writing(path: Path, shape: tuple[int, ...], resume: bool) ->
             os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
         except OSError as err:
             del images
-            raise OSError(
+            raise DataError(
                 f"Cannot reserve {os.path.getsize(path) / 1e9:.2f} GB for the tensor cache file {str(path)!r}: "
                 f"{err.strerror}. Free space on that disk, lower cache_size, or choose another cache_dir."
             ) from err
@@ -99,7 +100,7 @@ def check_verify_source(verify_source: str) -> None:
         ValueError: If it is neither ``"files"`` nor ``"folders"``.
     """
     if verify_source not in ("files", "folders"):
-        raise ValueError(
+        raise InvalidValueError(
             f"verify_source should be 'files' (stat every source file) or 'folders' (the file list and its "
             f"folders' mtimes), got {verify_source!r}."
         )
@@ -166,16 +167,14 @@ def build_tensor_cache(
             _record_source(cache_dir, params, record)
         return cache_dir
     if read_only:
-        raise ValueError(
+        raise InvalidValueError(
             f"Tensor cache {str(cache_dir)!r} is not usable ({why}) and read_only=True; run once with "
             "read_only=False to (re)build it, or point cache_dir at a current cache."
         )
     parent = cache_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
     if not os.access(parent, os.W_OK):
-        raise PermissionError(
-            f"Cannot write the tensor cache: {str(parent)!r} is not writable. Choose another cache_dir."
-        )
+        raise AccessError(f"Cannot write the tensor cache: {str(parent)!r} is not writable. Choose another cache_dir.")
     with _locked(parent / f"{cache_dir.name}.lock"):
         current, why = cache_is_current(cache_dir, params)  # another builder may have finished meanwhile
         if current:
@@ -211,7 +210,7 @@ def build_tensor_cache(
             needed = raw_bytes // (5 if storage == "jpeg" else 1) + (1 << 20)  # JPEG q90: ~1/6 to 1/10 of raw
             free = shutil.disk_usage(parent).free
             if free < needed:
-                raise OSError(
+                raise DataError(
                     f"Not enough disk space for the tensor cache in {str(parent)!r}: it needs {needed / 1e9:.2f} GB, "
                     f"{free / 1e9:.2f} GB are free. Free space, lower cache_size, or choose another cache_dir."
                 )

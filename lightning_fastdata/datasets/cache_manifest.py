@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.atomic import atomic_write_text
 
 __all__ = [
@@ -70,13 +71,13 @@ def read_manifest(cache_dir: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:
-        raise OSError(
+        raise DataError(
             f"Cache manifest {str(cache_dir / 'manifest.json')!r} is unreadable ({err}); delete "
             f"{str(cache_dir)!r} to rebuild the cache."
         ) from err
     version = int(manifest.get("format_version", 0))
     if version > CACHE_FORMAT_VERSION:
-        raise ValueError(
+        raise InvalidValueError(
             f"Cache {str(cache_dir)!r} has format_version={version}, newer than this package reads "
             f"({CACHE_FORMAT_VERSION}); upgrade lightning-fastdata or delete the cache to rebuild it."
         )
@@ -130,7 +131,7 @@ def open_jpeg_cache(cache_dir: str | os.PathLike[str], split: Literal["train", "
     cache_dir = Path(cache_dir)
     manifest = read_manifest(cache_dir)
     if manifest is None or manifest["params"].get("storage") != "jpeg":
-        raise FileNotFoundError(
+        raise PathNotFoundError(
             f"No complete JPEG tensor cache in {str(cache_dir)!r}; build it with TensorCacheDataModule("
             "storage='jpeg').prepare_data() (the Trainer calls it)."
         )
@@ -138,7 +139,7 @@ def open_jpeg_cache(cache_dir: str | os.PathLike[str], split: Literal["train", "
         return None
     path = cache_dir / f"{split}.h5"
     if not path.exists():
-        raise OSError(f"{str(path)!r} is missing from the cache; delete {str(cache_dir)!r} to rebuild it.")
+        raise DataError(f"{str(path)!r} is missing from the cache; delete {str(cache_dir)!r} to rebuild it.")
     return str(path)
 
 
@@ -153,7 +154,7 @@ def open_tensor_cache(cache_dir: str | os.PathLike[str], split: Literal["train",
     cache_dir = Path(cache_dir)
     manifest = read_manifest(cache_dir)
     if manifest is None:
-        raise FileNotFoundError(
+        raise PathNotFoundError(
             f"No complete tensor cache in {str(cache_dir)!r}; build it with TensorCacheDataModule.prepare_data() "
             "(the Trainer calls it)."
         )
@@ -162,13 +163,13 @@ def open_tensor_cache(cache_dir: str | os.PathLike[str], split: Literal["train",
         images = np.load(path, mmap_mode="r")
         labels = np.load(cache_dir / f"{split}_labels.npy")
     except (OSError, ValueError) as err:
-        raise OSError(
+        raise DataError(
             f"Tensor cache file in {str(cache_dir)!r} is missing, truncated or corrupt ({err}); delete "
             f"{str(cache_dir)!r} to rebuild the cache."
         ) from err
     count = manifest["counts"][split]
     if images.dtype != np.uint8 or images.ndim != 4 or len(images) != count or len(labels) != count:
-        raise OSError(
+        raise DataError(
             f"{str(path)!r} does not match the manifest ({count} images expected, found shape {images.shape}); "
             f"delete {str(cache_dir)!r} to rebuild the cache."
         )

@@ -15,6 +15,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from lightning_fastdata.datasets.hdf5 import FORMAT_VERSION, inspect_hdf5
+from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError
 from lightning_fastdata.loading.atomic import atomic_path, side_path
 from lightning_fastdata.loading.decode import decode_center_crop
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
@@ -31,7 +32,7 @@ def _read_verified(path: str) -> bytes:
         with Image.open(io.BytesIO(data)) as img:
             img.load()
     except Exception as err:  # PIL raises several types for broken files
-        raise OSError(f"Cannot convert {path!r}: {err}. Replace or remove the file, then run again.") from err
+        raise DataError(f"Cannot convert {path!r}: {err}. Replace or remove the file, then run again.") from err
     return data
 
 
@@ -49,7 +50,7 @@ def _reencode(args: tuple[str, int, int]) -> bytes:
                 img.draft("RGB", (img.size[0] * max_side // short, img.size[1] * max_side // short))
             rgb = img.convert("RGB")
     except Exception as err:  # PIL raises several types for broken files
-        raise OSError(f"Cannot convert {path!r}: {err}. Replace or remove the file, then run again.") from err
+        raise DataError(f"Cannot convert {path!r}: {err}. Replace or remove the file, then run again.") from err
     short = min(rgb.size)
     if short > max_side:
         w, h = rgb.size
@@ -138,16 +139,16 @@ def convert_folder_to_hdf5(
     import h5py
 
     if mode not in ("encoded", "raw"):
-        raise ValueError(f"mode should be 'encoded' or 'raw', got {mode!r}.")
+        raise InvalidValueError(f"mode should be 'encoded' or 'raw', got {mode!r}.")
     if size <= 0:
-        raise ValueError(f"size should be a positive int, got {size!r}.")
+        raise InvalidValueError(f"size should be a positive int, got {size!r}.")
     if max_side is not None and (mode != "encoded" or max_side <= 0):
-        raise ValueError(f"max_side={max_side!r} needs mode='encoded' and a positive int (the shorter side).")
+        raise InvalidValueError(f"max_side={max_side!r} needs mode='encoded' and a positive int (the shorter side).")
     if not 1 <= quality <= 100:
-        raise ValueError(f"quality should be 1..100 (JPEG quality), got {quality!r}.")
+        raise InvalidValueError(f"quality should be 1..100 (JPEG quality), got {quality!r}.")
     dst = Path(dst)
     if dst.exists() and not overwrite:
-        raise FileExistsError(f"{str(dst)!r} exists; pass overwrite=True (--overwrite) to replace it.")
+        raise PathExistsError(f"{str(dst)!r} exists; pass overwrite=True (--overwrite) to replace it.")
     index = src if isinstance(src, FileIndex) else scan_image_folder(os.fspath(src))
     paths = [index.path(i) for i in range(len(index))]
     processes = processes or CpuBudget.detect().usable
@@ -179,7 +180,7 @@ def convert_folder_to_hdf5(
                     results: Iterator = pool.imap(_read_verified, paths, chunksize=8)
                     for i, data in enumerate(results):
                         if len(data) != sizes[i]:
-                            raise OSError(f"{paths[i]!r} changed size during the conversion; run it again.")
+                            raise DataError(f"{paths[i]!r} changed size during the conversion; run it again.")
                         blob[offsets[i] : offsets[i + 1]] = np.frombuffer(data, dtype=np.uint8)
                         bar.update()
                 else:
@@ -191,5 +192,5 @@ def convert_folder_to_hdf5(
                         bar.update()
         check = inspect_hdf5(str(tmp))  # re-open and validate before the file gets its real name
         if len(check.labels) != len(paths) or check.mmap_offset is None:
-            raise OSError(f"Verification of {str(tmp)!r} failed; nothing was written to {str(dst)!r}.")
+            raise DataError(f"Verification of {str(tmp)!r} failed; nothing was written to {str(dst)!r}.")
     return dst

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
+from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
 
 __all__ = ["FORMAT_VERSION", "HDF5Dataset", "HDF5Layout", "inspect_hdf5", "open_hdf5"]
@@ -79,7 +80,7 @@ def open_hdf5(path: str, locking: bool | None = None, **kwargs: Any) -> Any:
             )
         else:
             hint = "check that it is a complete, readable HDF5 file"
-        raise OSError(f"Cannot open HDF5 file {path!r}: {text}; {hint}.") from err
+        raise DataError(f"Cannot open HDF5 file {path!r}: {text}; {hint}.") from err
 
 
 @dataclass(frozen=True)
@@ -138,28 +139,28 @@ def inspect_hdf5(
     h5py = _h5py()
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"HDF5 file {path!r} does not exist.")
+        raise PathNotFoundError(f"HDF5 file {path!r} does not exist.")
     if not _is_hdf5(path):
-        raise ValueError(
+        raise InvalidValueError(
             f"{path!r} is not an HDF5 file. Convert an image folder with `fastdata convert hdf5 --src DIR --dst FILE`."
         )
     signature = MappedFile.signature(path)
     with open_hdf5(path, locking) as f:
         version = int(f.attrs.get("fastdata_format", 0))
         if version > FORMAT_VERSION:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{path!r} has fastdata_format={version}, newer than this package reads ({FORMAT_VERSION}); "
                 "upgrade lightning-fastdata."
             )
         for key in (images_key, labels_key):
             if key not in f or not isinstance(f[key], h5py.Dataset):
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path!r} has no dataset {key!r} (found: {sorted(f.keys())}); name yours with images_key= and "
                     "labels_key=."
                 )
         images, labels_ds = f[images_key], f[labels_key]
         if labels_ds.ndim != 1 or labels_ds.dtype.kind not in "iu":
-            raise ValueError(
+            raise InvalidValueError(
                 f"{path!r}[{labels_key!r}] should be a 1-D integer dataset, got shape {labels_ds.shape} "
                 f"dtype {labels_ds.dtype}."
             )
@@ -175,7 +176,7 @@ def inspect_hdf5(
             elif images.ndim == 4 and images.shape[1] == 3:
                 kind = "chw"
             else:
-                raise ValueError(
+                raise InvalidValueError(
                     f"Cannot tell the layout of {path!r}[{images_key!r}] (shape {images.shape}, dtype {images.dtype}); "
                     "expected encoded bytes (vlen uint8, or a uint8 blob plus an offsets dataset) or a 4-D array "
                     "N x H x W x 3 or N x 3 x H x W. Pass layout= explicitly."
@@ -186,31 +187,33 @@ def inspect_hdf5(
         if kind == "encoded":
             if vlen_base is not None:
                 if vlen_base != np.uint8 or images.ndim != 1:
-                    raise ValueError(f"{path!r}[{images_key!r}]: encoded images should be vlen uint8, got {vlen_base}.")
+                    raise InvalidValueError(
+                        f"{path!r}[{images_key!r}]: encoded images should be vlen uint8, got {vlen_base}."
+                    )
                 n = images.shape[0]
             elif has_offsets:
                 offsets = f[offsets_key]
                 if offsets.ndim != 1 or offsets.shape[0] < 1:
-                    raise ValueError(f"{path!r}[{offsets_key!r}] should be a 1-D array of N + 1 byte offsets.")
+                    raise InvalidValueError(f"{path!r}[{offsets_key!r}] should be a 1-D array of N + 1 byte offsets.")
                 n = offsets.shape[0] - 1
                 offsets_name = offsets_key
             else:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path!r}[{images_key!r}] (shape {images.shape}, dtype {images.dtype}) is not encoded bytes: "
                     f"expected vlen uint8, or a 1-D uint8 blob with an {offsets_key!r} dataset."
                 )
         else:
             channel_axis = -1 if kind == "hwc" else 1
             if images.ndim != 4 or images.shape[channel_axis] != 3:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path!r}[{images_key!r}] has shape {images.shape}; layout={kind!r} expects "
                     f"{'N x H x W x 3' if kind == 'hwc' else 'N x 3 x H x W'}."
                 )
             if images.dtype not in (np.uint8, np.float32, np.float16, np.float64):
-                raise ValueError(f"{path!r}[{images_key!r}] has dtype {images.dtype}; expected uint8 or float.")
+                raise InvalidValueError(f"{path!r}[{images_key!r}] has dtype {images.dtype}; expected uint8 or float.")
             n = images.shape[0]
         if n != len(labels):
-            raise ValueError(
+            raise InvalidValueError(
                 f"{path!r}: {n} images but {len(labels)} labels in {labels_key!r}; they must have the same length."
             )
         classes_attr = f.attrs.get("classes", None)
@@ -218,7 +221,7 @@ def inspect_hdf5(
         num_classes = len(classes) if classes is not None else int(labels.max(initial=-1)) + 1
         bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
         if bad.size:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{path!r}[{labels_key!r}][{bad[0]}] = {labels[bad[0]]} is out of range [0, {num_classes}) "
                 f"({bad.size} such labels)."
             )
@@ -295,7 +298,7 @@ class HDF5Dataset(AugmentedImageDataset):
     ) -> None:
         super().__init__(**kwargs)
         if layout not in ("auto", "encoded", "hwc", "chw"):
-            raise ValueError(f"layout should be 'auto', 'encoded', 'hwc' or 'chw', got {layout!r}.")
+            raise InvalidValueError(f"layout should be 'auto', 'encoded', 'hwc' or 'chw', got {layout!r}.")
         if isinstance(path, HDF5Layout):
             self.layout = path  # already inspected (the DataModule inspects a file once for both of its splits)
         else:

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from lightning_fastdata.datasets.hdf5 import HDF5Layout, inspect_hdf5, open_hdf5
+from lightning_fastdata.errors import AccessError, DataError
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
 from lightning_fastdata.measure import decode_ceiling
 
@@ -91,7 +92,7 @@ def read_rate(paths: list[str], evict: bool, limit: int | None = None) -> float:
 def permission_error(path: str, err: OSError) -> OSError:
     """Name the file and the fix for a permission error met while listing or reading the data."""
     if isinstance(err, PermissionError):
-        return PermissionError(
+        return AccessError(
             f"No permission to read {err.filename or path!r} (under {path!r}). Run the doctor as the user that trains, "
             "or make the data readable (e.g. chmod -R a+rX on it)."
         )
@@ -139,7 +140,7 @@ def _read_files(paths: list[str]) -> Iterator[tuple[str, bytes | None]]:
 def _too_few(path: str, sampled: int, corrupt: list[str], unreadable: list[str]) -> OSError:
     if unreadable and len(unreadable) >= len(corrupt):
         return permission_error(path, PermissionError(errno.EACCES, "Permission denied", unreadable[0]))
-    return OSError(
+    return DataError(
         f"{len(corrupt)} of the {sampled} sampled images in {path!r} are corrupt (e.g. {corrupt[0]!r}); "
         "too few decode to measure anything. Check the files."
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_fastdata.diagnose.probe import PERCENTILES, DataProbe
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_write_text
 from lightning_fastdata.loading.index import contains_path
 
@@ -162,7 +163,7 @@ def check_config_path(data: str, config: str) -> None:
     """
     real, out = os.path.realpath(data), os.path.realpath(config)
     if (os.path.isdir(real) and contains_path(real, out)) or out == real:
-        raise ValueError(
+        raise InvalidValueError(
             f"Refusing to write the config {config!r} into the data {data!r}: the doctor never writes into your "
             "data. Pass --write-config a path outside it."
         )

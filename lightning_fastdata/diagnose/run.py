@@ -19,6 +19,7 @@ from lightning_fastdata.diagnose.probe import permission_error, probe_folder, pr
 from lightning_fastdata.diagnose.report import DoctorReport, Option
 from lightning_fastdata.diagnose.timing import Budget, rank_share, sweep_counts
 from lightning_fastdata.diagnose.verdict import choose_option, choose_workers, expected_rate, wait_fraction
+from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
 
@@ -37,7 +38,7 @@ def _scratch(scratch_dir: str | None) -> Iterator[Path]:
         tmp = tempfile.TemporaryDirectory(prefix="fastdata-doctor-", dir=scratch_dir)
     except OSError as err:
         reason = "read-only file system" if err.errno == errno.EROFS else (err.strerror or str(err))
-        raise OSError(
+        raise DataError(
             f"Cannot create a scratch directory in {where!r} ({reason}): the doctor builds the sample's caches there "
             "and removes them. Pass --scratch-dir DIR (scratch_dir=) or set TMPDIR to a writable local directory."
         ) from err
@@ -88,13 +89,13 @@ def doctor(
     """
     start_all = time.perf_counter()
     if devices < 1 or batch_size < 1 or image_size < 8 or seconds <= 0 or sample < 8:
-        raise ValueError(
+        raise InvalidValueError(
             f"Impossible arguments: devices={devices}, batch_size={batch_size}, image_size={image_size}, "
             f"seconds={seconds}, sample={sample} (need devices, batch_size >= 1, image_size >= 8, seconds > 0, "
             "sample >= 8)."
         )
     if not os.path.exists(path):
-        raise FileNotFoundError(
+        raise PathNotFoundError(
             f"{path!r} does not exist. Pass an image folder (root/<class>/<image>) or an HDF5 file."
         )
     cpus = CpuBudget.detect()

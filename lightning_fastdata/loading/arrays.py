@@ -8,6 +8,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from lightning_fastdata.errors import DataError
+
 __all__ = ["MappedFile", "gather_hwc"]
 
 
@@ -44,7 +46,7 @@ class MappedFile:
         """Raise ``OSError`` if the mapped file was truncated or rewritten since its signature was taken."""
         st = os.fstat(self.fd)
         if (st.st_size, st.st_mtime_ns) != self.expected:
-            raise OSError(
+            raise DataError(
                 f"{self.what} {self.path!r} changed on disk while it is being read (size {self.expected[0]} -> "
                 f"{st.st_size} bytes, or rewritten in place). Reading on would crash the process (SIGBUS) or mix old "
                 "and new data. Do not modify it during training: write a new file and rename it over the old one, "

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from lightning_fastdata.errors import DataError, InvalidValueError
+
 __all__ = [
     "Box",
     "center_crop_box",
@@ -140,13 +142,13 @@ def _check_box(box: Box, width: int, height: int) -> None:
     """A crop box outside the image is a bug in the caller, never a corrupt file: ``ValueError``."""
     top, left, h, w = box
     if top < 0 or left < 0 or h <= 0 or w <= 0 or top + h > height or left + w > width:
-        raise ValueError(f"crop box outside the image: {box} (top, left, h, w) in a {width} x {height} image")
+        raise InvalidValueError(f"crop box outside the image: {box} (top, left, h, w) in a {width} x {height} image")
 
 
 def _check_size(width: int, height: int) -> None:
     limit = _pixel_limit()
     if limit is not None and width * height > limit:
-        raise OSError(
+        raise DataError(
             f"image of {width} x {height} = {width * height} pixels exceeds the decompression-bomb limit of {limit} "
             "pixels (PIL.Image.MAX_IMAGE_PIXELS x 2); if the image is genuine, raise PIL.Image.MAX_IMAGE_PIXELS"
         )
@@ -158,7 +160,7 @@ def _image_data_errors() -> Iterator[None]:
     try:
         yield
     except (SyntaxError, EOFError, ValueError, Image.DecompressionBombError) as err:
-        raise OSError(str(err) or type(err).__name__) from err
+        raise DataError(str(err) or type(err).__name__) from err
 
 
 def _decode_roi(data: bytes, box: Box) -> torch.Tensor:
@@ -201,7 +203,7 @@ def _decode_full_jpeg(data: bytes, box: Box) -> torch.Tensor:
         try:
             decoded = decode_jpeg(raw, mode=ImageReadMode.RGB)
         except RuntimeError as err:  # torchvision reports libjpeg's data errors as RuntimeError
-            raise OSError(str(err)) from err
+            raise DataError(str(err)) from err
     return decoded[:, top : top + h, left : left + w]
 
 
@@ -268,7 +270,7 @@ def decode_resized_crop(
         crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])))
     except OSError as err:  # only errors about the image data are OSError here (see _decode_crop)
         why = _IN_MEMORY_FILE.sub("", str(err))  # PIL names our in-memory copy, not the user's file
-        raise OSError(
+        raise DataError(
             f"Cannot decode image {os.fsdecode(name)!r}: {why}. The file is corrupt, truncated or too large: replace "
             "or delete it, or pass on_corrupt='skip' to skip such files (each is logged and counted)."
         ) from err

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 from torchvision.datasets import folder as tv_folder
 
+from lightning_fastdata.errors import PathNotFoundError
+
 __all__ = ["IMG_EXTENSIONS", "FileIndex", "contains_path", "find_classes", "scan_image_folder", "scan_with_mtimes"]
 
 #: The extensions torchvision's ``ImageFolder`` accepts (its own constant; compared lower-cased).
@@ -72,14 +74,14 @@ def find_classes(root: str) -> tuple[str, ...]:
             says which, and the layout expected; torchvision's says "Couldn't find any class folder" for all three).
     """
     if not os.path.isdir(root):
-        raise FileNotFoundError(
+        raise PathNotFoundError(
             f"Image folder {root!r} does not exist or is not a directory. Pass the folder that holds one "
             "sub-folder per class (root/<class>/<image>)."
         )
     try:
         classes, _ = tv_folder.find_classes(root)
     except FileNotFoundError:
-        raise FileNotFoundError(
+        raise PathNotFoundError(
             f"Couldn't find any class folder in {root!r}. Expected one sub-folder per class (root/<class>/<image>)."
         ) from None
     return tuple(classes)
@@ -183,7 +185,7 @@ def scan_with_mtimes(root: str, classes: tuple[str, ...] | None = None) -> tuple
     for label, name in enumerate(classes):
         class_dir = os.path.join(root, name)
         if not os.path.isdir(class_dir):
-            raise FileNotFoundError(f"Class folder {class_dir!r} is missing; every class must have a folder.")
+            raise PathNotFoundError(f"Class folder {class_dir!r} is missing; every class must have a folder.")
         found = 0
         for dirpath, fnames, mtime, clean in _walk(class_dir):
             reldir = os.path.relpath(dirpath, root)
@@ -204,7 +206,7 @@ def scan_with_mtimes(root: str, classes: tuple[str, ...] | None = None) -> tuple
             empty.append(class_dir)
         per_label[label] = found
     if empty:
-        raise FileNotFoundError(
+        raise PathNotFoundError(
             f"Found no valid image in the class folder(s) {', '.join(map(repr, empty))}. Supported extensions are "
             f"{', '.join(IMG_EXTENSIONS)}; add images or remove the empty folder."
         )

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from lightning_fastdata.errors import InvalidTypeError, InvalidValueError
+
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Normalizer"]
 
 #: torchvision's ImageNet statistics, on the 0-1 scale users know.
@@ -32,9 +34,9 @@ class Normalizer:
         dtype: torch.dtype = torch.float32,
     ) -> None:
         if len(mean) != 3 or len(std) != 3:
-            raise ValueError(f"mean and std should have 3 values (RGB), got mean={mean!r}, std={std!r}.")
+            raise InvalidValueError(f"mean and std should have 3 values (RGB), got mean={mean!r}, std={std!r}.")
         if any(s <= 0 for s in std):
-            raise ValueError(f"std values should be positive, got {std!r}.")
+            raise InvalidValueError(f"std values should be positive, got {std!r}.")
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
         self.dtype = dtype
@@ -53,7 +55,7 @@ class Normalizer:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """Normalise a batch of pixel values on the 0-255 scale: uint8 (copied) or float (in place)."""
         if images.dtype != torch.uint8 and not images.is_floating_point():
-            raise TypeError(f"Normalizer expects uint8 or float pixel values (0-255), got {images.dtype}.")
+            raise InvalidTypeError(f"Normalizer expects uint8 or float pixel values (0-255), got {images.dtype}.")
         scale, shift = self._constants(images.device)
         return images.to(self.dtype).mul_(scale).add_(shift)
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lightning_fastdata.errors import InvalidValueError
+
 __all__ = ["CpuBudget", "init_build_process", "init_worker", "resolve_num_workers"]
 
 
@@ -92,11 +94,11 @@ def resolve_num_workers(num_workers: int | str, devices_per_node: int = 1, budge
     """
     if isinstance(num_workers, str):
         if num_workers != "auto":
-            raise ValueError(f"num_workers should be a non-negative int or 'auto', got {num_workers!r}.")
+            raise InvalidValueError(f"num_workers should be a non-negative int or 'auto', got {num_workers!r}.")
         budget = budget or CpuBudget.detect()
         return max(0, budget.usable // max(1, devices_per_node) - 1)
     if num_workers < 0:
-        raise ValueError(
+        raise InvalidValueError(
             f"num_workers option should be non-negative, got {num_workers!r}; use num_workers=0 to disable "
             "multiprocessing."
         )
