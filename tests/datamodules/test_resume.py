@@ -21,7 +21,7 @@ from helpers.fork_client import SERVER
 from lightning_fastdata import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
 
-HELPER = Path(__file__).with_name("helpers") / "resume_run.py"
+HELPER = Path(__file__).parents[1] / "helpers" / "resume_run.py"
 STEPS = 12  # 39 images, batch 8: 5 steps per epoch, so 12 steps cross two epoch boundaries
 
 

@@ -21,7 +21,7 @@ def test_two_process_ddp_ranks_get_disjoint_halves(tmp_path: Path) -> None:
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=10, size=(32, 24))
     h5 = convert_folder_to_hdf5(root, tmp_path / "d.h5", processes=1, progress=False)
     kinds = {"folder": root, "hdf5": h5, "cache": root}
-    script = Path(__file__).with_name("helpers") / "ddp_fit.py"
+    script = Path(__file__).parents[1] / "helpers" / "ddp_fit.py"
     out = subprocess.run(
         [sys.executable, str(script), str(tmp_path), "2", *(f"{k}={v}" for k, v in kinds.items())],
         capture_output=True,
@@ -56,7 +56,7 @@ def test_two_nodes_scan_and_build_once_per_node_or_once_in_total(tmp_path: Path,
     past = time.time() - 60  # older than the racy window, as real data is
     for d in [root, *root.iterdir()]:
         os.utime(d, (past, past))
-    script = Path(__file__).with_name("helpers") / "node_fit.py"
+    script = Path(__file__).parents[1] / "helpers" / "node_fit.py"
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
     procs = []
     for node in (0, 1):

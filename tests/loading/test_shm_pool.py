@@ -223,7 +223,7 @@ def test_buffers_are_freed_when_workers_exit() -> None:
 _FULL_SHM = """
 import os, sys, torch
 from torch.utils.data import DataLoader
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = sys.argv[1:]  # this test's folder, and tests/ (helpers)
 from test_shm_pool import KeyedDataset, SIDE
 import test_shm_pool
 from lightning_fastdata.loading import collate
@@ -256,7 +256,8 @@ def test_full_dev_shm_leaves_no_file_behind(tmp_path: Path) -> None:
         pytest.skip("needs root and unshare to mount a tiny private /dev/shm")
     script = tmp_path / "full_shm.py"
     script.write_text(_FULL_SHM)
-    shell = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && {sys.executable} {script} {Path(__file__).parent}"
+    here = Path(__file__)
+    shell = f"mount -t tmpfs -o size=1m tmpfs /dev/shm && {sys.executable} {script} {here.parent} {here.parents[1]}"
     proc = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", shell], capture_output=True, text=True, timeout=120
     )
