@@ -15,6 +15,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers.spy import Spy
 
 from lightning_fastdata import FastDataCallback, ImageClassifier, ImageFolderDataModule, TensorCacheDataModule
 
@@ -32,14 +33,6 @@ def first_batches(dm: Any, n: int, prefetch_to: str | None = None) -> list[tuple
         if len(out) == n:
             break
     return out
-
-
-class Spy(pl.Callback):
-    def __init__(self) -> None:
-        self.batches: list[Any] = []
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
-        self.batches.append(batch)
 
 
 @pytest.mark.timeout(300)

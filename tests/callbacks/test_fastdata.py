@@ -8,6 +8,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers.spy import Spy
 from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -62,14 +63,6 @@ def test_prefetcher_on_cpu_is_the_identity() -> None:
     prefetcher = DevicePrefetcher("cpu")
     batch = (torch.arange(3), {"y": torch.ones(2)})
     assert prefetcher.stream is None and prefetcher.ready(prefetcher.start(batch)) is batch
-
-
-class Spy(pl.Callback):
-    def __init__(self) -> None:
-        self.batches: list[Any] = []
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
-        self.batches.append(batch)
 
 
 @pytest.mark.timeout(240)
