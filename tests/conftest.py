@@ -9,6 +9,7 @@ import torch
 from helpers.fork_client import SERVER
 
 from lightning_fastdata.demos import make_image_folder, photo_like_image
+from lightning_fastdata.local_s3 import LocalS3, local_s3_server, upload_folder
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -42,3 +43,18 @@ def photo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("photo") / "photo.jpg"
     photo_like_image(np.random.default_rng(0), 500, 375, hue=0.3).save(path, quality=90)
     return path
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3]:
+    """A real S3 server (SeaweedFS) on 127.0.0.1, free ports, for the whole session; stopped by its PID."""
+    with local_s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_image_folder(s3: LocalS3, image_folder: Path) -> str:
+    """``image_folder`` uploaded to ``s3://data/train``; returns the URL."""
+    url = s3.url("train")
+    upload_folder(image_folder, url, s3.storage_options())
+    return url

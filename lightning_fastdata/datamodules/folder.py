@@ -16,8 +16,12 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
+from lightning_fastdata.loading.bucket_index import DEFAULT_INDEX_TTL, bucket_classes, indexed_bucket
 from lightning_fastdata.loading.index import FileIndex, contains_path, find_classes
 from lightning_fastdata.loading.index_store import indexed_folder
+from lightning_fastdata.loading.object_store import ObjectStorage
+from lightning_fastdata.loading.storage import Storage, is_url
+from lightning_fastdata.loading.storage_factory import open_storage
 
 __all__ = ["FolderSource", "ImageFolderDataModule"]
 
@@ -30,38 +34,62 @@ class FolderSource:
     the full scan happens in :meth:`indexes`.
 
     Args:
-        root: Training folder.
-        val_root: Validation folder, or ``None`` to split ``root``.
+        root: Training folder, or bucket URL (``s3://bucket/train``).
+        val_root: Validation folder or URL, or ``None`` to split ``root``.
         index_dir: Keep the scanned file lists here and reuse them while the folders are unchanged
-            (:mod:`~lightning_fastdata.loading.index_store`); ``None``: scan every time.
+            (:mod:`~lightning_fastdata.loading.index_store`), or, for a bucket, within ``index_ttl`` of the listing
+            (:mod:`~lightning_fastdata.loading.bucket_index`); ``None``: scan every time.
+        storage_options: Object-store settings for URL roots (:class:`~lightning_fastdata.loading.object_store.
+            ObjectStorage`); ``None``: the environment's.
+        index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused without listing again.
 
     Raises:
         FileNotFoundError: If a folder is missing or holds no class folder.
         ValueError: If the two folders have different class folders.
     """
 
-    def __init__(self, root: str, val_root: str | None = None, index_dir: str | None = None) -> None:
-        self.root = os.fspath(root)
-        self.val_root = None if val_root is None else os.fspath(val_root)
+    def __init__(
+        self,
+        root: str,
+        val_root: str | None = None,
+        index_dir: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        index_ttl: float = DEFAULT_INDEX_TTL,
+    ) -> None:
+        self.root = root if is_url(root) else os.fspath(root)
+        self.val_root = None if val_root is None else (val_root if is_url(val_root) else os.fspath(val_root))
         self.index_dir = None if index_dir is None else os.fspath(index_dir)
+        if index_ttl < 0:
+            raise InvalidValueError(f"index_ttl should be >= 0 seconds, got {index_ttl!r}.")
+        self.index_ttl = float(index_ttl)
+        self.storage_options = storage_options
+        self._listed: dict[str, FileIndex] = {}
+        self.storages: dict[str, Storage] = {
+            data: open_storage(data, storage_options) for data in (self.root, self.val_root) if data is not None
+        }
         for data in (self.root, self.val_root):
             if (
                 self.index_dir is not None
                 and data is not None
+                and not is_url(data)
                 and contains_path(os.path.realpath(data), os.path.realpath(self.index_dir))
             ):
                 raise InvalidValueError(
                     f"index_dir={self.index_dir!r} is inside the data folder {data!r}, which lightning_fastdata never "
                     "writes to; choose a folder outside it (e.g. a cache folder on the node's local disk)."
                 )
-        self.classes = find_classes(self.root)
+        self.classes = self._classes(self.root)
         if self.val_root is not None:
-            val_classes = find_classes(self.val_root)
+            val_classes = self._classes(self.val_root)
             if val_classes != self.classes:
                 raise InvalidValueError(
                     f"val_root {self.val_root!r} has class folders {list(val_classes)} but root {self.root!r} has "
                     f"{list(self.classes)}; both need the same class folders."
                 )
+
+    def _classes(self, root: str) -> tuple[str, ...]:
+        storage = self.storages[root]
+        return bucket_classes(storage) if isinstance(storage, ObjectStorage) else find_classes(root)
 
     def indexes(
         self, split: Callable[[int], tuple[np.ndarray, np.ndarray | None]]
@@ -76,16 +104,31 @@ class FolderSource:
         return index.subset(train_rows), index.subset(val_rows)
 
     def index(self, root: str) -> FileIndex:
-        """``root``'s file index: reused from ``index_dir`` when still valid, else scanned (and kept there)."""
+        """``root``'s file index: reused from ``index_dir`` when still valid, else scanned (and kept there).
+
+        A bucket's listing is also kept in this object: ``prepare_data`` and ``setup`` in one process list once.
+        """
+        if root in self._listed:
+            return self._listed[root]
         start = time.perf_counter()
-        index, lookup = indexed_folder(root, self.classes, self.index_dir)
+        storage = self.storages[root]
+        if isinstance(storage, ObjectStorage):
+            index, lookup = indexed_bucket(storage, self.classes, self.index_dir, self.index_ttl)
+        else:
+            index, lookup = indexed_folder(root, self.classes, self.index_dir)
         took = f"{len(index):,} files in {time.perf_counter() - start:.2f} s"
+        scanned = "listed" if isinstance(storage, ObjectStorage) else "scanned"
+        if isinstance(storage, ObjectStorage):
+            self._listed[root] = index
         if lookup.reused:
-            rank_zero_info(f"lightning_fastdata: reused the file index {lookup.path} of {root!r} ({took}, no scan).")
+            rank_zero_info(
+                f"lightning_fastdata: reused the file index {lookup.path} of {root!r} ({took}; {lookup.how})."
+            )
         elif lookup.why is not None:
-            rank_zero_warn(f"lightning_fastdata: scanned {root!r} again ({took}): {lookup.why}.")
+            rank_zero_warn(f"lightning_fastdata: {scanned} {root!r} again ({took}): {lookup.why}.")
         elif lookup.path is not None:
-            rank_zero_info(f"lightning_fastdata: scanned {root!r} ({took}); kept the index in {lookup.path}.")
+            how = f"; {lookup.how}" if lookup.how else ""
+            rank_zero_info(f"lightning_fastdata: {scanned} {root!r} ({took}{how}); kept the index in {lookup.path}.")
         return index
 
 
@@ -98,12 +141,19 @@ class ImageFolderDataModule(FastDataModule):
     given, from a seeded split of ``val_fraction`` of ``root``.
 
     Args:
-        root: Folder of class sub-folders.
-        val_root: Validation folder of the same class sub-folders; default: split ``root`` by ``val_fraction``.
+        root: Folder of class sub-folders, or a bucket URL of class prefixes (``s3://bucket/imagenet/train``).
+        val_root: Validation folder (or URL) of the same class sub-folders; default: split ``root`` by
+            ``val_fraction``.
         index_dir: A folder (node-local or shared) to keep the scanned file list in: ``prepare_data`` scans once
             per node (once in total with ``prepare_data_per_node=False``), every rank and later run reuses it
-            while no folder changed. Worth it from ~100k files, or on a network file system. ``None``: every
-            rank scans at every start. Never inside ``root``.
+            while no folder changed (a bucket's listing: within ``index_ttl``). Worth it from ~100k files, on a
+            network file system, and for every bucket. ``None``: every rank scans at every start. Never inside
+            ``root``.
+        storage_options: Object-store settings for URL roots: obstore's keys (``endpoint``, ``access_key_id``,
+            ``secret_access_key``, ``region``, ...) and ``max_inflight``, ``timeout``, ``connect_timeout``,
+            ``max_retries``, ``retry_timeout`` (:class:`~lightning_fastdata.loading.object_store.ObjectStorage`).
+            ``None``: the environment's (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, roles).
+        index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused before the bucket is listed again.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).
 
@@ -112,10 +162,18 @@ class ImageFolderDataModule(FastDataModule):
         ValueError: On an impossible argument.
     """
 
-    def __init__(self, root: str, val_root: str | None = None, index_dir: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        root: str,
+        val_root: str | None = None,
+        index_dir: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        index_ttl: float = DEFAULT_INDEX_TTL,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         save_init_hparams(self)
-        self.source = FolderSource(root, val_root, index_dir)
+        self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl)
         self.classes = self.source.classes
 
     @override
@@ -134,6 +192,7 @@ class ImageFolderDataModule(FastDataModule):
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """Scan the folder(s) once and build the train and validation datasets."""
         train_index, val_index = self.source.indexes(self.split)
-        train = ImageFolderDataset(train_index, train=True, **self.dataset_kwargs)
-        val = None if val_index is None else ImageFolderDataset(val_index, train=False, **self.dataset_kwargs)
+        options = self.source.storage_options
+        train = ImageFolderDataset(train_index, options, train=True, **self.dataset_kwargs)
+        val = None if val_index is None else ImageFolderDataset(val_index, options, train=False, **self.dataset_kwargs)
         return train, val

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -118,8 +118,11 @@ class AugmentedImageDataset(Dataset):
         """All labels (int64), in sample order (torchvision's name)."""
         raise NotImplementedError
 
-    def read_sources(self, indices: np.ndarray) -> list[Source]:
-        """Return the sources of ``indices``, in that order (read them in whatever order is fastest)."""
+    def read_sources(self, indices: np.ndarray) -> list[Source] | Iterator[Source]:
+        """Return the sources of ``indices``, in that order (read them in whatever order is fastest).
+
+        A list, or an iterator of encoded bytes (or ``OSError``) that may still be fetching later ones.
+        """
         raise NotImplementedError
 
     def describe(self, index: int) -> str:
@@ -189,7 +192,9 @@ class AugmentedImageDataset(Dataset):
         plans = [self._plan(key) for key in keys]
         indices = np.fromiter((index for index, _ in plans), dtype=np.int64, count=len(plans))
         sources = self.read_sources(indices)
-        first = next((s for s in sources if isinstance(s, torch.Tensor)), None)
+        # a list may hold decoded tensors (their dtype sets the batch's); an iterator yields encoded bytes as they
+        # arrive, decoded while the rest are still being fetched
+        first = next((s for s in sources if isinstance(s, torch.Tensor)), None) if isinstance(sources, list) else None
         dtype = torch.uint8 if first is None else first.dtype
         images = empty_image_batch(len(keys), self.image_size, self.image_size, dtype=dtype)
         kept = np.ones(len(keys), dtype=bool)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
+from lightning_fastdata.loading.bucket_index import list_bucket_folder
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
+from lightning_fastdata.loading.storage import is_url
+from lightning_fastdata.loading.storage_factory import open_storage
 
 __all__ = ["ImageFolderDataset"]
 
@@ -24,7 +28,10 @@ class ImageFolderDataset(AugmentedImageDataset):
     Keys and augmentation are described in :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`.
 
     Args:
-        root: Folder of class sub-folders, or a prebuilt :class:`FileIndex`.
+        root: Folder of class sub-folders, a bucket URL (``s3://bucket/train``), or a prebuilt :class:`FileIndex`.
+        storage_options: Object-store settings for a URL root (credentials, endpoint, ``max_inflight``,
+            ``timeout``, ...: :class:`~lightning_fastdata.loading.object_store.ObjectStorage`); ``None``: the
+            environment's (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`
             (``train``, ``image_size``, ``scale``, ``ratio``, ``crop_fraction``, ``seed``, ``on_corrupt``:
             ``"raise"`` names a corrupt file, ``"skip"`` logs it, leaves it out of its batch and counts it).
@@ -34,9 +41,17 @@ class ImageFolderDataset(AugmentedImageDataset):
         FileNotFoundError: If ``root`` is missing, has no class folder, or a class has no image.
     """
 
-    def __init__(self, root: str | FileIndex, **kwargs: Any) -> None:
+    def __init__(self, root: str | FileIndex, storage_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.index = root if isinstance(root, FileIndex) else scan_image_folder(os.fspath(root))
+        if isinstance(root, FileIndex):
+            self.index = root
+            self.storage = open_storage(root.root, storage_options)
+        elif is_url(root):
+            self.storage = open_storage(os.fspath(root), storage_options)
+            self.index = list_bucket_folder(self.storage)[0]  # type: ignore[arg-type]
+        else:
+            self.index = scan_image_folder(os.fspath(root))
+            self.storage = open_storage(self.index.root, storage_options)
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -52,13 +67,6 @@ class ImageFolderDataset(AugmentedImageDataset):
         """The file's path."""
         return self.index.path(index)
 
-    def read_sources(self, indices: np.ndarray) -> list[Source]:
-        """Read each file's bytes; a file that cannot be read is returned as its error."""
-        sources: list[Source] = []
-        for index in indices:
-            try:
-                with open(self.index.path(int(index)), "rb") as f:
-                    sources.append(f.read())
-            except OSError as err:
-                sources.append(err)  # raised (or skipped) when its turn comes
-        return sources
+    def read_sources(self, indices: np.ndarray) -> Iterator[Source]:
+        """Each file's bytes, in order (a bucket's fetched concurrently); a file that cannot be read as its error."""
+        return self.storage.read_many([self.index.relpath(int(i)) for i in indices])

@@ -37,11 +37,14 @@ __all__ = [
     "IndexLookup",
     "IndexStale",
     "changed_folder",
+    "checked_index",
     "folder_record",
     "index_file",
     "indexed_folder",
     "load_index",
+    "read_index_file",
     "save_index",
+    "write_index_file",
 ]
 
 #: The index file format this version writes; an index of a newer format is not read.
@@ -104,6 +107,11 @@ def save_index(path: str | os.PathLike[str], index: FileIndex, dirs: list[tuple[
         "dirs": folder_record(dirs, started),
         "files": len(index),
     }
+    write_index_file(path, meta, index)
+
+
+def write_index_file(path: str | os.PathLike[str], meta: dict[str, Any], index: FileIndex) -> None:
+    """Write ``meta`` (JSON) and ``index``'s arrays to ``path`` as one ``.npz``, atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
@@ -123,6 +131,25 @@ def load_index(path: str | os.PathLike[str], root: str, classes: tuple[str, ...]
         IndexStale: Naming the file and why it cannot be used (missing, truncated, newer format, another folder,
             other class folders, a folder changed since the scan).
     """
+    meta, arrays = read_index_file(path)
+    if meta["root"] != os.path.realpath(root):
+        raise IndexStale(f"the index {path} is of {meta['root']!r}, not of {os.path.realpath(root)!r}")
+    if tuple(meta["classes"]) != tuple(classes):
+        raise IndexStale(f"the class folders of {root!r} changed since the index {path} was written")
+    changed = changed_folder(root, meta["dirs"])
+    if changed is not None:
+        folder, racy = changed
+        what = "was modified during the scan" if racy else "changed"
+        raise IndexStale(f"{folder!r} {what} since the index {path} was written")
+    return checked_index(path, root, classes, meta, arrays)
+
+
+def read_index_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """``(meta, arrays)`` of an index file of this format.
+
+    Raises:
+        IndexStale: If it is missing, unreadable or of another format.
+    """
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as npz:
@@ -135,15 +162,21 @@ def load_index(path: str | os.PathLike[str], root: str, classes: tuple[str, ...]
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise IndexStale(f"the index {path} has format {found!r}; this version reads format {FORMAT}")
-    if meta["root"] != os.path.realpath(root):
-        raise IndexStale(f"the index {path} is of {meta['root']!r}, not of {os.path.realpath(root)!r}")
-    if tuple(meta["classes"]) != tuple(classes):
-        raise IndexStale(f"the class folders of {root!r} changed since the index {path} was written")
-    changed = changed_folder(root, meta["dirs"])
-    if changed is not None:
-        folder, racy = changed
-        what = "was modified during the scan" if racy else "changed"
-        raise IndexStale(f"{folder!r} {what} since the index {path} was written")
+    return meta, arrays
+
+
+def checked_index(
+    path: str | os.PathLike[str],
+    root: str,
+    classes: tuple[str, ...],
+    meta: dict[str, Any],
+    arrays: dict[str, np.ndarray],
+) -> FileIndex:
+    """The :class:`FileIndex` of ``arrays`` if they agree with ``meta``.
+
+    Raises:
+        IndexStale: If they do not (a damaged file).
+    """
     n = int(meta["files"])
     path_bytes, offsets, labels = arrays["path_bytes"], arrays["offsets"], arrays["labels"]
     if (
@@ -159,12 +192,14 @@ def load_index(path: str | os.PathLike[str], root: str, classes: tuple[str, ...]
 class IndexLookup:
     """What :func:`indexed_folder` did: ``reused`` the file at ``path``, or scanned because of ``why``.
 
-    ``why`` is ``None`` when nothing was persisted before (no ``index_dir``, or a first run).
+    ``why`` is ``None`` when nothing was persisted before (no ``index_dir``, or a first run) or nothing is worth a
+    warning; ``how`` says how a reused index was validated, or what a new scan found.
     """
 
     reused: bool
     path: Path | None
     why: str | None
+    how: str | None = None
 
 
 def indexed_folder(
@@ -182,7 +217,7 @@ def indexed_folder(
         return scan_with_mtimes(root, classes)[0], IndexLookup(False, None, None)
     path = index_file(index_dir, root)
     try:
-        return load_index(path, root, classes), IndexLookup(True, path, None)
+        return load_index(path, root, classes), IndexLookup(True, path, None, "no folder changed (folder mtimes)")
     except IndexStale as stale:
         why = None if stale.missing else str(stale)
     started = time.time()

@@ -20,6 +20,7 @@ from helpers.fork_client import SERVER
 
 from lightning_fastdata import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.local_s3 import LocalS3, upload_folder
 
 HELPER = Path(__file__).parents[1] / "helpers" / "resume_run.py"
 STEPS = 12  # 39 images, batch 8: 5 steps per epoch, so 12 steps cross two epoch boundaries
@@ -76,7 +77,7 @@ _UNINTERRUPTED: dict[tuple, Path] = {}
 
 def uninterrupted(base: dict[str, Any], tmp_path: Path) -> Path:
     """The reference run, once per (kind, workers, devices) for the whole module."""
-    key = (base["kind"], base["workers"], base["devices"], base.get("snapshot"))
+    key = (base["kind"], base["workers"], base["devices"], base.get("snapshot"), base["source"])
     if key not in _UNINTERRUPTED:
         record = tmp_path / "full"
         run({**base, "max_steps": STEPS, "record": str(record)})
@@ -87,6 +88,8 @@ def uninterrupted(base: dict[str, Any], tmp_path: Path) -> Path:
 def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, devices: int = 1, **extra: Any) -> None:
     """The helper every stateful loader goes through."""
     base = {"kind": kind, "source": source, "workers": workers, "devices": devices, "cache_dir": str(tmp_path / "c")}
+    if "storage_options" in extra:
+        base["storage_options"] = extra.pop("storage_options")
     if "snapshot" in extra:
         base["snapshot"] = extra.pop("snapshot")
     full_record = uninterrupted(base, tmp_path)
@@ -105,6 +108,24 @@ def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, de
 @pytest.mark.parametrize("kind", ["folder", "hdf5", "cache"])
 def test_resume_is_exact(tmp_path: Path, sources: dict[str, str], kind: str, workers: int, k: int) -> None:
     conformance(tmp_path, kind, sources[kind], workers, k)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_is_exact_from_a_bucket(tmp_path: Path, sources: dict[str, str], s3: LocalS3, workers: int) -> None:
+    """The same conformance on the folder uploaded to a local S3 server: order never depends on request timing."""
+    url = s3.url("resume-src")
+    if not _UPLOADED:
+        upload_folder(sources["folder"], url, s3.storage_options())
+        _UPLOADED.append(url)
+    conformance(tmp_path, "folder", url, workers, 3, storage_options=s3.storage_options())
+    local = {"kind": "folder", "source": sources["folder"], "workers": workers, "devices": 1, "cache_dir": ""}
+    bucket = {**local, "source": url}
+    (tmp_path / "local").mkdir()
+    assert records(uninterrupted(bucket, tmp_path)) == records(uninterrupted(local, tmp_path / "local"))
+
+
+_UPLOADED: list[str] = []
 
 
 @pytest.mark.timeout(600)

