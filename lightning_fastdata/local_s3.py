@@ -232,12 +232,14 @@ def _proxy_main(
                 for k, v in resp.getheaders():
                     if k.lower() not in hop:
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD answer has no body but the object's length
+                length = resp.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
+                self.send_header("Content-Length", length)
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
             with lock, open(log, "a") as fh:
-                fh.write(f"{self.command} {path} {status}\n")
+                fh.write(f"{self.command} {path} {status} {self.headers.get('Range', '-').replace(' ', '')}\n")
 
         do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
 
@@ -254,10 +256,14 @@ class FaultProxy:
 
     def requests(self) -> list[tuple[str, str, int]]:
         """``(method, path, status)`` of every request answered so far (path is ``/bucket/key``)."""
+        return [(m, p, s) for m, p, s, _ in self.requests_with_ranges()]
+
+    def requests_with_ranges(self) -> list[tuple[str, str, int, str]]:
+        """``(method, path, status, Range header or "-")`` of every request answered so far."""
         if not self.log.exists():
             return []
         rows = [line.split(" ") for line in self.log.read_text().splitlines() if line]
-        return [(m, p, int(s)) for m, p, s in rows]
+        return [(m, p, int(s), r) for m, p, s, r in rows]
 
 
 @contextmanager

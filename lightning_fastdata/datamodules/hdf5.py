@@ -12,6 +12,8 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset, Layout, inspect_hdf5
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
+from lightning_fastdata.loading.download import node_local_copy
+from lightning_fastdata.loading.storage import is_url
 
 __all__ = ["HDF5DataModule"]
 
@@ -24,13 +26,18 @@ class HDF5DataModule(FastDataModule):
     and, if needed, the layout.
 
     Args:
-        path: The HDF5 file.
-        val_path: A validation file of the same layout; default: split ``path`` by ``val_fraction``.
+        path: The HDF5 file, or its URL in a bucket (``s3://bucket/train.h5``: copied once into ``cache_dir``).
+        val_path: A validation file (or URL) of the same layout; default: split ``path`` by ``val_fraction``.
         images_key: Dataset of the images.
         labels_key: Dataset of the labels.
         layout: ``"auto"``, ``"encoded"``, ``"hwc"`` or ``"chw"``.
         offsets_key: Offsets dataset of encoded images stored as one blob.
         locking: HDF5 file locking; set ``False`` on NFS/Lustre where locking fails or hangs.
+        cache_dir: Where a URL's file is copied (:func:`~lightning_fastdata.loading.download.node_local_copy`:
+            atomic, resumable, checked by size and ETag; the first process of a node downloads, the others wait
+            and reuse it). Node-local for once per node; shared for once in total. Needed with a URL.
+        storage_options: Object-store settings for a URL (:class:`~lightning_fastdata.loading.object_store.
+            ObjectStorage`); ``None``: the environment's.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -47,12 +54,19 @@ class HDF5DataModule(FastDataModule):
         layout: Layout = "auto",
         offsets_key: str = "offsets",
         locking: bool | None = None,
+        cache_dir: str | None = None,
+        storage_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         save_init_hparams(self)
-        self.path = os.fspath(path)
-        self.val_path = None if val_path is None else os.fspath(val_path)
+        for given in (path, val_path):
+            if given is not None and is_url(given) and cache_dir is None:
+                raise InvalidValueError(
+                    f"{given!r} is in a bucket: pass cache_dir, a local folder to copy it into (node-local disk)."
+                )
+        self.path = self._local(path, cache_dir, storage_options)
+        self.val_path = None if val_path is None else self._local(val_path, cache_dir, storage_options)
         self.file_kwargs: dict[str, Any] = dict(
             images_key=images_key, labels_key=labels_key, layout=layout, offsets_key=offsets_key, locking=locking
         )
@@ -67,6 +81,14 @@ class HDF5DataModule(FastDataModule):
                     f"{len(self.classes)} classes of the training file {self.path!r} ({bad.size} such labels); the "
                     "validation file must use the training file's labels."
                 )
+
+    @staticmethod
+    def _local(path: str, cache_dir: str | None, storage_options: dict[str, Any] | None) -> str:
+        if is_url(path) and cache_dir is not None:
+            return os.fspath(node_local_copy(path, cache_dir, storage_options))
+        if storage_options:
+            raise InvalidValueError(f"storage_options is for a URL path, but {path!r} is local; remove it.")
+        return os.fspath(path)
 
     @property
     def num_classes(self) -> int:

@@ -1,0 +1,110 @@
+"""The folder module reading a bucket: local disk vs a local S3 server, direct and with 20 ms per request.
+
+One interleaved run on the same JPEGs (uploaded to a SeaweedFS server on 127.0.0.1): the torchvision baseline
+on the local folder, :class:`~lightning_fastdata.ImageFolderDataModule` on the local folder, on ``s3://`` direct,
+on ``s3://`` through a proxy that adds ``--delay-ms`` before every request (a bucket in a remote region), and the
+same with one request in flight per worker (no concurrency: what a loader that fetches file by file gets). The
+decode ceiling (one core's read + full decode) is measured in the same run.
+
+    python -m lightning_fastdata.bench.s3 --json benchmarks/results/s3-folder.json
+
+On a small machine the server and the proxy run on the same cores as the loader's workers and take CPU from
+them: the s3 rows are a lower bound of what a remote bucket gives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_fastdata.datamodules.folder import ImageFolderDataModule
+from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.local_s3 import fault_proxy, local_s3_server, upload_folder
+from lightning_fastdata.measure import (
+    Candidate,
+    baseline_loader,
+    count_images,
+    count_normalised,
+    decode_ceiling,
+    measure,
+    print_table,
+    rows_for,
+)
+
+__all__ = ["main"]
+
+
+def _module(root: str, args: argparse.Namespace, storage_options: dict[str, Any] | None) -> ImageFolderDataModule:
+    dm = ImageFolderDataModule(
+        root,
+        storage_options=storage_options,
+        val_fraction=0.0,
+        image_size=args.size,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+    )
+    dm.setup("fit")
+    return dm
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Build the data, start the server and the proxy, time every row; print the table, write ``--json``."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=1024, help="JPEGs to generate (8 classes)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--delay-ms", type=float, default=20.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--min-seconds", type=float, default=3.0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="fastdata-s3-bench-") as tmp:
+        root = make_image_folder(
+            Path(tmp) / "train", num_classes=8, per_class=args.images // 8, size=(500, 375), processes=2
+        )
+        files = sorted(str(f) for f in root.rglob("*.jpg"))
+        with local_s3_server(Path(tmp) / "s3") as s3, fault_proxy(s3.endpoint, delay=args.delay_ms / 1000) as slow:
+            url = s3.url("train")
+            upload_folder(root, url, s3.storage_options())
+            local = _module(str(root), args, None)
+            direct = _module(url, args, s3.storage_options())
+            remote = _module(url, args, s3.storage_options(slow.endpoint))
+            serial = _module(url, args, s3.storage_options(slow.endpoint, max_inflight=1))
+            ms = f"{args.delay_ms:g} ms"
+            candidates: list[Candidate] = [
+                ("torchvision ImageFolder (local)", lambda: baseline_loader(str(root), args.size, args.batch_size,
+                                                                             args.workers), count_images),
+                ("ImageFolderDataModule (local)", local.train_dataloader, count_normalised(local)),
+                ("ImageFolderDataModule (s3, direct)", direct.train_dataloader, count_normalised(direct)),
+                (f"ImageFolderDataModule (s3, +{ms}/request)", remote.train_dataloader, count_normalised(remote)),
+                (f"ImageFolderDataModule (s3, +{ms}, 1 in flight)", serial.train_dataloader, count_normalised(serial)),
+            ]  # fmt: skip
+            ceiling = decode_ceiling(files[:256])
+            rates = measure(candidates, args.repeats, args.min_seconds)
+    best = max(ceiling.values())
+    rows = rows_for(rates, args.workers, best)
+    print_table(rows)
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "images": len(files),
+        "image_size": args.size,
+        "batch_size": args.batch_size,
+        "delay_ms": args.delay_ms,
+        "decode_ceiling_per_core": ceiling,
+        "rows": rows,
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
