@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import resource
-import socket
 import statistics
 import tempfile
 import threading
@@ -31,7 +30,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from lightning_fastdata.local_s3 import free_ports, local_s3_server
+from lightning_fastdata.local_s3 import free_ports, local_s3_server, wait_for_port
 
 KEY, SECRET, BUCKET = "benchkey", "benchsecret", "bench"
 
@@ -90,12 +89,7 @@ def latency_proxy(endpoint: str, delay: float) -> Iterator[str]:
         target=_proxy_main, args=(listen, int(endpoint.rsplit(":", 1)[1]), delay), daemon=True
     )
     proc.start()
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", listen)) == 0:
-                break
-        time.sleep(0.05)
+    wait_for_port(listen, 20)
     try:
         yield f"http://127.0.0.1:{listen}"
     finally:

@@ -28,7 +28,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FaultProxy", "LocalS3", "fault_proxy", "free_ports", "local_s3_server", "upload_folder"]
+__all__ = ["FaultProxy", "LocalS3", "fault_proxy", "free_ports", "local_s3_server", "upload_folder", "wait_for_port"]
 
 
 def free_ports(n: int) -> list[int]:
@@ -40,6 +40,17 @@ def free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+def wait_for_port(port: int, seconds: float = 30) -> bool:
+    """Wait until something listens on 127.0.0.1:``port``; return whether it did within ``seconds``."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False
 
 
 @dataclass(frozen=True)
@@ -295,12 +306,7 @@ def fault_proxy(
         daemon=True,
     )
     proc.start()
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", listen)) == 0:
-                break
-        time.sleep(0.05)
+    wait_for_port(listen)
     try:
         yield FaultProxy(f"http://127.0.0.1:{listen}", log)
     finally:
