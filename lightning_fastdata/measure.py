@@ -36,6 +36,7 @@ __all__ = [
     "ours_module",
     "print_table",
     "rows_for",
+    "steady_rate",
     "time_loader",
 ]
 
@@ -63,6 +64,30 @@ def time_loader(
         if time.perf_counter() - start >= min_seconds:
             return n / (time.perf_counter() - start)
         it = iter(loader)
+
+
+def steady_rate(
+    make: Callable[[], Iterable[Any]], consume: Callable[[Any], int], skip: int, max_seconds: float = 8.0
+) -> float:
+    """Images/s of one pass's steady state: the batches after the first ``skip``, for at most ``max_seconds``.
+
+    :func:`time_loader` times whole passes, so each pass's start (every worker producing its first batch, the
+    queue filling) is counted; on a small dataset with many workers that start is most of the pass. Here the
+    first ``skip`` batches (pass ``warm-up + workers x prefetch_factor``: what was queued before the clock
+    could start) are consumed untimed, and the clock runs from then on, within the same pass, so the figure is
+    the rate the workers sustain. The dataset needs more than ``skip`` batches.
+    """
+    it = iter(make())
+    for _ in range(skip):
+        consume(next(it))
+    n, start = 0, time.perf_counter()
+    for batch in it:
+        n += consume(batch)
+        if time.perf_counter() - start >= max_seconds:
+            break
+    if n == 0:
+        raise ValueError(f"The dataset has no batches after the first {skip}; use a larger folder.")
+    return n / (time.perf_counter() - start)
 
 
 def count_images(batch: Any) -> int:

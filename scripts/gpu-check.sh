@@ -3,13 +3,13 @@
 #
 #   bash scripts/gpu-check.sh stage     # where there is a network: wheels and the libjpeg-turbo .debs into .gpu-stage/
 #   bash scripts/gpu-check.sh [--parts tests,fed,mechanisms,correctness,decode,scale] [--out DIR] [--data DIR]
-#                             [--images N] [--quick]
+#                             [--images N] [--quick] [-- BENCH-ARGS]
 #
 # The run mode needs no network. It installs what .gpu-stage/ holds (if present) into /tmp, builds the ROI JPEG
-# decoder in place if it is not built, generates an ImageNet-like folder (N photo-like JPEGs, 1,000 classes; 3,000
-# in 100 classes for the scaling part), runs `pytest -m cuda`, then the benchmark parts, and writes
-# gpu.json, cuda-tests.txt/.xml and gpu-check.log to --out (default benchmarks/results). The data stays in --data
-# (default /tmp/fastdata-gpu), so a second run with other --parts reuses it. Without a GPU it says so and runs
+# decoder in place if it is not built, generates an ImageNet-like folder (N photo-like JPEGs, 1,000 classes), runs
+# `pytest -m cuda`, then the benchmark parts (BENCH-ARGS go to `python -m lightning_fastdata.bench.gpu`, e.g.
+# `-- --folder-workers 12,9 --scale-workers 8,15`), and writes gpu.json, cuda-tests.txt/.xml and gpu-check.log to
+# --out (default benchmarks/results). The data stays in --data (default /tmp/fastdata-gpu), so a second run with other --parts reuses it. Without a GPU it says so and runs
 # everything on the CPU; --quick (tiny data and model, output to DATA/results) is what CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,7 @@ OUT=""
 DATA=/tmp/fastdata-gpu
 IMAGES=20000
 QUICK=""
+EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     run) ;;
@@ -40,6 +41,7 @@ while [ $# -gt 0 ]; do
     --data) DATA=$2; shift ;;
     --images) IMAGES=$2; shift ;;
     --quick) QUICK=--quick ;;
+    --) shift; EXTRA=("$@"); break ;;
     *) echo "gpu-check.sh: unknown argument $1 (see the comment at the top of scripts/gpu-check.sh)" >&2; exit 2 ;;
   esac
   shift
@@ -73,12 +75,11 @@ EOF
 
 NPROC=$(nproc)
 if [ -n "$QUICK" ]; then
-  ROOT=$DATA/quick SCALE=$DATA/quick
+  ROOT=$DATA/quick
   "$PY" -m lightning_fastdata.cli make-data "$ROOT" --num-classes 4 --per-class 24 --processes 2
 else
-  ROOT=$DATA/imagenet-like SCALE=$DATA/scale
+  ROOT=$DATA/imagenet-like
   "$PY" -m lightning_fastdata.cli make-data "$ROOT" --num-classes 1000 --per-class $((IMAGES / 1000)) --processes "$NPROC"
-  "$PY" -m lightning_fastdata.cli make-data "$SCALE" --num-classes 100 --per-class 30 --processes "$NPROC"
 fi
 
 if [[ ",$PARTS," == *,tests,* ]]; then
@@ -91,8 +92,8 @@ if [[ ",$PARTS," == *,tests,* ]]; then
 fi
 BENCH=$(echo ",$PARTS," | sed 's/,tests,/,/; s/^,//; s/,$//')
 if [ -n "$BENCH" ]; then
-  "$PY" -m lightning_fastdata.bench.gpu --root "$ROOT" --scale-root "$SCALE" --scratch "$DATA/scratch" \
-    --json "$OUT/gpu.json" --parts "$BENCH" $QUICK
+  "$PY" -m lightning_fastdata.bench.gpu --root "$ROOT" --scratch "$DATA/scratch" \
+    --json "$OUT/gpu.json" --parts "$BENCH" $QUICK "${EXTRA[@]}"
 fi
 echo "gpu-check: done; results in $OUT"
 exit "${TESTS_RC:-0}"

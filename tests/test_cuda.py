@@ -93,7 +93,7 @@ def test_cuda_fit_with_the_callback(image_folder: Path) -> None:
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
-        callbacks=[spy, FastDataCallback()],
+        callbacks=[spy, FastDataCallback(prefetch=True)],
     )
     t.fit(ImageClassifier(num_classes=3, channels_last=True), dm)
     images = spy.batches[0][0]

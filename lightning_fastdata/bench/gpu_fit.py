@@ -44,7 +44,7 @@ class Settings:
     Args:
         root: The ImageNet-like folder (``root/<class>/<image>.jpg``).
         scratch: Where the tensor cache and the HDF5 file are built (kept for the next part or run).
-        scale_root: A smaller folder for the ``scale`` part (whole passes at 1 worker must stay short).
+        scale_root: The folder of the ``scale`` part; it needs more batches than ``2 + 2 x`` its most workers.
         arch: torchvision model trained in the ``fed`` and ``mechanisms`` parts.
         image_size: Crop size.
         batch_size: Batch size.
@@ -55,6 +55,8 @@ class Settings:
         scale_workers: Worker counts of the ``scale`` part.
         decode_images: Files decoded by the ``decode`` part.
         repeats: Interleaved rounds of the ``mechanisms`` part.
+        fed_loaders: The ``fed`` part's loaders by name (empty: all).
+        folder_workers: The ``fed`` part also runs the folder module with each of these worker counts.
     """
 
     root: str
@@ -69,6 +71,8 @@ class Settings:
     cache_size: int = 256
     scale_workers: tuple[int, ...] = (1, 2, 4, 8, 15)
     decode_images: int = 2048
+    fed_loaders: tuple[str, ...] = ()
+    folder_workers: tuple[int, ...] = ()
     repeats: int = 1
 
 
@@ -134,6 +138,9 @@ class Timer(pl.Callback):
             torch.cuda.synchronize()
         self.seconds = time.perf_counter() - (self.start or time.perf_counter())
 
+    def epochs_timed(self) -> int:
+        return len({epoch for epoch, *_ in self.steps})
+
     def gpu_idle(self) -> float | None:
         """Gaps between consecutive steps of an epoch over gaps + steps, in GPU time."""
         if not cuda_available() or not self.steps:
@@ -142,13 +149,32 @@ class Timer(pl.Callback):
         gaps = sum(a[2].elapsed_time(b[1]) for a, b in zip(self.steps, self.steps[1:]) if a[0] == b[0])
         return gaps / (gaps + busy) if gaps + busy > 0 else None
 
+    def epoch_times_ms(self) -> tuple[float, float] | None:
+        """GPU time within epochs (first step's start to last step's end) and across the epoch boundaries."""
+        if not cuda_available() or not self.steps:
+            return None
+        within = boundary = 0.0
+        first = self.steps[0]
+        for a, b in zip(self.steps, self.steps[1:] + [None]):
+            if b is None or b[0] != a[0]:
+                within += first[1].elapsed_time(a[2])
+                if b is not None:
+                    boundary += a[2].elapsed_time(b[1])
+                    first = b
+        return within, boundary
+
     def row(self) -> dict[str, Any]:
         if self.start is None:
             raise RuntimeError("The run ended before its second epoch: raise --epochs to at least 2.")
         waited = minus(self.meter.total(), self.waited)
         idle = self.gpu_idle()
+        split = self.epoch_times_ms()
         return {
             "img_s": round(self.images / self.seconds, 1),
+            # the rate inside epochs (GPU time, first step to last step) and what the epoch boundaries cost: with
+            # short epochs, refilling the worker queue at each epoch start is a large share of the wall time
+            "steady_img_s": None if split is None else round(self.images / (split[0] / 1000), 1),
+            "epoch_boundary_ms": None if split is None else round(split[1] / max(1, self.epochs_timed() - 1), 1),
             "data_wait": round(waited.data_wait_fraction, 4),
             "gpu_idle": None if idle is None else round(idle, 4),
             "gpu_mem_mb": self.gpu_mem_mb,

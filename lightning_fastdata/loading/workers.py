@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 from dataclasses import dataclass
@@ -19,7 +20,15 @@ def init_worker(worker_id: int) -> None:
 
     torch seeds each worker with ``base_seed + worker_id``, where ``base_seed`` comes from the loader's
     generator; seeding ``random`` and numpy from it makes any user randomness deterministic too.
+
+    First it freezes what the worker inherited (``gc.freeze()``): a forked worker holds a copy of every object
+    of the training process, garbage in reference cycles included. Collected in the worker, a CUDA object among
+    them runs its finalizer there, where CUDA cannot be used, and the worker aborts ("CUDA error: initialization
+    error", seen on an H100 once the training process had decoded on the GPU). Frozen objects are never
+    collected in the worker (the training process frees its own); the collector also stops touching those pages,
+    which keeps them shared instead of copied.
     """
+    gc.freeze()
     torch.set_num_threads(1)
     seed = torch.initial_seed() % 2**32
     random.seed(seed)

@@ -15,7 +15,7 @@ FED_FIELDS = {"loader", "img_s", "synthetic_img_s", "data_wait", "gpu_idle", "gp
 @pytest.mark.timeout(600)
 def test_gpu_check_script_runs_every_part_without_a_gpu(tmp_path: Path) -> None:
     out = subprocess.run(
-        ["bash", "scripts/gpu-check.sh", "--quick", "--data", str(tmp_path)],
+        ["bash", "scripts/gpu-check.sh", "--quick", "--data", str(tmp_path), "--", "--folder-workers", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=580,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
@@ -27,12 +27,14 @@ def test_gpu_check_script_runs_every_part_without_a_gpu(tmp_path: Path) -> None:
     assert set(report["seconds"]) == {"fed", "mechanisms", "correctness", "decode", "scale"}
     loaders = [row["loader"] for row in report["fed"]]
     assert loaders[:3] == ["synthetic (device-resident)", "torchvision ImageFolder (baseline)", "ImageFolderDataModule"]
-    assert len(loaders) == 6
+    assert len(loaders) == 7 and loaders[-1] == "ImageFolderDataModule, 2 workers"  # the argument after --
     for row in report["fed"][1:]:
         assert FED_FIELDS <= set(row) and row["img_s"] > 0 and 0 <= row["data_wait"] < 1
+        assert row["steady_img_s"] is None and row["epoch_boundary_ms"] is None  # GPU time: none on a CPU
         assert len(row["host_rss_mb"]) == report["settings"]["epochs"] and row["gpu_mem_mb"] == []
-    assert len(report["mechanisms"]) == 5 and report["mechanisms"][0]["vs_all_on"] == 1.0
+    assert len(report["mechanisms"]) == 5 and report["mechanisms"][0]["vs_defaults"] == 1.0
     assert all(v["bit_identical"] and v["batches"] == 3 for k, v in report["correctness"].items() if k != "device")
     assert report["decode"]["cpu_path_img_s"] > 0 and report["decode"]["gpu"].startswith("skipped")
     assert [r["workers"] for r in report["scale"]] == [1] and report["scale"][0]["ours_img_s"] > 0
+    assert report["scale"][0]["ours_counted"] == "uint8, leaving the loader"
     assert not (ROOT / "benchmarks" / "results" / "gpu-check.log").exists()  # --quick never writes into the repo

@@ -69,7 +69,7 @@ def test_prefetcher_on_cpu_is_the_identity() -> None:
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_callback_on_our_datamodule(image_folder: Path, channels_last: bool) -> None:
     dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers="auto", val_fraction=0.2)
-    spy, cb = Spy(), FastDataCallback(num_workers=0, channels_last=channels_last, log_every_n_steps=1)
+    spy, cb = Spy(), FastDataCallback(prefetch=True, num_workers=0, channels_last=channels_last, log_every_n_steps=1)
     t = cpu_trainer(spy, cb)
     t.fit(ImageClassifier(num_classes=3), dm)
     assert isinstance(t.train_dataloader, StatefulDataLoader)
@@ -87,6 +87,7 @@ def test_explicit_datamodule_settings_win(image_folder: Path) -> None:
     t = cpu_trainer(FastDataCallback(num_workers=3, pin_memory=True))
     t.fit(ImageClassifier(num_classes=3), dm)
     assert t.train_dataloader.num_workers == 0 and t.train_dataloader.pin_memory is False
+    assert getattr(t.train_dataloader, "prefetch_device", None) is None  # prefetch is off by default
     # The one hand-over point says whose value is used.
     fresh = ImageFolderDataModule(str(image_folder), image_size=16, num_workers=0)
     assert fresh.configure_transfer(prefetch=True, pin_memory=True, num_workers=3)["num_workers"] == "DataModule"
@@ -140,7 +141,7 @@ class Batches:
 def test_callback_on_a_foreign_datamodule(recwarn: pytest.WarningsRecorder) -> None:
     plain_spy, spy = Spy(), Spy()
     cpu_trainer(plain_spy).fit(ImageClassifier(num_classes=3), ForeignDataModule())
-    t = cpu_trainer(spy, FastDataCallback())
+    t = cpu_trainer(spy, FastDataCallback(prefetch=True))
     t.fit(ImageClassifier(num_classes=3), ForeignDataModule())
     assert type(t.train_dataloader).__name__ == "PrefetchingDataLoader"
     assert same(spy.batches, plain_spy.batches)
@@ -152,7 +153,7 @@ def test_a_second_fit_on_a_foreign_datamodule_prefetches_again_and_leaves_it_as_
 
     dm = ForeignDataModule()
     method = type(dm).train_dataloader
-    callback = FastDataCallback()
+    callback = FastDataCallback(prefetch=True)
     for _ in range(2):
         t = cpu_trainer(callback)
         with warnings.catch_warnings(record=True) as caught:

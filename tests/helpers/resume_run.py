@@ -87,7 +87,7 @@ def main(cfg: dict[str, Any]) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=bool(callbacks),
-        callbacks=callbacks + ([FastDataCallback(print_summary=False)] if cfg.get("prefetch") else []),
+        callbacks=callbacks + ([FastDataCallback(prefetch=True, print_summary=False)] if cfg.get("prefetch") else []),
         num_sanity_val_steps=0,
     )
     model = Recorder(cfg["record"], cfg.get("kill_at"), cfg.get("stepping", False), cfg.get("raise_at"))
