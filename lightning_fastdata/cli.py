@@ -261,12 +261,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="image folder -> one HDF5 file",
         description="Convert an image folder.",
         epilog="examples: fastdata convert hdf5 --src data/demo --dst data/demo.h5 --mode raw --size 160\n"
-        "          fastdata convert hdf5 --src data/demo --dst data/demo-256.h5 --max-side 256  # compact",
+        "          fastdata convert hdf5 --src data/demo --dst data/demo-256.h5 --max-side 256  # compact\n"
+        "          fastdata convert hdf5 --src s3://bucket/train --dst /local/nvme/train.h5 --max-side 256",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     targets = convert.add_subparsers(dest="target", required=True)
     h5 = targets.add_parser("hdf5", help="write one HDF5 file (see HDF5Dataset for the layout)")
-    h5.add_argument("--src", required=True, help="image folder: SRC/<class>/<image>")
+    h5.add_argument(
+        "--src",
+        required=True,
+        help="image folder SRC/<class>/<image>, or a bucket URL of one (s3://bucket/train; configured by the "
+        "standard environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_PROFILE)",
+    )
     h5.add_argument("--dst", required=True, help="output .h5 file (written atomically)")
     h5.add_argument("--mode", choices=["encoded", "raw"], default="encoded")
     h5.add_argument("--size", type=int, default=256, help="side of the stored square (raw mode)")

@@ -28,7 +28,16 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FaultProxy", "LocalS3", "fault_proxy", "free_ports", "local_s3_server", "upload_folder", "wait_for_port"]
+__all__ = [
+    "FaultProxy",
+    "LocalS3",
+    "delete_objects",
+    "fault_proxy",
+    "free_ports",
+    "local_s3_server",
+    "upload_folder",
+    "wait_for_port",
+]
 
 
 def free_ports(n: int) -> list[int]:
@@ -181,6 +190,20 @@ def upload_folder(folder: str | os.PathLike[str], url: str, storage_options: Map
             path = os.path.join(dirpath, name)
             files.append((os.path.relpath(path, folder).replace(os.sep, "/"), path))
     return ObjectStorage(url, storage_options).run_direct(_upload, files)
+
+
+def delete_objects(url: str, keys: list[str], storage_options: Mapping[str, Any] | None = None) -> None:
+    """Delete ``keys`` (relative to ``url``): an object removed under a reader, in the fault tests."""
+    from lightning_fastdata.loading.object_store import ObjectStorage
+
+    ObjectStorage(url, storage_options).run_direct(_delete, keys)
+
+
+def _delete(store: Any, keys: list[str]) -> None:
+    import obstore
+
+    for key in keys:
+        obstore.delete(store, key)
 
 
 # -- the fault proxy ----------------------------------------------------------------------------------------------

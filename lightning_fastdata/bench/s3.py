@@ -3,8 +3,11 @@
 One interleaved run on the same JPEGs (uploaded to a SeaweedFS server on 127.0.0.1): the torchvision baseline
 on the local folder, :class:`~lightning_fastdata.ImageFolderDataModule` on the local folder, on ``s3://`` direct,
 on ``s3://`` through a proxy that adds ``--delay-ms`` before every request (a bucket in a remote region), and the
-same with one request in flight per worker (no concurrency: what a loader that fetches file by file gets). The
-decode ceiling (one core's read + full decode) is measured in the same run.
+same with one request in flight per worker (no concurrency: what a loader that fetches file by file gets), and
+what users write today for a bucket: a ``Dataset`` whose ``__getitem__`` calls boto3's ``get_object``, opens the
+bytes with PIL and applies torchvision's classic transforms (direct and through the proxy; skipped, and said so,
+without boto3: ``pip install lightning-fastdata[s3-bench]``). The decode ceiling (one core's read + full decode)
+is measured in the same run.
 
     python -m lightning_fastdata.bench.s3 --json benchmarks/results/s3-folder.json
 
@@ -37,7 +40,59 @@ from lightning_fastdata.measure import (
     rows_for,
 )
 
-__all__ = ["main"]
+__all__ = ["GetObjectDataset", "main"]
+
+
+class GetObjectDataset:
+    """The per-item bucket loader users write: one ``get_object`` per sample, PIL, torchvision transforms.
+
+    A map-style dataset over ``(key, label)`` pairs; the boto3 client is made lazily in each worker process.
+    """
+
+    def __init__(self, bucket: str, items: list[tuple[str, int]], endpoint: str, creds: dict[str, str], size: int):
+        from torchvision import transforms
+
+        self.bucket, self.items, self.endpoint, self.creds = bucket, items, endpoint, creds
+        self.client: Any = None
+        self.transform = transforms.Compose(
+            [
+                transforms.RandomResizedCrop(size),
+                transforms.RandomHorizontalFlip(),
+                transforms.ToTensor(),
+                transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import io
+
+        import boto3
+        from PIL import Image
+
+        if self.client is None:
+            self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1", **self.creds)
+        key, label = self.items[i]
+        body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        return self.transform(Image.open(io.BytesIO(body)).convert("RGB")), label
+
+
+def _per_item_loader(s3: Any, root: Path, prefix: str, endpoint: str, args: argparse.Namespace) -> Any:
+    import torch
+
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    items = [(f"{prefix}/{c}/{f.name}", label) for label, c in enumerate(classes) for f in sorted((root / c).iterdir())]
+    creds = {"aws_access_key_id": s3.access_key_id, "aws_secret_access_key": s3.secret_access_key}
+    dataset = GetObjectDataset(s3.bucket, items, endpoint, creds, args.size)
+    return torch.utils.data.DataLoader(
+        dataset,  # type: ignore[arg-type]
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+    )
 
 
 def _module(root: str, args: argparse.Namespace, storage_options: dict[str, Any] | None) -> ImageFolderDataModule:
@@ -86,6 +141,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 (f"ImageFolderDataModule (s3, +{ms}/request)", remote.train_dataloader, count_normalised(remote)),
                 (f"ImageFolderDataModule (s3, +{ms}, 1 in flight)", serial.train_dataloader, count_normalised(serial)),
             ]  # fmt: skip
+            try:
+                import boto3  # noqa: F401
+
+                candidates += [
+                    ("per-item get_object + PIL + torchvision (s3, direct)",
+                     lambda: _per_item_loader(s3, root, "train", s3.endpoint, args), count_images),
+                    (f"per-item get_object + PIL + torchvision (s3, +{ms}/request)",
+                     lambda: _per_item_loader(s3, root, "train", slow.endpoint, args), count_images),
+                ]  # fmt: skip
+            except ImportError:
+                print("bench s3: boto3 is not installed: the per-item get_object rows are skipped (the s3-bench extra)")
             ceiling = decode_ceiling(files[:256])
             rates = measure(candidates, args.repeats, args.min_seconds)
     best = max(ceiling.values())

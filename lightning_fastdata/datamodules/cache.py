@@ -22,6 +22,7 @@ from lightning_fastdata.datasets.cache import (
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
+from lightning_fastdata.loading.bucket_index import DEFAULT_INDEX_TTL
 from lightning_fastdata.loading.device_augment import crop_resize_flip
 
 __all__ = ["TensorCacheDataModule"]
@@ -38,7 +39,7 @@ class TensorCacheDataModule(FastDataModule):
     when the cache is larger than RAM. See :mod:`lightning_fastdata.datasets.cache` for the format.
 
     Args:
-        root: Image folder (``root/<class>/<image>``).
+        root: Image folder (``root/<class>/<image>``), or a bucket URL of one.
         cache_dir: Directory of the cache (created; built under ``<cache_dir>.partial`` and renamed when done).
         cache_size: Side of the stored training squares (crops are taken from them; >= ``image_size``).
         val_root: Validation folder; default: a seeded ``val_fraction`` split of ``root``.
@@ -59,7 +60,13 @@ class TensorCacheDataModule(FastDataModule):
             ``"folders"``: the file list and the mtimes of its folders, recorded at build time (``O(folders)``,
             the README's scale section has the figures): sees files added, removed, renamed or replaced by a
             rename, but not a file rewritten in place under the same name (then run once with ``"files"``, or
-            delete the cache).
+            delete the cache). From a bucket neither applies: the build lists the bucket again and compares every
+            object's key, size and ETag.
+        storage_options: Object-store settings for a bucket ``root`` (``s3://bucket/train``), as
+            :class:`ImageFolderDataModule` takes them (secrets are not saved in hparams); default: the standard
+            environment. The cache is built once per node (``prepare_data``) into the local ``cache_dir``, the
+            objects read by the build processes a chunk at a time, fetched concurrently.
+        index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused without listing again.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -80,6 +87,8 @@ class TensorCacheDataModule(FastDataModule):
         storage: Literal["raw", "jpeg"] = "raw",
         quality: int = 90,
         verify_source: Literal["files", "folders"] = "files",
+        storage_options: dict[str, Any] | None = None,
+        index_ttl: float = DEFAULT_INDEX_TTL,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("on_corrupt", "raise") != "raise":
@@ -107,7 +116,7 @@ class TensorCacheDataModule(FastDataModule):
                 f"cache_size={cache_size!r} is smaller than image_size={image_size!r}; crops would be upscaled. "
                 "Use cache_size >= image_size (e.g. 256 for 224)."
             )
-        self.source = FolderSource(root, val_root, index_dir)
+        self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl)
         self.classes = self.source.classes
         self.cache_dir = os.fspath(cache_dir)
         self.cache_size = cache_size
@@ -140,6 +149,7 @@ class TensorCacheDataModule(FastDataModule):
             storage=self.storage,
             quality=self.quality,
             verify_source=self.verify_source,
+            storages=self.source.storages,
         )
         self._prepared = True
 

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from multiprocessing import get_context
@@ -32,11 +32,14 @@ from lightning_fastdata.datasets.cache_manifest import (
     write_json,
     write_manifest,
 )
-from lightning_fastdata.datasets.cache_source import fingerprint, folders_unchanged, source_record
+from lightning_fastdata.datasets.cache_source import fingerprint, folders_unchanged, listing_fingerprint, source_record
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.errors import AccessError, DataError, InvalidValueError
-from lightning_fastdata.loading.decode import decode_center_crop
+from lightning_fastdata.loading.decode import decode_center_crop_bytes
 from lightning_fastdata.loading.index import FileIndex
+from lightning_fastdata.loading.object_store import ObjectStorage
+from lightning_fastdata.loading.source_reads import init_source_process, map_sources
+from lightning_fastdata.loading.storage import LocalStorage, Storage
 
 __all__ = ["build_tensor_cache", "check_verify_source"]
 
@@ -89,10 +92,6 @@ def _open_array_for_writing(path: Path, shape: tuple[int, ...], resume: bool) ->
     return images
 
 
-def _decode_job(args: tuple[str, int, float]) -> np.ndarray:
-    return decode_center_crop(*args)
-
-
 def check_verify_source(verify_source: str) -> None:
     """The one check of ``verify_source`` (the DataModule calls it in ``__init__``, the build in its own).
 
@@ -119,6 +118,7 @@ def build_tensor_cache(
     storage: Literal["raw", "jpeg"] = "raw",
     quality: int = 90,
     verify_source: Literal["files", "folders"] = "files",
+    storages: Mapping[str, Storage] | None = None,
 ) -> Path:
     """Build (or resume, or reuse) the cache of ``train_index`` / ``val_index`` in ``cache_dir``.
 
@@ -133,17 +133,26 @@ def build_tensor_cache(
     manifest has no record, or a folder was modified during the build) the full check decides, and a cache it
     finds current gets a fresh record.
 
+    ``storages`` maps an index's root to its :class:`~lightning_fastdata.loading.storage.Storage` (default: the
+    local folder). From a bucket the files are read by the build processes, a chunk of objects at a time
+    fetched concurrently, and the source is checked by listing it again: keys, sizes and ETags
+    (:func:`~lightning_fastdata.datasets.cache_source.listing_fingerprint`; ``verify_source`` does not apply: a
+    bucket has no folder mtimes, and an object rewritten in place gets a new ETag).
+
     Raises:
         PermissionError: If ``cache_dir``'s parent is not writable.
         OSError: If there is not enough disk space (the message gives the size needed), or a source image is
             corrupt (named).
         ValueError: If the cache is stale and ``read_only`` is set, or its format is newer than this package.
     """
-    from lightning_fastdata.loading.workers import CpuBudget, init_build_process
+    from lightning_fastdata.loading.workers import CpuBudget
 
     check_verify_source(verify_source)
     cache_dir = Path(cache_dir)
     indexes = (train_index, val_index)
+    given = dict(storages or {})
+    sources = {i.root: given.get(i.root) or LocalStorage(i.root) for i in indexes if i is not None}
+    in_bucket = any(isinstance(x, ObjectStorage) for x in sources.values())
     params = CacheParams(
         cache_size=cache_size,
         image_size=image_size,
@@ -154,13 +163,13 @@ def build_tensor_cache(
         quality=quality,
     )
     record = None
-    if verify_source == "folders":
+    if verify_source == "folders" and not in_bucket:
         manifest = read_manifest(cache_dir)
         unchanged, _ = folders_unchanged(manifest, indexes)
         if unchanged and manifest is not None and changed_param(manifest.get("params", {}), params) is None:
             return cache_dir
         record = source_record(indexes)  # before the files' stat: a change after it shows in the next check
-    params = replace(params, fingerprint=fingerprint(indexes))
+    params = replace(params, fingerprint=listing_fingerprint(indexes, sources) if in_bucket else fingerprint(indexes))
     current, why = cache_is_current(cache_dir, params)
     if current:
         if record is not None and not read_only:
@@ -216,14 +225,14 @@ def build_tensor_cache(
                 )
             partial.mkdir()
             write_json(partial / "progress.json", state)
-        if record is None:  # taken before any image is decoded: a change after it shows in the next check
+        if record is None and not in_bucket:  # taken before any decode: a change after it shows in the next check
             record = source_record(indexes)
         processes = processes or CpuBudget.detect().usable
         context = get_context("fork" if os.name == "posix" else "spawn")
         if storage == "jpeg":
-            _build_jpeg(partial, train_index, val_index, cache_size, quality, processes, progress)
+            _build_jpeg(partial, train_index, val_index, cache_size, quality, processes, progress, sources)
         else:
-            with context.Pool(processes, initializer=init_build_process) as pool:
+            with context.Pool(processes, initializer=init_source_process) as pool:
                 for split, index in (("train", train_index), ("val", val_index)):
                     n, side = sizes[split]
                     labels = np.zeros(0, np.int64) if index is None else index.labels.astype(np.int64)
@@ -232,11 +241,16 @@ def build_tensor_cache(
                     start = state["done"][split]
                     images = _open_array_for_writing(path, (n, side, side, 3), resume=start > 0 and path.exists())
                     fraction = 1.0 if split == "train" else crop_fraction
-                    jobs = [(index.path(i), side, fraction) for i in range(start, n)] if index is not None else []
+                    args = (side, fraction)
+                    results = (
+                        ()
+                        if index is None
+                        else map_sources(pool, sources[index.root], index, decode_center_crop_bytes, args, start)
+                    )
                     bar = tqdm(
                         total=n, initial=start, desc=f"cache {split}", unit="img", disable=not progress or n == 0
                     )
-                    for i, arr in enumerate(pool.imap(_decode_job, jobs, chunksize=8), start=start):
+                    for i, arr in enumerate(results, start=start):
                         images[i] = arr
                         bar.update()
                         if (i + 1) % 256 == 0 or i + 1 == n:  # checkpoint the progress for a resume
@@ -265,6 +279,7 @@ def _build_jpeg(
     quality: int,
     processes: int,
     progress: bool,
+    sources: Mapping[str, Storage],
 ) -> None:
     """Re-encode each split once into ``partial/<split>.h5`` (shorter side ``cache_size``, JPEG ``quality``).
 
@@ -274,5 +289,11 @@ def _build_jpeg(
         dst = partial / f"{split}.h5"
         if index is not None and not dst.exists():
             convert_folder_to_hdf5(
-                index, dst, max_side=cache_size, quality=quality, processes=processes, progress=progress
+                index,
+                dst,
+                max_side=cache_size,
+                quality=quality,
+                processes=processes,
+                progress=progress,
+                storage=sources[index.root],
             )

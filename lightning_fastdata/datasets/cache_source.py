@@ -11,15 +11,25 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from lightning_fastdata.loading.bucket_index import list_bucket_folder
 from lightning_fastdata.loading.index import FileIndex
 from lightning_fastdata.loading.index_store import changed_folder, folder_record
+from lightning_fastdata.loading.object_store import ObjectStorage
+from lightning_fastdata.loading.storage import Storage
 
-__all__ = ["fingerprint", "folder_mtimes", "folders_unchanged", "listing_digest", "source_record"]
+__all__ = [
+    "fingerprint",
+    "folder_mtimes",
+    "folders_unchanged",
+    "listing_digest",
+    "listing_fingerprint",
+    "source_record",
+]
 
 
 def fingerprint(indexes: Sequence[FileIndex | None]) -> str:
@@ -44,6 +54,29 @@ def fingerprint(indexes: Sequence[FileIndex | None]) -> str:
                 st = stat(root + rel)
                 records.append(b"%s\0%d\0%d\0%d\n" % (rel, st.st_size, st.st_mtime_ns, labels[i]))
             digest.update(b"".join(records))
+    return digest.hexdigest()
+
+
+def listing_fingerprint(indexes: Sequence[FileIndex | None], storages: Mapping[str, Storage]) -> str:
+    """The fingerprint of a source in a bucket: the indexes' file lists plus a fresh listing's keys, sizes, ETags.
+
+    Each root in a bucket is listed again (class prefixes concurrently: ``objects / 1000`` requests); its per-class
+    digests of every object's key, size and ETag change when an object is added, removed or rewritten. A local
+    root in the mix contributes :func:`fingerprint`'s per-file records.
+    """
+    digest = hashlib.sha256(listing_digest(indexes).encode())
+    listed: dict[str, dict[str, str]] = {}
+    for index in indexes:
+        digest.update(b"|split|")
+        if index is None:
+            continue
+        storage = storages[index.root]
+        if not isinstance(storage, ObjectStorage):
+            digest.update(fingerprint([index]).encode())
+            continue
+        if index.root not in listed:
+            listed[index.root] = list_bucket_folder(storage, index.classes)[1]
+        digest.update(json.dumps(listed[index.root], sort_keys=True).encode())
     return digest.hexdigest()
 
 

@@ -17,17 +17,20 @@ from tqdm import tqdm
 from lightning_fastdata.datasets.hdf5 import FORMAT_VERSION, inspect_hdf5
 from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError
 from lightning_fastdata.loading.atomic import atomic_path, side_path
-from lightning_fastdata.loading.decode import decode_center_crop
+from lightning_fastdata.loading.bucket_index import list_bucket_folder
+from lightning_fastdata.loading.decode import decode_center_crop_bytes
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
-from lightning_fastdata.loading.workers import CpuBudget, init_build_process
+from lightning_fastdata.loading.object_store import ObjectStorage
+from lightning_fastdata.loading.source_reads import init_source_process, map_sources
+from lightning_fastdata.loading.storage import LocalStorage, Storage, is_url
+from lightning_fastdata.loading.storage_factory import open_storage
+from lightning_fastdata.loading.workers import CpuBudget
 
 __all__ = ["convert_folder_to_hdf5"]
 
 
-def _read_verified(path: str) -> bytes:
+def _read_verified(data: bytes, path: str) -> bytes:
     """The file's bytes, after checking that it decodes (so a corrupt image fails the conversion, named)."""
-    with open(path, "rb") as f:
-        data = f.read()
     try:
         with Image.open(io.BytesIO(data)) as img:
             img.load()
@@ -36,15 +39,14 @@ def _read_verified(path: str) -> bytes:
     return data
 
 
-def _reencode(args: tuple[str, int, int]) -> bytes:
-    """The image at ``args[0]`` as a JPEG whose shorter side is at most ``args[1]``, quality ``args[2]``.
+def _reencode(data: bytes, path: str, max_side: int, quality: int) -> bytes:
+    """The image ``data`` (read from ``path``) as a JPEG whose shorter side is at most ``max_side``, at ``quality``.
 
     Decoded at the smallest DCT scale that still covers the target (``draft``), resized with antialiasing,
     encoded once with 4:2:0 chroma subsampling (libjpeg's default, what photos use). Never upscaled.
     """
-    path, max_side, quality = args
     try:
-        with Image.open(path) as img:
+        with Image.open(io.BytesIO(data)) as img:
             short = min(img.size)
             if short > max_side:
                 img.draft("RGB", (img.size[0] * max_side // short, img.size[1] * max_side // short))
@@ -61,8 +63,8 @@ def _reencode(args: tuple[str, int, int]) -> bytes:
     return buf.getvalue()
 
 
-def _decode_square(args: tuple[str, int]) -> np.ndarray:
-    return decode_center_crop(args[0], args[1])
+def _decode_square(data: bytes, path: str, size: int) -> np.ndarray:
+    return decode_center_crop_bytes(data, path, size)
 
 
 def _write_reencoded(f: Any, results: Iterator[bytes], side: Path, bar: tqdm) -> None:
@@ -100,6 +102,8 @@ def convert_folder_to_hdf5(
     progress: bool = True,
     max_side: int | None = None,
     quality: int = 90,
+    storage_options: dict[str, Any] | None = None,
+    storage: Storage | None = None,
 ) -> Path:
     """Convert ``src/<class>/<image>`` into the HDF5 layout that :class:`~lightning_fastdata.HDF5Dataset` reads fastest.
 
@@ -113,7 +117,9 @@ def convert_folder_to_hdf5(
     file at ``dst``.
 
     Args:
-        src: Image folder (torchvision ``ImageFolder`` layout and class order), or an index of (part of) one.
+        src: Image folder (torchvision ``ImageFolder`` layout and class order), a bucket URL of one
+            (``s3://bucket/train``: listed, then read by the conversion processes, a chunk of objects at a time
+            fetched concurrently), or an index of (part of) one.
         dst: Output file.
         mode: ``"encoded"`` keeps the JPEG bytes (small file, decode per epoch); ``"raw"`` stores decoded pixels
             (no decode per epoch, ~150 KB per 224-px image).
@@ -123,6 +129,9 @@ def convert_folder_to_hdf5(
             does not fit in RAM (~4-6x smaller than ImageNet's originals, ~7x smaller than a 256 px raw file),
             decoded at train time by the same region-of-interest path. ``None``: keep the files as they are.
         quality: JPEG quality of the re-encoded images (``max_side`` only).
+        storage_options: Object-store settings for a URL ``src`` (see
+            :class:`~lightning_fastdata.loading.object_store.ObjectStorage`); default: the standard environment.
+        storage: Where an index ``src``'s files are read from (default: its local root).
         processes: Reading/decoding processes; default: usable CPUs.
         overwrite: Replace an existing ``dst``.
         progress: Show a progress bar.
@@ -149,7 +158,13 @@ def convert_folder_to_hdf5(
     dst = Path(dst)
     if dst.exists() and not overwrite:
         raise PathExistsError(f"{str(dst)!r} exists; pass overwrite=True (--overwrite) to replace it.")
-    index = src if isinstance(src, FileIndex) else scan_image_folder(os.fspath(src))
+    if isinstance(src, FileIndex):
+        index, storage = src, storage or LocalStorage(src.root)
+    else:
+        root = src if isinstance(src, str) and is_url(src) else os.fspath(src)
+        storage = open_storage(root, storage_options)
+        index = list_bucket_folder(storage)[0] if isinstance(storage, ObjectStorage) else scan_image_folder(root)
+    in_bucket = isinstance(storage, ObjectStorage)
     paths = [index.path(i) for i in range(len(index))]
     processes = processes or CpuBudget.detect().usable
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -158,26 +173,28 @@ def convert_folder_to_hdf5(
         tqdm(total=len(paths), desc=f"hdf5 ({mode})", unit="img", disable=not progress) as bar,
     ):
         context = get_context("fork" if os.name == "posix" else "spawn")
-        with context.Pool(processes, initializer=init_build_process) as pool:
+        with context.Pool(processes, initializer=init_source_process) as pool:
             with h5py.File(tmp, "w", libver="latest") as f:
                 f.attrs.update(
                     fastdata_format=FORMAT_VERSION,
                     mode=mode,
                     classes=json.dumps(list(index.classes)),
-                    source=os.path.abspath(index.root),
+                    source=index.root if in_bucket else os.path.abspath(index.root),
                 )
                 f.create_dataset("labels", data=index.labels.astype(np.int64))
                 if max_side is not None:
                     f.attrs.update(max_side=max_side, quality=quality)
-                    jobs = [(p, max_side, quality) for p in paths]
-                    _write_reencoded(f, pool.imap(_reencode, jobs, chunksize=8), side_path(dst, "bytes"), bar)
+                    reencoded = map_sources(pool, storage, index, _reencode, (max_side, quality))
+                    _write_reencoded(f, reencoded, side_path(dst, "bytes"), bar)
+                elif mode == "encoded" and in_bucket:  # no sizes up front: through the side file
+                    _write_reencoded(f, map_sources(pool, storage, index, _read_verified), side_path(dst, "bytes"), bar)
                 elif mode == "encoded":
                     sizes = np.array([os.path.getsize(p) for p in paths], dtype=np.int64)
                     offsets = np.zeros(len(paths) + 1, dtype=np.int64)
                     np.cumsum(sizes, out=offsets[1:])
                     f.create_dataset("offsets", data=offsets)
                     blob = f.create_dataset("images", shape=(int(offsets[-1]),), dtype=np.uint8)
-                    results: Iterator = pool.imap(_read_verified, paths, chunksize=8)
+                    results: Iterator = map_sources(pool, storage, index, _read_verified)
                     for i, data in enumerate(results):
                         if len(data) != sizes[i]:
                             raise DataError(f"{paths[i]!r} changed size during the conversion; run it again.")
@@ -186,7 +203,7 @@ def convert_folder_to_hdf5(
                 else:
                     f.attrs["size"] = size
                     images = f.create_dataset("images", shape=(len(paths), size, size, 3), dtype=np.uint8)
-                    results = pool.imap(_decode_square, [(p, size) for p in paths], chunksize=8)
+                    results = map_sources(pool, storage, index, _decode_square, (size,))
                     for i, arr in enumerate(results):
                         images[i] = arr
                         bar.update()

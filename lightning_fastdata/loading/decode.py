@@ -38,6 +38,7 @@ __all__ = [
     "Box",
     "center_crop_box",
     "decode_center_crop",
+    "decode_center_crop_bytes",
     "decode_resized_crop",
     "pillow_simd_installed",
     "random_resized_crop_box",
@@ -295,8 +296,13 @@ def decode_center_crop(path: str, size: int, crop_fraction: float = 1.0) -> np.n
     """
     with open(path, "rb") as f:
         data = f.read()
+    return decode_center_crop_bytes(data, path, size, crop_fraction)
+
+
+def decode_center_crop_bytes(data: bytes, name: str, size: int, crop_fraction: float = 1.0) -> np.ndarray:
+    """:func:`decode_center_crop` of an image already read (``name``, its path or URL, is for errors)."""
     out = torch.empty((size, size, 3), dtype=torch.uint8)
-    decode_resized_crop(data, out.permute(2, 0, 1), lambda w, h: center_crop_box(w, h, crop_fraction), name=path)
+    decode_resized_crop(data, out.permute(2, 0, 1), lambda w, h: center_crop_box(w, h, crop_fraction), name=name)
     return out.numpy()
 
 
