@@ -64,12 +64,13 @@ def wait_for_port(port: int, seconds: float = 30) -> bool:
 
 @dataclass(frozen=True)
 class LocalS3:
-    """A running local S3 server: where it listens, its credentials and its bucket."""
+    """A running local S3 server: where it listens, its credentials, its bucket and its process id."""
 
     endpoint: str
     access_key_id: str
     secret_access_key: str
     bucket: str
+    pid: int = 0
 
     def url(self, key: str = "") -> str:
         """``s3://<bucket>/<key>``."""
@@ -125,7 +126,7 @@ def local_s3_server(
     log_path = folder / "weed.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = LocalS3(f"http://127.0.0.1:{ports[6]}", access_key_id, secret_access_key, bucket)
+    server = LocalS3(f"http://127.0.0.1:{ports[6]}", access_key_id, secret_access_key, bucket, proc.pid)
     try:
         _wait_until_ready(server, proc, log_path)
         yield server
@@ -284,10 +285,11 @@ def _proxy_main(
 
 @dataclass(frozen=True)
 class FaultProxy:
-    """A running :func:`fault_proxy`: its endpoint, and the requests it saw."""
+    """A running :func:`fault_proxy`: its endpoint, the requests it saw, and its process id."""
 
     endpoint: str
     log: Path
+    pid: int = 0
 
     def requests(self) -> list[tuple[str, str, int]]:
         """``(method, path, status)`` of every request answered so far (path is ``/bucket/key``)."""
@@ -331,7 +333,7 @@ def fault_proxy(
     proc.start()
     wait_for_port(listen)
     try:
-        yield FaultProxy(f"http://127.0.0.1:{listen}", log)
+        yield FaultProxy(f"http://127.0.0.1:{listen}", log, proc.pid or 0)
     finally:
         proc.terminate()
         proc.join(5)

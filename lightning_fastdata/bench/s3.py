@@ -12,7 +12,10 @@ is measured in the same run.
     python -m lightning_fastdata.bench.s3 --json benchmarks/results/s3-folder.json
 
 On a small machine the server and the proxy run on the same cores as the loader's workers and take CPU from
-them: the s3 rows are a lower bound of what a remote bucket gives.
+them: the s3 rows are a lower bound of what a remote bucket gives. So each row also says where the machine's
+CPU went while it ran (``/proc``: the server's process, the proxy's, the rest, i.e. the loader), and its images/s
+per core the loader had (``img_s_per_loader_core``): equal across the local and s3 rows means the loader hides the
+requests' latency and the lost rate is the test rig's CPU.
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ from lightning_fastdata.measure import (
     count_images,
     count_normalised,
     decode_ceiling,
-    measure,
     print_table,
     rows_for,
+    time_loader,
 )
 
 __all__ = ["GetObjectDataset", "main"]
@@ -93,6 +96,50 @@ def _per_item_loader(s3: Any, root: Path, prefix: str, endpoint: str, args: argp
         num_workers=args.workers,
         persistent_workers=args.workers > 0,
     )
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), 0 if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (``/proc/stat``: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed(
+    candidates: list[Candidate], repeats: int, min_seconds: float, server_pid: int, proxy_pid: int
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+    """``measure``'s interleaved rounds, with where the CPU went during each candidate's runs (summed)."""
+    rates: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
+    cpu = {name: {"seconds": 0.0, "busy": 0.0, "server": 0.0, "proxy": 0.0} for name, _, _ in candidates}
+    for _ in range(repeats):
+        for name, make, consume in candidates:
+            before = (time.perf_counter(), _machine_busy_s(), _process_cpu_s(server_pid), _process_cpu_s(proxy_pid))
+            rates[name].append(time_loader(make, consume, min_seconds=min_seconds))
+            after = (time.perf_counter(), _machine_busy_s(), _process_cpu_s(server_pid), _process_cpu_s(proxy_pid))
+            for key, b, a in zip(("seconds", "busy", "server", "proxy"), before, after):
+                cpu[name][key] += a - b
+    return rates, cpu
+
+
+def _cpu_columns(rate: float, c: dict[str, float]) -> dict[str, float]:
+    busy = max(c["busy"], 1e-9)
+    loader_cores = max(c["busy"] - c["server"] - c["proxy"], 1e-9) / max(c["seconds"], 1e-9)
+    return {
+        "cpu_busy_cores": c["busy"] / max(c["seconds"], 1e-9),
+        "cpu_share_server": c["server"] / busy,
+        "cpu_share_proxy": c["proxy"] / busy,
+        "img_s_per_loader_core": rate / loader_cores,
+    }
 
 
 def _module(root: str, args: argparse.Namespace, storage_options: dict[str, Any] | None) -> ImageFolderDataModule:
@@ -153,10 +200,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             except ImportError:
                 print("bench s3: boto3 is not installed: the per-item get_object rows are skipped (the s3-bench extra)")
             ceiling = decode_ceiling(files[:256])
-            rates = measure(candidates, args.repeats, args.min_seconds)
+            rates, cpu = _timed(candidates, args.repeats, args.min_seconds, s3.pid, slow.pid)
     best = max(ceiling.values())
     rows = rows_for(rates, args.workers, best)
+    for row in rows:
+        row.update(_cpu_columns(row["images_per_s"], cpu[row["loader"]]))
     print_table(rows)
+    print("| loader | busy cores | server share | proxy share | img/s per loader core |")
+    print("|---|---:|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row['loader']} | {row['cpu_busy_cores']:.2f} | {row['cpu_share_server']:.0%} | "
+            f"{row['cpu_share_proxy']:.0%} | {row['img_s_per_loader_core']:.0f} |"
+        )
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",

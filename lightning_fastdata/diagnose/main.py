@@ -9,13 +9,18 @@ import sys
 from lightning_fastdata.diagnose.report import DoctorReport, check_config_path, format_report, write_config
 from lightning_fastdata.diagnose.run import doctor
 from lightning_fastdata.errors import UsageError
+from lightning_fastdata.loading.storage import is_url
 
 __all__ = ["add_arguments", "main", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the doctor's arguments to ``p`` (``fastdata doctor``'s subparser, or :func:`main`'s own parser)."""
-    p.add_argument("path", help="image folder (root/<class>/<image>) or HDF5 file")
+    p.add_argument(
+        "path",
+        help="image folder (root/<class>/<image>), a bucket URL of one (s3://bucket/train; credentials and endpoint "
+        "from the standard AWS environment), or an HDF5 file",
+    )
     p.add_argument("--devices", type=int, default=1, help="training processes per node")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224)
@@ -34,7 +39,7 @@ def run(args: argparse.Namespace) -> DoctorReport:
     """
     if args.write_config:
         check_config_path(args.path, args.write_config)  # before a minute of measuring, not after
-    if os.path.exists(args.path):
+    if os.path.exists(args.path) or is_url(args.path):
         print(
             f"fastdata doctor: measuring {args.path} for about {args.seconds:g} s after listing it (a sample's "
             "HDF5 files and caches are built in a temporary directory and removed) ...",

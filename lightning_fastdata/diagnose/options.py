@@ -24,6 +24,7 @@ from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.datasets.hdf5 import HDF5Layout
 from lightning_fastdata.diagnose.probe import DataProbe, FolderSample
+from lightning_fastdata.loading.storage import is_url
 from lightning_fastdata.measure import baseline_loader, memcpy_ceiling
 
 __all__ = ["BASELINE", "INDEX_DIR_FILES", "PreparedOption", "folder_options", "hdf5_options"]
@@ -97,8 +98,8 @@ def _finish_configs(options: list[PreparedOption], files: int, image_size: int, 
             continue
         init = option.config["init_args"]
         init.update(image_size=image_size, batch_size=batch_size, num_workers="auto")
-        if files >= INDEX_DIR_FILES and "root" in init:
-            init["index_dir"] = "cache/index"  # every rank lists the folder in setup(), every run: once per node
+        if (files >= INDEX_DIR_FILES or is_url(init.get("root", ""))) and "root" in init:
+            init["index_dir"] = "cache/index"  # every rank lists the folder (bucket) in setup(): once per node
             if option.key.startswith("cache-"):
                 init["verify_source"] = "folders"  # O(folders) per run instead of a stat of every file
 
@@ -118,8 +119,9 @@ def folder_options(
     batch = max(1, min(batch_size, good // 4))
     kw: dict[str, Any] = dict(image_size=image_size, batch_size=batch, val_fraction=0.0)
     side = max(image_size, round(image_size * 256 / 224))  # what a 224 crop of a 256 resize keeps
-    name = os.path.basename(os.path.abspath(root))
-    src = os.path.abspath(root)
+    in_bucket = is_url(root)
+    name = root.rstrip("/").rsplit("/", 1)[-1] if in_bucket else os.path.basename(os.path.abspath(root))
+    src = root if in_bucket else os.path.abspath(root)
     options = [
         PreparedOption(
             BASELINE,
@@ -132,7 +134,7 @@ def folder_options(
         ),
         PreparedOption(
             "folder",
-            "ImageFolderDataModule",
+            "ImageFolderDataModule (streamed from the bucket)" if in_bucket else "ImageFolderDataModule",
             0,
             functools.partial(_held, ImageFolderDataModule, sample_root, kw),
             probe.mean_kb,

@@ -21,7 +21,16 @@ from lightning_fastdata.errors import AccessError, DataError
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
 from lightning_fastdata.measure import decode_ceiling
 
-__all__ = ["PERCENTILES", "DataProbe", "FolderSample", "permission_error", "probe_folder", "probe_hdf5"]
+__all__ = [
+    "PERCENTILES",
+    "DataProbe",
+    "FolderSample",
+    "permission_error",
+    "probe_folder",
+    "probe_hdf5",
+    "sample_stats",
+    "too_few_error",
+]
 
 PERCENTILES = (5, 25, 50, 75, 95)
 
@@ -51,6 +60,7 @@ class DataProbe:
     scan_s: float
     decode_ceiling_1core: float = float("nan")
     memcpy_ceiling_1core: float = float("nan")  # set once a raw cache of the sample exists (see options)
+    request_ms: float = float("nan")  # a bucket: one request at a time, per request
 
 
 @dataclass
@@ -99,7 +109,7 @@ def permission_error(path: str, err: OSError) -> OSError:
     return err
 
 
-def _sample_stats(blobs: Iterator[tuple[str, bytes | None]], image_size: int) -> tuple[dict[str, Any], list, list]:
+def sample_stats(blobs: Iterator[tuple[str, bytes | None]], image_size: int) -> tuple[dict[str, Any], list, list]:
     """Formats, size and resolution distributions of the sampled images; corrupt and unreadable ones by name."""
     formats: Counter[str] = Counter()
     sizes, resolutions, corrupt, unreadable = [], [], [], []
@@ -137,7 +147,8 @@ def _read_files(paths: list[str]) -> Iterator[tuple[str, bytes | None]]:
             yield p, None
 
 
-def _too_few(path: str, sampled: int, corrupt: list[str], unreadable: list[str]) -> OSError:
+def too_few_error(path: str, sampled: int, corrupt: list[str], unreadable: list[str]) -> OSError:
+    """The error when too few sampled images could be read and decoded (their names, and what to do)."""
     if unreadable and len(unreadable) >= len(corrupt):
         return permission_error(path, PermissionError(errno.EACCES, "Permission denied", unreadable[0]))
     return DataError(
@@ -158,12 +169,12 @@ def probe_folder(root: str, image_size: int, sample: int) -> tuple[DataProbe, Fo
     n = len(index)
     rows = np.sort(np.random.default_rng(0).choice(n, size=min(sample, n), replace=False))
     paths = [index.path(int(i)) for i in rows]
-    stats, corrupt, unreadable = _sample_stats(_read_files(paths), image_size)
+    stats, corrupt, unreadable = sample_stats(_read_files(paths), image_size)
     bad = set(corrupt) | set(unreadable)
     good_rows = np.array([i for i, p in zip(rows, paths) if p not in bad], dtype=np.int64)
     good = [p for p in paths if p not in bad]
     if len(good) < 4:
-        raise _too_few(root, len(paths), corrupt, unreadable)
+        raise too_few_error(root, len(paths), corrupt, unreadable)
     threads = torch.get_num_threads()
     try:
         ceiling = max(decode_ceiling(good[:64]).values())  # one core: it sets torch's threads to 1 meanwhile
@@ -213,9 +224,9 @@ def probe_hdf5(path: str, image_size: int, sample: int) -> tuple[DataProbe, HDF5
     corrupt: list[str] = []
     unreadable: list[str] = []
     if layout.kind == "encoded":
-        stats, corrupt, unreadable = _sample_stats(_hdf5_blobs(layout, rows), image_size)
+        stats, corrupt, unreadable = sample_stats(_hdf5_blobs(layout, rows), image_size)
         if len(corrupt) > len(rows) - 4:
-            raise _too_few(path, len(rows), corrupt, unreadable)
+            raise too_few_error(path, len(rows), corrupt, unreadable)
     else:
         h, w = layout.shape[1:3] if layout.kind == "hwc" else layout.shape[2:4]
         side = float(min(h, w))

@@ -11,9 +11,11 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from lightning_fastdata.diagnose.bucket import probe_bucket
 from lightning_fastdata.diagnose.options import BASELINE, folder_options, hdf5_options
 from lightning_fastdata.diagnose.probe import permission_error, probe_folder, probe_hdf5
 from lightning_fastdata.diagnose.report import DoctorReport, Option
@@ -21,6 +23,7 @@ from lightning_fastdata.diagnose.timing import Budget, rank_share, sweep_counts
 from lightning_fastdata.diagnose.verdict import choose_option, choose_workers, expected_rate, wait_fraction
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
+from lightning_fastdata.loading.storage import is_url
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
 
 __all__ = ["doctor"]
@@ -55,8 +58,9 @@ def doctor(
     step_ms: float | None = None,
     sample: int = 256,
     scratch_dir: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> DoctorReport:
-    """Measure ``path`` (an image folder or an HDF5 file) on this machine and recommend a DataModule.
+    """Measure ``path`` (an image folder, a bucket URL of one, or an HDF5 file) and recommend a DataModule.
 
     Read-only on the data: it lists the folder (or inspects the HDF5 file), samples files, and builds everything
     it times (a folder of symlinks to the sample, HDF5 files and caches of it) in a temporary directory it
@@ -69,7 +73,10 @@ def doctor(
     torch's intra-op threads) to one rank's share of the CPUs, and restores both afterwards.
 
     Args:
-        path: Image folder (``root/<class>/<image>``) or HDF5 file.
+        path: Image folder (``root/<class>/<image>``), a bucket URL of one (``s3://bucket/train``: listed, a
+            sample fetched into the scratch directory and every option timed from that copy; streaming from the
+            bucket is capped at the node's estimated fetch rate, see :mod:`lightning_fastdata.diagnose.bucket`),
+            or an HDF5 file.
         devices: Training processes per node (each rank gets ``usable CPUs / devices`` CPUs, and the timed runs
             are pinned to that many).
         batch_size: Batch size per rank.
@@ -80,6 +87,7 @@ def doctor(
         sample: Files sampled for statistics and timed runs.
         scratch_dir: Where to build the sample's caches (a temporary directory in it, removed afterwards);
             default: the system's temporary directory (``TMPDIR``).
+        storage_options: Object-store settings for a URL ``path`` (default: the standard environment).
 
     Raises:
         FileNotFoundError: If ``path`` does not exist, is an empty folder or holds no class folder.
@@ -94,7 +102,7 @@ def doctor(
             f"seconds={seconds}, sample={sample} (need devices, batch_size >= 1, image_size >= 8, seconds > 0, "
             "sample >= 8)."
         )
-    if not os.path.exists(path):
+    if not is_url(path) and not os.path.exists(path):
         raise PathNotFoundError(
             f"{path!r} does not exist. Pass an image folder (root/<class>/<image>) or an HDF5 file."
         )
@@ -105,7 +113,12 @@ def doctor(
     budget = Budget(seconds)
     with _scratch(scratch_dir) as scratch:
         try:
-            if os.path.isdir(path):
+            if is_url(path):
+                probe, sample_files = probe_bucket(
+                    path, storage_options, image_size, sample, scratch, workers * devices
+                )
+                prepared = folder_options(path, probe, sample_files, scratch, cpus.usable, batch_size, image_size)
+            elif os.path.isdir(path):
                 probe, sample_files = probe_folder(path, image_size, sample)
                 prepared = folder_options(path, probe, sample_files, scratch, cpus.usable, batch_size, image_size)
             else:
@@ -114,12 +127,17 @@ def doctor(
         except PermissionError as err:
             raise permission_error(path, err) from err
         budget.deadline += probe.scan_s  # the listing comes on top of the budget
+        # a build from a bucket also fetches every object once, in its processes (one process's rate each)
+        fetch_s = probe.data_gb * 1e3 / (probe.read_mb_s_warm * cpus.usable) if probe.kind == "bucket" else 0.0
         sweep = sweep_counts(share, workers)
         options: list[Option] = []
         with rank_share(share):
             for k, prep in enumerate(prepared):
                 rate = budget.time(functools.partial(prep.make, workers), len(prepared) - k + len(sweep) - 1)
                 dataset_gb = prep.kb_per_image * probe.files / 1e6
+                expected = expected_rate(rate, dataset_gb, prep.kb_per_image, ram, probe.read_mb_s_cold, devices)
+                if probe.kind == "bucket" and prep.key == "folder":  # every epoch fetches every object again
+                    expected = min(rate, probe.read_mb_s_cold * 1e3 / prep.kb_per_image / devices)
                 options.append(
                     Option(
                         name=prep.name,
@@ -127,11 +145,9 @@ def doctor(
                         vs_baseline=float("nan"),
                         kb_per_image=prep.kb_per_image,
                         dataset_gb=dataset_gb,
-                        build_s=prep.build_s_per_image * probe.files,
+                        build_s=prep.build_s_per_image * probe.files + fetch_s * (prep.build_s_per_image > 0),
                         config=prep.config,
-                        expected_per_s=expected_rate(
-                            rate, dataset_gb, prep.kb_per_image, ram, probe.read_mb_s_cold, devices
-                        ),
+                        expected_per_s=expected,
                         prepare=prep.prepare,
                         key=prep.key,
                         steps=prep.steps,
@@ -152,7 +168,7 @@ def doctor(
         chosen.config["init_args"]["num_workers"] = num_workers
     return DoctorReport(
         **vars(probe),
-        path=os.path.abspath(path),
+        path=path if is_url(path) else os.path.abspath(path),
         usable_cpus=cpus.usable,
         gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
         devices=devices,

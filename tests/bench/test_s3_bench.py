@@ -1,0 +1,32 @@
+"""``python -m lightning_fastdata.bench.s3`` end to end at tiny sizes, against the real local S3 server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.timeout(300)
+def test_s3_bench_times_every_row_and_says_where_the_cpu_went(tmp_path: Path) -> None:
+    out_json = tmp_path / "s3.json"
+    args = ["--images", "64", "--batch-size", "16", "--size", "32", "--repeats", "1", "--min-seconds", "0.3"]
+    cmd = [sys.executable, "-m", "lightning_fastdata.bench.s3", *args, "--json", str(out_json)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = {r["loader"]: r for r in json.loads(out_json.read_text())["rows"]}
+    assert "ImageFolderDataModule (s3, +20 ms/request)" in rows and "torchvision ImageFolder (local)" in rows
+    for name, row in rows.items():
+        assert row["images_per_s"] > 0 and row["img_s_per_loader_core"] > 0, name
+        assert 0 <= row["cpu_share_server"] <= 1 and 0 <= row["cpu_share_proxy"] <= 1, name
+    # the server works for the bucket rows only; the proxy only for the rows that go through it
+    assert (
+        rows["ImageFolderDataModule (s3, direct)"]["cpu_share_server"]
+        > rows["ImageFolderDataModule (local)"]["cpu_share_server"]
+    )
+    assert rows["ImageFolderDataModule (s3, +20 ms/request)"]["cpu_share_proxy"] > 0.01
+    assert rows["ImageFolderDataModule (s3, direct)"]["cpu_share_proxy"] < 0.01
+    assert "img/s per loader core" in out.stdout
