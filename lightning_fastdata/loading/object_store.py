@@ -358,13 +358,17 @@ class _Agent:
     """A process forked (once, on first use) from the clean main process that makes its obstore calls.
 
     Calls are serialised (one at a time, under a lock); each one is itself concurrent inside the helper. The
-    helper exits when its pipe closes (this process ended, even by SIGKILL) and is stopped at exit as a daemon.
+    helper is stopped at exit as a daemon, and ends by itself when this process ends any other way (SIGKILL,
+    ``os._exit``): when its pipe closes, or, within :data:`_PARENT_CHECK_S`, when its parent is gone (processes
+    forked from this one later, such as loader workers, also hold the pipe open while they live).
     """
 
     def __init__(self) -> None:
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_agent_main, args=(child,), daemon=True, name="fastdata-object-store")
+        self.process = ctx.Process(
+            target=_agent_main, args=(child, self.conn, os.getpid()), daemon=True, name="fastdata-object-store"
+        )
         self.process.start()
         child.close()
         self.lock = threading.Lock()
@@ -385,10 +389,19 @@ class _Agent:
         return value  # type: ignore[no-any-return]
 
 
-def _agent_main(conn: Any) -> None:
+_PARENT_CHECK_S = 2.0
+"""How often an idle object-store helper checks that the process it serves still exists."""
+
+
+def _agent_main(conn: Any, parent_end: Any, parent_pid: int) -> None:
+    parent_end.close()  # forked with the parent's end open: it would never see the pipe close
     allow_direct_calls()
     while True:
         try:
+            if not conn.poll(_PARENT_CHECK_S):
+                if os.getppid() != parent_pid:  # reparented: the process it served is gone
+                    return
+                continue
             fn, args = conn.recv()
         except (EOFError, OSError):
             return

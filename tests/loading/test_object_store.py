@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -127,3 +131,44 @@ def test_loader_workers_read_the_bucket_themselves(s3: LocalS3, s3_image_folder:
     assert [data for _, data in rows] == [(image_folder / k).read_bytes() for k in keys]
     assert os.getpid() not in {pid for pid, _ in rows} and len({pid for pid, _ in rows}) == 2
     assert main_process_is_clean()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (an orphan's zombie may wait for a reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_the_helper_process_ends_when_the_process_it_serves_is_killed(
+    s3: LocalS3, s3_image_folder: str, tmp_path: Path
+) -> None:
+    # a training process killed by SIGKILL (preemption) must not leave its object-store helper behind
+    script = tmp_path / "serve.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, sys, time
+            from lightning_fastdata.loading import object_store
+            storage = object_store.ObjectStorage(sys.argv[1], json.loads(sys.argv[2]))
+            storage.list_prefixes()  # the first call starts the helper
+            print(object_store._agent().process.pid, flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    args = [sys.executable, str(script), s3_image_folder, json.dumps(s3.storage_options())]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    try:
+        helper = int(proc.stdout.readline())  # type: ignore[union-attr]
+        assert _running(helper)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 15
+    while _running(helper) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(helper), f"the helper {helper} outlived the killed process"
