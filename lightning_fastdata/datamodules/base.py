@@ -16,11 +16,12 @@ from typing_extensions import override
 
 from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_intervals
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
+from lightning_fastdata.datasets.base import AugmentedImageDataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.collate import collate_prebatched
 from lightning_fastdata.loading.loaders import PrefetchingDataLoader
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
-from lightning_fastdata.loading.sampler import EpochSampler
+from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.shm_pool import BatchTransport, resolve_transport
 from lightning_fastdata.loading.workers import init_worker, resolve_num_workers
 
@@ -349,6 +350,8 @@ class FastDataModule(LightningDataModule):
             drop_last=self.drop_last and train,
             block_size=self.block_shuffle if train else None,
         )
+        if isinstance(dataset, AugmentedImageDataset):  # the next batch's reads start early (from a bucket)
+            dataset.lookahead = BatchLookahead(sampler) if train and workers > 0 and self.in_order else None
         persistent = workers > 0 if self.persistent_workers is None else (self.persistent_workers and workers > 0)
         kwargs: dict[str, Any] = dict(
             batch_size=self.batch_size,

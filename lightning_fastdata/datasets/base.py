@@ -20,7 +20,7 @@ from lightning_fastdata.loading.decode import (
     random_resized_crop_box,
     resize_crop_into,
 )
-from lightning_fastdata.loading.sampler import SampleKey
+from lightning_fastdata.loading.sampler import BatchLookahead, SampleKey
 
 __all__ = ["AugmentedImageDataset", "Source"]
 
@@ -91,6 +91,8 @@ class AugmentedImageDataset(Dataset):
         self.on_corrupt = on_corrupt
         # Shared memory, so that counts made in worker processes are visible to the main process.
         self._skipped = torch.zeros((_EPOCH_ROWS + 1, _MAX_SLOTS), dtype=torch.int64).share_memory_()
+        #: Set by the DataModule on its train set: the next batch's samples, for :meth:`read_ahead`.
+        self.lookahead: BatchLookahead | None = None
 
     #: Attributes that hold per-process handles (open files, memory maps): never pickled, and dropped in a
     #: process that inherited them through ``fork``, so that each process opens its own.
@@ -124,6 +126,13 @@ class AugmentedImageDataset(Dataset):
         A list, or an iterator of encoded bytes (or ``OSError``) that may still be fetching later ones.
         """
         raise NotImplementedError
+
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """Start reading the sources of ``indices`` (this worker's next batch) now; by default nothing.
+
+        Called once the current batch's reads have started; a subclass whose reads wait on a network (a bucket)
+        starts the next batch's requests so they arrive while this batch decodes.
+        """
 
     def describe(self, index: int) -> str:
         """Name sample ``index`` in messages (a file path, or ``file[key][index]``)."""
@@ -199,6 +208,10 @@ class AugmentedImageDataset(Dataset):
         images = empty_image_batch(len(keys), self.image_size, self.image_size, dtype=dtype)
         kept = np.ones(len(keys), dtype=bool)
         for slot, (key, (index, rng), source) in enumerate(zip(keys, plans, sources)):
+            if slot == 0 and self.lookahead is not None and (info := get_worker_info()) is not None:
+                ahead = self.lookahead.after(keys, info.num_workers)  # this batch's reads are under way now
+                if ahead is not None:
+                    self.read_ahead(ahead)
             try:
                 if isinstance(source, OSError):
                     raise source

@@ -11,6 +11,7 @@ import numpy as np
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.loading.bucket_index import list_bucket_folder
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
+from lightning_fastdata.loading.object_store import ObjectStorage
 from lightning_fastdata.loading.storage import is_url
 from lightning_fastdata.loading.storage_factory import open_storage
 
@@ -66,6 +67,11 @@ class ImageFolderDataset(AugmentedImageDataset):
     def describe(self, index: int) -> str:
         """The file's path."""
         return self.index.path(index)
+
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """From a bucket: start fetching the next batch's objects, so they arrive while this batch decodes."""
+        if isinstance(self.storage, ObjectStorage):
+            self.storage.read_ahead([self.index.relpath(int(i)) for i in indices])
 
     def read_sources(self, indices: np.ndarray) -> Iterator[Source]:
         """Each file's bytes, in order (a bucket's fetched concurrently); a file that cannot be read as its error."""

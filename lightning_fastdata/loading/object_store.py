@@ -95,14 +95,23 @@ def _first_line(err: BaseException) -> str:
     return line.split(": <?xml")[0][:300]
 
 
-def _as_os_error(err: BaseException, url: str) -> OSError:
+def _as_os_error(err: BaseException, url: str, credentials: str = "") -> OSError:
     from obstore.exceptions import NotFoundError, PermissionDeniedError, UnauthenticatedError
 
+    text = str(err)
+    if "NoSuchBucket" in text:
+        bucket = url.split("://", 1)[-1].split("/", 1)[0]
+        return FileNotFoundError(f"The bucket {bucket!r} of {url} does not exist (or this endpoint does not serve it).")
     if isinstance(err, (NotFoundError, FileNotFoundError)):
         return FileNotFoundError(f"{url} does not exist in the bucket.")
-    if isinstance(err, (PermissionDeniedError, UnauthenticatedError)):
+    # a refused list request comes back as a generic error with the status in its text
+    refused = any(
+        s in text for s in ("403 Forbidden", "401 Unauthorized", "SignatureDoesNotMatch", "InvalidAccessKeyId")
+    )
+    if refused or isinstance(err, (PermissionDeniedError, UnauthenticatedError)):
+        used = f"; credentials used: {credentials}" if credentials else ""
         return PermissionError(
-            f"Access to {url} was refused ({_first_line(err)}): check the credentials (AWS_ACCESS_KEY_ID / "
+            f"Access to {url} was refused ({_first_line(err)}{used}): check the credentials (AWS_ACCESS_KEY_ID / "
             "AWS_PROFILE, or storage_options) and the bucket's policy."
         )
     return OSError(f"Reading {url} failed after retries: {_first_line(err)}")
@@ -119,6 +128,7 @@ class _Session:
         self.loop = asyncio.new_event_loop()
         self.gate: asyncio.Semaphore | None = None
         self.max_inflight = storage.max_inflight
+        self.ahead: tuple[tuple[str, ...], list[Future[Any]]] | None = None  # read_ahead's batch
         threading.Thread(target=self.loop.run_forever, daemon=True, name="fastdata-object-store").start()
 
     def submit(self, coro: Any) -> Future[Any]:
@@ -178,6 +188,17 @@ class ObjectStorage:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_sessions": {}}
+
+    def credential_source(self) -> str:
+        """Where this store's credentials come from, for error messages: never a secret (a key id's first 4 chars)."""
+        for key, source in (("access_key_id", "storage_options"), ("aws_access_key_id", "storage_options")):
+            if self.options.get(key):
+                return f"{source} (access key id {str(self.options[key])[:4]}...)"
+        if self.env.get("AWS_ACCESS_KEY_ID"):
+            return f"the environment's AWS_ACCESS_KEY_ID ({self.env['AWS_ACCESS_KEY_ID'][:4]}...)"
+        if self.env.get("AWS_PROFILE"):
+            return f"AWS_PROFILE={self.env['AWS_PROFILE']}"
+        return "none found in storage_options or the environment (an instance role, if any, or anonymous)"
 
     def url(self, relpath: str) -> str:
         """The object's URL."""
@@ -239,16 +260,36 @@ class ObjectStorage:
             yield from _agent().call(_call_method, self, "_read_all", (list(relpaths),))
             return
         session = self._session()
-        futures = [session.submit(session.gated(self._get(session, rel))) for rel in relpaths]
+        ahead, session.ahead = session.ahead, None
+        if ahead is not None and ahead[0] == tuple(relpaths):
+            futures = ahead[1]  # fetched ahead by read_ahead: already arriving
+        else:
+            for future in ahead[1] if ahead is not None else ():
+                future.cancel()  # a wrong guess: its requests that already started finish unread
+            futures = [session.submit(session.gated(self._get(session, rel))) for rel in relpaths]
         try:
             for rel, future in zip(relpaths, futures):
                 try:
                     yield future.result()
                 except Exception as err:  # noqa: BLE001 - any client error becomes the sample's OSError
-                    yield _as_os_error(err, self.url(rel))
+                    yield _as_os_error(err, self.url(rel), self.credential_source())
         finally:
             for future in futures:
                 future.cancel()
+
+    def read_ahead(self, relpaths: Sequence[str]) -> None:
+        """Start fetching ``relpaths`` now (the next batch); a later ``read_many`` of exactly them uses these fetches.
+
+        Only in a process that reads directly (a loader worker); elsewhere it does nothing. One batch ahead: call
+        it after the current ``read_many`` has started (its requests go first through the ``max_inflight`` gate),
+        and a new call drops the previous guess.
+        """
+        if not _direct():
+            return
+        session = self._session()
+        for future in session.ahead[1] if session.ahead is not None else ():
+            future.cancel()
+        session.ahead = (tuple(relpaths), [session.submit(session.gated(self._get(session, r))) for r in relpaths])
 
     def _read_all(self, relpaths: list[str]) -> list[bytes | OSError]:
         return list(self.read_many(relpaths))
@@ -273,7 +314,7 @@ class ObjectStorage:
         try:
             meta = obstore.head(self._session().store, relpath)
         except Exception as err:  # noqa: BLE001 - named as an OSError
-            raise _as_os_error(err, self.url(relpath)) from None
+            raise _as_os_error(err, self.url(relpath), self.credential_source()) from None
         return ObjectStat(int(meta["size"]), str(meta.get("e_tag") or meta["last_modified"]))
 
     def list_prefixes(self, prefix: str = "") -> list[str]:
@@ -286,7 +327,7 @@ class ObjectStorage:
         try:
             result = obstore.list_with_delimiter(self._session().store, prefix or None)
         except Exception as err:  # noqa: BLE001 - named as an OSError
-            raise _as_os_error(err, self.url(prefix)) from None
+            raise _as_os_error(err, self.url(prefix), self.credential_source()) from None
         cut = len(prefix.rstrip("/")) + 1 if prefix else 0
         return sorted(p.rstrip("/")[cut:] for p in result["common_prefixes"])
 
@@ -302,7 +343,7 @@ class ObjectStorage:
             try:
                 out.append(future.result())
             except Exception as err:  # noqa: BLE001 - named as an OSError
-                raise _as_os_error(err, self.url(prefix)) from None
+                raise _as_os_error(err, self.url(prefix), self.credential_source()) from None
         return out
 
     async def _list_one(self, session: _Session, prefix: str) -> list[ObjectEntry]:
@@ -328,7 +369,7 @@ class ObjectStorage:
             from obstore.exceptions import BaseError
 
             if isinstance(err, BaseError):  # obstore's own errors become an OSError naming the root
-                raise _as_os_error(err, self.root) from None
+                raise _as_os_error(err, self.root, self.credential_source()) from None
             raise
 
     def fingerprint(self) -> str:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
-__all__ = ["EpochSampler", "SampleKey"]
+__all__ = ["BatchLookahead", "EpochSampler", "SampleKey"]
 
 #: What :class:`EpochSampler` yields: ``(epoch, index)``. Datasets derive a sample's random augmentation
 #: from ``(seed, epoch, index)``, so it depends neither on the worker count nor on prefetch depth.
@@ -119,3 +121,41 @@ class EpochSampler(DistributedSampler):
         finished = yielded >= self.num_samples
         self.epoch = int(state["epoch"]) + (1 if finished else 0)
         self._resume_at = yielded if 0 < yielded < self.num_samples else None
+
+
+class BatchLookahead:
+    """Which samples a loader worker gets next, from the batch it was just given: to fetch them ahead.
+
+    A loader with ``in_order=True`` hands batches to its ``W`` workers in turn, so a worker that got the batch
+    at position ``p`` of the epoch's order gets the one at ``p + W x batch`` next; the order is a function of
+    the sampler's seed and the epoch (in the keys), so a worker computes it from its own copy of the sampler.
+    A guess that does not match (another loader policy, a resumed or padded epoch) returns ``None``: the guess
+    only starts fetches early, it never decides what a batch holds.
+    """
+
+    def __init__(self, sampler: EpochSampler) -> None:
+        self.sampler = copy.copy(sampler)
+        self._epoch: int | None = None
+        self._order = np.zeros(0, dtype=np.int64)
+        self._position = np.zeros(0, dtype=np.int64)
+
+    def after(self, keys: Sequence[Any], num_workers: int) -> np.ndarray | None:
+        """The indices of this worker's next batch after ``keys`` (``(epoch, index)`` pairs), or ``None``."""
+        if not keys or not isinstance(keys[0], (tuple, list)) or num_workers < 1:
+            return None
+        epoch = int(keys[0][0])
+        if epoch != self._epoch:
+            self.sampler.epoch = epoch
+            self._order = self.sampler.indices().numpy().astype(np.int64)
+            self._position = np.full(self.sampler.length, -1, dtype=np.int64)
+            self._position[self._order] = np.arange(len(self._order))  # padding repeats: verified below
+            self._epoch = epoch
+        n = len(keys)
+        got = np.fromiter((int(k[1]) for k in keys), dtype=np.int64, count=n)
+        if not 0 <= got[0] < len(self._position):
+            return None
+        start = int(self._position[got[0]])
+        if start < 0 or not np.array_equal(self._order[start : start + n], got):
+            return None
+        nxt = self._order[start + num_workers * n : start + (num_workers + 1) * n]
+        return nxt if len(nxt) else None

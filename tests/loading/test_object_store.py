@@ -172,3 +172,19 @@ def test_the_helper_process_ends_when_the_process_it_serves_is_killed(
     while _running(helper) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _running(helper), f"the helper {helper} outlived the killed process"
+
+
+@pytest.mark.timeout(120)
+def test_wrong_credentials_and_a_missing_bucket_name_the_url_and_the_credentials_never_the_secret(
+    s3: LocalS3, s3_image_folder: str
+) -> None:
+    wrong = s3.storage_options(secret_access_key="not-the-secret-at-all", max_retries=0)
+    with pytest.raises(PermissionError) as refused:
+        ObjectStorage(s3_image_folder, wrong).list_prefixes()
+    message = str(refused.value)
+    assert s3_image_folder in message and "storage_options (access key id fast...)" in message
+    assert "not-the-secret-at-all" not in message and s3.secret_access_key not in message
+    missing = s3_image_folder.replace(f"s3://{s3.bucket}/", "s3://no-such-bucket-here/")
+    with pytest.raises(OSError) as absent:
+        ObjectStorage(missing, s3.storage_options(max_retries=0)).list_prefixes()
+    assert missing in str(absent.value) and s3.secret_access_key not in str(absent.value)
