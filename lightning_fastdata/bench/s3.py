@@ -31,7 +31,7 @@ from typing import Any
 
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.local_s3 import fault_proxy, local_s3_server, upload_folder
+from lightning_fastdata.local_s3 import FaultProxy, fault_proxy, local_s3_server, upload_folder
 from lightning_fastdata.measure import (
     Candidate,
     baseline_loader,
@@ -116,17 +116,32 @@ def _machine_busy_s() -> float:
 
 
 def _timed(
-    candidates: list[Candidate], repeats: int, min_seconds: float, server_pid: int, proxy_pid: int
+    candidates: list[Candidate], repeats: int, min_seconds: float, server_pid: int, proxy: FaultProxy
 ) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
-    """``measure``'s interleaved rounds, with where the CPU went during each candidate's runs (summed)."""
+    """``measure``'s interleaved rounds, with what each candidate's runs cost (summed).
+
+    Where the CPU went, the images consumed, and the requests that went through the proxy meanwhile.
+    """
     rates: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
-    cpu = {name: {"seconds": 0.0, "busy": 0.0, "server": 0.0, "proxy": 0.0} for name, _, _ in candidates}
+    keys = ("seconds", "busy", "server", "proxy", "requests")
+    cpu = {name: dict.fromkeys((*keys, "images"), 0.0) for name, _, _ in candidates}
+
+    def probe() -> tuple[float, ...]:
+        busy, srv, prx = _machine_busy_s(), _process_cpu_s(server_pid), _process_cpu_s(proxy.pid)
+        return time.perf_counter(), busy, srv, prx, float(len(proxy.requests()))
+
     for _ in range(repeats):
         for name, make, consume in candidates:
-            before = (time.perf_counter(), _machine_busy_s(), _process_cpu_s(server_pid), _process_cpu_s(proxy_pid))
-            rates[name].append(time_loader(make, consume, min_seconds=min_seconds))
-            after = (time.perf_counter(), _machine_busy_s(), _process_cpu_s(server_pid), _process_cpu_s(proxy_pid))
-            for key, b, a in zip(("seconds", "busy", "server", "proxy"), before, after):
+            counted = cpu[name]
+
+            def counting(batch: Any, consume: Any = consume, counted: dict[str, float] = counted) -> int:
+                n = int(consume(batch))
+                counted["images"] += n
+                return n
+
+            before = probe()
+            rates[name].append(time_loader(make, counting, min_seconds=min_seconds))
+            for key, b, a in zip(keys, before, probe()):
                 cpu[name][key] += a - b
     return rates, cpu
 
@@ -139,6 +154,8 @@ def _cpu_columns(rate: float, c: dict[str, float]) -> dict[str, float]:
         "cpu_share_server": c["server"] / busy,
         "cpu_share_proxy": c["proxy"] / busy,
         "img_s_per_loader_core": rate / loader_cores,
+        # through the latency proxy only (the direct rows bypass it): GET requests per image consumed
+        "requests_per_image": c["requests"] / max(c["images"], 1.0),
     }
 
 
@@ -172,6 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             Path(tmp) / "train", num_classes=8, per_class=args.images // 8, size=(500, 375), processes=2
         )
         files = sorted(str(f) for f in root.rglob("*.jpg"))
+        bytes_per_image = sum(os.path.getsize(f) for f in files) / len(files)
         with local_s3_server(Path(tmp) / "s3") as s3, fault_proxy(s3.endpoint, delay=args.delay_ms / 1000) as slow:
             url = s3.url("train")
             upload_folder(root, url, s3.storage_options())
@@ -200,18 +218,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             except ImportError:
                 print("bench s3: boto3 is not installed: the per-item get_object rows are skipped (the s3-bench extra)")
             ceiling = decode_ceiling(files[:256])
-            rates, cpu = _timed(candidates, args.repeats, args.min_seconds, s3.pid, slow.pid)
+            rates, cpu = _timed(candidates, args.repeats, args.min_seconds, s3.pid, slow)
     best = max(ceiling.values())
     rows = rows_for(rates, args.workers, best)
     for row in rows:
         row.update(_cpu_columns(row["images_per_s"], cpu[row["loader"]]))
     print_table(rows)
-    print("| loader | busy cores | server share | proxy share | img/s per loader core |")
-    print("|---|---:|---:|---:|---:|")
+    print("| loader | busy cores | server share | proxy share | img/s per loader core | GETs per image (proxy) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
             f"| {row['loader']} | {row['cpu_busy_cores']:.2f} | {row['cpu_share_server']:.0%} | "
-            f"{row['cpu_share_proxy']:.0%} | {row['img_s_per_loader_core']:.0f} |"
+            f"{row['cpu_share_proxy']:.0%} | {row['img_s_per_loader_core']:.0f} | {row['requests_per_image']:.2f} |"
         )
     result = {
         "date": time.strftime("%Y-%m-%d"),
@@ -221,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "delay_ms": args.delay_ms,
         "decode_ceiling_per_core": ceiling,
+        "bytes_per_image": bytes_per_image,  # what a streamed epoch fetches per image
         "rows": rows,
     }
     if args.json:

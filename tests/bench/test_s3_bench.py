@@ -30,3 +30,7 @@ def test_s3_bench_times_every_row_and_says_where_the_cpu_went(tmp_path: Path) ->
     assert rows["ImageFolderDataModule (s3, +20 ms/request)"]["cpu_share_proxy"] > 0.01
     assert rows["ImageFolderDataModule (s3, direct)"]["cpu_share_proxy"] < 0.01
     assert "img/s per loader core" in out.stdout
+    # one GET per image streamed: the read-ahead fetches nothing twice, a file-by-file loader nothing less
+    for name in ("ImageFolderDataModule (s3, +20 ms/request)", "ImageFolderDataModule (s3, +20 ms, 1 in flight)"):
+        assert rows[name]["requests_per_image"] == pytest.approx(1.0, abs=0.02), name
+    assert rows["ImageFolderDataModule (s3, direct)"]["requests_per_image"] == 0  # it bypasses the proxy
