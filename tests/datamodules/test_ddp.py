@@ -12,6 +12,7 @@ import pytest
 
 from lightning_fastdata import convert_folder_to_hdf5, scan_image_folder
 from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.local_s3 import LocalS3, fault_proxy
 
 
 @pytest.mark.timeout(300)
@@ -88,3 +89,32 @@ def test_two_nodes_scan_and_build_once_per_node_or_once_in_total(tmp_path: Path,
     dirs = ["node0", "node1"] if per_node else ["shared"]
     for d in dirs:  # one index per folder written where prepare_data ran, no temporary file left
         assert [p.name.endswith(".fdindex.npz") for p in (tmp_path / d / "index").iterdir()] == [True]
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_build_a_cache_from_a_bucket_once(
+    s3: LocalS3, s3_image_folder: str, image_folder: Path, tmp_path: Path
+) -> None:
+    """A node's 2 DDP ranks: local rank 0 builds the cache from the bucket (each object fetched once), rank 1 waits."""
+    script = Path(__file__).parents[1] / "helpers" / "ddp_fit.py"
+    with fault_proxy(s3.endpoint) as proxy:  # counts the requests; configured by the environment, as users do
+        out = subprocess.run(
+            [sys.executable, str(script), str(tmp_path), "2", f"cache={s3_image_folder}"],
+            env={**os.environ, **s3.env(proxy.endpoint)},
+            capture_output=True,
+            text=True,
+            timeout=280,
+            cwd=tmp_path,
+        )
+        gets = [path for method, path, status in proxy.requests() if method == "GET" and path.endswith(".jpg")]
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.stdout.count("building the tensor cache") == 1, out.stdout
+    images = sorted(str(p.relative_to(image_folder)) for p in image_folder.rglob("*.jpg"))
+    assert len(gets) == len(set(gets)) == len(images)  # every object once, by one rank's build
+    labels = scan_image_folder(str(image_folder)).labels
+    ranks = [json.loads((tmp_path / f"rank{r}-cache.json").read_text()) for r in (0, 1)]
+    a, b = (set(r["indices"]) for r in ranks)
+    assert a | b == set(range(len(images))) and len(a & b) == len(images) % 2  # the sampler pads an odd count
+    for r in ranks:
+        assert sorted(r["labels"]) == sorted(int(labels[i]) for i in r["indices"])
+    assert s3.secret_access_key not in out.stdout + out.stderr
