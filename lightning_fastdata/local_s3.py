@@ -279,8 +279,13 @@ def _proxy_main(
 
         do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
 
-    ThreadingHTTPServer.daemon_threads = True
-    ThreadingHTTPServer(("127.0.0.1", listen), Handler).serve_forever()
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        # socketserver's default backlog is 5: loader workers with 64 requests in flight each overflow it, and a
+        # dropped connect waits out the client's connect timeout (a multi-second stall no remote bucket causes)
+        request_queue_size = 1024
+
+    Server(("127.0.0.1", listen), Handler).serve_forever()
 
 
 @dataclass(frozen=True)

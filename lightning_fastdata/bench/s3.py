@@ -13,9 +13,9 @@ is measured in the same run.
 
 On a small machine the server and the proxy run on the same cores as the loader's workers and take CPU from
 them: the s3 rows are a lower bound of what a remote bucket gives. So each row also says where the machine's
-CPU went while it ran (``/proc``: the server's process, the proxy's, the rest, i.e. the loader), and its images/s
-per core the loader had (``img_s_per_loader_core``): equal across the local and s3 rows means the loader hides the
-requests' latency and the lost rate is the test rig's CPU.
+CPU went while it ran (``/proc``: the server's process, the proxy's, the rest, i.e. the loader), and the images
+per CPU-second the loader used (``img_s_per_loader_core``): equal across the direct and delayed rows means the
+loader hides the requests' latency, and what the s3 rows lose is CPU (the rig's server and proxy, the client).
 """
 
 from __future__ import annotations
@@ -146,14 +146,15 @@ def _timed(
     return rates, cpu
 
 
-def _cpu_columns(rate: float, c: dict[str, float]) -> dict[str, float]:
+def _cpu_columns(c: dict[str, float]) -> dict[str, float]:
     busy = max(c["busy"], 1e-9)
-    loader_cores = max(c["busy"] - c["server"] - c["proxy"], 1e-9) / max(c["seconds"], 1e-9)
+    loader_cpu_s = max(c["busy"] - c["server"] - c["proxy"], 1e-9)
     return {
         "cpu_busy_cores": c["busy"] / max(c["seconds"], 1e-9),
         "cpu_share_server": c["server"] / busy,
         "cpu_share_proxy": c["proxy"] / busy,
-        "img_s_per_loader_core": rate / loader_cores,
+        # totals over every run of the row (warm-ups included), not the median rate: a stalled run counts
+        "img_s_per_loader_core": c["images"] / loader_cpu_s,
         # through the latency proxy only (the direct rows bypass it): GET requests per image consumed
         "requests_per_image": c["requests"] / max(c["images"], 1.0),
     }
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     best = max(ceiling.values())
     rows = rows_for(rates, args.workers, best)
     for row in rows:
-        row.update(_cpu_columns(row["images_per_s"], cpu[row["loader"]]))
+        row.update(_cpu_columns(cpu[row["loader"]]))
     print_table(rows)
     print("| loader | busy cores | server share | proxy share | img/s per loader core | GETs per image (proxy) |")
     print("|---|---:|---:|---:|---:|---:|")
