@@ -15,13 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from lightning_fastdata.diagnose.probe import DataProbe, FolderSample, sample_stats, too_few_error
+from lightning_fastdata.diagnose.probe import (
+    DataProbe,
+    FolderSample,
+    one_core_decode_ceiling,
+    sample_stats,
+    too_few_error,
+)
 from lightning_fastdata.loading.bucket_index import list_bucket_folder
 from lightning_fastdata.loading.index import scan_image_folder
 from lightning_fastdata.loading.object_store import ObjectStorage
-from lightning_fastdata.measure import decode_ceiling
 
 __all__ = ["probe_bucket"]
 
@@ -78,11 +82,7 @@ def probe_bucket(
         raise too_few_error(url, len(named), corrupt, unreadable)
     local = scan_image_folder(str(download))
     paths = [local.path(i) for i in range(len(local))]
-    threads = torch.get_num_threads()
-    try:
-        ceiling = max(decode_ceiling(paths[:64]).values())
-    finally:
-        torch.set_num_threads(threads)
+    ceiling = one_core_decode_ceiling(paths)
     one_process = fetched / fetch_s / 1e6
     probe = DataProbe(
         kind="bucket",

@@ -25,6 +25,7 @@ __all__ = [
     "PERCENTILES",
     "DataProbe",
     "FolderSample",
+    "one_core_decode_ceiling",
     "permission_error",
     "probe_folder",
     "probe_hdf5",
@@ -147,6 +148,15 @@ def _read_files(paths: list[str]) -> Iterator[tuple[str, bytes | None]]:
             yield p, None
 
 
+def one_core_decode_ceiling(paths: Sequence[str]) -> float:
+    """Images/s of one core reading and fully decoding (up to 64 of) ``paths``; torch's threads are restored."""
+    threads = torch.get_num_threads()
+    try:
+        return max(decode_ceiling(list(paths[:64])).values())  # it sets torch's threads to 1 meanwhile
+    finally:
+        torch.set_num_threads(threads)
+
+
 def too_few_error(path: str, sampled: int, corrupt: list[str], unreadable: list[str]) -> OSError:
     """The error when too few sampled images could be read and decoded (their names, and what to do)."""
     if unreadable and len(unreadable) >= len(corrupt):
@@ -175,11 +185,7 @@ def probe_folder(root: str, image_size: int, sample: int) -> tuple[DataProbe, Fo
     good = [p for p in paths if p not in bad]
     if len(good) < 4:
         raise too_few_error(root, len(paths), corrupt, unreadable)
-    threads = torch.get_num_threads()
-    try:
-        ceiling = max(decode_ceiling(good[:64]).values())  # one core: it sets torch's threads to 1 meanwhile
-    finally:
-        torch.set_num_threads(threads)
+    ceiling = one_core_decode_ceiling(good)
     probe = DataProbe(
         kind="folder",
         files=n,
