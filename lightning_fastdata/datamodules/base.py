@@ -351,7 +351,8 @@ class FastDataModule(LightningDataModule):
             block_size=self.block_shuffle if train else None,
         )
         if isinstance(dataset, AugmentedImageDataset):  # the next batch's reads start early (from a bucket)
-            dataset.lookahead = BatchLookahead(sampler) if train and workers > 0 and self.in_order else None
+            ahead = train and workers > 0 and self.in_order and dataset.reads_ahead
+            dataset.lookahead = BatchLookahead(sampler) if ahead else None
         persistent = workers > 0 if self.persistent_workers is None else (self.persistent_workers and workers > 0)
         kwargs: dict[str, Any] = dict(
             batch_size=self.batch_size,

@@ -127,6 +127,11 @@ class AugmentedImageDataset(Dataset):
         """
         raise NotImplementedError
 
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether :meth:`read_ahead` does anything (the DataModule sets :attr:`lookahead` only then)."""
+        return False
+
     def read_ahead(self, indices: np.ndarray) -> None:
         """Start reading the sources of ``indices`` (this worker's next batch) now; by default nothing.
 

@@ -68,6 +68,11 @@ class ImageFolderDataset(AugmentedImageDataset):
         """The file's path."""
         return self.index.path(index)
 
+    @property
+    def reads_ahead(self) -> bool:
+        """From a bucket only: a local file needs no head start (and its worker no copy of the epoch's order)."""
+        return isinstance(self.storage, ObjectStorage)
+
     def read_ahead(self, indices: np.ndarray) -> None:
         """From a bucket: start fetching the next batch's objects, so they arrive while this batch decodes."""
         if isinstance(self.storage, ObjectStorage):

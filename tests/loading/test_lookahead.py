@@ -59,15 +59,19 @@ def test_a_worker_guesses_its_next_batch_exactly(workers: int) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_the_datamodule_sets_the_lookahead_on_its_train_set_with_workers(image_folder: Path) -> None:
-    dm = ImageFolderDataModule(str(image_folder), batch_size=4, num_workers=2, val_fraction=0.2)
-    dm.setup("fit")
-    train, val = dm.train_dataloader().dataset, dm.val_dataloader().dataset
+def test_the_datamodule_sets_the_lookahead_on_a_bucket_train_set_with_workers(
+    s3: LocalS3, s3_image_folder: str, image_folder: Path
+) -> None:
+    def sets(root: str, workers: int, **kw: Any) -> tuple[Any, Any]:
+        dm = ImageFolderDataModule(root, batch_size=4, num_workers=workers, val_fraction=0.2, **kw)
+        dm.setup("fit")
+        return dm.train_dataloader().dataset, dm.val_dataloader().dataset
+
+    train, val = sets(s3_image_folder, 2, storage_options=s3.storage_options())
     assert isinstance(train, AugmentedImageDataset) and isinstance(train.lookahead, BatchLookahead)
     assert getattr(val, "lookahead", None) is None
-    serial = ImageFolderDataModule(str(image_folder), batch_size=4, num_workers=0, val_fraction=0.2)
-    serial.setup("fit")
-    assert serial.train_dataloader().dataset.lookahead is None  # no worker to guess for
+    assert sets(s3_image_folder, 0, storage_options=s3.storage_options())[0].lookahead is None  # no worker
+    assert sets(str(image_folder), 2)[0].lookahead is None  # a local folder needs no head start
 
 
 class AheadProbe(Dataset):
