@@ -62,21 +62,15 @@ def probe_bucket(
     for rel in one_by_one:
         list(storage.read_many([rel]))
     request_ms = 1000 * (time.perf_counter() - start) / len(one_by_one)
-    download = scratch / "download"
-    named: list[tuple[str, bytes | None]] = []
-    for k, (i, rel, data) in enumerate(zip(rows, rels, blobs, strict=True)):
-        if isinstance(data, OSError):
-            named.append((storage.url(rel), None))
-            continue
-        folder = download / index.classes[int(index.labels[i])]
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{k:06d}{os.path.splitext(rel)[1]}").write_bytes(data)
-        named.append((storage.url(rel), data))
+    named = [(storage.url(rel), None if isinstance(d, OSError) else d) for rel, d in zip(rels, blobs, strict=True)]
     stats, corrupt, unreadable = sample_stats(iter(named), image_size)
     bad = set(corrupt) | set(unreadable)
-    for k, (name, blob) in enumerate(named):
-        if blob is not None and name in bad:  # keep only what decodes in the copy the options are built from
-            (download / index.classes[int(index.labels[rows[k]])] / f"{k:06d}{os.path.splitext(name)[1]}").unlink()
+    download = scratch / "download"
+    for k, (i, rel, (name, data)) in enumerate(zip(rows, rels, named, strict=True)):
+        if data is not None and name not in bad:  # the copy the options are built from: only what decodes
+            folder = download / index.classes[int(index.labels[i])]
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{k:06d}{os.path.splitext(rel)[1]}").write_bytes(data)
     fetched = sum(len(d) for d in blobs if not isinstance(d, OSError))
     if len(named) - len(bad) < 4:
         raise too_few_error(url, len(named), corrupt, unreadable)
