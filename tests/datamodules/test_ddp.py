@@ -118,3 +118,41 @@ def test_two_ranks_build_a_cache_from_a_bucket_once(
     for r in ranks:
         assert sorted(r["labels"]) == sorted(int(labels[i]) for i in r["indices"])
     assert s3.secret_access_key not in out.stdout + out.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("per_node", [False, True])
+def test_two_nodes_build_a_cache_from_a_bucket_once_in_total_or_once_per_node(
+    s3: LocalS3, s3_image_folder: str, image_folder: Path, tmp_path: Path, per_node: bool
+) -> None:
+    """2 simulated nodes x 1 rank on ``s3://``: a shared cache_dir is built once in total (each object fetched once,
+    ``prepare_data_per_node=False``), node-local ones once per node (each object fetched once by each node)."""
+    script = Path(__file__).parents[1] / "helpers" / "node_fit.py"
+    images = sorted(str(p.relative_to(image_folder)) for p in image_folder.rglob("*.jpg"))
+    with fault_proxy(s3.endpoint) as proxy:  # counts the requests; configured by the environment
+        env = {**os.environ, **s3.env(proxy.endpoint), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        procs = []
+        for node in (0, 1):
+            local = tmp_path / (f"node{node}" if per_node else "shared")
+            args = [s3_image_folder, str(tmp_path), str(node), "cache", str(local / "index"), str(local / "cache")]
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), *args, "1" if per_node else "0"],
+                    env={**env, "WORLD_SIZE": "2", "NODE_RANK": str(node), "LOCAL_RANK": "0"},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    cwd=tmp_path,
+                )
+            )
+        outs = [p.communicate(timeout=280)[0] for p in procs]
+        gets = [path for method, path, status in proxy.requests() if method == "GET" and path.endswith(".jpg")]
+    assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
+    nodes = [json.loads((tmp_path / f"node{k}.json").read_text()) for k in (0, 1)]
+    builds = [[e["existed"] for e in n["events"] if e["event"] == "cache"] for n in nodes]
+    assert builds == ([[False], [False]] if per_node else [[False], []])  # node 1 waits for node 0's build
+    copies = 2 if per_node else 1
+    assert sorted(gets) == sorted(f"/{s3.bucket}/train/{name}" for name in images for _ in range(copies))
+    for d in ["node0", "node1"] if per_node else ["shared"]:
+        assert (tmp_path / d / "cache" / "manifest.json").exists()
+    assert not any(s3.secret_access_key in o for o in outs)
