@@ -9,6 +9,12 @@ bytes with PIL and applies torchvision's classic transforms (direct and through 
 without boto3: ``pip install lightning-fastdata[s3-bench]``). The decode ceiling (one core's read + full decode)
 is measured in the same run.
 
+Then the peer and the answer for data bigger than the local disk: LitData on the same bucket (its chunks, its
+local cache; :mod:`~lightning_fastdata.bench.litdata_rows`; with the ``s3-bench`` extra), with a cache smaller
+than the data (every epoch downloads everything again) and with one that holds it; and the compact JPEG cache
+(``convert_folder_to_hdf5(src=url, max_side=256)``) built once from the bucket, timed (the build's images/s and
+its bytes per image are in the JSON's ``compact_cache``), then read by ``HDF5DataModule`` from the local disk.
+
     python -m lightning_fastdata.bench.s3 --json benchmarks/results/s3-folder.json
 
 On a small machine the server and the proxy run on the same cores as the loader's workers and take CPU from
@@ -29,7 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_fastdata.bench import litdata_rows
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
+from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
+from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.local_s3 import FaultProxy, fault_proxy, local_s3_server, upload_folder
 from lightning_fastdata.measure import (
@@ -183,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--delay-ms", type=float, default=20.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--min-seconds", type=float, default=3.0)
+    p.add_argument("--litdata-chunk", default="8MB", help="LitData's chunk_bytes")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fastdata-s3-bench-") as tmp:
@@ -218,6 +228,44 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ]  # fmt: skip
             except ImportError:
                 print("bench s3: boto3 is not installed: the per-item get_object rows are skipped (the s3-bench extra)")
+            if litdata_rows.available():
+                lit_url = s3.url("litdata")
+                lit_bytes = litdata_rows.optimize_to_bucket(
+                    root, Path(tmp), lit_url, s3.storage_options(), args.litdata_chunk
+                )
+                small = f"{max(1, lit_bytes // 3 // 2**20)}MB"  # a third of the data: each epoch fetches it all
+
+                def lit(endpoint: str, cache: str | None, warm: bool) -> Any:
+                    return lambda: litdata_rows.litdata_loader(
+                        lit_url, endpoint, s3, Path(tmp), args.batch_size, args.workers, args.size, cache, warm
+                    )
+
+                candidates += [
+                    ("LitData (s3, direct, cache < data)", lit(s3.endpoint, small, False), count_images),
+                    (f"LitData (s3, +{ms}/request, cache < data)", lit(slow.endpoint, small, False), count_images),
+                    ("LitData (s3, cache holds the data, 2nd epoch on)", lit(s3.endpoint, None, True), count_images),
+                ]
+            else:
+                print("bench s3: litdata is not installed: its rows are skipped (the s3-bench extra)")
+            start = time.perf_counter()
+            compact_path = convert_folder_to_hdf5(
+                url, Path(tmp) / "compact.h5", max_side=256, storage_options=s3.storage_options(),
+                processes=args.workers, progress=False,
+            )  # fmt: skip
+            compact = {
+                "build_images_per_s": len(files) / (time.perf_counter() - start),
+                "bytes_per_image": compact_path.stat().st_size / len(files),
+                "max_side": 256,
+            }
+            compact_dm = HDF5DataModule(
+                str(compact_path), val_fraction=0.0, image_size=args.size, batch_size=args.batch_size,
+                num_workers=args.workers,
+            )  # fmt: skip
+            compact_dm.setup("fit")
+            candidates.append(
+                ("HDF5DataModule, compact cache built from s3 (local disk)", compact_dm.train_dataloader,
+                 count_normalised(compact_dm))
+            )  # fmt: skip
             ceiling = decode_ceiling(files[:256])
             rates, cpu = _timed(candidates, args.repeats, args.min_seconds, s3.pid, slow)
     best = max(ceiling.values())
@@ -241,6 +289,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "delay_ms": args.delay_ms,
         "decode_ceiling_per_core": ceiling,
         "bytes_per_image": bytes_per_image,  # what a streamed epoch fetches per image
+        "compact_cache": compact,  # built once from the bucket, then read from the local disk every epoch
         "rows": rows,
     }
     if args.json:
