@@ -34,3 +34,14 @@ def test_s3_bench_times_every_row_and_says_where_the_cpu_went(tmp_path: Path) ->
     for name in ("ImageFolderDataModule (s3, +20 ms/request)", "ImageFolderDataModule (s3, +20 ms, 1 in flight)"):
         assert rows[name]["requests_per_image"] == pytest.approx(1.0, abs=0.02), name
     assert rows["ImageFolderDataModule (s3, direct)"]["requests_per_image"] == 0  # it bypasses the proxy
+    # data bigger than the local disk: the compact cache is built from the bucket once, smaller than the originals
+    result = json.loads(out_json.read_text())
+    assert "HDF5DataModule, compact cache built from s3 (local disk)" in rows
+    assert 0 < result["compact_cache"]["bytes_per_image"] < result["bytes_per_image"]
+    assert result["compact_cache"]["build_images_per_s"] > 0
+    try:
+        import litdata  # noqa: F401
+    except ImportError:
+        assert "litdata is not installed" in out.stdout
+    else:  # the peer on the same bucket: it downloads chunks (a few GETs for the whole set), not objects
+        assert rows["LitData (s3, +20 ms/request, cache < data)"]["requests_per_image"] < 0.5
