@@ -66,18 +66,33 @@ class EpochSampler(DistributedSampler):
         self.block_size = block_size
         self.yielded = 0  # keys handed out by the current iteration
         self._resume_at: int | None = None  # set by load_state_dict: where the next iteration starts
+        # continue_epoch: the samples of epoch _consumed_epoch consumed before this run (not yielded again)
+        self._consumed: np.ndarray | None = None
+        self._consumed_epoch: int | None = None
+        self._consumed_packed = b""
+
+    def epoch_order(self, epoch: int | None = None) -> torch.Tensor:
+        """The whole permutation of ``range(length)`` for ``epoch`` (default: the current one), before sharding."""
+        epoch = self.epoch if epoch is None else epoch
+        if self.shuffle and self.block_size:
+            gen = torch.Generator().manual_seed(self.seed + epoch)
+            starts = torch.randperm(-(-self.length // self.block_size), generator=gen) * self.block_size
+            return torch.cat([torch.arange(s, min(s + self.block_size, self.length)) for s in starts.tolist()])
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + epoch)
+            return torch.randperm(self.length, generator=gen)
+        return torch.arange(self.length)
 
     def indices(self) -> torch.Tensor:
-        """This rank's indices for the current epoch, in order."""
-        if self.shuffle and self.block_size:
-            gen = torch.Generator().manual_seed(self.seed + self.epoch)
-            starts = torch.randperm(-(-self.length // self.block_size), generator=gen) * self.block_size
-            order = torch.cat([torch.arange(s, min(s + self.block_size, self.length)) for s in starts.tolist()])
-        elif self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.length, generator=gen)
-        else:
-            order = torch.arange(self.length)
+        """This rank's indices for the current epoch, in order.
+
+        In an epoch continued with :meth:`continue_epoch`, the samples not yet consumed, in the permutation's
+        order, split over this sampler's ranks as a whole epoch is (equal counts: padded from the epoch's start,
+        or cut with ``drop_last``).
+        """
+        order = self.epoch_order()
+        if self._consumed is not None and self._consumed_epoch == self.epoch:
+            return self._shard(order[~torch.from_numpy(self._consumed)[order]], order, self.num_replicas, self.rank)
         if self.drop_last:
             order = order[: self.total_size]
         elif self.total_size > self.length:
@@ -85,6 +100,56 @@ class EpochSampler(DistributedSampler):
         if self.block_size:  # contiguous runs per rank keep reads sequential
             return order[self.rank * self.num_samples : (self.rank + 1) * self.num_samples]
         return order[self.rank : self.total_size : self.num_replicas]
+
+    def _shard(self, left: torch.Tensor, order: torch.Tensor, replicas: int, rank: int) -> torch.Tensor:
+        """``left`` cut (``drop_last``) or padded with ``order``'s first samples to a multiple of ``replicas``."""
+        if self.drop_last:
+            left = left[: len(left) - len(left) % replicas]
+        elif len(left) % replicas:
+            pad = replicas - len(left) % replicas
+            left = torch.cat([left, order.repeat(-(-pad // len(order)))[:pad]])
+        per_rank = len(left) // replicas
+        if self.block_size:
+            return left[rank * per_rank : (rank + 1) * per_rank]
+        return left[rank::replicas]
+
+    def epoch_length(self) -> int:
+        """How many keys this rank yields in the current epoch (fewer than ``len(self)`` in a continued epoch)."""
+        if self._consumed is not None and self._consumed_epoch == self.epoch:
+            return len(self.indices())
+        return self.num_samples
+
+    def consumed_mask(self, positions: Sequence[int], epoch: int, mask: np.ndarray | None = None) -> np.ndarray:
+        """The samples of ``epoch`` consumed by ranks at ``positions`` (keys yielded by each rank, in rank order).
+
+        The world those positions come from is ``len(positions)`` ranks of this sampler's kind (same length,
+        seed, shuffle, ``drop_last`` and block size); ``mask``: what had been consumed before that world's
+        ranks started the epoch (an epoch already continued once), else nothing.
+        """
+        other = copy.copy(self)
+        other.num_replicas = len(positions)
+        other.num_samples = (
+            self.length // other.num_replicas if self.drop_last else -(-self.length // other.num_replicas)
+        )
+        other.total_size = other.num_samples * other.num_replicas
+        other.epoch, other._consumed_epoch, other._consumed = epoch, epoch, mask
+        consumed = np.zeros(self.length, dtype=bool) if mask is None else mask.copy()
+        for rank, taken in enumerate(positions):
+            other.rank = rank
+            consumed[other.indices()[: int(taken)].numpy()] = True
+        return consumed
+
+    def continue_epoch(self, epoch: int, consumed: np.ndarray) -> None:
+        """Make ``epoch`` yield only the samples ``consumed`` (a bool mask over the dataset) does not mark.
+
+        Every rank calls it with the same mask (what every rank of the interrupted world had consumed) and gets
+        an equal share of the rest; the following epochs are whole again.
+        """
+        if consumed.shape != (self.length,):
+            raise ValueError(f"consumed should be a mask of {self.length} samples, got shape {consumed.shape}.")
+        self._consumed, self._consumed_epoch = consumed.astype(bool), int(epoch)
+        self._consumed_packed = np.packbits(self._consumed).tobytes()
+        self.epoch, self.yielded, self._resume_at = int(epoch), 0, None
 
     def __iter__(self) -> Iterator[SampleKey]:  # type: ignore[override]
         epoch, start = self.epoch, self._resume_at or 0
@@ -101,8 +166,15 @@ class EpochSampler(DistributedSampler):
         super().set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Epoch and position: the permutation is a function of ``seed`` and ``epoch``, so this is all of it."""
-        return {"epoch": self.epoch, "seed": self.seed, "yielded": self.yielded}
+        """Epoch and position: the permutation is a function of ``seed`` and ``epoch``, so this is all of it.
+
+        In an epoch continued with :meth:`continue_epoch`, also the samples consumed before it (a packed bit mask,
+        ``length / 8`` bytes): this rank's order is a function of them too.
+        """
+        state = {"epoch": self.epoch, "seed": self.seed, "yielded": self.yielded}
+        if self._consumed is not None and self._consumed_epoch == self.epoch:
+            state["consumed"] = self._consumed_packed
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where :meth:`state_dict` was taken: same epoch, the next iteration skips what was yielded.
@@ -115,12 +187,17 @@ class EpochSampler(DistributedSampler):
                 f"Sampler state was saved with seed={state['seed']!r}, this sampler has seed={self.seed!r}."
             )
         yielded = int(state.get("yielded", 0))
+        if state.get("consumed"):
+            bits = np.frombuffer(state["consumed"], dtype=np.uint8)
+            self.continue_epoch(int(state["epoch"]), np.unpackbits(bits, count=self.length).astype(bool))
         # A state saved after the last batch of an epoch resumes with the *next* epoch's permutation, even if
         # the loader's iterator (and its workers' index prefetch) starts before Lightning calls set_epoch
         # (Lightning #21938: with num_workers > 0 the first resumed epoch reused the old permutation).
-        finished = yielded >= self.num_samples
-        self.epoch = int(state["epoch"]) + (1 if finished else 0)
-        self._resume_at = yielded if 0 < yielded < self.num_samples else None
+        self.epoch = int(state["epoch"])
+        length = self.epoch_length()
+        if yielded >= length:
+            self.epoch += 1
+        self._resume_at = yielded if 0 < yielded < length else None
 
 
 class BatchLookahead:

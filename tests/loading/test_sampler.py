@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from lightning_fastdata import EpochSampler
@@ -17,3 +18,76 @@ def test_block_shuffle_sampler() -> None:
     assert ia + ib != list(range(20))  # blocks are shuffled
     with pytest.raises(ValueError, match="block_size"):
         EpochSampler(5, block_size=0)
+
+
+def _keys(sampler: EpochSampler) -> list[int]:
+    return [i for _, i in sampler]
+
+
+@pytest.mark.parametrize("block_size", [None, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(("old", "new"), [(2, 1), (1, 2), (2, 3), (3, 2), (2, 2)])
+def test_an_epoch_continued_on_another_world_size_trains_every_sample_once(
+    old: int, new: int, drop_last: bool, block_size: int | None
+) -> None:
+    """The old ranks consumed a prefix of their shards; the new ranks split the rest equally, nothing twice."""
+    n, epoch = 39, 3
+    kw = dict(shuffle=True, seed=7, drop_last=drop_last, block_size=block_size)
+    olds = [EpochSampler(n, num_replicas=old, rank=r, **kw) for r in range(old)]
+    for s in olds:
+        s.set_epoch(epoch)
+    taken = [5, 5, 5][:old]  # DDP ranks step together: equal positions
+    consumed = [i for s, t in zip(olds, taken) for i in s.indices()[:t].tolist()]
+    news = [EpochSampler(n, num_replicas=new, rank=r, **kw) for r in range(new)]
+    mask = news[0].consumed_mask(taken, epoch)
+    assert sorted(np.flatnonzero(mask).tolist()) == sorted(consumed)
+    for s in news:
+        s.continue_epoch(epoch, mask)
+    rest = [_keys(s) for s in news]
+    assert len({len(r) for r in rest}) == 1  # equal step counts on every rank
+    trained = consumed + [i for r in rest for i in r]
+    padded = sum(len(_keys(s)) for s in olds) - n  # what the old world padded (+) or dropped (-)
+    if drop_last:  # nothing twice; what is left out is less than one sample per rank (plus the old world's cut)
+        assert len(set(trained)) == len(trained) and n - len(trained) < new + max(0, -padded)
+    else:  # every sample; only the padding repeats some, fewer than one per rank
+        assert set(trained) == set(range(n)) and len(trained) - n < new + max(0, padded)
+    if old == new:  # the same world: each rank continues its own shard, as an uninterrupted run does
+        assert rest == [s.indices()[t:].tolist() for s, t in zip(olds, taken)]
+    if block_size and not drop_last:  # block shuffle stays sequential: runs of consecutive indices
+        runs = sum(1 for r in rest for a, b in zip(r, r[1:]) if b != a + 1)
+        assert runs <= sum(len(r) for r in rest) // block_size + 2 * new
+    # the next epoch is whole again: what a run started on the new world size sees
+    for r, s in enumerate(news):
+        s.set_epoch(epoch + 1)
+        fresh = EpochSampler(n, num_replicas=new, rank=r, **kw)
+        fresh.set_epoch(epoch + 1)
+        assert _keys(s) == _keys(fresh)
+
+
+def test_a_continued_epochs_state_round_trips_and_a_second_interruption_is_counted() -> None:
+    """Interrupted again inside a continued epoch: its state holds the first mask; the union is still exact."""
+    n, epoch = 39, 0
+    first = EpochSampler(n, num_replicas=2, rank=0, seed=1)
+    mask = first.consumed_mask([8, 8], epoch)  # 2 ranks x 8 consumed
+    one = EpochSampler(n, num_replicas=1, rank=0, seed=1)
+    one.continue_epoch(epoch, mask)
+    rest = _keys(one)
+    assert len(rest) == n - 16
+    one.continue_epoch(epoch, mask)
+    it = iter(one)
+    seen = [next(it)[1] for _ in range(5)]
+    state = one.state_dict()
+    assert len(state["consumed"]) == (n + 7) // 8
+    again = EpochSampler(n, num_replicas=1, rank=0, seed=1)
+    again.load_state_dict(state)  # the same world: continues this run's own order
+    assert seen + _keys(again) == rest
+    three = EpochSampler(n, num_replicas=3, rank=0, seed=1)
+    unpacked = np.unpackbits(np.frombuffer(state["consumed"], dtype=np.uint8), count=n).astype(bool)
+    mask2 = three.consumed_mask([5], epoch, unpacked)  # a second interruption, resumed on 3 ranks
+    assert mask2.sum() == 16 + 5
+    left = []
+    for r in range(3):
+        s = EpochSampler(n, num_replicas=3, rank=r, seed=1)
+        s.continue_epoch(epoch, mask2)
+        left += _keys(s)
+    assert sorted(set(left)) == sorted(set(range(n)) - set(np.flatnonzero(mask2).tolist()))
