@@ -7,6 +7,11 @@ pins each behaviour, so that a Lightning upgrade that changes one fails there fi
   accessor; used to snapshot the loader when checkpoints are taken (:func:`checkpoint_step_intervals`).
 - ``trainer.fit_loop.epoch_progress`` (written): when ``max_steps`` stops a run inside an epoch, Lightning still
   counts that epoch as processed, so a resume would start the next one (:func:`reopen_epoch`).
+- ``trainer.fit_loop.epoch_loop.batch_progress.current`` (written), and the checkpoint being restored
+  (``trainer._checkpoint_connector._loaded_checkpoint["loops"]``, written while it is pending): the batches an
+  epoch has done, which Lightning compares with ``len(train_dataloader)`` to end the epoch; an epoch continued on
+  another world size has fewer batches left than its new length minus the batches done before
+  (:func:`shift_batches_done`).
 - The order of ``fit_loop.setup_data()``: the DataModule's ``train_dataloader()`` is called before the fit loop
   loads the checkpoint's loader state into that loader (``_load_combined_loader_states``), and that state is rank
   0's on every rank. :class:`~lightning_fastdata.datamodules.resume.LoaderResume` restores each rank's own state
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["checkpoint_step_intervals", "reopen_epoch"]
+__all__ = ["checkpoint_step_intervals", "reopen_epoch", "shift_batches_done"]
 
 
 def checkpoint_step_intervals(trainer: Any) -> list[int] | None:
@@ -51,3 +56,30 @@ def reopen_epoch(trainer: Any, epoch: int) -> bool:
             tracker.completed -= 1
         tracker.processed -= 1
     return True
+
+
+_BATCH_FIELDS = ("ready", "started", "processed", "completed")
+
+
+def shift_batches_done(trainer: Any, delta: int) -> str:
+    """Add ``delta`` to the batches the current epoch counts as done; returns where (``"live"``, ``"pending"``, ``""``).
+
+    Lightning ends a training epoch when its batch counter reaches ``len(train_dataloader)``; an epoch continued on
+    another world size (or batch size) has a different number of batches left than that length minus the
+    counter restored from the checkpoint, so the counter is moved by the difference. The counters are restored
+    from the checkpoint *after* ``train_dataloader()`` when ``configure_optimizers`` loads the data early
+    (Lightning #20550): then the checkpoint that is about to be restored is changed instead (``"pending"``).
+    """
+    if not delta or getattr(trainer, "fit_loop", None) is None:
+        return ""
+    loaded = getattr(getattr(trainer, "_checkpoint_connector", None), "_loaded_checkpoint", None) or {}
+    loop_state = loaded.get("loops", {}).get("fit_loop", {})
+    pending = loop_state.get("epoch_loop.batch_progress") if isinstance(loop_state, dict) else None
+    if pending is not None:
+        for field in _BATCH_FIELDS:
+            pending["current"][field] += delta
+        return "pending"
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    for field in _BATCH_FIELDS:
+        setattr(current, field, getattr(current, field) + delta)
+    return "live"

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_fastdata.datamodules.lightning_compat import reopen_epoch
+from lightning_fastdata.datamodules.lightning_compat import reopen_epoch, shift_batches_done
 from lightning_fastdata.loading.loaders import PrefetchingStatefulDataLoader
 
 __all__ = ["LoaderResume", "ResumableLoader", "quiet_torchdata_in_order"]
@@ -63,16 +64,22 @@ class LoaderResume:
     - *continue*: :meth:`load` got a checkpoint saved by every rank of a world of this size. This rank's loader
       state waits in :attr:`rank_state` (torchdata's state: sampler epoch and position, worker snapshots), and
       :attr:`mid_epoch` holds the epoch if it was unfinished.
-    - *restart*: the checkpoint is from another world size, or lacks some rank's state (saved by one rank on an
-      exception): :attr:`restart_epoch` restarts from its beginning on every rank (warned in :meth:`load`).
+    - *elastic*: :meth:`load` got a checkpoint saved by every rank inside an epoch, and this run differs in world
+      size, ``num_workers`` or ``batch_size``: :attr:`elastic` holds the epoch and every old rank's sampler
+      position; the samples no old rank consumed are split over this run's ranks
+      (:meth:`~lightning_fastdata.loading.sampler.EpochSampler.continue_epoch`), the next epochs are whole.
+    - *restart*: the checkpoint lacks some rank's state (saved by one rank on an exception), or its sampler had
+      another seed or dataset length: :attr:`restart_epoch` restarts from its beginning on every rank (warned).
 
     Transitions:
 
-    - *fresh* -> *continue* or *restart*: :meth:`load`, from the DataModule's ``load_state_dict``.
-    - *continue* / *restart* -> *fresh*: :meth:`apply`, from ``train_dataloader()`` when the loader is built. It
-      loads the rank's state (or sets the restart epoch on the sampler), reopens a mid-epoch epoch in Lightning's
-      counters, and makes the loader ignore the fit loop's own load that follows (rank 0's state for every rank;
-      see :mod:`~lightning_fastdata.datamodules.lightning_compat`).
+    - *fresh* -> *continue*, *elastic* or *restart*: :meth:`load`, from the DataModule's ``load_state_dict``.
+    - *continue* / *elastic* / *restart* -> *fresh*: :meth:`apply`, from ``train_dataloader()`` when the loader is
+      built. It loads the rank's state (or continues the epoch from the old ranks' positions, or sets the restart
+      epoch on the sampler), reopens a mid-epoch epoch in Lightning's counters (an elastic one also shifts the
+      epoch's batch count so that it ends with this loader's last batch), and makes the loader ignore the fit
+      loop's own load that follows (rank 0's state for every rank; see
+      :mod:`~lightning_fastdata.datamodules.lightning_compat`).
 
     :meth:`save` builds the checkpoint's content and changes no state.
     """
@@ -81,11 +88,17 @@ class LoaderResume:
         self.rank_state: dict[str, Any] | None = None
         self.mid_epoch: int | None = None
         self.restart_epoch: int | None = None
+        self.elastic: dict[str, Any] | None = None
+        self._fallback: dict[str, Any] | None = None  # *continue*'s elastic twin, for another batch size/workers
 
     @property
     def state(self) -> str:
-        """``"fresh"``, ``"continue"`` or ``"restart"``."""
-        return "continue" if self.rank_state is not None else "restart" if self.restart_epoch is not None else "fresh"
+        """``"fresh"``, ``"continue"``, ``"elastic"`` or ``"restart"``."""
+        if self.rank_state is not None:
+            return "continue"
+        if self.elastic is not None:
+            return "elastic"
+        return "restart" if self.restart_epoch is not None else "fresh"
 
     def save(self, loader: ResumableLoader | None, interrupted: bool) -> dict[str, Any]:
         """Every rank's loader state (gathered: Lightning writes only rank 0's checkpoint).
@@ -111,44 +124,124 @@ class LoaderResume:
         epoch = getattr(loader.sampler, "epoch", 0)
         done = loader.batches_done(before_current_batch=interrupted)
         mid_epoch = done is not None and done < len(loader)
-        return {"loader_states": states, "world_size": world_size, "epoch": epoch, "mid_epoch": mid_epoch}
+        return {
+            "loader_states": states,
+            "world_size": world_size,
+            "epoch": epoch,
+            "mid_epoch": mid_epoch,
+            # what an elastic resume compares: another batch size or worker count continues by samples
+            "batch_size": loader.batch_size,
+            "num_workers": loader.num_workers,
+            "batches_done": done,
+        }
 
     def load(self, saved: dict[str, Any], world_size: int, rank: int) -> None:
-        """Keep what :meth:`save` wrote for this rank until :meth:`apply` (*fresh* -> *continue* or *restart*)."""
+        """Keep what :meth:`save` wrote until :meth:`apply` (*fresh* -> *continue*, *elastic* or *restart*).
+
+        The world size decides here; :meth:`apply` turns a *continue* into an *elastic* resume when the new loader's
+        ``batch_size`` or ``num_workers`` differs from the checkpoint's (the effective values are known only then).
+        """
         states = saved.get("loader_states")
         if not states:
             return
         epoch = int(saved["epoch"])
-        if len(states) == world_size and all(s is not None for s in states):
-            self.rank_state, self.restart_epoch = states[rank], None
-            self.mid_epoch = epoch if saved.get("mid_epoch") else None
-            return
-        why = (
-            f"is from {len(states)} rank(s), this run has {world_size}"
-            if len(states) != world_size
-            else "lacks some ranks' state (saved by one rank on an exception)"
-        )
+        self.rank_state, self.mid_epoch, self.restart_epoch, self.elastic = None, None, None, None
+        if all(s is not None for s in states):
+            positions = [_sampler_position(s) for s in states]
+            elastic = None
+            if saved.get("mid_epoch") and all(p is not None for p in positions):
+                elastic = {"epoch": epoch, "positions": positions, "saved": saved}
+            if len(states) == world_size:
+                self.rank_state = states[rank]
+                self.mid_epoch = epoch if saved.get("mid_epoch") else None
+                self._fallback = elastic
+                return
+            if not saved.get("mid_epoch"):  # an epoch-boundary checkpoint from another world size
+                self.restart_epoch = epoch + 1  # the next epoch starts whole (torchdata's state is not loaded)
+                return
+            if elastic is not None:
+                self.elastic = elastic
+                return
+            why = "holds no EpochSampler position"
+        else:
+            why = "lacks some ranks' state (saved by one rank on an exception)"
         rank_zero_warn(
             f"The checkpoint's loader state {why}: epoch {epoch} restarts from its beginning (its samples seen before "
-            "the checkpoint are seen again). Resume with the same number of devices, from a checkpoint saved on all "
-            "ranks (ModelCheckpoint), for an exact continuation."
+            "the checkpoint are seen again). Resume from a checkpoint saved on all ranks (ModelCheckpoint) for an "
+            "exact continuation."
         )
-        self.rank_state, self.mid_epoch, self.restart_epoch = None, None, epoch
+        self.restart_epoch = epoch
 
     def apply(self, loader: ResumableLoader, trainer: Any) -> None:
-        """Carry out a pending resume on the new train loader (*continue* / *restart* -> *fresh*).
+        """Carry out a pending resume on the new train loader (*continue* / *elastic* / *restart* -> *fresh*).
 
         Called when the loader is built rather than left to Lightning's fit loop: that one restores rank 0's state
         on every rank, and none at all if ``configure_optimizers`` loaded the data early (Lightning #20550).
         """
+        if self.rank_state is not None and self._fallback is not None:
+            saved = self._fallback["saved"]
+            if saved.get("batch_size") not in (None, loader.batch_size) or saved.get("num_workers") not in (
+                None,
+                loader.num_workers,
+            ):
+                self.rank_state, self.elastic = None, self._fallback
+        self._fallback = None
         if self.rank_state is not None:
             loader.load_state_dict(self.rank_state)
             epoch = self.mid_epoch
             if epoch is not None and reopen_epoch(trainer, epoch):
                 rank_zero_info(f"lightning_fastdata: resuming inside epoch {epoch}, where the checkpoint's loader was.")
+        elif self.elastic is not None:
+            self._continue_elastic(loader, trainer)
         elif self.restart_epoch is not None:
             loader.sampler.set_epoch(self.restart_epoch)
         else:
             return
         loader.skip_next_load = True
-        self.rank_state, self.mid_epoch, self.restart_epoch = None, None, None
+        self.rank_state, self.mid_epoch, self.restart_epoch, self.elastic = None, None, None, None
+
+    def _continue_elastic(self, loader: ResumableLoader, trainer: Any) -> None:
+        """Continue the interrupted epoch on this world: the samples no old rank consumed, split over the new ranks."""
+        assert self.elastic is not None
+        sampler, epoch, positions = loader.sampler, self.elastic["epoch"], self.elastic["positions"]
+        saved = self.elastic["saved"]
+        if any(p["seed"] != sampler.seed for p in positions) or any(
+            p.get("consumed") and len(p["consumed"]) != -(-sampler.length // 8) for p in positions
+        ):
+            rank_zero_warn(
+                f"The checkpoint's sampler had another seed or dataset size: epoch {epoch} restarts from its beginning."
+            )
+            sampler.set_epoch(epoch)
+            return
+        before = positions[0].get("consumed")
+        mask = None
+        if before:
+            mask = np.unpackbits(np.frombuffer(before, dtype=np.uint8), count=sampler.length).astype(bool)
+        consumed = sampler.consumed_mask([int(p["yielded"]) for p in positions], epoch, mask)
+        sampler.continue_epoch(epoch, consumed)
+        batch = loader.batch_size or 1
+        left = sampler.epoch_length()
+        steps = left // batch if loader.drop_last else -(-left // batch)
+        skipped = len(loader) - steps  # the epoch ends with this loader's last batch, in Lightning's counters
+        loader.batches_before_iterator = skipped
+        reopened = reopen_epoch(trainer, epoch)
+        shift_batches_done(trainer, skipped - int(saved.get("batches_done") or 0))
+        rank_zero_info(
+            f"lightning_fastdata: continuing epoch {epoch} on {sampler.num_replicas} rank(s) (the checkpoint is from "
+            f"{len(positions)} rank(s), batch size {saved.get('batch_size')}, {saved.get('num_workers')} worker(s)): "
+            f"{int(consumed.sum())} of its {sampler.length} samples were trained before it, {left} per rank are left "
+            f"({steps} step(s)){' (reopened)' if reopened else ''}."
+        )
+
+
+def _sampler_position(state: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The :class:`~lightning_fastdata.loading.sampler.EpochSampler` state inside a torchdata loader state."""
+    if not isinstance(state, Mapping):
+        return None
+    if {"epoch", "seed", "yielded"} <= state.keys():
+        return dict(state)
+    for value in state.values():
+        found = _sampler_position(value) if isinstance(value, Mapping) else None
+        if found is not None:
+            return found
+    return None

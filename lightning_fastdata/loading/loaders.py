@@ -150,6 +150,7 @@ class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
         self.prefetch_device = prefetch_device
         self._prefetcher = _prefetcher(prefetch_device)
         self._current: weakref.ref[PrefetchIterator] | None = None
+        self.batches_before_iterator = 0  # the next iterator's epoch counts these as done (an elastic resume)
 
     @property
     def exact_state(self) -> bool:
@@ -161,6 +162,7 @@ class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
         inner = super().__iter__()
         self._watch(inner)
         it = PrefetchIterator(inner, self._prefetcher, state_fn, self._on_exhausted())
+        it.returned, self.batches_before_iterator = self.batches_before_iterator, 0
         self._current = weakref.ref(it)
         return it
 

@@ -78,6 +78,7 @@ _UNINTERRUPTED: dict[tuple, Path] = {}
 def uninterrupted(base: dict[str, Any], tmp_path: Path) -> Path:
     """The reference run, once per (kind, workers, devices) for the whole module."""
     key = (base["kind"], base["workers"], base["devices"], base.get("snapshot"), base["source"])
+    key += (base.get("batch_size"), base.get("block_shuffle"))
     if key not in _UNINTERRUPTED:
         record = tmp_path / "full"
         run({**base, "max_steps": STEPS, "record": str(record)})
@@ -192,22 +193,143 @@ def test_sigkill_then_resume_from_the_last_checkpoint_on_disk(
     assert killed[:6] + resumed == full
 
 
+def samples(lines: list[dict[str, Any]], epoch: int) -> list[tuple[int, float]]:
+    """(label, checksum) of every sample trained in ``epoch``, in step order: the checksum identifies the image and
+    its augmentation, which derive from (seed, epoch, index) whichever rank or worker decodes it."""
+    return [(label, x) for r in lines if r["epoch"] == epoch for label, x in zip(r["labels"], r["sums"])]
+
+
+def every_rank(record: Path, ranks: int) -> list[list[dict[str, Any]]]:
+    return [records(record, r) for r in range(ranks)]
+
+
+@pytest.fixture(scope="module")
+def two_rank_checkpoint(tmp_path_factory: pytest.TempPathFactory, sources: dict[str, str]) -> dict[str, Any]:
+    """A 2-rank DDP fit (2 workers) stopped at step 2 of epoch 0 (3 steps of 8, 8, 4 per rank): 32 of 39 trained."""
+    tmp = tmp_path_factory.mktemp("two-ranks")
+    cfg = {"kind": "folder", "source": sources["folder"], "workers": 2, "devices": 2, "cache_dir": str(tmp / "c")}
+    run({**cfg, "max_steps": 2, "record": str(tmp / "old"), "save_every": 2, "ckpt_dir": str(tmp / "ck")})
+    return {"ckpt": str(tmp / "ck" / "last.ckpt"), "old": every_rank(tmp / "old", 2)}
+
+
 @pytest.mark.timeout(600)
-def test_resume_on_a_different_world_size_restarts_the_epoch(tmp_path: Path, sources: dict[str, str]) -> None:
-    base = {"kind": "folder", "source": sources["folder"], "workers": 0, "cache_dir": str(tmp_path / "c")}
-    single = records(uninterrupted({**base, "devices": 1}, tmp_path))
-    ckpts = str(tmp_path / "ck")
-    run({**base, "devices": 2, "max_steps": 4, "record": str(tmp_path / "ddp"), "save_every": 4, "ckpt_dir": ckpts})
-    code, output = RUNS({**base, "devices": 1, "max_steps": 6, "record": str(tmp_path / "one"),
-                         "ckpt_path": f"{ckpts}/last.ckpt"})  # fmt: skip
+def test_two_ranks_with_workers_continue_on_one_rank_without_workers(
+    tmp_path: Path, sources: dict[str, str], two_rank_checkpoint: dict[str, Any]
+) -> None:
+    """2 ranks x 2 workers -> 1 rank, 0 workers: epoch 0's 7 samples left in one step, then epoch 1 as on 1 rank."""
+    base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "cache_dir": str(tmp_path / "c")}
+    single = records(uninterrupted(base, tmp_path))  # one rank: 5 steps per epoch
+    code, output = RUNS(
+        {**base, "max_steps": 8, "record": str(tmp_path / "one"), "ckpt_path": two_rank_checkpoint["ckpt"]}
+    )
     assert code == 0, output[-3000:]
-    assert "from 2 rank(s), this run has 1: epoch 1 restarts from its beginning" in output
+    assert "continuing epoch 0 on 1 rank(s) (the checkpoint is from 2 rank(s)" in output
     resumed = records(tmp_path / "one")
-    # 2 ranks x 3 steps per epoch: step 4 is inside epoch 1, which restarts on one rank from its first batch
-    first_of_epoch_1 = single[5]  # one rank: 5 steps per epoch
-    assert {k: v for k, v in resumed[0].items() if k != "step"} == {
-        k: v for k, v in first_of_epoch_1.items() if k != "step"
-    }
+    old = two_rank_checkpoint["old"]
+    assert [len(r["labels"]) for r in resumed if r["epoch"] == 0] == [7]
+    # every sample of the interrupted epoch trained exactly once across the interruption
+    assert sorted(samples(old[0] + old[1] + resumed, 0)) == sorted(samples(single, 0))
+    # the next epoch is what a run started on one rank sees, step for step
+    assert samples(resumed, 1) == samples(single, 1)
+    assert [r["step"] for r in resumed] == list(range(2, 8))
+
+
+@pytest.mark.timeout(600)
+def test_two_ranks_continue_on_three(
+    tmp_path: Path, sources: dict[str, str], two_rank_checkpoint: dict[str, Any]
+) -> None:
+    """2 -> 3 ranks: the 7 samples left are padded to 9 (3 per rank, as DistributedSampler pads), then epoch 1 whole."""
+    base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "cache_dir": str(tmp_path / "c")}
+    single = records(uninterrupted(base, tmp_path))
+    cfg = {**base, "devices": 3, "max_steps": 5, "record": str(tmp_path / "three")}
+    run({**cfg, "ckpt_path": two_rank_checkpoint["ckpt"]})
+    ranks = every_rank(tmp_path / "three", 3)
+    old = two_rank_checkpoint["old"]
+    left = [samples(r, 0) for r in ranks]
+    assert [len(x) for x in left] == [3, 3, 3]  # equal steps on every rank
+    trained = samples(old[0] + old[1], 0) + sum(left, [])
+    assert set(trained) == set(samples(single, 0)) and len(trained) == 39 + 2  # 2 pads, nothing else twice
+    order = samples(single, 1)  # epoch 1's permutation, as one rank trains it
+    for r, lines in enumerate(ranks):  # 39 = 3 x 13: rank r gets every third sample of it
+        assert samples(lines, 1) == order[r::3]
+
+
+@pytest.mark.timeout(600)
+def test_one_rank_continues_on_two(tmp_path: Path, sources: dict[str, str]) -> None:
+    """1 -> 2 ranks with workers: 16 of 39 trained; 23 left, padded to 24: 12 per rank in 2 steps (8, 4)."""
+    base = {"kind": "folder", "source": sources["folder"], "workers": 2, "devices": 1, "cache_dir": str(tmp_path / "c")}
+    single = records(uninterrupted(base, tmp_path))
+    ckpts = tmp_path / "ck"
+    run({**base, "max_steps": 2, "record": str(tmp_path / "old"), "save_every": 2, "ckpt_dir": str(ckpts)})
+    run({**base, "devices": 2, "max_steps": 7, "record": str(tmp_path / "two"), "ckpt_path": str(ckpts / "last.ckpt")})
+    old, ranks = records(tmp_path / "old"), every_rank(tmp_path / "two", 2)
+    assert [[len(r["labels"]) for r in lines if r["epoch"] == 0] for lines in ranks] == [[8, 4], [8, 4]]
+    first = samples(single, 0)
+    trained = samples(old, 0) + samples(ranks[0], 0) + samples(ranks[1], 0)
+    assert sorted(trained) == sorted(first + first[:1])  # the pad is the epoch's first sample
+    order = samples(single, 1)
+    padded = order + order[:1]  # 39 on 2 ranks: 20 each, as a run started on 2 ranks
+    for r, lines in enumerate(ranks):
+        assert samples(lines, 1) == padded[r::2]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["folder", "hdf5", "cache"])
+def test_another_batch_size_and_worker_count_continue_by_samples(
+    tmp_path: Path, sources: dict[str, str], kind: str
+) -> None:
+    """Every DataModule: batch 8 with 2 workers stopped at step 2 (16 samples), resumed with batch 4 and 0 workers."""
+    base = {"kind": kind, "source": sources[kind], "workers": 0, "devices": 1, "cache_dir": str(tmp_path / "c")}
+    single = records(uninterrupted(base, tmp_path))
+    ckpts = tmp_path / "ck"
+    run(
+        {**base, "workers": 2, "max_steps": 2, "record": str(tmp_path / "old"), "save_every": 2, "ckpt_dir": str(ckpts)}
+    )
+    run(
+        {
+            **base,
+            "batch_size": 4,
+            "max_steps": 18,
+            "record": str(tmp_path / "new"),
+            "ckpt_path": str(ckpts / "last.ckpt"),
+        }
+    )
+    old, new = records(tmp_path / "old"), records(tmp_path / "new")
+    assert [len(r["labels"]) for r in new if r["epoch"] == 0] == [4, 4, 4, 4, 4, 3]
+    assert samples(old, 0) + samples(new, 0) == samples(single, 0)  # one rank: the same order, by samples
+    assert samples(new, 1) == samples(single, 1) and [len(r["labels"]) for r in new if r["epoch"] == 1][-1] == 3
+
+
+@pytest.mark.timeout(600)
+def test_an_elastic_resume_when_configure_optimizers_loads_the_data_early(tmp_path: Path, sources: dict) -> None:
+    """Lightning #20550: the loader is built before the fit loop's counters are restored; the shift still holds."""
+    base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "cache_dir": str(tmp_path / "c")}
+    single = records(uninterrupted(base, tmp_path))
+    ckpts = tmp_path / "ck"
+    run({**base, "max_steps": 2, "record": str(tmp_path / "old"), "save_every": 2, "ckpt_dir": str(ckpts)})
+    cfg = {**base, "batch_size": 16, "max_steps": 6, "max_epochs": 5, "stepping": True, "record": str(tmp_path / "new")}
+    code, output = RUNS({**cfg, "ckpt_path": str(ckpts / "last.ckpt")})
+    assert code == 0 and "STEPPING True" in output, output[-3000:]  # the data was loaded early
+    new = records(tmp_path / "new")
+    assert [len(r["labels"]) for r in new if r["epoch"] == 0] == [16, 7]  # 23 left: the epoch ends after them
+    assert samples(records(tmp_path / "old"), 0) + samples(new, 0) == samples(single, 0)
+    assert samples(new, 1)[:16] == samples(single, 1)[:16]
+
+
+@pytest.mark.timeout(600)
+def test_block_shuffle_continues_by_samples_on_another_world_size(tmp_path: Path, sources: dict[str, str]) -> None:
+    """block_shuffle=4, 1 rank -> 2 ranks: the samples left split in contiguous runs; nothing trained twice."""
+    base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "block_shuffle": 4}
+    base["cache_dir"] = str(tmp_path / "c")
+    single = records(uninterrupted(base, tmp_path))
+    ckpts = tmp_path / "ck"
+    run({**base, "max_steps": 3, "record": str(tmp_path / "old"), "save_every": 3, "ckpt_dir": str(ckpts)})
+    run({**base, "devices": 2, "max_steps": 5, "record": str(tmp_path / "two"), "ckpt_path": str(ckpts / "last.ckpt")})
+    old, ranks = records(tmp_path / "old"), every_rank(tmp_path / "two", 2)
+    first = samples(single, 0)
+    rest = first[24:]  # 15 left in the permutation's order, padded to 16 with its first sample
+    assert samples(ranks[0], 0) == rest[:8] and samples(ranks[1], 0) == rest[8:] + first[:1]
+    assert samples(old, 0) == first[:24]
 
 
 @pytest.mark.timeout(600)

@@ -46,10 +46,10 @@ def test_continue_resumes_at_the_next_batch_and_ignores_the_fit_loops_load() -> 
     assert seen + rest == whole
 
 
-def test_a_checkpoint_from_another_world_size_restarts_the_epoch_with_a_warning() -> None:
+def test_a_checkpoint_without_sampler_positions_restarts_the_epoch_with_a_warning() -> None:
     saved = {"loader_states": [{}, {}], "world_size": 2, "epoch": 3, "mid_epoch": True}
     resume = LoaderResume()
-    with pytest.warns(UserWarning, match=r"is from 2 rank\(s\), this run has 1: epoch 3 restarts"):
+    with pytest.warns(UserWarning, match=r"holds no EpochSampler position: epoch 3 restarts"):
         resume.load(saved, world_size=1, rank=0)
     assert resume.state == "restart" and resume.restart_epoch == 3
     fresh = loader()
@@ -70,3 +70,59 @@ def test_nothing_saved_leaves_it_fresh_and_the_loader_as_built() -> None:
     fresh = loader()
     resume.apply(fresh, trainer=None)
     assert resume.state == "fresh" and not fresh.skip_next_load
+
+
+def rank_loader(rank: int, world: int, batch_size: int = 4) -> ResumableLoader:
+    sampler = EpochSampler(12, num_replicas=world, rank=rank, shuffle=True, seed=3)
+    return ResumableLoader(Keys(), batch_size=batch_size, sampler=sampler, collate_fn=collate_prebatched)
+
+
+def test_two_ranks_checkpoint_continues_on_one_rank_with_the_samples_left() -> None:
+    """*elastic*: each old rank trained one batch of 3 (2 x 6 samples); one rank gets the 4 left, in 1 batch."""
+    olds = [rank_loader(r, 2, batch_size=3) for r in range(2)]
+    its = [iter(o) for o in olds]
+    seen = [i for it in its for i in next(it)[1].tolist()]
+    states = [LoaderResume().save(o, interrupted=False) for o in olds]
+    saved = {**states[0], "loader_states": [s["loader_states"][0] for s in states], "world_size": 2}
+    resume = LoaderResume()
+    resume.load(saved, world_size=1, rank=0)
+    assert resume.state == "elastic"
+    new = rank_loader(0, 1)
+    resume.apply(new, trainer=None)
+    assert resume.state == "fresh" and new.skip_next_load
+    rest = [i for b in new for i in b[1].tolist()]
+    assert sorted(seen + rest) == list(range(12)) and len(rest) == 6
+    assert new.sampler.epoch_length() == 6 and len(new) == 3  # 2 batches left of 3: the first counts as done
+    new.sampler.set_epoch(1)  # the next epoch is whole
+    assert len([i for b in new for i in b[1].tolist()]) == 12
+
+
+def test_another_batch_size_on_the_same_world_continues_by_samples() -> None:
+    """*continue* becomes *elastic* when the new loader's batch size differs: by samples, not batches."""
+    first = loader()  # batch 4
+    it = iter(first)
+    seen = [i for _ in range(2) for i in next(it)[1].tolist()]
+    saved = LoaderResume().save(first, interrupted=False)
+    resume = LoaderResume()
+    resume.load(saved, world_size=1, rank=0)
+    assert resume.state == "continue"
+    halved = rank_loader(0, 1, batch_size=2)
+    resume.apply(halved, trainer=None)
+    it = iter(halved)
+    batches = [b[1].tolist() for b in it]
+    assert [len(b) for b in batches] == [2, 2] and sorted(seen + sum(batches, [])) == list(range(12))
+    assert halved.batches_done() == len(halved)  # the epoch's count ends with the loader's last batch
+
+
+def test_an_epoch_boundary_checkpoint_from_another_world_size_starts_the_next_epoch_whole() -> None:
+    olds = [rank_loader(r, 2) for r in range(2)]
+    for o in olds:
+        list(o)  # the whole epoch 0
+    states = [LoaderResume().save(o, interrupted=False) for o in olds]
+    saved = {**states[0], "loader_states": [s["loader_states"][0] for s in states], "world_size": 2}
+    assert not saved["mid_epoch"]
+    resume = LoaderResume()
+    resume.load(saved, world_size=1, rank=0)  # no warning: nothing is repeated
+    new = rank_loader(0, 1)
+    resume.apply(new, trainer=None)
+    assert new.sampler.epoch == 1 and len([i for b in new for i in b[1].tolist()]) == 12

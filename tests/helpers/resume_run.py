@@ -7,7 +7,7 @@ start of that step, or null), raise_at (raise an error in that step, as an out-o
 OnExceptionCheckpoint saving ckpt_dir/on_exception.ckpt), stepping (touch trainer.estimated_stepping_batches in
 configure_optimizers, Lightning #20550; it only loads data early with max_epochs set), max_epochs, cache_dir,
 accelerator ("cpu" unless given), storage_options (for an s3:// source), prefetch (add FastDataCallback: pinned
-memory and the side-stream prefetch).
+memory and the side-stream prefetch), batch_size (8 unless given), block_shuffle.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class Recorder(pl.LightningModule):
         if self.raise_at is not None and self.global_step == self.raise_at:
             raise RuntimeError("simulated out of memory")  # this step's batch was never trained
         sums = images.double().flatten(1).sum(1).round(decimals=3).tolist()
-        line = {"step": self.global_step, "rank": self.global_rank, "labels": labels.tolist(), "sums": sums}
+        line = {"step": self.global_step, "epoch": self.current_epoch, "rank": self.global_rank}
+        line.update(labels=labels.tolist(), sums=sums)
         with open(f"{self.record}.rank{self.global_rank}", "a") as f:
             f.write(json.dumps(line) + "\n")
             f.flush()
@@ -57,7 +58,9 @@ class Recorder(pl.LightningModule):
 
 
 def main(cfg: dict[str, Any]) -> None:
-    kw = dict(image_size=16, batch_size=8, num_workers=cfg["workers"], val_fraction=0.0, seed=0)
+    kw = dict(image_size=16, batch_size=cfg.get("batch_size", 8), num_workers=cfg["workers"], val_fraction=0.0, seed=0)
+    if cfg.get("block_shuffle"):
+        kw["block_shuffle"] = cfg["block_shuffle"]
     if "snapshot" in cfg:
         kw["snapshot_every_n_steps"] = cfg["snapshot"]
     if cfg.get("storage_options"):
