@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 
 __all__ = [
@@ -95,7 +96,7 @@ def count_images(batch: Any) -> int:
     return len(batch[1])
 
 
-def count_normalised(dm: ImageFolderDataModule) -> Callable[[Any], int]:
+def count_normalised(dm: FastDataModule) -> Callable[[Any], int]:
     """A batch counter that first normalises the batch to float on the CPU, as a CPU-only training step would."""
 
     def consume(batch: Any) -> int:

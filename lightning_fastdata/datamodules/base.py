@@ -206,8 +206,9 @@ class FastDataModule(LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep this rank's loader state until :meth:`train_dataloader` makes the loader (see :class:`LoaderResume`).
 
-        A checkpoint from a different world size, or one that lacks some rank's state, restarts the interrupted
-        epoch from its beginning on every rank, with a warning.
+        A checkpoint from another world size, ``num_workers`` or ``batch_size`` continues its epoch with the samples
+        no rank consumed, split over this run's ranks (elastic); one that lacks some rank's state (saved by one rank
+        on an exception) restarts the interrupted epoch from its beginning on every rank, with a warning.
         """
         world_size, rank = self._world()[:2]
         self.resume.load(state_dict, world_size, rank)

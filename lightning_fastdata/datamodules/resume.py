@@ -205,14 +205,8 @@ class LoaderResume:
         assert self.elastic is not None
         sampler, epoch, positions = loader.sampler, self.elastic["epoch"], self.elastic["positions"]
         saved = self.elastic["saved"]
-        if any(p["seed"] != sampler.seed for p in positions) or any(
-            p.get("consumed") and len(p["consumed"]) != -(-sampler.length // 8) for p in positions
-        ):
-            rank_zero_warn(
-                f"The checkpoint's sampler had another seed or dataset size: epoch {epoch} restarts from its beginning."
-            )
-            sampler.set_epoch(epoch)
-            return
+        for position in positions:
+            sampler.check_compatible(position)  # another seed or dataset size: an error saying so
         before = positions[0].get("consumed")
         mask = None
         if before:

@@ -436,6 +436,7 @@ _PARENT_CHECK_S = 2.0
 
 def _agent_main(conn: Any, parent_end: Any, parent_pid: int) -> None:
     parent_end.close()  # forked with the parent's end open: it would never see the pipe close
+    _close_inherited_fds(keep=conn.fileno())
     allow_direct_calls()
     while True:
         try:
@@ -451,6 +452,17 @@ def _agent_main(conn: Any, parent_end: Any, parent_pid: int) -> None:
         except BaseException as err:  # noqa: BLE001 - sent back to the caller, which raises it
             reply = (False, err if _picklable(err) else OSError(_first_line(err)))
         conn.send(reply)
+
+
+def _close_inherited_fds(keep: int) -> None:
+    """Close every descriptor the fork copied from the parent but stdin/out/err and ``keep`` (the helper's pipe).
+
+    The parent's own pipes, sockets and files stay open in a forked child; held there for the parent's lifetime,
+    a pipe the parent's program opened (to a subprocess it started, say) would never see its end: the subprocess
+    waiting for EOF on its stdin would wait as long as the helper lives. The helper needs none of them.
+    """
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
 
 
 def _picklable(err: BaseException) -> bool:

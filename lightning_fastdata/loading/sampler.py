@@ -171,10 +171,28 @@ class EpochSampler(DistributedSampler):
         In an epoch continued with :meth:`continue_epoch`, also the samples consumed before it (a packed bit mask,
         ``length / 8`` bytes): this rank's order is a function of them too.
         """
-        state = {"epoch": self.epoch, "seed": self.seed, "yielded": self.yielded}
+        state: dict[str, Any] = {"epoch": self.epoch, "seed": self.seed, "yielded": self.yielded, "length": self.length}
         if self._consumed is not None and self._consumed_epoch == self.epoch:
             state["consumed"] = self._consumed_packed
         return state
+
+    def check_compatible(self, state: dict[str, Any]) -> None:
+        """Raise if ``state`` describes another permutation: saved with another seed or dataset length.
+
+        Raises:
+            ValueError: Naming both values and what to do.
+        """
+        if int(state["seed"]) != self.seed:
+            raise ValueError(
+                f"Sampler state was saved with seed={state['seed']!r}, this sampler has seed={self.seed!r}: resume "
+                "with the checkpoint's seed, or start without ckpt_path."
+            )
+        if int(state.get("length", self.length)) != self.length:
+            raise ValueError(
+                f"Sampler state was saved for a dataset of {state['length']} samples, this one has {self.length}: "
+                "the checkpoint's positions do not describe this dataset. Resume on the same data, or start without "
+                "ckpt_path (or load the model weights alone)."
+            )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where :meth:`state_dict` was taken: same epoch, the next iteration skips what was yielded.
@@ -182,10 +200,7 @@ class EpochSampler(DistributedSampler):
         Raises:
             ValueError: If the state was saved with another seed (it would describe another permutation).
         """
-        if int(state["seed"]) != self.seed:
-            raise ValueError(
-                f"Sampler state was saved with seed={state['seed']!r}, this sampler has seed={self.seed!r}."
-            )
+        self.check_compatible(state)
         yielded = int(state.get("yielded", 0))
         if state.get("consumed"):
             bits = np.frombuffer(state["consumed"], dtype=np.uint8)

@@ -175,6 +175,34 @@ def test_the_helper_process_ends_when_the_process_it_serves_is_killed(
 
 
 @pytest.mark.timeout(120)
+def test_the_helper_holds_none_of_its_parents_pipes(s3: LocalS3, s3_image_folder: str, tmp_path: Path) -> None:
+    """A pipe the program opened before the helper started still reaches EOF when the program closes it.
+
+    Forked with every descriptor of its parent, the helper held the write end of the pipe to a subprocess's stdin,
+    and the subprocess waited for EOF as long as the helper lived (the test suite's fork server did).
+    """
+    script = tmp_path / "pipe.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, subprocess, sys
+            from lightning_fastdata.loading import object_store
+            reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); print('eof')"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            storage = object_store.ObjectStorage(sys.argv[1], json.loads(sys.argv[2]))
+            storage.list_prefixes()  # the first call forks the helper, while the pipe is open
+            reader.stdin.close()
+            reader.wait(timeout=20)  # TimeoutExpired while anything else holds the pipe's write end
+            print(reader.stdout.read().strip(), flush=True)
+            """
+        )
+    )
+    args = [sys.executable, str(script), s3_image_folder, json.dumps(s3.storage_options())]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "eof", out.stderr[-2000:]
+
+
+@pytest.mark.timeout(120)
 def test_wrong_credentials_and_a_missing_bucket_name_the_url_and_the_credentials_never_the_secret(
     s3: LocalS3, s3_image_folder: str
 ) -> None:

@@ -91,3 +91,13 @@ def test_a_continued_epochs_state_round_trips_and_a_second_interruption_is_count
         s.continue_epoch(epoch, mask2)
         left += _keys(s)
     assert sorted(set(left)) == sorted(set(range(n)) - set(np.flatnonzero(mask2).tolist()))
+
+
+def test_a_state_from_another_seed_or_dataset_size_is_refused_by_name() -> None:
+    state = EpochSampler(39, seed=1).state_dict()
+    with pytest.raises(ValueError, match=r"seed=1, this sampler has seed=2: resume with the checkpoint's seed"):
+        EpochSampler(39, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"a dataset of 39 samples, this one has 40"):
+        EpochSampler(40, seed=1).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"a dataset of 39 samples, this one has 40"):
+        EpochSampler(40, seed=1, num_replicas=2).check_compatible(state)  # what an elastic resume checks first
