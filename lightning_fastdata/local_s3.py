@@ -209,7 +209,13 @@ def _delete(store: Any, keys: list[str]) -> None:
 
 # -- the fault proxy ----------------------------------------------------------------------------------------------
 def _proxy_main(
-    listen: int, upstream: str, delay: float, slowdown: dict[str, int], stall: dict[str, float], log: str
+    listen: int,
+    upstream: str,
+    delay: float,
+    slowdown: dict[str, int],
+    stall: dict[str, float],
+    log: str,
+    stall_body: dict[str, float] | None = None,
 ) -> None:
     """Serve 127.0.0.1:listen, forwarding each request to ``upstream`` after ``delay`` seconds (see fault_proxy)."""
     import http.client
@@ -272,7 +278,13 @@ def _proxy_main(
                 length = resp.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
                 self.send_header("Content-Length", length)
                 self.end_headers()
-                if self.command != "HEAD":
+                body_stall = next((t for k, t in (stall_body or {}).items() if k in path and n == 1), None)
+                if self.command != "HEAD" and body_stall is not None:  # headers and half the body, then silence
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    time.sleep(body_stall)
+                    self.close_connection = True
+                elif self.command != "HEAD":
                     self.wfile.write(data)
             with lock, open(log, "a") as fh:
                 fh.write(f"{self.command} {path} {status} {self.headers.get('Range', '-').replace(' ', '')}\n")
@@ -315,6 +327,7 @@ def fault_proxy(
     slowdown: Mapping[str, int] | None = None,
     stall: Mapping[str, float] | None = None,
     log_dir: str | os.PathLike[str] | None = None,
+    stall_body: Mapping[str, float] | None = None,
 ) -> Iterator[FaultProxy]:
     """An HTTP proxy (another process) in front of ``endpoint``.
 
@@ -323,6 +336,8 @@ def fault_proxy(
         delay: Seconds added before each request is forwarded (a remote region's round trip).
         slowdown: ``{key substring: n}``: the first ``n`` requests for matching objects get ``503 SlowDown``.
         stall: ``{key substring: seconds}``: the first request for matching objects waits that long.
+        stall_body: ``{key substring: seconds}``: the first answer for matching objects sends its headers and half
+            its body, then nothing for that long (a connection that dies mid-transfer).
         log_dir: Where the request log goes (default: a temporary folder).
     """
     import tempfile
@@ -332,7 +347,7 @@ def fault_proxy(
     log = folder / f"proxy-{listen}.log"
     proc = get_context("fork").Process(  # fork: no re-import of the caller's __main__
         target=_proxy_main,
-        args=(listen, endpoint, delay, dict(slowdown or {}), dict(stall or {}), str(log)),
+        args=(listen, endpoint, delay, dict(slowdown or {}), dict(stall or {}), str(log), dict(stall_body or {})),
         daemon=True,
     )
     proc.start()

@@ -130,6 +130,40 @@ _UPLOADED: list[str] = []
 
 
 @pytest.mark.timeout(600)
+def test_an_elastic_resume_from_a_bucket(tmp_path: Path, sources: dict[str, str], s3: LocalS3) -> None:
+    """An ``s3://`` root continues by samples too: 2 workers, batch 8 -> 0 workers, batch 4, same order as local."""
+    url = s3.url("resume-src")
+    if not _UPLOADED:
+        upload_folder(sources["folder"], url, s3.storage_options())
+        _UPLOADED.append(url)
+    local = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "cache_dir": ""}
+    single = records(uninterrupted(local, tmp_path))
+    bucket = {**local, "source": url, "storage_options": s3.storage_options()}
+    ckpts = tmp_path / "ck"
+    run(
+        {
+            **bucket,
+            "workers": 2,
+            "max_steps": 2,
+            "record": str(tmp_path / "old"),
+            "save_every": 2,
+            "ckpt_dir": str(ckpts),
+        }
+    )
+    run(
+        {
+            **bucket,
+            "batch_size": 4,
+            "max_steps": 8,
+            "record": str(tmp_path / "new"),
+            "ckpt_path": str(ckpts / "last.ckpt"),
+        }
+    )
+    old, new = records(tmp_path / "old"), records(tmp_path / "new")
+    assert samples(old, 0) + samples(new, 0) == samples(single, 0)
+
+
+@pytest.mark.timeout(600)
 def test_resume_when_configure_optimizers_reads_estimated_stepping_batches(tmp_path: Path, sources: dict) -> None:
     """Lightning #20550: touching estimated_stepping_batches loads the data before the checkpoint is restored."""
     conformance(tmp_path, "folder", sources["folder"], 2, 8, stepping=True, max_epochs=3)
