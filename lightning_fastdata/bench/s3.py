@@ -191,6 +191,25 @@ def _one_run(make: Any, consume: Any, min_seconds: float, probe: Any, proxy: Fau
     return before, after, n, all_n + n, len(proxy.requests()) - requests_at_start
 
 
+def _pin_process(pid: int, cpu: int) -> None:
+    """Move every thread of ``pid`` and of its child processes to ``cpu`` (threads made later inherit it)."""
+    pids = [pid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent_of(int(p)) == pid]
+    for proc in pids:
+        for tid in os.listdir(f"/proc/{proc}/task"):
+            try:
+                os.sched_setaffinity(int(tid), {cpu})
+            except OSError:  # the thread ended meanwhile
+                pass
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
 def _cpu_columns(c: dict[str, float]) -> dict[str, float]:
     busy = max(c["busy"], 1e-9)
     loader_cpu_s = max(c["busy"] - c["server"] - c["proxy"], 1e-9)
@@ -230,8 +249,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--min-seconds", type=float, default=3.0)
     p.add_argument("--litdata-chunk", default="8MB", help="LitData's chunk_bytes")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="the loader (this process and its workers) on CPU 0, the S3 server and the proxy on CPU 1: a server "
+        "that does not share the loader's cores",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.pin:
+        if len(os.sched_getaffinity(0)) < 2:
+            raise SystemExit("bench s3: --pin needs 2 CPUs (the loader on one, the server and the proxy on the other)")
+        loader_cpu, server_cpu = sorted(os.sched_getaffinity(0))[:2]
+        os.sched_setaffinity(0, {loader_cpu})  # the server and the proxy start from here: moved just after
     with tempfile.TemporaryDirectory(prefix="fastdata-s3-bench-") as tmp:
         root = make_image_folder(
             Path(tmp) / "train", num_classes=8, per_class=args.images // 8, size=(500, 375), processes=2
@@ -240,6 +270,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bytes_per_image = sum(os.path.getsize(f) for f in files) / len(files)
         with local_s3_server(Path(tmp) / "s3") as s3, fault_proxy(s3.endpoint, delay=args.delay_ms / 1000) as slow:
             url = s3.url("train")
+            if args.pin:
+                for pid in (s3.pid, slow.pid):
+                    _pin_process(pid, server_cpu)
             upload_folder(root, url, s3.storage_options())
             local = _module(str(root), args, None)
             direct = _module(url, args, s3.storage_options())
@@ -323,6 +356,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        # --pin: the loader on one CPU, the server and the proxy on another (rates are one loader core's)
+        "pinned": args.pin,
         "images": len(files),
         "image_size": args.size,
         "batch_size": args.batch_size,

@@ -147,7 +147,7 @@ class LoaderResume:
         epoch = int(saved["epoch"])
         self.rank_state, self.mid_epoch, self.restart_epoch, self.elastic = None, None, None, None
         if all(s is not None for s in states):
-            positions = [_sampler_position(s) for s in states]
+            positions = [_sampler_position(s, saved.get("batch_size") or 1) for s in states]
             elastic = None
             if saved.get("mid_epoch") and all(p is not None for p in positions):
                 elastic = {"epoch": epoch, "positions": positions, "saved": saved}
@@ -188,6 +188,10 @@ class LoaderResume:
         self._fallback = None
         if self.rank_state is not None:
             loader.load_state_dict(self.rank_state)
+            batch = loader.batch_size or 1
+            position = _sampler_position(self.rank_state, batch)
+            if self.mid_epoch is not None and position is not None:  # the epoch's batches before the checkpoint
+                loader.batches_before_iterator = int(position["yielded"]) // batch
             epoch = self.mid_epoch
             if epoch is not None and reopen_epoch(trainer, epoch):
                 rank_zero_info(f"lightning_fastdata: resuming inside epoch {epoch}, where the checkpoint's loader was.")
@@ -228,14 +232,27 @@ class LoaderResume:
         )
 
 
-def _sampler_position(state: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The :class:`~lightning_fastdata.loading.sampler.EpochSampler` state inside a torchdata loader state."""
+def _sampler_position(state: Mapping[str, Any] | None, batch_size: int) -> dict[str, Any] | None:
+    """This rank's :class:`~lightning_fastdata.loading.sampler.EpochSampler` position in a torchdata loader state.
+
+    With sparse snapshots (``snapshot_every_n_steps``) the sampler state inside is the last snapshot's; the
+    ``_steps_since_snapshot`` batches of ``batch_size`` returned after it (torchdata replays them on load) were
+    consumed too, and are added to ``yielded``.
+    """
+    found = _find_sampler_state(state)
+    if found is None or not isinstance(state, Mapping):
+        return None
+    found["yielded"] = int(found["yielded"]) + int(state.get("_steps_since_snapshot") or 0) * batch_size
+    return found
+
+
+def _find_sampler_state(state: Any) -> dict[str, Any] | None:
     if not isinstance(state, Mapping):
         return None
     if {"epoch", "seed", "yielded"} <= state.keys():
         return dict(state)
     for value in state.values():
-        found = _sampler_position(value) if isinstance(value, Mapping) else None
+        found = _find_sampler_state(value)
         if found is not None:
             return found
     return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 def test_s3_bench_times_every_row_and_says_where_the_cpu_went(tmp_path: Path) -> None:
     out_json = tmp_path / "s3.json"
     args = ["--images", "64", "--batch-size", "16", "--size", "32", "--repeats", "1", "--min-seconds", "0.3"]
+    pin = len(os.sched_getaffinity(0)) >= 2  # the loader on one CPU, the server and the proxy on another
+    args += ["--pin"] if pin else []
     cmd = [sys.executable, "-m", "lightning_fastdata.bench.s3", *args, "--json", str(out_json)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -36,6 +39,7 @@ def test_s3_bench_times_every_row_and_says_where_the_cpu_went(tmp_path: Path) ->
     assert rows["ImageFolderDataModule (s3, direct)"]["requests_per_image"] == 0  # it bypasses the proxy
     # data bigger than the local disk: the compact cache is built from the bucket once, smaller than the originals
     result = json.loads(out_json.read_text())
+    assert result["pinned"] == pin
     assert "HDF5DataModule, compact cache built from s3 (local disk)" in rows
     assert 0 < result["compact_cache"]["bytes_per_image"] < result["bytes_per_image"]
     assert result["compact_cache"]["build_images_per_s"] > 0

@@ -335,6 +335,31 @@ def test_another_batch_size_and_worker_count_continue_by_samples(
 
 
 @pytest.mark.timeout(600)
+def test_an_elastic_resume_between_sparse_snapshots_counts_the_batches_after_the_snapshot(
+    tmp_path: Path, sources: dict[str, str]
+) -> None:
+    """snapshot_every_n_steps=4, stopped at step 3: the state's sampler position is the snapshot's (step 0); the 3
+    batches returned after it were trained too and must not be trained again on the new configuration."""
+    base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "cache_dir": str(tmp_path / "c")}
+    single = records(uninterrupted(base, tmp_path))
+    ckpts = tmp_path / "ck"
+    old_cfg = {**base, "workers": 2, "snapshot": 4, "max_steps": 3, "save_every": 3, "ckpt_dir": str(ckpts)}
+    run({**old_cfg, "record": str(tmp_path / "old")})
+    run(
+        {
+            **base,
+            "batch_size": 4,
+            "max_steps": 8,
+            "record": str(tmp_path / "new"),
+            "ckpt_path": str(ckpts / "last.ckpt"),
+        }
+    )
+    old, new = records(tmp_path / "old"), records(tmp_path / "new")
+    assert len(samples(old, 0)) == 24
+    assert samples(old, 0) + samples(new, 0) == samples(single, 0)
+
+
+@pytest.mark.timeout(600)
 def test_an_elastic_resume_when_configure_optimizers_loads_the_data_early(tmp_path: Path, sources: dict) -> None:
     """Lightning #20550: the loader is built before the fit loop's counters are restored; the shift still holds."""
     base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "cache_dir": str(tmp_path / "c")}

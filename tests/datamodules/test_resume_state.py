@@ -126,3 +126,18 @@ def test_an_epoch_boundary_checkpoint_from_another_world_size_starts_the_next_ep
     new = rank_loader(0, 1)
     resume.apply(new, trainer=None)
     assert new.sampler.epoch == 1 and len([i for b in new for i in b[1].tolist()]) == 12
+
+
+def test_a_continued_epoch_counts_the_batches_before_the_checkpoint() -> None:
+    """Resumed after 1 of 3 batches, the epoch is done after 2 more: a checkpoint then is not "mid-epoch"."""
+    first = loader()
+    it = iter(first)
+    next(it)
+    resume = LoaderResume()
+    resume.load(LoaderResume().save(first, interrupted=False), world_size=1, rank=0)
+    second = loader()
+    resume.apply(second, trainer=None)
+    rest = iter(second)
+    assert len(list(rest)) == 2
+    assert second.batches_done() == len(second) == 3
+    assert not LoaderResume().save(second, interrupted=False)["mid_epoch"]
