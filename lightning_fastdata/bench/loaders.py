@@ -96,10 +96,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--suites",
         nargs="+",
-        choices=["folder", "hdf5", "cache", "callback", "scale"],
+        choices=["folder", "hdf5", "cache", "callback", "scale", "s3"],
         default=["folder", "hdf5", "cache", "callback"],
         help="scale (not run by default: builds a 1.28M-file tree of hard links, ~5 min): index, worker memory, "
-        "cold reads",
+        "cold reads; s3 (not run by default, ~8 min): the folder module on a local S3 server, direct and with "
+        "--s3-delay-ms per request, vs the local folder, a per-item get_object loader and LitData (python -m "
+        "lightning_fastdata.bench.s3 --help: its own data, 2 workers, batch 128)",
+    )
+    parser.add_argument("--s3-delay-ms", type=float, default=20.0, help="s3 suite: latency added per request")
+    parser.add_argument(
+        "--s3-pin", action="store_true", help="s3 suite: the loader on one CPU, the server and proxy on another"
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--batch-size", type=int, default=64)
@@ -203,6 +209,11 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         result["suites"]["snapshot"] = snap
     if "scale" in args.suites:
         result["suites"]["scale"] = scale_suite(args)
+    if "s3" in args.suites:
+        from lightning_fastdata.bench import s3
+
+        s3_args = ["--repeats", str(args.repeats), "--delay-ms", str(args.s3_delay_ms)]
+        result["suites"]["s3"] = s3.main(s3_args + (["--pin"] if args.s3_pin else []))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

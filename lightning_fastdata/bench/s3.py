@@ -30,7 +30,10 @@ import argparse
 import json
 import os
 import platform
+import signal
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -257,6 +260,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    # a SIGTERM (a job scheduler, `kill`) ends this process through its `finally` blocks, which stop the S3 server
+    # (started in its own session, it would otherwise outlive this process)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.pin:
         if len(os.sched_getaffinity(0)) < 2:
             raise SystemExit("bench s3: --pin needs 2 CPUs (the loader on one, the server and the proxy on the other)")
