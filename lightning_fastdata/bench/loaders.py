@@ -210,10 +210,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     if "scale" in args.suites:
         result["suites"]["scale"] = scale_suite(args)
     if "s3" in args.suites:
-        from lightning_fastdata.bench import s3
+        from lightning_fastdata.bench.s3 import main as s3_main
 
         s3_args = ["--repeats", str(args.repeats), "--delay-ms", str(args.s3_delay_ms)]
-        result["suites"]["s3"] = s3.main(s3_args + (["--pin"] if args.s3_pin else []))
+        result["suites"]["s3"] = s3_main(s3_args + (["--pin"] if args.s3_pin else []))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_fastdata.bench import litdata_rows
+import lightning_fastdata.bench.litdata_rows as litdata_rows
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
