@@ -297,6 +297,14 @@ def _proxy_main(
         # dropped connect waits out the client's connect timeout (a multi-second stall no remote bucket causes)
         request_queue_size = 1024
 
+    parent = os.getppid()
+
+    def orphaned() -> None:  # the process that started this proxy is gone (SIGKILLed): end too
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=orphaned, daemon=True).start()
     Server(("127.0.0.1", listen), Handler).serve_forever()
 
 

@@ -51,13 +51,15 @@ def test_s3_bench_times_every_row_and_says_where_the_cpu_went(tmp_path: Path) ->
         assert rows["LitData (s3, +20 ms/request, cache < data)"]["requests_per_image"] < 0.5
 
 
-def _children(pid: int) -> list[int]:
+def _weed_children(pid: int) -> list[int]:
+    """The ``weed`` processes whose parent is ``pid`` (processes that end while being read are skipped)."""
     found = []
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry))
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            if parent == pid and b"weed" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
         except (OSError, ValueError, IndexError):
             continue
     return found
@@ -77,16 +79,23 @@ def test_a_terminated_s3_suite_stops_its_server(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     weed: list[int] = []
-    deadline = time.monotonic() + 150
-    while not weed and time.monotonic() < deadline and proc.poll() is None:
-        weed = [
-            p for p in _children(proc.pid) if "weed" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-        ]
-        time.sleep(0.2)
-    assert weed, "the suite never started its S3 server"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 128 + signal.SIGTERM
-    deadline = time.monotonic() + 15
-    while os.path.exists(f"/proc/{weed[0]}") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not os.path.exists(f"/proc/{weed[0]}"), f"the S3 server {weed[0]} outlived the terminated suite"
+    try:
+        deadline = time.monotonic() + 150
+        while not weed and time.monotonic() < deadline and proc.poll() is None:
+            weed = _weed_children(proc.pid)
+            time.sleep(0.2)
+        assert weed, "the suite never started its S3 server"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 15
+        while os.path.exists(f"/proc/{weed[0]}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{weed[0]}"), f"the S3 server {weed[0]} outlived the terminated suite"
+    finally:  # whatever failed, nothing of this run is left running
+        proc.kill()
+        proc.wait()
+        for pid in weed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -234,3 +234,24 @@ def test_wrong_credentials_and_a_missing_bucket_name_the_url_and_the_credentials
     with pytest.raises(OSError) as absent:
         ObjectStorage(missing, s3.storage_options(max_retries=0)).list_prefixes()
     assert missing in str(absent.value) and s3.secret_access_key not in str(absent.value)
+
+
+@pytest.mark.timeout(60)
+def test_the_fault_proxy_ends_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    # a benchmark or test run SIGKILLed mid-way must not leave its latency proxy serving forever
+    script = tmp_path / "proxy.py"
+    script.write_text(
+        "import time\nfrom lightning_fastdata.local_s3 import fault_proxy\n"
+        "with fault_proxy('http://127.0.0.1:9') as p:\n    print(p.pid, flush=True)\n    time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        proxy = int(proc.stdout.readline())  # type: ignore[union-attr]
+        assert _running(proxy)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while _running(proxy) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(proxy), f"the proxy {proxy} outlived the killed process"
