@@ -109,14 +109,19 @@ def _per_item_loader(s3: Any, root: Path, prefix: str, endpoint: str, args: argp
     )
 
 
-def _process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads), 0 if it cannot be read."""
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name (field 3 on: state, parent, ...); ``[]`` if it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), 0 if it cannot be read."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if len(fields) > 12 else 0.0
 
 
 def _machine_busy_s() -> float:
@@ -206,11 +211,8 @@ def _pin_process(pid: int, cpu: int) -> None:
 
 
 def _parent_of(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return -1
+    fields = _stat_fields(pid)
+    return int(fields[1]) if len(fields) > 1 else -1
 
 
 def _cpu_columns(c: dict[str, float]) -> dict[str, float]:

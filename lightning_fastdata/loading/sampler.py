@@ -91,18 +91,17 @@ class EpochSampler(DistributedSampler):
         or cut with ``drop_last``).
         """
         order = self.epoch_order()
+        left = order
         if self._consumed is not None and self._consumed_epoch == self.epoch:
-            return self._shard(order[~torch.from_numpy(self._consumed)[order]], order, self.num_replicas, self.rank)
-        if self.drop_last:
-            order = order[: self.total_size]
-        elif self.total_size > self.length:
-            order = torch.cat([order, order[: self.total_size - self.length]])
-        if self.block_size:  # contiguous runs per rank keep reads sequential
-            return order[self.rank * self.num_samples : (self.rank + 1) * self.num_samples]
-        return order[self.rank : self.total_size : self.num_replicas]
+            left = order[~torch.from_numpy(self._consumed)[order]]
+        return self._shard(left, order, self.num_replicas, self.rank)
 
     def _shard(self, left: torch.Tensor, order: torch.Tensor, replicas: int, rank: int) -> torch.Tensor:
-        """``left`` cut (``drop_last``) or padded with ``order``'s first samples to a multiple of ``replicas``."""
+        """``rank``'s share of ``left``, cut or padded to a multiple of ``replicas``.
+
+        Cut with ``drop_last``, else padded with ``order``'s first samples; contiguous runs with block shuffle (reads
+        stay sequential), every ``replicas``-th sample otherwise.
+        """
         if self.drop_last:
             left = left[: len(left) - len(left) % replicas]
         elif len(left) % replicas:

@@ -53,14 +53,14 @@ def test_s3_bench_times_every_row_and_says_where_the_cpu_went(tmp_path: Path) ->
 
 def _weed_children(pid: int) -> list[int]:
     """The ``weed`` processes whose parent is ``pid`` (processes that end while being read are skipped)."""
+    from lightning_fastdata.bench.s3 import _parent_of
+
     found = []
-    for entry in os.listdir("/proc"):
+    for entry in (int(e) for e in os.listdir("/proc") if e.isdigit()):
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            if parent == pid and b"weed" in Path(f"/proc/{entry}/cmdline").read_bytes():
-                found.append(int(entry))
-        except (OSError, ValueError, IndexError):
+            if _parent_of(entry) == pid and b"weed" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(entry)
+        except OSError:
             continue
     return found
 
