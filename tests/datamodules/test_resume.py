@@ -86,6 +86,12 @@ def uninterrupted(base: dict[str, Any], tmp_path: Path) -> Path:
     return _UNINTERRUPTED[key]
 
 
+def stopped_at(cfg: dict[str, Any], k: int, tmp: Path, record: str = "old") -> str:
+    """Run ``cfg`` for ``k`` steps, recording into ``tmp/record``, with a checkpoint at step ``k``; return its path."""
+    run({**cfg, "max_steps": k, "record": str(tmp / record), "save_every": k, "ckpt_dir": str(tmp / "ck")})
+    return str(tmp / "ck" / "last.ckpt")
+
+
 def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, devices: int = 1, **extra: Any) -> None:
     """The helper every stateful loader goes through."""
     base = {"kind": kind, "source": source, "workers": workers, "devices": devices, "cache_dir": str(tmp_path / "c")}
@@ -94,9 +100,8 @@ def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, de
     if "snapshot" in extra:
         base["snapshot"] = extra.pop("snapshot")
     full_record = uninterrupted(base, tmp_path)
-    run({**base, "max_steps": k, "record": str(tmp_path / "part"), "save_every": k, "ckpt_dir": str(tmp_path / "ck")})
-    ckpt = tmp_path / "ck" / "last.ckpt"
-    run({**base, "max_steps": STEPS, "record": str(tmp_path / "part"), "ckpt_path": str(ckpt), **extra})
+    ckpt = stopped_at(base, k, tmp_path, record="part")
+    run({**base, "max_steps": STEPS, "record": str(tmp_path / "part"), "ckpt_path": ckpt, **extra})
     for rank in range(devices):
         full, part = records(full_record, rank), records(tmp_path / "part", rank)
         assert [r["step"] for r in part] == list(range(STEPS))
@@ -139,26 +144,8 @@ def test_an_elastic_resume_from_a_bucket(tmp_path: Path, sources: dict[str, str]
     local = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "cache_dir": ""}
     single = records(uninterrupted(local, tmp_path))
     bucket = {**local, "source": url, "storage_options": s3.storage_options()}
-    ckpts = tmp_path / "ck"
-    run(
-        {
-            **bucket,
-            "workers": 2,
-            "max_steps": 2,
-            "record": str(tmp_path / "old"),
-            "save_every": 2,
-            "ckpt_dir": str(ckpts),
-        }
-    )
-    run(
-        {
-            **bucket,
-            "batch_size": 4,
-            "max_steps": 8,
-            "record": str(tmp_path / "new"),
-            "ckpt_path": str(ckpts / "last.ckpt"),
-        }
-    )
+    ckpt = stopped_at({**bucket, "workers": 2}, 2, tmp_path)
+    run({**bucket, "batch_size": 4, "max_steps": 8, "record": str(tmp_path / "new"), "ckpt_path": ckpt})
     old, new = records(tmp_path / "old"), records(tmp_path / "new")
     assert samples(old, 0) + samples(new, 0) == samples(single, 0)
 
@@ -242,8 +229,7 @@ def two_rank_checkpoint(tmp_path_factory: pytest.TempPathFactory, sources: dict[
     """A 2-rank DDP fit (2 workers) stopped at step 2 of epoch 0 (3 steps of 8, 8, 4 per rank): 32 of 39 trained."""
     tmp = tmp_path_factory.mktemp("two-ranks")
     cfg = {"kind": "folder", "source": sources["folder"], "workers": 2, "devices": 2, "cache_dir": str(tmp / "c")}
-    run({**cfg, "max_steps": 2, "record": str(tmp / "old"), "save_every": 2, "ckpt_dir": str(tmp / "ck")})
-    return {"ckpt": str(tmp / "ck" / "last.ckpt"), "old": every_rank(tmp / "old", 2)}
+    return {"ckpt": stopped_at(cfg, 2, tmp), "old": every_rank(tmp / "old", 2)}
 
 
 @pytest.mark.timeout(600)
@@ -293,9 +279,8 @@ def test_one_rank_continues_on_two(tmp_path: Path, sources: dict[str, str]) -> N
     """1 -> 2 ranks with workers: 16 of 39 trained; 23 left, padded to 24: 12 per rank in 2 steps (8, 4)."""
     base = {"kind": "folder", "source": sources["folder"], "workers": 2, "devices": 1, "cache_dir": str(tmp_path / "c")}
     single = records(uninterrupted(base, tmp_path))
-    ckpts = tmp_path / "ck"
-    run({**base, "max_steps": 2, "record": str(tmp_path / "old"), "save_every": 2, "ckpt_dir": str(ckpts)})
-    run({**base, "devices": 2, "max_steps": 7, "record": str(tmp_path / "two"), "ckpt_path": str(ckpts / "last.ckpt")})
+    ckpt = stopped_at(base, 2, tmp_path)
+    run({**base, "devices": 2, "max_steps": 7, "record": str(tmp_path / "two"), "ckpt_path": ckpt})
     old, ranks = records(tmp_path / "old"), every_rank(tmp_path / "two", 2)
     assert [[len(r["labels"]) for r in lines if r["epoch"] == 0] for lines in ranks] == [[8, 4], [8, 4]]
     first = samples(single, 0)
@@ -315,19 +300,8 @@ def test_another_batch_size_and_worker_count_continue_by_samples(
     """Every DataModule: batch 8 with 2 workers stopped at step 2 (16 samples), resumed with batch 4 and 0 workers."""
     base = {"kind": kind, "source": sources[kind], "workers": 0, "devices": 1, "cache_dir": str(tmp_path / "c")}
     single = records(uninterrupted(base, tmp_path))
-    ckpts = tmp_path / "ck"
-    run(
-        {**base, "workers": 2, "max_steps": 2, "record": str(tmp_path / "old"), "save_every": 2, "ckpt_dir": str(ckpts)}
-    )
-    run(
-        {
-            **base,
-            "batch_size": 4,
-            "max_steps": 18,
-            "record": str(tmp_path / "new"),
-            "ckpt_path": str(ckpts / "last.ckpt"),
-        }
-    )
+    ckpt = stopped_at({**base, "workers": 2}, 2, tmp_path)
+    run({**base, "batch_size": 4, "max_steps": 18, "record": str(tmp_path / "new"), "ckpt_path": ckpt})
     old, new = records(tmp_path / "old"), records(tmp_path / "new")
     assert [len(r["labels"]) for r in new if r["epoch"] == 0] == [4, 4, 4, 4, 4, 3]
     assert samples(old, 0) + samples(new, 0) == samples(single, 0)  # one rank: the same order, by samples
@@ -342,18 +316,8 @@ def test_an_elastic_resume_between_sparse_snapshots_counts_the_batches_after_the
     batches returned after it were trained too and must not be trained again on the new configuration."""
     base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "cache_dir": str(tmp_path / "c")}
     single = records(uninterrupted(base, tmp_path))
-    ckpts = tmp_path / "ck"
-    old_cfg = {**base, "workers": 2, "snapshot": 4, "max_steps": 3, "save_every": 3, "ckpt_dir": str(ckpts)}
-    run({**old_cfg, "record": str(tmp_path / "old")})
-    run(
-        {
-            **base,
-            "batch_size": 4,
-            "max_steps": 8,
-            "record": str(tmp_path / "new"),
-            "ckpt_path": str(ckpts / "last.ckpt"),
-        }
-    )
+    ckpt = stopped_at({**base, "workers": 2, "snapshot": 4}, 3, tmp_path)
+    run({**base, "batch_size": 4, "max_steps": 8, "record": str(tmp_path / "new"), "ckpt_path": ckpt})
     old, new = records(tmp_path / "old"), records(tmp_path / "new")
     assert len(samples(old, 0)) == 24
     assert samples(old, 0) + samples(new, 0) == samples(single, 0)
@@ -364,10 +328,9 @@ def test_an_elastic_resume_when_configure_optimizers_loads_the_data_early(tmp_pa
     """Lightning #20550: the loader is built before the fit loop's counters are restored; the shift still holds."""
     base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "cache_dir": str(tmp_path / "c")}
     single = records(uninterrupted(base, tmp_path))
-    ckpts = tmp_path / "ck"
-    run({**base, "max_steps": 2, "record": str(tmp_path / "old"), "save_every": 2, "ckpt_dir": str(ckpts)})
+    ckpt = stopped_at(base, 2, tmp_path)
     cfg = {**base, "batch_size": 16, "max_steps": 6, "max_epochs": 5, "stepping": True, "record": str(tmp_path / "new")}
-    code, output = RUNS({**cfg, "ckpt_path": str(ckpts / "last.ckpt")})
+    code, output = RUNS({**cfg, "ckpt_path": ckpt})
     assert code == 0 and "STEPPING True" in output, output[-3000:]  # the data was loaded early
     new = records(tmp_path / "new")
     assert [len(r["labels"]) for r in new if r["epoch"] == 0] == [16, 7]  # 23 left: the epoch ends after them
@@ -381,9 +344,8 @@ def test_block_shuffle_continues_by_samples_on_another_world_size(tmp_path: Path
     base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "block_shuffle": 4}
     base["cache_dir"] = str(tmp_path / "c")
     single = records(uninterrupted(base, tmp_path))
-    ckpts = tmp_path / "ck"
-    run({**base, "max_steps": 3, "record": str(tmp_path / "old"), "save_every": 3, "ckpt_dir": str(ckpts)})
-    run({**base, "devices": 2, "max_steps": 5, "record": str(tmp_path / "two"), "ckpt_path": str(ckpts / "last.ckpt")})
+    ckpt = stopped_at(base, 3, tmp_path)
+    run({**base, "devices": 2, "max_steps": 5, "record": str(tmp_path / "two"), "ckpt_path": ckpt})
     old, ranks = records(tmp_path / "old"), every_rank(tmp_path / "two", 2)
     first = samples(single, 0)
     rest = first[24:]  # 15 left in the permutation's order, padded to 16 with its first sample
