@@ -125,9 +125,13 @@ def baseline_loader(root: str, size: int, batch_size: int, workers: int) -> torc
     )
 
 
-def ours_module(root: str, size: int, batch_size: int, workers: int) -> ImageFolderDataModule:
+def ours_module(
+    root: str, size: int, batch_size: int, workers: int, exact_decode: bool = False
+) -> ImageFolderDataModule:
     """Our DataModule with the same data, size, batch size and workers."""
-    dm = ImageFolderDataModule(root, val_fraction=0.0, image_size=size, batch_size=batch_size, num_workers=workers)
+    dm = ImageFolderDataModule(
+        root, val_fraction=0.0, image_size=size, batch_size=batch_size, num_workers=workers, exact_decode=exact_decode
+    )
     dm.setup("fit")
     return dm
 

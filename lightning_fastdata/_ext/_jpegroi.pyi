@@ -1,4 +1,12 @@
 def header(data: bytes) -> tuple[int, int, int]: ...
 def decode_crop(
-    data: bytes, top: int, left: int, height: int, width: int, out: bytearray, to_end: bool = False
+    data: bytes,
+    top: int,
+    left: int,
+    height: int,
+    width: int,
+    out: bytearray,
+    to_end: bool = False,
+    scale_num: int = 8,
+    fast_idct: bool = False,
 ) -> tuple[int, int]: ...

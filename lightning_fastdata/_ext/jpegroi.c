@@ -1,5 +1,7 @@
 /* Region-of-interest JPEG decode with libjpeg-turbo: decode only the rows and (iMCU-aligned) columns of
  * a crop, stopping after its last row. jpeg_crop_scanline + jpeg_skip_scanlines (libjpeg-turbo >= 1.5).
+ * Optionally at scale_num/8 of the size in the DCT domain (coordinates are then in the scaled image), and with
+ * the fast integer IDCT (JDCT_IFAST) instead of the exact one (JDCT_ISLOW, what torchvision and PIL use).
  * The GIL is released while decoding. Errors in the image data raise OSError; a crop box outside the
  * image or a too small output buffer (the caller's bug) raises ValueError. */
 #define PY_SSIZE_T_CLEAN
@@ -52,15 +54,24 @@ static PyObject *header(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* decode_crop(data, top, left, height, width, out[, to_end]) -> (x_shift, decoded_width)
+/* decode_crop(data, top, left, height, width, out[, to_end[, scale_num[, fast_idct]]]) -> (x_shift, decoded_width)
  * Writes `height` rows of `decoded_width` RGB pixels into `out` (a writable buffer of at least
  * height * (width + 2 * iMCU width) * 3 bytes); the crop starts `x_shift` pixels into each row.
  * With to_end, the rows below the crop are skipped through (entropy-decoded, not output) to the end of the
- * image, so that a file cut short raises whatever the crop. */
+ * image, so that a file cut short raises whatever the crop. scale_num (1..16, default 8) decodes at scale_num/8
+ * of the size: the crop box is then in the scaled image's pixels (ceil(width * scale_num / 8) wide). */
 static PyObject *decode_crop(PyObject *self, PyObject *args) {
     Py_buffer data, out;
-    int top, left, height, width, to_end = 0;
-    if (!PyArg_ParseTuple(args, "y*iiiiw*|p", &data, &top, &left, &height, &width, &out, &to_end)) return NULL;
+    int top, left, height, width, to_end = 0, scale_num = 8, fast_idct = 0;
+    if (!PyArg_ParseTuple(args, "y*iiiiw*|pip", &data, &top, &left, &height, &width, &out, &to_end, &scale_num,
+                          &fast_idct))
+        return NULL;
+    if (scale_num < 1 || scale_num > 16) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "scale_num must be in 1..16");
+        return NULL;
+    }
     struct jpeg_decompress_struct cinfo;
     roi_error_mgr jerr;
     JDIMENSION xoff = 0, cw = 0;
@@ -78,6 +89,9 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
         jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
         jpeg_read_header(&cinfo, TRUE);
         cinfo.out_color_space = JCS_RGB;
+        cinfo.scale_num = (unsigned int)scale_num;
+        cinfo.scale_denom = 8;
+        if (fast_idct) cinfo.dct_method = JDCT_IFAST;
         jpeg_start_decompress(&cinfo);
         if (top < 0 || left < 0 || height <= 0 || width <= 0 || (JDIMENSION)(top + height) > cinfo.output_height ||
             (JDIMENSION)(left + width) > cinfo.output_width) {
@@ -131,7 +145,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS, "header(data) -> (width, height, jpeg_color_space)"},
-    {"decode_crop", decode_crop, METH_VARARGS, "decode_crop(data, top, left, height, width, out[, to_end]) -> (x_shift, decoded_width)"},
+    {"decode_crop", decode_crop, METH_VARARGS, "decode_crop(data, top, left, height, width, out[, to_end[, scale_num[, fast_idct]]]) -> (x_shift, decoded_width)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegroi", "ROI JPEG decode (libjpeg-turbo).", -1, methods};

@@ -13,6 +13,8 @@ Suite ``folder`` (rows):
 - ``baseline``: torchvision ``ImageFolder`` + ``RandomResizedCrop``, ``RandomHorizontalFlip``, ``ToTensor``,
   ``Normalize`` + plain ``DataLoader`` (what users write today);
 - ``ImageFolderDataModule``: our train loader, uint8 batches as they reach the device;
+- ``ImageFolderDataModule (exact_decode=True)``: the same with every crop decoded at full size with the exact
+  IDCT (no DCT-domain scaling, no fast IDCT): what the defaults gain, in the same run;
 - ``ImageFolderDataModule + CPU normalise``: the same, plus the float normalisation in the main process
   (what a CPU-only run pays; on a GPU it runs on the device);
 - ``decode ceiling``: one process reading and fully decoding every file (PIL and torchvision's
@@ -71,6 +73,7 @@ def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str
     rows: list[dict[str, Any]] = []
     for workers in args.workers:
         dm = ours_module(args.root, args.image_size, args.batch_size, workers)
+        exact = ours_module(args.root, args.image_size, args.batch_size, workers, exact_decode=True)
 
         candidates: list[Candidate] = [
             (
@@ -79,6 +82,7 @@ def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str
                 count_images,
             ),
             ("ImageFolderDataModule", dm.train_dataloader, count_images),
+            ("ImageFolderDataModule (exact_decode=True)", exact.train_dataloader, count_images),
             ("ImageFolderDataModule + CPU normalise", dm.train_dataloader, count_normalised(dm)),
         ]
         rows += rows_for(measure(candidates, args.repeats, args.min_seconds), workers, best_ceiling)

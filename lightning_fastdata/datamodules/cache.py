@@ -148,6 +148,7 @@ class TensorCacheDataModule(FastDataModule):
             read_only=self.read_only,
             storage=self.storage,
             quality=self.quality,
+            exact_decode=self.dataset_kwargs["exact_decode"],
             verify_source=self.verify_source,
             storages=self.source.storages,
         )

@@ -57,6 +57,8 @@ class AugmentedImageDataset(Dataset):
         seed: Seed of the per-sample augmentation.
         on_corrupt: ``"raise"`` (default) raises an error naming the sample; ``"skip"`` logs it, leaves it out of
             its batch (which is then one shorter) and counts it in :meth:`skipped_count`.
+        exact_decode: Decode JPEGs at full size with the exact IDCT (see
+            :func:`~lightning_fastdata.loading.decode.decode_resized_crop`'s ``exact``).
 
     Raises:
         ValueError: On an impossible argument.
@@ -71,6 +73,7 @@ class AugmentedImageDataset(Dataset):
         crop_fraction: float = 0.875,
         seed: int = 0,
         on_corrupt: Literal["raise", "skip"] = "raise",
+        exact_decode: bool = False,
     ) -> None:
         if image_size <= 0:
             raise InvalidValueError(f"image_size should be a positive int, got {image_size!r}.")
@@ -89,6 +92,7 @@ class AugmentedImageDataset(Dataset):
         self.crop_fraction = crop_fraction
         self.seed = seed
         self.on_corrupt = on_corrupt
+        self.exact_decode = bool(exact_decode)
         # Shared memory, so that counts made in worker processes are visible to the main process.
         self._skipped = torch.zeros((_EPOCH_ROWS + 1, _MAX_SLOTS), dtype=torch.int64).share_memory_()
         #: Set by the DataModule on its train set: the next batch's samples, for :meth:`read_ahead`.
@@ -185,7 +189,7 @@ class AugmentedImageDataset(Dataset):
             top, left, h, w = box_fn(int(source.shape[2]), int(source.shape[1]))
             resize_crop_into(out, source[:, top : top + h, left : left + w], flip)
         else:
-            decode_resized_crop(source, out, box_fn, flip=flip, name=name)
+            decode_resized_crop(source, out, box_fn, flip=flip, name=name, exact=self.exact_decode)
 
     def _skip(self, key: int | SampleKey, index: int, err: BaseException) -> None:
         if self.on_corrupt == "raise":

@@ -119,6 +119,7 @@ def build_tensor_cache(
     quality: int = 90,
     verify_source: Literal["files", "folders"] = "files",
     storages: Mapping[str, Storage] | None = None,
+    exact_decode: bool = False,
 ) -> Path:
     """Build (or resume, or reuse) the cache of ``train_index`` / ``val_index`` in ``cache_dir``.
 
@@ -138,6 +139,10 @@ def build_tensor_cache(
     fetched concurrently, and the source is checked by listing it again: keys, sizes and ETags
     (:func:`~lightning_fastdata.datasets.cache_source.listing_fingerprint`; ``verify_source`` does not apply: a
     bucket has no folder mtimes, and an object rewritten in place gets a new ETag).
+
+``exact_decode`` decodes the raw cache's squares with the exact IDCT at full size (see
+:func:`~lightning_fastdata.loading.decode.decode_resized_crop`); a cache built the other way is stale. The
+``"jpeg"`` storage re-encodes every image, so it is never bit-exact and ignores it.
 
     Raises:
         PermissionError: If ``cache_dir``'s parent is not writable.
@@ -161,6 +166,7 @@ def build_tensor_cache(
         classes=tuple(train_index.classes),
         storage=storage,
         quality=quality,
+        exact_decode=exact_decode,
     )
     record = None
     if verify_source == "folders" and not in_bucket:
@@ -241,7 +247,7 @@ def build_tensor_cache(
                     start = state["done"][split]
                     images = _open_array_for_writing(path, (n, side, side, 3), resume=start > 0 and path.exists())
                     fraction = 1.0 if split == "train" else crop_fraction
-                    args = (side, fraction)
+                    args = (side, fraction, exact_decode)
                     results = (
                         ()
                         if index is None

@@ -44,6 +44,8 @@ class CacheParams:
         classes: Class names.
         storage: ``"raw"`` (uint8 arrays) or ``"jpeg"`` (each image re-encoded once, compact).
         quality: JPEG quality (``"jpeg"`` storage).
+        exact_decode: Whether the source JPEGs were decoded with the exact IDCT at full size (see
+            :func:`~lightning_fastdata.loading.decode.decode_resized_crop`).
     """
 
     cache_size: int
@@ -53,10 +55,11 @@ class CacheParams:
     classes: tuple[str, ...]
     storage: str = "raw"
     quality: int = 90
+    exact_decode: bool = False
 
 
 #: What a manifest written before a parameter existed meant by it.
-_PARAM_DEFAULTS = {"storage": "raw", "quality": 90}
+_PARAM_DEFAULTS = {"storage": "raw", "quality": 90, "exact_decode": False}
 
 
 def read_manifest(cache_dir: Path) -> dict[str, Any] | None:

@@ -1,19 +1,26 @@
 """Decode an encoded image straight into a resized crop, spending as little as the crop allows.
 
-Why these paths (the figures are in the README's benchmark section, with their machine and date):
+Why these paths (measured: ``python -m benchmarks.decode_profile``, figures in the README's benchmark section):
 
 - full decode: ``torchvision.io.decode_jpeg`` is a little faster than PIL ``open().convert()``; simplejpeg is no
-  faster than ``decode_jpeg``; libjpeg-turbo's non-power-of-two scaled decode (6/8, 5/8) is *slower* than a full
-  decode, only 1/2, 1/4, 1/8 are fast;
+  faster than ``decode_jpeg``;
 - region-of-interest decode (``_jpegroi``, our small libjpeg-turbo extension: ``jpeg_crop_scanline`` +
   ``jpeg_skip_scanlines``, stopping after the crop's last row) of ``RandomResizedCrop`` boxes is faster than a
-  full decode, since only the crop's rows and columns are inverse-DCT'd and colour-converted;
-- resize: torch's uint8 antialiased bilinear kernel on a channels-last view is faster than PIL's ``resize``.
+  full decode, since only the crop's rows and columns are inverse-DCT'd and colour-converted. The entropy
+  (Huffman) decoding of every row down to the crop's last is left, and it is most of the time;
+- the fast integer IDCT (``JDCT_IFAST``, what FFCV and PIL's ``draft`` use) instead of the exact one: a few
+  percent faster, within ~46 dB PSNR of the exact decode; ``exact=True`` keeps the exact one;
+- DCT-domain scaling: only 1/2, 1/4 and 1/8 pay. libjpeg-turbo's other scales (5/8, 6/8, 7/8) have no SIMD
+  inverse DCT and are *slower* than a full-size decode plus a resize, so a crop under twice the output is decoded
+  at full size. A crop at least twice the output is decoded at 1/2, 1/4 or 1/8 *and* cut to its rows and
+  columns, then resized with a sub-pixel box;
+- resize: torch's uint8 antialiased bilinear kernel on a channels-last view is faster than PIL's ``resize``
+  (twice as fast on the scaled crops, where PIL's sub-pixel box would be the alternative).
 
-So a JPEG crop is decoded by ``_jpegroi`` when it is built (falling back to ``decode_jpeg`` + slicing), except
-when the crop is at least twice the output: then PIL's ``draft`` decodes at 1/2, 1/4 or 1/8 scale in the DCT
-domain. Other formats and CMYK/YCCK JPEGs go through PIL's ``convert("RGB")``, as torchvision's
-``ImageFolder`` does.
+Other formats and CMYK/YCCK JPEGs go through PIL's ``convert("RGB")``, as torchvision's ``ImageFolder`` does
+(PIL's ``draft`` for the DCT scaling); without the compiled extension, JPEGs go through ``decode_jpeg``.
+``exact=True`` (``exact_decode`` on the DataModules) decodes every crop at full size with the exact IDCT: the
+same pixels as ``decode_jpeg`` of the whole image, cropped.
 """
 
 from __future__ import annotations
@@ -164,8 +171,10 @@ def _image_data_errors() -> Iterator[None]:
         raise DataError(str(err) or type(err).__name__) from err
 
 
-def _decode_roi(data: bytes, box: Box) -> torch.Tensor:
+def _decode_roi(data: bytes, box: Box, fast_idct: bool = False, scale_num: int = 8) -> torch.Tensor:
     """Decode only the crop's rows and iMCU-aligned columns; return a ``3 x h x w`` view of the crop.
+
+    At ``scale_num / 8`` of the size, ``box`` is in the scaled image's pixels.
 
     A file whose end-of-image marker is not near its end (cut short, or with appended data) is also read
     through to its end below the crop, so that truncation is detected whatever the crop: a file is corrupt or
@@ -174,9 +183,34 @@ def _decode_roi(data: bytes, box: Box) -> torch.Tensor:
     top, left, h, w = box
     to_end = data.rfind(_EOI, max(0, len(data) - _EOI_TAIL)) < 0
     buf = _roi_buffer(h * (w + 64) * 3)  # crop_scanline widens by at most one iMCU (<= 32 px) per side
-    shift, decoded_w = _jpegroi.decode_crop(data, top, left, h, w, buf, to_end)
+    shift, decoded_w = _jpegroi.decode_crop(data, top, left, h, w, buf, to_end, scale_num, fast_idct)
     rows = torch.frombuffer(buf, dtype=torch.uint8, count=h * decoded_w * 3).view(h, decoded_w, 3)
     return rows[:, shift : shift + w].permute(2, 0, 1)
+
+
+def _scaled_box(box: Box, size: tuple[int, int], reduction: int) -> Box:
+    """``box`` in the image decoded at ``1 / reduction``, its edges rounded to the nearest scaled pixel.
+
+    Each edge moves by at most ``reduction / 2`` source pixels: under half an output pixel, since a crop is
+    DCT-scaled only when it is at least ``reduction`` times the output.
+    """
+    if reduction == 1:
+        return box
+    top, left, h, w = box
+    sw, sh = -(-size[0] // reduction), -(-size[1] // reduction)
+    half = reduction // 2
+    t0, l0 = min(sh - 1, (top + half) // reduction), min(sw - 1, (left + half) // reduction)
+    b0, r0 = min(sh, (top + h + half) // reduction), min(sw, (left + w + half) // reduction)
+    return t0, l0, max(1, b0 - t0), max(1, r0 - l0)
+
+
+def _decode_roi_scaled(data: bytes, box: Box, size: tuple[int, int], reduction: int) -> torch.Tensor:
+    """Decode the crop's rows and columns at ``1 / reduction`` in the DCT domain; return a ``3 x h x w`` view.
+
+    The box is rounded to the scaled image's pixels (:func:`_scaled_box`); torch's antialiased resize then runs
+    on a quarter (or less) of the pixels.
+    """
+    return _decode_roi(data, _scaled_box(box, size, reduction), fast_idct=True, scale_num=8 // reduction)
 
 
 def _decode_draft(img: Image.Image, box: Box, out_hw: tuple[int, int], scale: int) -> torch.Tensor:
@@ -215,10 +249,13 @@ def _open_image(data: bytes) -> Image.Image:
     return img
 
 
-def _decode_crop(data: bytes, box_fn: Callable[[int, int], Box], out_hw: tuple[int, int]) -> torch.Tensor:
-    """Pick the cheapest exact decoder for this crop; return the crop as ``3 x h x w`` uint8 (any strides).
+def _decode_crop(
+    data: bytes, box_fn: Callable[[int, int], Box], out_hw: tuple[int, int], exact: bool = False
+) -> torch.Tensor:
+    """Pick the cheapest decoder for this crop; return the crop as ``3 x h x w`` uint8 (any strides).
 
-    Raises ``OSError`` for bad image data (corrupt, truncated, too large); anything else is a bug and propagates.
+    A crop at least twice the output comes back DCT-scaled (smaller, same content), unless ``exact``. Raises
+    ``OSError`` for bad image data (corrupt, truncated, too large); anything else is a bug and propagates.
     """
     is_jpeg = data.startswith(_JPEG_MAGIC)
     if is_jpeg and _jpegroi is not None:
@@ -226,15 +263,17 @@ def _decode_crop(data: bytes, box_fn: Callable[[int, int], Box], out_hw: tuple[i
         _check_size(width, height)
         box = box_fn(width, height)
         _check_box(box, width, height)
-        scale = _draft_scale(box, out_hw)
-        if color_space in _ROI_COLOR_SPACES and scale == 1:
-            return _decode_roi(data, box)
+        scale = 1 if exact else _draft_scale(box, out_hw)
+        if color_space in _ROI_COLOR_SPACES:
+            if scale == 1:
+                return _decode_roi(data, box, fast_idct=not exact)
+            return _decode_roi_scaled(data, box, (width, height), scale)
         img = _open_image(data)
     else:
         img = _open_image(data)
         box = box_fn(*img.size)
         _check_box(box, *img.size)
-        scale = _draft_scale(box, out_hw)
+        scale = 1 if exact else _draft_scale(box, out_hw)
     top, left, h, w = box
     if is_jpeg and img.format == "JPEG" and img.mode in ("RGB", "L"):
         if scale > 1:
@@ -251,6 +290,7 @@ def decode_resized_crop(
     box_fn: Callable[[int, int], Box],
     flip: bool = False,
     name: str = "<bytes>",
+    exact: bool = False,
 ) -> None:
     """Decode ``data`` and write the resized crop ``box_fn(width, height)`` into ``out`` as RGB.
 
@@ -262,13 +302,15 @@ def decode_resized_crop(
         box_fn: Given the full image's width and height, returns the crop box ``(top, left, h, w)``.
         flip: Mirror the result horizontally.
         name: The file name to put in error messages.
+        exact: Decode at full size with the exact inverse DCT (the pixels of ``decode_jpeg``, cropped) instead of
+            the fast IDCT and, for crops at least twice the output, DCT-domain scaling (see the module notes).
 
     Raises:
         OSError: If the image data is corrupt or truncated, or larger than PIL's decompression-bomb limit; the
             message names ``name``. Other errors (a bug, not the file) propagate unchanged.
     """
     try:
-        crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])))
+        crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])), exact)
     except OSError as err:  # only errors about the image data are OSError here (see _decode_crop)
         why = _IN_MEMORY_FILE.sub("", str(err))  # PIL names our in-memory copy, not the user's file
         raise DataError(
@@ -286,7 +328,7 @@ def roi_decode_available() -> bool:
     return _jpegroi is not None
 
 
-def decode_center_crop(path: str, size: int, crop_fraction: float = 1.0) -> np.ndarray:
+def decode_center_crop(path: str, size: int, crop_fraction: float = 1.0, exact: bool = False) -> np.ndarray:
     """Read ``path`` and return its central crop (``crop_fraction`` of the shorter side) resized to ``size``.
 
     Returns a ``size x size x 3`` uint8 array (what the HDF5 raw mode and the tensor cache store).
@@ -296,13 +338,16 @@ def decode_center_crop(path: str, size: int, crop_fraction: float = 1.0) -> np.n
     """
     with open(path, "rb") as f:
         data = f.read()
-    return decode_center_crop_bytes(data, path, size, crop_fraction)
+    return decode_center_crop_bytes(data, path, size, crop_fraction, exact)
 
 
-def decode_center_crop_bytes(data: bytes, name: str, size: int, crop_fraction: float = 1.0) -> np.ndarray:
+def decode_center_crop_bytes(
+    data: bytes, name: str, size: int, crop_fraction: float = 1.0, exact: bool = False
+) -> np.ndarray:
     """:func:`decode_center_crop` of an image already read (``name``, its path or URL, is for errors)."""
     out = torch.empty((size, size, 3), dtype=torch.uint8)
-    decode_resized_crop(data, out.permute(2, 0, 1), lambda w, h: center_crop_box(w, h, crop_fraction), name=name)
+    box_fn = lambda w, h: center_crop_box(w, h, crop_fraction)  # noqa: E731
+    decode_resized_crop(data, out.permute(2, 0, 1), box_fn, name=name, exact=exact)
     return out.numpy()
 
 
