@@ -97,8 +97,12 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
             (JDIMENSION)(left + width) > cinfo.output_width) {
             bad_args = 1;
         } else {
-            xoff = (JDIMENSION)left;
-            cw = (JDIMENSION)width;
+            /* One column of margin on each side (where the image has one): fancy upsampling replicates the
+             * chroma at a decoded region's edge, so an edge that falls on an iMCU boundary would differ from a
+             * full decode's pixels there. With the margin the crop's pixels are exactly a full decode's. */
+            JDIMENSION margin_left = left > 0 ? 1 : 0;
+            xoff = (JDIMENSION)left - margin_left;
+            cw = (JDIMENSION)width + margin_left + ((JDIMENSION)(left + width) < cinfo.output_width ? 1 : 0);
             jpeg_crop_scanline(&cinfo, &xoff, &cw);
             if ((Py_ssize_t)height * cw * 3 > out.len) {
                 bad_args = 1;

@@ -180,3 +180,27 @@ def test_modules_are_freed_by_reference_count_and_their_workers_stop_at_once(ima
         assert time.perf_counter() - start < 4.0  # workers told to stop, not joined after a timeout
     finally:
         gc.enable()
+
+
+@pytest.mark.timeout(120)
+def test_exact_decode_reaches_the_workers_and_gives_the_full_decode_pixels(
+    image_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # exact_decode=True through 2 worker processes and the ROI decoder == torchvision's full decode_jpeg of each
+    # image (the decoder used without the compiled extension), same crops: bit for bit
+    from lightning_fastdata.loading import decode
+
+    def first_batch(workers: int, **kw: Any) -> torch.Tensor:
+        dm = ImageFolderDataModule(
+            str(image_folder), image_size=32, batch_size=16, num_workers=workers, val_fraction=0.0, **kw
+        )
+        dm.setup("fit")
+        return next(iter(dm.train_dataloader()))[0]
+
+    assert decode.roi_decode_available()
+    exact = first_batch(2, exact_decode=True)
+    default = first_batch(2)
+    monkeypatch.setattr(decode, "_jpegroi", None)
+    reference = first_batch(0, exact_decode=True)
+    assert torch.equal(exact, reference)
+    assert not torch.equal(default, reference) and (default.float() - reference.float()).abs().mean() < 2.0

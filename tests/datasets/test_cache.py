@@ -371,3 +371,16 @@ def test_folder_check_sees_a_linked_file_replaced_at_its_target(
     os.replace(new, folder / "class_001" / "img_000002.jpg")  # the subset's own folders do not change
     module(subset, cache, verify_source="folders").prepare_data()
     assert _built(capsys)
+
+
+def test_exact_decode_is_part_of_what_a_cache_was_built_with(folder: Path, tmp_path: Path) -> None:
+    dm = module(folder, tmp_path / "c")
+    dm.prepare_data()
+    default = np.load(tmp_path / "c" / "train_images.npy")
+    with pytest.raises(ValueError, match="exact_decode changed from False to True"):
+        module(folder, tmp_path / "c", exact_decode=True, read_only=True).prepare_data()
+    module(folder, tmp_path / "c", exact_decode=True).prepare_data()  # stale: rebuilt with the exact decoder
+    assert json.loads((tmp_path / "c" / "manifest.json").read_text())["params"]["exact_decode"] is True
+    exact = np.load(tmp_path / "c" / "train_images.npy")
+    assert exact.shape == default.shape and not np.array_equal(exact, default)  # fast IDCT vs exact: close
+    assert np.abs(exact.astype(np.int16) - default).mean() < 2.0

@@ -69,6 +69,49 @@ def test_fast_path_matches_pil_reference(
     assert np.percentile(diff, 99) < 24
 
 
+@pytest.mark.parametrize(("box", "size"), [((20, 30, 300, 280), 224), ((10, 10, 350, 420), 96), ((0, 0, 375, 500), 40)])
+def test_exact_decode_is_the_full_decode_cropped_and_resized(
+    photo: Path, box: tuple[int, int, int, int], size: int, decoder: str
+) -> None:
+    """``exact=True``: torchvision's full ``decode_jpeg``, the same box, torch's antialiased resize, bit for bit.
+
+    The ROI decoder's crop edges included (a crop edge on an iMCU boundary used to differ there: fancy upsampling
+    replicates chroma at a decoded region's edge).
+    """
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    data = photo.read_bytes()
+    top, left, h, w = box
+    full = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    want = torch.empty((3, size, size), dtype=torch.uint8)
+    decode.resize_crop_into(want, full[:, top : top + h, left : left + w])
+    got = torch.empty((3, size, size), dtype=torch.uint8)
+    decode_resized_crop(data, got, lambda w_, h_: box, exact=True)
+    assert torch.equal(got, want)
+    default = torch.empty((3, size, size), dtype=torch.uint8)
+    decode_resized_crop(data, default, lambda w_, h_: box)
+    mse = float(((default.float() - want.float()) ** 2).mean())
+    if decoder == "roi" or decode._draft_scale(box, (size, size)) > 1:  # without it, decode_jpeg unless DCT-scaled
+        assert mse > 0  # the default path is a different (faster) decode ...
+    assert mse == 0 or 10 * np.log10(255**2 / mse) > 30  # ... of the same picture
+
+
+@pytest.mark.parametrize("decoder", ["roi"], indirect=True)
+def test_dct_scaled_crops_decode_only_their_rows_at_the_reduced_size(photo: Path, decoder: str) -> None:
+    # a crop at least twice the output: 1/2 scale, and the box rounded on that grid (edges within a pixel)
+    assert decode._draft_scale((10, 10, 350, 420), (112, 112)) == 2
+    assert decode._draft_scale((10, 10, 350, 420), (224, 224)) == 1
+    assert decode._scaled_box((11, 9, 351, 421), (500, 375), 2) == (6, 5, 175, 210)
+    assert decode._scaled_box((0, 0, 375, 500), (500, 375), 8) == (0, 0, 47, 63)  # ceil(375 / 8), ceil(500 / 8)
+    crop = decode._decode_roi_scaled(photo.read_bytes(), (11, 9, 351, 421), (500, 375), 2).clone()  # a view of scratch
+    assert tuple(crop.shape) == (3, 175, 210)
+    full = decode._decode_roi(photo.read_bytes(), (12, 10, 350, 420), fast_idct=True)
+    half = torch.nn.functional.avg_pool2d(full.float()[None], 2)[0]  # the same region, 2x2 box-filtered
+    diff = float((crop.float() - half).abs().mean())  # the DCT's low-pass is not a box filter: close, not equal
+    shifted = float((crop.float()[:, 1:, 1:] - half[:, :-1, :-1]).abs().mean())
+    assert diff < 8.0 and diff < 0.75 * shifted  # and aligned: one scaled pixel off is clearly worse
+
+
 @pytest.mark.parametrize("mode", ["L", "CMYK", "RGBA", "P", "PNG-RGB", "PNG-L"])
 def test_other_modes_and_formats_come_out_as_correct_rgb(photo: Path, mode: str) -> None:
     rgb = Image.open(photo).convert("RGB").resize((120, 90))
