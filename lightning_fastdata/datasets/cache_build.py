@@ -70,6 +70,26 @@ def _locked(lock_path: Path) -> Iterator[None]:
         yield
 
 
+_WRITE_FILES: dict[str, Any] = {}
+"""Per build process: the cache files it writes rows into, opened once (the pool's processes end with the build)."""
+
+
+def _decode_into_file(
+    data: bytes, url: str, row: int, path: str, offset: int, side: int, fraction: float, exact: bool
+) -> None:
+    """Decode ``data``'s centre square into row ``row`` of the ``.npy`` at ``path`` (its data at ``offset``).
+
+    Runs in a build process: the ``side x side x 3`` row is written there, so no image crosses a pipe and the
+    process that collects the results does no copying (it was a third of the build's time on 2 cores).
+    """
+    f = _WRITE_FILES.get(path)
+    if f is None:
+        f = _WRITE_FILES[path] = open(path, "r+b", buffering=0)  # noqa: SIM115 - kept open for the pool's life
+    square = decode_center_crop_bytes(data, url, side, fraction, exact)
+    f.seek(offset + row * square.nbytes)
+    f.write(memoryview(square).cast("B"))
+
+
 def _open_array_for_writing(path: Path, shape: tuple[int, ...], resume: bool) -> np.memmap:
     """A ``.npy`` memory map to fill, its disk blocks reserved first.
 
@@ -246,25 +266,29 @@ def build_tensor_cache(
                     path = partial / f"{split}_images.npy"
                     start = state["done"][split]
                     images = _open_array_for_writing(path, (n, side, side, 3), resume=start > 0 and path.exists())
+                    offset = int(images.offset)
+                    del images  # the build processes write the rows (_decode_into_file)
                     fraction = 1.0 if split == "train" else crop_fraction
-                    args = (side, fraction, exact_decode)
+                    args = (str(path), offset, side, fraction, exact_decode)
                     results = (
                         ()
                         if index is None
-                        else map_sources(pool, sources[index.root], index, decode_center_crop_bytes, args, start)
+                        else map_sources(
+                            pool, sources[index.root], index, _decode_into_file, args, start, positions=True
+                        )
                     )
                     bar = tqdm(
                         total=n, initial=start, desc=f"cache {split}", unit="img", disable=not progress or n == 0
                     )
-                    for i, arr in enumerate(results, start=start):
-                        images[i] = arr
-                        bar.update()
-                        if (i + 1) % 256 == 0 or i + 1 == n:  # checkpoint the progress for a resume
-                            images.flush()
-                            state["done"][split] = i + 1
-                            write_json(partial / "progress.json", state)
+                    with open(path, "rb") as written:
+                        for i, _ in enumerate(results, start=start):
+                            bar.update()
+                            if (i + 1) % 256 == 0 or i + 1 == n:  # checkpoint the progress for a resume
+                                # results come in order: rows start..i are written; on disk before the record
+                                os.fsync(written.fileno())
+                                state["done"][split] = i + 1
+                                write_json(partial / "progress.json", state)
                     bar.close()
-                    del images
         write_manifest(partial, params, {split: sizes[split][0] for split in SPLITS}, record)
         (partial / "progress.json").unlink()
         if cache_dir.exists():  # a stale cache: move it aside, swap in the new one, then delete the old

@@ -34,13 +34,14 @@ def init_source_process() -> None:
     allow_direct_calls()
 
 
-def _chunk_job(job: tuple[Storage, list[str], Callable[..., Any], tuple[Any, ...]]) -> list[Any]:
-    storage, relpaths, fn, args = job
+def _chunk_job(job: tuple[Storage, list[str], Callable[..., Any], tuple[Any, ...], int | None]) -> list[Any]:
+    storage, relpaths, fn, args, first = job
     out = []
-    for rel, data in zip(relpaths, storage.read_many(relpaths), strict=True):
+    for k, (rel, data) in enumerate(zip(relpaths, storage.read_many(relpaths), strict=True)):
         if isinstance(data, OSError):
             raise DataError(f"Cannot read {storage.url(rel)!r}: {data}. Check that it exists and is readable.")
-        out.append(fn(data, storage.url(rel), *args))
+        where = () if first is None else (first + k,)
+        out.append(fn(data, storage.url(rel), *where, *args))
     return out
 
 
@@ -52,15 +53,21 @@ def map_sources(
     args: tuple[Any, ...] = (),
     start: int = 0,
     chunk: int = CHUNK,
+    positions: bool = False,
 ) -> Iterator[T]:
     """``fn(bytes, url, *args)`` for the files ``start..`` of ``index``, in order, computed in ``pool``.
 
     ``fn`` must be picklable (a module-level function); it raises on a bad file, naming the ``url`` it is given.
+    With ``positions``, ``fn(bytes, url, i, *args)`` also gets the file's position ``i`` in ``index`` (so that it
+    can write its result in place rather than send it back).
 
     Raises:
         DataError: If a file cannot be read (named), or whatever ``fn`` raises.
     """
     relpaths = [index.relpath(i) for i in range(start, len(index))]
-    jobs = [(storage, relpaths[k : k + chunk], fn, args) for k in range(0, len(relpaths), chunk)]
+    jobs = [
+        (storage, relpaths[k : k + chunk], fn, args, start + k if positions else None)
+        for k in range(0, len(relpaths), chunk)
+    ]
     for results in pool.imap(_chunk_job, jobs):
         yield from results
