@@ -166,9 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for exact in (True, False):
             name = f"whole path at {size} px ({'exact=True' if exact else 'default'})"
             stages[name] = _per_image_ms(
-                lambda i, s=slot, e=exact: decode.decode_resized_crop(
-                    blobs[i], s, lambda w, h, b=boxes[i]: b, exact=e
-                ),
+                lambda i, s=slot, e=exact: decode.decode_resized_crop(blobs[i], s, lambda w, h, b=boxes[i]: b, exact=e),
                 n,
             )
     full = stages["full decode (decode_jpeg)"]
@@ -188,7 +186,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(
             f"PSNR of the default path vs exact decode + antialiased resize, {name} ({q['share_dct_scaled']:.0%} of "
             f"crops DCT-scaled): same box mean {q['mean_db']:.1f} dB, worst {q['worst_db']:.1f} dB; the box decoded "
-            f"(edges on the scaled grid) mean {q['decode_only_mean_db']:.1f} dB, worst {q['decode_only_worst_db']:.1f} dB"
+            f"(edges on the scaled grid) mean {q['decode_only_mean_db']:.1f} dB, "
+            f"worst {q['decode_only_worst_db']:.1f} dB"
         )
     result = {
         "date": time.strftime("%Y-%m-%d"),

@@ -87,7 +87,7 @@ def _decode_into_file(
         f = _WRITE_FILES[path] = open(path, "r+b", buffering=0)  # noqa: SIM115 - kept open for the pool's life
     square = decode_center_crop_bytes(data, url, side, fraction, exact)
     f.seek(offset + row * square.nbytes)
-    f.write(memoryview(square).cast("B"))
+    f.write(np.ascontiguousarray(square).data.cast("B"))
 
 
 def _open_array_for_writing(path: Path, shape: tuple[int, ...], resume: bool) -> np.memmap:
@@ -160,9 +160,9 @@ def build_tensor_cache(
     (:func:`~lightning_fastdata.datasets.cache_source.listing_fingerprint`; ``verify_source`` does not apply: a
     bucket has no folder mtimes, and an object rewritten in place gets a new ETag).
 
-``exact_decode`` decodes the raw cache's squares with the exact IDCT at full size (see
-:func:`~lightning_fastdata.loading.decode.decode_resized_crop`); a cache built the other way is stale. The
-``"jpeg"`` storage re-encodes every image, so it is never bit-exact and ignores it.
+    ``exact_decode`` decodes the raw cache's squares with the exact IDCT at full size (see
+    :func:`~lightning_fastdata.loading.decode.decode_resized_crop`); a cache built the other way is stale. The
+    ``"jpeg"`` storage re-encodes every image, so it is never bit-exact and ignores it.
 
     Raises:
         PermissionError: If ``cache_dir``'s parent is not writable.

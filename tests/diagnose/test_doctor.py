@@ -1,10 +1,10 @@
-"""``fastdata doctor``: read-only on the data, timed with the benchmark's harness and loaders, clear bad-input errors."""
+"""``fastdata doctor``: read-only on the data, timed with the benchmark's harness and loaders, clear errors."""
 
 from __future__ import annotations
 
 import importlib
-import math
 import json
+import math
 import os
 import shlex
 import shutil
@@ -26,11 +26,10 @@ from lightning_fastdata.cli import run_cli
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.diagnose import Option, main
-from lightning_fastdata.diagnose.timing import rank_share
-from lightning_fastdata.diagnose.verdict import NOISE, choose_option, wait_fraction
 from lightning_fastdata.diagnose.options import folder_options
 from lightning_fastdata.diagnose.probe import probe_folder
-from lightning_fastdata.diagnose.timing import Budget
+from lightning_fastdata.diagnose.timing import Budget, rank_share
+from lightning_fastdata.diagnose.verdict import NOISE, choose_option, wait_fraction
 from lightning_fastdata.measure import baseline_loader
 
 
