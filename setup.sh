@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install the package with its dev tools, torch pinned by constraints.txt.
+# Create .venv and install the package with its dev and docs tools, torch pinned by constraints.txt.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -9,6 +9,6 @@ if [ ! -f /usr/include/jpeglib.h ] && command -v apt-get >/dev/null && [ "$(id -
     >/dev/null 2>&1 || echo "setup.sh: could not install libjpeg62-turbo-dev; the ROI JPEG decoder will be skipped"
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' 2>&1 \
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,docs]' 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true
 .venv/bin/python -c "import torch, torchvision, lightning_fastdata; from lightning_fastdata.loading.decode import roi_decode_available as r; print('fastdata ready: torch', torch.__version__, 'torchvision', torchvision.__version__, '| ROI JPEG decoder:', 'yes' if r() else 'no (slower fallback)')"

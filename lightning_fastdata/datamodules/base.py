@@ -204,13 +204,18 @@ class FastDataModule(LightningDataModule):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's train-loader state, gathered (see :meth:`LoaderResume.save`)."""
+        """Every rank's train-loader state, gathered.
+
+        See :meth:`~lightning_fastdata.datamodules.resume.LoaderResume.save`.
+        """
         trainer = self.trainer
         return self.resume.save(self._train_loader, interrupted=trainer is not None and trainer.interrupted)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep this rank's loader state until :meth:`train_dataloader` makes the loader (see :class:`LoaderResume`).
+        """Keep this rank's loader state until :meth:`train_dataloader` makes the loader.
+
+        See :class:`~lightning_fastdata.datamodules.resume.LoaderResume`.
 
         A checkpoint from another world size, ``num_workers`` or ``batch_size`` continues its epoch with the samples
         no rank consumed, split over this run's ranks (elastic); one that lacks some rank's state (saved by one rank

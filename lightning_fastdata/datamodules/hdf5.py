@@ -36,8 +36,8 @@ class HDF5DataModule(FastDataModule):
         cache_dir: Where a URL's file is copied (:func:`~lightning_fastdata.loading.download.node_local_copy`:
             atomic, resumable, checked by size and ETag; the first process of a node downloads, the others wait
             and reuse it). Node-local for once per node; shared for once in total. Needed with a URL.
-        storage_options: Object-store settings for a URL (:class:`~lightning_fastdata.loading.object_store.
-            ObjectStorage`); ``None``: the environment's.
+        storage_options: Object-store settings for a URL
+            (:class:`~lightning_fastdata.loading.object_store.ObjectStorage`); ``None``: the environment's.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:

@@ -26,7 +26,7 @@ __all__ = ["AugmentedImageDataset", "Source"]
 
 log = logging.getLogger("lightning_fastdata")
 
-#: What a subclass hands over for one sample: encoded file bytes, a decoded ``3 x H x W`` tensor, or the
+#: What a subclass hands over for one sample. Encoded file bytes, a decoded ``3 x H x W`` tensor, or the
 #: ``OSError`` met while reading it (raised, or skipped by ``on_corrupt="skip"``, when its turn comes).
 Source = bytes | torch.Tensor | OSError
 
@@ -95,10 +95,10 @@ class AugmentedImageDataset(Dataset):
         self.exact_decode = bool(exact_decode)
         # Shared memory, so that counts made in worker processes are visible to the main process.
         self._skipped = torch.zeros((_EPOCH_ROWS + 1, _MAX_SLOTS), dtype=torch.int64).share_memory_()
-        #: Set by the DataModule on its train set: the next batch's samples, for :meth:`read_ahead`.
+        #: Set by the DataModule on its train set. The next batch's samples, for :meth:`read_ahead`.
         self.lookahead: BatchLookahead | None = None
 
-    #: Attributes that hold per-process handles (open files, memory maps): never pickled, and dropped in a
+    #: Attributes that hold per-process handles such as open files and memory maps. Never pickled, and dropped in a
     #: process that inherited them through ``fork``, so that each process opens its own.
     per_process_attrs: tuple[str, ...] = ()
 

@@ -10,7 +10,8 @@ Layout of ``cache_dir`` (format version 1; any tool that reads ``.npy`` can open
 - ``manifest.json``: ``format_version``, the build parameters, ``classes``, counts, a ``fingerprint`` of
   the source (sha256 of every file's relative path, size and mtime), and ``source``: the file list's sha256 and
   the mtimes of the folders holding the files, taken before the build decoded anything (what
-  ``verify_source="folders"`` compares in ``O(folders)``; see :func:`folders_unchanged`).
+  ``verify_source="folders"`` compares in ``O(folders)``; see
+  :func:`~lightning_fastdata.datasets.cache_source.folders_unchanged`).
 
 With ``storage="jpeg"`` (the compact cache, for data bigger than RAM) the arrays are replaced by ``train.h5`` and
 ``val.h5``: each image re-encoded once with its shorter side ``cache_size`` at JPEG ``quality``, in the

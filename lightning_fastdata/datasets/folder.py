@@ -70,7 +70,10 @@ class ImageFolderDataset(AugmentedImageDataset):
 
     @property
     def reads_ahead(self) -> bool:
-        """From a bucket only: a local file needs no head start (and its worker no copy of the epoch's order)."""
+        """Whether to read ahead: only from a bucket.
+
+        A local file needs no head start (and its worker no copy of the epoch's order).
+        """
         return isinstance(self.storage, ObjectStorage)
 
     def read_ahead(self, indices: np.ndarray) -> None:

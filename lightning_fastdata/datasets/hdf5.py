@@ -132,7 +132,7 @@ def inspect_hdf5(
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
-        OSError: If the file is truncated or locked (see :func:`open_hdf5`).
+        OSError: If the file is truncated or locked (see :func:`~lightning_fastdata.datasets.hdf5.open_hdf5`).
         ValueError: If it is not an HDF5 file, a key is missing, the format version is newer than this
             package, images and labels differ in length, a dtype or rank is wrong, or a label is out of range.
     """

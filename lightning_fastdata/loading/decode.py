@@ -53,7 +53,7 @@ __all__ = [
     "roi_decode_available",
 ]
 
-#: A crop in full-resolution pixel coordinates: ``(top, left, height, width)``.
+#: A crop in full-resolution pixel coordinates, ``(top, left, height, width)``.
 Box = tuple[int, int, int, int]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"

@@ -1,7 +1,7 @@
 """A node-local copy of one object (an HDF5 file in a bucket): downloaded once, atomically, resumably.
 
 :func:`node_local_copy` puts ``s3://bucket/train.h5`` at ``cache_dir/train-<hash>.h5``. The first process to
-take the copy's lock (:mod:`filelock`) downloads; every other process (the other ranks of the node, later runs)
+take the copy's lock (``filelock``) downloads; every other process (the other ranks of the node, later runs)
 waits for it and reuses the copy while the object's size and ETag are unchanged. So with a node-local
 ``cache_dir`` each node downloads once; with a shared one, once in total.
 

@@ -1,4 +1,4 @@
-"""A persisted :class:`FileIndex`: one scan per node (or in total), reused while no folder changed.
+"""A persisted :class:`~lightning_fastdata.FileIndex`: one scan per node (or in total), reused while no folder changed.
 
 Listing 1.28M files costs seconds on a local disk and minutes on NFS/Lustre, and every DDP rank of every run
 did it again. :func:`indexed_folder` writes the scan to ``index_dir`` (a cache folder you name: never beside the
@@ -172,7 +172,7 @@ def checked_index(
     meta: dict[str, Any],
     arrays: dict[str, np.ndarray],
 ) -> FileIndex:
-    """The :class:`FileIndex` of ``arrays`` if they agree with ``meta``.
+    """The :class:`~lightning_fastdata.FileIndex` of ``arrays`` if they agree with ``meta``.
 
     Raises:
         IndexStale: If they do not (a damaged file).

@@ -1,8 +1,9 @@
 """Loaders that prefetch to a device: a ``DataLoader`` and a ``StatefulDataLoader`` that own their prefetcher.
 
 The path of one batch: a worker builds it (``__getitems__``) in shared memory -> it crosses to the main process by
-the loader's ``batch_transport`` -> the loader's own iterator -> :class:`PrefetchIterator` (started on the device
-one step ahead, on a side CUDA stream) -> the training step. Each loader creates its :class:`DevicePrefetcher`
+the loader's ``batch_transport`` -> the loader's own iterator ->
+:class:`~lightning_fastdata.loading.prefetch.PrefetchIterator` (started on the device one step ahead, on a side
+CUDA stream) -> the training step. Each loader creates its :class:`~lightning_fastdata.DevicePrefetcher`
 (one CUDA stream) once, in ``__init__``; ``prefetch_device=None`` means no look-ahead. Both choices are
 constructor arguments, so a copy Lightning re-instantiates (to inject a ``DistributedSampler``) keeps them.
 

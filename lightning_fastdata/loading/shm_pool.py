@@ -84,7 +84,7 @@ __all__ = [
     "worker_pool",
 ]
 
-#: How batches travel from worker processes to the main process: ``"shm_pool"`` reuses this module's buffers,
+#: How batches travel from worker processes to the main process. ``"shm_pool"`` reuses this module's buffers,
 #: ``"torch"`` is torch's own transport (a new shared segment and descriptor per tensor).
 BatchTransport = Literal["shm_pool", "torch"]
 

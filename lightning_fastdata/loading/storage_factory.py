@@ -13,7 +13,9 @@ __all__ = ["open_storage"]
 
 
 def open_storage(root: str, storage_options: Mapping[str, Any] | None = None) -> Storage:
-    """The :class:`Storage` of ``root``: an object store for a URL, the local file system otherwise.
+    """The :class:`~lightning_fastdata.loading.storage.Storage` of ``root``.
+
+    An object store for a URL, the local file system otherwise.
 
     Args:
         root: A local folder, or a URL such as ``s3://bucket/prefix``.

@@ -54,7 +54,7 @@ def _missing() -> list[str]:
     return [name for name, present in checks.items() if not present]
 
 
-#: The private APIs above that this torch/Python lacks (empty: the pool can be used).
+#: The private APIs above that this torch or Python lacks; empty when the pool can be used.
 MISSING: list[str] = _missing()
 
 

@@ -1,0 +1,139 @@
+"""Every code block of the documentation runs: the docs pages (``docs/*.md``) and the README.
+
+- Python blocks run, page by page in one namespace (a page's blocks build on each other), in a fresh folder that
+  holds the data the pages name: ``data/train`` and ``data/val`` (tiny generated JPEG folders) and ``mine.h5``
+  (an HDF5 file with keys ``x``/``y``). The Trainer they build is capped at 2 steps (the examples say
+  ``max_epochs=90``: the point here is that they run as written, not that they train). A block preceded by
+  ``<!-- not run: REASON -->`` is skipped, and must give a reason.
+- YAML blocks parse; a LightningCLI config among them (``model``/``data`` with ``class_path``) is checked by
+  ``fastdata fit --print_config`` with it.
+- Shell blocks: every command of ours they show exists (``fastdata COMMAND``, ``bash scripts/X.sh``,
+  ``python -m MODULE``, ``.venv/bin/TOOL``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from lightning_fastdata.demos import make_image_folder
+
+REPO = Path(__file__).parents[1]
+PAGES = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
+FENCE = re.compile(r"(?:<!-- not run: (?P<reason>[^>]*?) -->\s*\n)?```(?P<lang>\w+)[^\n]*\n(?P<code>.*?)\n```", re.S)
+COMMANDS = {"fit", "validate", "test", "predict", "bench", "demo", "config", "make-data", "convert", "doctor"}
+
+
+def blocks(page: Path, lang: str) -> list[tuple[str, str | None]]:
+    """``(code, reason-not-run)`` of each ``lang`` block of ``page``, in order."""
+    return [(m["code"], m["reason"]) for m in FENCE.finditer(page.read_text()) if m["lang"] == lang]
+
+
+def test_the_pages_have_code_to_run() -> None:
+    assert len(PAGES) > 10
+    assert sum(reason is None for p in PAGES for _, reason in blocks(p, "python")) >= 6  # run, not skipped
+    for page in PAGES:
+        for _, reason in blocks(page, "python"):
+            assert reason is None or reason.strip(), f"{page.name}: a block marked not run must say why"
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    make_image_folder(tmp_path / "data" / "train", num_classes=3, per_class=6, size=(96, 72))
+    make_image_folder(tmp_path / "data" / "val", num_classes=3, per_class=2, size=(96, 72), seed=1)
+    with h5py.File(tmp_path / "mine.h5", "w") as f:
+        f["x"] = np.random.default_rng(0).integers(0, 255, (12, 3, 40, 40), dtype=np.uint8)
+        f["y"] = np.arange(12) % 3
+    monkeypatch.chdir(tmp_path)
+    import lightning.pytorch as pl
+
+    init = pl.Trainer.__init__
+
+    def capped(self: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(max_epochs=1, max_steps=2, limit_val_batches=1, logger=False, enable_progress_bar=False)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(pl.Trainer, "__init__", capped)
+    return tmp_path
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python")], ids=lambda p: p.name)
+def test_python_blocks_run(page: Path, workdir: Path) -> None:
+    import lightning.pytorch as pl
+
+    namespace: dict[str, Any] = {"__name__": "__docs__", "pl": pl}
+    for code, reason in blocks(page, "python"):
+        if reason is None:
+            exec(compile(code, f"{page.name} block", "exec"), namespace)  # noqa: S102 - the page's own example
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "yaml")], ids=lambda p: p.name)
+def test_yaml_blocks_parse_and_configs_load(page: Path, workdir: Path) -> None:
+    for k, (code, _) in enumerate(blocks(page, "yaml")):
+        config = yaml.safe_load(code)
+        if isinstance(config, dict) and "data" in config and "class_path" in config["data"]:
+            path = workdir / f"config{k}.yaml"
+            path.write_text(code)
+            out = subprocess.run(
+                [str(REPO / ".venv/bin/fastdata"), "fit", "--config", str(path), "--print_config"],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr[-2000:]
+            assert config["data"]["class_path"] in out.stdout
+
+
+def _check_command(line: str) -> str | None:
+    """Why ``line`` names a command of ours that does not exist, or ``None``."""
+    words = shlex.split(line, comments=True)
+    while words and "=" in words[0] and not words[0].startswith("-"):  # VAR=value prefixes
+        words = words[1:]
+    if not words:
+        return None
+    tool = words[0]
+    if tool.endswith("fastdata"):
+        if len(words) > 1 and not words[1].startswith("-") and words[1] not in COMMANDS:
+            return f"no command fastdata {words[1]}"
+    elif tool == "bash" and len(words) > 1 and words[1].endswith(".sh"):
+        if not (REPO / words[1]).is_file():
+            return f"no script {words[1]}"
+    elif tool.endswith("python") and words[1:2] == ["-m"]:
+        module = words[2]
+        if module.startswith(("lightning_fastdata", "benchmarks")) and importlib.util.find_spec(module) is None:
+            return f"no module {module}"
+    elif tool.startswith(".venv/bin/") and not (REPO / tool).exists():
+        return f"no tool {tool}"
+    return None
+
+
+def test_shell_commands_exist() -> None:
+    sys.path.insert(0, str(REPO))  # benchmarks/ is a package of the checkout
+    missing = []
+    for page in PAGES:
+        for code, _ in blocks(page, "bash"):
+            for line in code.replace("\\\n", " ").splitlines():
+                for part in re.split(r"&&|\|\||;|\|", line):
+                    why = _check_command(part.strip())
+                    if why:
+                        missing.append(f"{page.name}: {part.strip()!r}: {why}")
+    assert not missing, "\n".join(missing)
+    assert _check_command("fastdata nosuch") and _check_command("bash scripts/nosuch.sh")  # the check can fail
+
+
+def test_readme_is_short_and_points_to_the_site() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    assert "bash scripts/docs.sh" in readme and "docs/_build/html/index.html" in readme
+    assert not re.search(r"\d+ passed", readme)  # no test counts that go stale
+    assert os.path.exists(REPO / "docs" / "benchmark.png")
