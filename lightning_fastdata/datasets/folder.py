@@ -70,7 +70,7 @@ class ImageFolderDataset(AugmentedImageDataset):
 
     @property
     def reads_ahead(self) -> bool:
-        """Whether to read ahead: only from a bucket.
+        """Whether the dataset reads ahead, which only a bucket needs.
 
         A local file needs no head start (and its worker no copy of the epoch's order).
         """
