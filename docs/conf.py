@@ -25,6 +25,7 @@ nb_execution_mode = "force"
 nb_execution_in_temp = True
 nb_execution_timeout = 600
 nb_execution_raise_on_error = True
+nb_output_stderr = "remove"  # progress bars (tqdm writes to stderr): one box per refresh otherwise
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"

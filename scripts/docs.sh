@@ -3,5 +3,5 @@
 # Needs the `docs` extra (setup.sh installs it). Open docs/_build/html/index.html afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/python -m sphinx -W --keep-going -q -b html docs docs/_build/html "$@"
+.venv/bin/python -m sphinx -E -W --keep-going -q -b html docs docs/_build/html "$@"
 echo "docs: docs/_build/html/index.html"

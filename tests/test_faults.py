@@ -1,4 +1,4 @@
-"""The fault matrix (README "What goes wrong, and what you get"): one test per fault, each on real generated data.
+"""The fault matrix (docs/faults.md): one test per fault, each on real generated data.
 
 Faults of the shared-memory pool and the decoder have their tests beside those modules' (``test_shm_pool.py``,
 ``test_decode.py``); this file holds the ones met through the DataModules, the CLI and the file formats.

@@ -73,7 +73,7 @@ class FastDataModule(LightningDataModule):
         exact_decode: Decode JPEG crops at full size with the exact inverse DCT: the pixels of torchvision's
             ``decode_jpeg``, cropped and resized. The default (``False``) uses the fast integer IDCT and decodes a
             crop at least twice the output at 1/2, 1/4 or 1/8 in the DCT domain: faster, within ~35-46 dB PSNR
-            of the exact path (the README's "Decoding" section has the measurements).
+            of the exact path (the docs' Benchmarks page, "Decoding", has the measurements).
 
     Raises:
         ValueError: On an impossible combination, e.g. ``prefetch_factor`` with ``num_workers=0``.

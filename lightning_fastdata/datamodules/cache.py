@@ -58,7 +58,7 @@ class TensorCacheDataModule(FastDataModule):
         verify_source: How ``prepare_data`` checks a built cache against ``root`` at each run. ``"files"``: one
             ``stat`` per source file (size and mtime; ``O(files)``: minutes on a network file system for ImageNet).
             ``"folders"``: the file list and the mtimes of its folders, recorded at build time (``O(folders)``,
-            the README's scale section has the figures): sees files added, removed, renamed or replaced by a
+            the docs' Scale page has the figures): sees files added, removed, renamed or replaced by a
             rename, but not a file rewritten in place under the same name (then run once with ``"files"``, or
             delete the cache). From a bucket neither applies: the build lists the bucket again and compares every
             object's key, size and ETag.
@@ -183,8 +183,8 @@ class TensorCacheDataModule(FastDataModule):
             if device.type == "cpu":
                 rank_zero_warn(
                     "TensorCacheDataModule(augment_on='device') on a CPU Trainer would crop in the training process "
-                    "(slower than the workers' crop: see the README's benchmark); cropping in the loader workers "
-                    "instead "
+                    "(slower than the workers' crop: see the Benchmarks page of the docs); cropping in the loader "
+                    "workers instead "
                     "(augment_on='workers'). augment_on='device' pays off on a GPU."
                 )
                 return "workers"

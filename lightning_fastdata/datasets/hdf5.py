@@ -254,7 +254,7 @@ class HDF5Dataset(AugmentedImageDataset):
     works under ``fork`` and ``spawn``, with any number of workers and DDP ranks, even if the main process
     read a sample before the workers started.
 
-    Read paths, chosen from the layout, fastest first (the README's HDF5 section has the measured rates):
+    Read paths, chosen from the layout, fastest first (the docs' HDF5 page has the measured rates):
 
     - contiguous, uncompressed dataset (what our converter writes): a read-only memory map at the dataset's
       byte offset; a batch is one sorted gather. No HDF5 call per sample at all.

@@ -1,6 +1,6 @@
 """Decode an encoded image straight into a resized crop, spending as little as the crop allows.
 
-Why these paths (measured: ``python -m benchmarks.decode_profile``, figures in the README's benchmark section):
+Why these paths (measured: ``python -m benchmarks.decode_profile``, figures on the docs' Benchmarks page):
 
 - full decode: ``torchvision.io.decode_jpeg`` is a little faster than PIL ``open().convert()``; simplejpeg is no
   faster than ``decode_jpeg``;

@@ -3,7 +3,7 @@
 torch sends a worker's batch to the main process as a fresh shared-memory segment per tensor: the worker
 allocates and zero-fills new pages, writes them, passes one file descriptor per tensor through a socket,
 and the main process maps and unmaps the segment: for a loader that only copies pixels (a tensor cache) that
-costs more than the copy (the README's architecture section has the figures).
+costs more than the copy (the docs' Architecture page has the figures).
 
 Protocol (each worker process is one *incarnation*, named by a random nonce):
 

@@ -379,7 +379,7 @@ def test_resume_after_a_failed_step_trains_that_steps_batch(tmp_path: Path, sour
 def test_readme_snippet_rerun_resumes_where_it_stopped(
     tmp_path: Path, sources: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's Python snippet (fixed dirpath, ckpt_path="last"), rerun as a preempted job would be."""
+    """The resume page's snippet (docs/resume.md: fixed dirpath, ckpt_path="last"), rerun as a preempted job would."""
     script = HELPER.with_name("snippet_run.py")
 
     def rerun(ckpt_dir: Path, steps: int, record: Path) -> str:

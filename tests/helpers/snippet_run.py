@@ -1,4 +1,4 @@
-"""The README's resume snippet, as a script a preempted job reruns: python snippet_run.py ROOT CKPT_DIR MAX_STEPS.
+"""The resume snippet (docs/resume.md) as a script a preempted job reruns: snippet_run.py ROOT CKPT_DIR MAX_STEPS.
 
 Appends each step's epoch, step, batch index and labels to $FASTDATA_RECORD (see step_recorder.py).
 """
