@@ -137,3 +137,25 @@ def test_readme_is_short_and_points_to_the_site() -> None:
     assert "bash scripts/docs.sh" in readme and "docs/_build/html/index.html" in readme
     assert not re.search(r"\d+ passed", readme)  # no test counts that go stale
     assert os.path.exists(REPO / "docs" / "benchmark.png")
+
+
+def test_every_public_name_documents_its_arguments() -> None:
+    import dataclasses
+    import inspect
+
+    import lightning_fastdata
+
+    missing = {}
+    for name in lightning_fastdata.__all__:
+        obj = getattr(lightning_fastdata, name)
+        # a dataclass's fields may be documented by the class it extends
+        doc = "\n".join(inspect.getdoc(c) or "" for c in getattr(obj, "__mro__", [obj])[:2])
+        assert doc, f"{name} has no docstring"
+        params = inspect.signature(obj.__init__ if isinstance(obj, type) else obj).parameters.values()
+        names = [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if dataclasses.is_dataclass(obj):
+            names = [f.name for f in dataclasses.fields(obj)]
+        undocumented = [n for n in names if not re.search(rf"^\s*{n}\b[^:\n]*:", doc, re.M)]
+        if undocumented:
+            missing[name] = undocumented
+    assert not missing, missing

@@ -164,6 +164,22 @@ def build_tensor_cache(
     :func:`~lightning_fastdata.loading.decode.decode_resized_crop`); a cache built the other way is stale. The
     ``"jpeg"`` storage re-encodes every image, so it is never bit-exact and ignores it.
 
+    Args:
+        cache_dir: Where the cache is (or is built: ``<cache_dir>.partial`` first, renamed when complete).
+        train_index: The training files.
+        val_index: The validation files, or ``None``.
+        cache_size: Side of the stored training squares.
+        image_size: Side of the stored validation crops.
+        crop_fraction: Validation crop as a fraction of the shorter side.
+        processes: Build processes; ``None``: the usable CPUs.
+        progress: Show progress bars.
+        read_only: Raise instead of building when the cache is missing or stale.
+        storage: ``"raw"`` uint8 arrays, or ``"jpeg"`` (each image re-encoded once, compact).
+        quality: JPEG quality of ``"jpeg"`` storage.
+        verify_source: How a built cache is checked against the source (above).
+        storages: An index root -> its storage (above).
+        exact_decode: Decode with the exact IDCT at full size (above).
+
     Raises:
         PermissionError: If ``cache_dir``'s parent is not writable.
         OSError: If there is not enough disk space (the message gives the size needed), or a source image is

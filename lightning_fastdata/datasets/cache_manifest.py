@@ -149,6 +149,10 @@ def open_jpeg_cache(cache_dir: str | os.PathLike[str], split: Literal["train", "
 def open_tensor_cache(cache_dir: str | os.PathLike[str], split: Literal["train", "val"]) -> tuple[str, np.ndarray]:
     """Validate ``cache_dir`` and return ``(images_path, labels)`` of ``split``.
 
+    Args:
+        cache_dir: A complete tensor cache (what ``TensorCacheDataModule.prepare_data`` builds).
+        split: ``"train"`` or ``"val"``.
+
     Raises:
         FileNotFoundError: If there is no complete cache.
         OSError: If an array file is missing, truncated or does not match the manifest.

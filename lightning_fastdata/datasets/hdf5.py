@@ -130,6 +130,15 @@ def inspect_hdf5(
 ) -> HDF5Layout:
     """Open ``path`` read-only, validate its layout, and return what readers need. The file is closed again.
 
+    Args:
+        path: The HDF5 file.
+        images_key: Dataset of the images (or of the encoded bytes).
+        labels_key: Dataset of the integer labels.
+        layout: ``"auto"`` (from dtype and shape), or the layout the images are stored in.
+        offsets_key: Dataset of the byte offsets (encoded files written by the converter).
+        locking: h5py's file locking; ``None``: h5py's default (see
+            :func:`~lightning_fastdata.datasets.hdf5.open_hdf5`).
+
     Raises:
         FileNotFoundError: If ``path`` does not exist.
         OSError: If the file is truncated or locked (see :func:`~lightning_fastdata.datasets.hdf5.open_hdf5`).

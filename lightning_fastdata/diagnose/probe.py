@@ -41,6 +41,27 @@ class DataProbe:
     """The data as the doctor found it: counts, a sample's distributions, storage rates, one-core ceilings.
 
     Distributions are percentiles of the sample (``{"p5": ..., "p50": ..., "p95": ...}``).
+
+    Attributes:
+        kind: ``"folder"``, ``"bucket"`` or ``"hdf5"``.
+        files: Images in the data.
+        classes: Classes in the data.
+        sampled: Images decoded for the figures below.
+        formats: Sampled files per image format.
+        mean_kb: Mean encoded size of a sampled image.
+        median_resolution: Median ``(width, height)`` of the sample.
+        size_kb: Distribution of the encoded sizes.
+        shorter_side: Distribution of the images' shorter sides, in pixels.
+        smaller_than_crop: Sampled images whose shorter side is below the output size.
+        corrupt: Sampled files that do not decode.
+        unreadable: Sampled files that cannot be read (permissions).
+        data_gb: The whole data's size.
+        read_mb_s_warm: Read rate from the page cache (or, from a bucket, with requests in flight).
+        read_mb_s_cold: Read rate of data not cached (or one request at a time from a bucket).
+        scan_s: Time the listing took.
+        decode_ceiling_1core: One core's read + full decode rate, images/s.
+        memcpy_ceiling_1core: One core copying cached samples, images/s (once a raw cache of the sample exists).
+        request_ms: From a bucket, the time of one request at a time.
     """
 
     kind: str

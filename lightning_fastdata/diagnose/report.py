@@ -44,6 +44,24 @@ class DoctorReport(DataProbe):
 
     The data's fields are :class:`~lightning_fastdata.diagnose.probe.DataProbe`'s; ``worker_sweep`` maps a worker
     count to the recommended option's images/s per rank.
+
+    Attributes:
+        path: The data examined.
+        usable_cpus: CPUs this process may use (affinity capped by the cgroup quota).
+        gpus: CUDA devices seen.
+        devices: Ranks per node the report is for.
+        workers_per_rank: Loader workers each rank gets (``num_workers="auto"``).
+        ram_gb: This machine's memory.
+        scratch_free_gb: Free space where the doctor built its samples.
+        shm_gb: Size of ``/dev/shm``.
+        roi_decoder: Whether the compiled ROI JPEG decoder is in use.
+        pillow_simd: Whether pillow-simd is installed.
+        options: Every option timed, simplest first.
+        worker_sweep: Worker count -> the recommended option's images/s per rank.
+        recommendation: The recommended option's name.
+        reason: Why it was chosen.
+        expected_wait_fraction: The share of a step spent waiting for data with it, given ``--step-ms``.
+        seconds: How long the doctor ran.
     """
 
     path: str

@@ -202,6 +202,11 @@ def with_prefetch(
 
     Same dataset, sampler (or batch sampler), workers and settings; ``pin_memory`` overrides the loader's if
     given. Returns ``None`` for any other loader class: its constructor is unknown, so it cannot be rebuilt.
+
+    Args:
+        loader: The loader to rebuild.
+        device: Where batches are prefetched to (a CUDA device), or ``None`` for no look-ahead.
+        pin_memory: Overrides the loader's ``pin_memory`` if not ``None``.
     """
     twin = _TWINS.get(type(loader))
     if twin is None:

@@ -98,6 +98,11 @@ def resolve_num_workers(num_workers: int | str, devices_per_node: int = 1, budge
     ``usable_cpus`` here is that count capped by the cgroup quota, so this is never more than Lightning's
     suggestion, and less where a container's quota is below its affinity.
 
+    Args:
+        num_workers: A worker count (returned as it is) or ``"auto"``.
+        devices_per_node: Ranks sharing this node's CPUs.
+        budget: The CPUs to share; ``None``: :meth:`~lightning_fastdata.CpuBudget.detect`.
+
     Raises:
         ValueError: If ``num_workers`` is negative or a string other than ``"auto"``.
     """
