@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for root, size in cases:
         for version in ("old", "new"):
-            for loader in {r["loader"] for r in rows if r.get("size") == size and r["data"] == root}:
+            for loader in sorted({r["loader"] for r in rows if r.get("size") == size and r["data"] == root}):
                 sel = [r for r in rows if r.get("size") == size and r["data"] == root and r["version"] == version
                        and r["loader"] == loader]  # fmt: skip
                 if sel:

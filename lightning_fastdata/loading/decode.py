@@ -13,7 +13,7 @@ Why these paths (measured: ``python -m benchmarks.decode_profile``, figures on t
 - DCT-domain scaling: only 1/2, 1/4 and 1/8 pay. libjpeg-turbo's other scales (5/8, 6/8, 7/8) have no SIMD
   inverse DCT and are *slower* than a full-size decode plus a resize, so a crop under twice the output is decoded
   at full size. A crop at least twice the output is decoded at 1/2, 1/4 or 1/8 *and* cut to its rows and
-  columns, then resized with a sub-pixel box;
+  columns (its edges rounded to the scaled image's pixels: under half an output pixel), then resized;
 - resize: torch's uint8 antialiased bilinear kernel on a channels-last view is faster than PIL's ``resize``
   (twice as fast on the scaled crops, where PIL's sub-pixel box would be the alternative).
 
@@ -182,7 +182,8 @@ def _decode_roi(data: bytes, box: Box, fast_idct: bool = False, scale_num: int =
     """
     top, left, h, w = box
     to_end = data.rfind(_EOI, max(0, len(data) - _EOI_TAIL)) < 0
-    buf = _roi_buffer(h * (w + 64) * 3)  # crop_scanline widens by at most one iMCU (<= 32 px) per side
+    # one column of margin per side (see jpegroi.c), and crop_scanline widens by at most one iMCU (<= 32 px) per side
+    buf = _roi_buffer(h * (w + 66) * 3)
     shift, decoded_w = _jpegroi.decode_crop(data, top, left, h, w, buf, to_end, scale_num, fast_idct)
     rows = torch.frombuffer(buf, dtype=torch.uint8, count=h * decoded_w * 3).view(h, decoded_w, 3)
     return rows[:, shift : shift + w].permute(2, 0, 1)
@@ -202,15 +203,6 @@ def _scaled_box(box: Box, size: tuple[int, int], reduction: int) -> Box:
     t0, l0 = min(sh - 1, (top + half) // reduction), min(sw - 1, (left + half) // reduction)
     b0, r0 = min(sh, (top + h + half) // reduction), min(sw, (left + w + half) // reduction)
     return t0, l0, max(1, b0 - t0), max(1, r0 - l0)
-
-
-def _decode_roi_scaled(data: bytes, box: Box, size: tuple[int, int], reduction: int) -> torch.Tensor:
-    """Decode the crop's rows and columns at ``1 / reduction`` in the DCT domain; return a ``3 x h x w`` view.
-
-    The box is rounded to the scaled image's pixels (:func:`_scaled_box`); torch's antialiased resize then runs
-    on a quarter (or less) of the pixels.
-    """
-    return _decode_roi(data, _scaled_box(box, size, reduction), fast_idct=True, scale_num=8 // reduction)
 
 
 def _decode_draft(img: Image.Image, box: Box, out_hw: tuple[int, int], scale: int) -> torch.Tensor:
@@ -264,10 +256,8 @@ def _decode_crop(
         box = box_fn(width, height)
         _check_box(box, width, height)
         scale = 1 if exact else _draft_scale(box, out_hw)
-        if color_space in _ROI_COLOR_SPACES:
-            if scale == 1:
-                return _decode_roi(data, box, fast_idct=not exact)
-            return _decode_roi_scaled(data, box, (width, height), scale)
+        if color_space in _ROI_COLOR_SPACES:  # the crop's rows and columns, at 1 / scale in the DCT domain
+            return _decode_roi(data, _scaled_box(box, (width, height), scale), not exact, scale_num=8 // scale)
         img = _open_image(data)
     else:
         img = _open_image(data)

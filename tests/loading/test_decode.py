@@ -103,7 +103,8 @@ def test_dct_scaled_crops_decode_only_their_rows_at_the_reduced_size(photo: Path
     assert decode._draft_scale((10, 10, 350, 420), (224, 224)) == 1
     assert decode._scaled_box((11, 9, 351, 421), (500, 375), 2) == (6, 5, 175, 210)
     assert decode._scaled_box((0, 0, 375, 500), (500, 375), 8) == (0, 0, 47, 63)  # ceil(375 / 8), ceil(500 / 8)
-    crop = decode._decode_roi_scaled(photo.read_bytes(), (11, 9, 351, 421), (500, 375), 2).clone()  # a view of scratch
+    scaled = decode._scaled_box((11, 9, 351, 421), (500, 375), 2)
+    crop = decode._decode_roi(photo.read_bytes(), scaled, fast_idct=True, scale_num=4).clone()  # a view of scratch
     assert tuple(crop.shape) == (3, 175, 210)
     full = decode._decode_roi(photo.read_bytes(), (12, 10, 350, 420), fast_idct=True)
     half = torch.nn.functional.avg_pool2d(full.float()[None], 2)[0]  # the same region, 2x2 box-filtered
