@@ -151,6 +151,52 @@ def test_loader_workers_read_the_bucket_themselves(s3: LocalS3, s3_image_folder:
     assert main_process_is_clean()
 
 
+@pytest.mark.timeout(120)
+def test_a_reading_process_keeps_max_inflight_requests_in_flight_and_exits_with_one_pending(
+    s3: LocalS3, s3_image_folder: str, image_folder: Path, tmp_path: Path
+) -> None:
+    """In a process that reads directly (a loader worker's case), requests overlap up to ``max_inflight``, never more.
+
+    Through a proxy that holds each request 0.1 s: 12 reads with 3 in flight take 4 rounds (>= 0.4 s; more in
+    flight would be faster), far less than one at a time (1.2 s). A read-ahead still waiting for a stalled object
+    does not hold up the process's exit (its request threads are daemons).
+    """
+    script = tmp_path / "read.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, sys, threading, time
+            from lightning_fastdata.loading import object_store
+            object_store.allow_direct_calls()
+            url, options, keys, stalled = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+            storage = object_store.ObjectStorage(url, options)
+            storage.stat(keys[0])  # the connection and the store are made before the clock starts
+            start = time.perf_counter()
+            got = list(storage.read_many(keys))
+            took = time.perf_counter() - start
+            threads = sum(t.name == "fastdata-object-store" for t in threading.enumerate())
+            storage.read_ahead([stalled])  # stalled 30 s by the proxy; never read
+            time.sleep(0.3)
+            print(json.dumps({"took": took, "threads": threads, "sizes": [len(g) for g in got]}), flush=True)
+            """
+        )
+    )
+    keys = files(image_folder)[:12]
+    stalled = files(image_folder)[12]
+    with fault_proxy(s3.endpoint, delay=0.1, stall={stalled: 30.0}) as proxy:
+        options = s3.storage_options(proxy.endpoint, max_inflight=3)
+        args = [sys.executable, str(script), s3_image_folder, json.dumps(options), json.dumps(keys), stalled]
+        start = time.perf_counter()
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        ran = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["sizes"] == [(image_folder / k).stat().st_size for k in keys]
+    assert report["threads"] == 3
+    assert 0.38 <= report["took"] < 1.2, report
+    assert ran < 25, f"the process took {ran:.1f} s to end with a read-ahead stalled 30 s"
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie (an orphan's zombie may wait for a reaper)."""
     try:
