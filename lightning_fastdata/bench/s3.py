@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import lightning_fastdata.bench.litdata_rows as litdata_rows
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
@@ -271,6 +273,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise SystemExit("bench s3: --pin needs 2 CPUs (the loader on one, the server and the proxy on the other)")
         loader_cpu, server_cpu = sorted(os.sched_getaffinity(0))[:2]
         os.sched_setaffinity(0, {loader_cpu})  # the server and the proxy start from here: moved just after
+        # what `taskset -c 0 python ...` gives: torch sizes its thread pool to the CPUs it may use at start-up, and
+        # this process was started on 2 (two threads sharing one core made the CPU normalise 1.6x as costly)
+        torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="fastdata-s3-bench-") as tmp:
         root = make_image_folder(
             Path(tmp) / "train", num_classes=8, per_class=args.images // 8, size=(500, 375), processes=2

@@ -1,8 +1,21 @@
-"""Turn uint8 image batches into normalised float on whatever device they are on."""
+"""Turn uint8 image batches into normalised float on whatever device they are on.
+
+On the CPU (a CPU-only training step, the benchmarks' "CPU normalise" rows) the float batch is 4x the bytes of
+the uint8 one, 77 MB for 128 images at 224 px, in memory fresh from the kernel: glibc maps such a block anew for
+each batch and each of its 4 KiB pages faults and is zeroed on first write, which cost more than the arithmetic
+(0.367 ms per image on one core; 0.161 into memory written before; ``benchmarks/normalise.py``). So the output is
+allocated with transparent huge pages advised (``madvise(MADV_HUGEPAGE)``, Linux; where the kernel's THP setting
+is ``never``, or elsewhere, nothing changes): 512x fewer faults, 0.188 ms. Then a conversion, a multiply and an
+add, the same operations (and so the same bits) as before. Nothing is reused between batches, so a batch the
+caller keeps is never overwritten.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -57,9 +70,44 @@ class Normalizer:
         if images.dtype != torch.uint8 and not images.is_floating_point():
             raise InvalidTypeError(f"Normalizer expects uint8 or float pixel values (0-255), got {images.dtype}.")
         scale, shift = self._constants(images.device)
+        if images.dtype == torch.uint8 and images.device.type == "cpu":
+            out = torch.empty_like(images, dtype=self.dtype)  # the input's memory format (channels-last stays)
+            advise_huge_pages(out)
+            return out.copy_(images).mul_(scale).add_(shift)
         return images.to(self.dtype).mul_(scale).add_(shift)
 
     def denormalize(self, images: torch.Tensor) -> torch.Tensor:
         """Map normalised floats back to uint8 (for showing a batch)."""
         scale, shift = self._constants(images.device)
         return ((images.to(self.dtype) - shift) / scale).round_().clamp_(0, 255).to(torch.uint8)
+
+
+_HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
+_madvise: Any = None  # None: not looked up yet; False: not available
+
+
+def advise_huge_pages(tensor: torch.Tensor) -> bool:
+    """Ask the kernel for transparent huge pages under ``tensor``'s memory, before it is first written.
+
+    Only the 2 MiB-aligned part inside the tensor is advised (never a neighbour's memory); tensors under 4 MiB are
+    left alone. Returns whether the advice was given (Linux with ``madvise``); the kernel may still use small
+    pages (THP ``never``, no free huge page), which only costs the faults this avoids.
+    """
+    global _madvise
+    nbytes = tensor.untyped_storage().nbytes()
+    if nbytes < 2 * _HUGE_PAGE or tensor.device.type != "cpu" or not sys.platform.startswith("linux"):
+        return False
+    if _madvise is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+            _madvise = fn
+        except (OSError, AttributeError):
+            _madvise = False
+    if _madvise is False:
+        return False
+    ptr = tensor.untyped_storage().data_ptr()
+    start = -(-ptr // _HUGE_PAGE) * _HUGE_PAGE
+    end = (ptr + nbytes) // _HUGE_PAGE * _HUGE_PAGE
+    return end > start and _madvise(start, end - start, _MADV_HUGEPAGE) == 0

@@ -17,16 +17,16 @@ about ``retry_timeout + timeout`` seconds, then its read fails with an error nam
 skipped with ``on_corrupt="skip"``).
 
 **Processes.** obstore runs a tokio runtime, which does not survive ``fork`` (obstore#441: a child forked after
-the parent used it hangs at its first request). So the process that starts DataLoader workers never starts
-it: there, every call is made by a helper process forked once, on first use, from this clean process
-(:class:`_Agent`; its answers cross a pipe). Loader workers and build-pool processes, which fork nothing,
-call obstore directly, each with its own runtime, request threads and connections.
+the parent used it hangs at its first request). So the process that starts DataLoader workers never starts it:
+there, every call is made by a helper process forked once, on first use, from this clean process
+(:mod:`~lightning_fastdata.loading.object_store_helper`; its answers cross a pipe). Loader workers and
+build-pool processes, which fork nothing, call obstore directly, each with its own runtime, request threads and
+connections.
 """
 
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 import os
 import queue
 import threading
@@ -37,6 +37,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.object_store_helper import _agent, allow_direct_calls, direct_calls_allowed
 from lightning_fastdata.loading.storage import ObjectStat, is_url, join_url
 
 __all__ = ["ObjectEntry", "ObjectStorage", "allow_direct_calls", "main_process_is_clean"]
@@ -52,18 +53,11 @@ DEFAULTS: dict[str, Any] = {
     "retry_timeout": 30.0,
 }
 
-_direct_pid: int | None = None
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
 
 
-def allow_direct_calls() -> None:
-    """Declare that this process forks no workers, so it may run obstore itself (a build-pool initialiser)."""
-    global _direct_pid
-    _direct_pid = os.getpid()
-
-
 def _direct() -> bool:
-    if _direct_pid == os.getpid():
+    if direct_calls_allowed():
         return True
     from torch.utils.data import get_worker_info
 
@@ -418,96 +412,3 @@ def _profile_credentials(profile: str) -> Any:
 
 def _call_method(storage: ObjectStorage, name: str, args: tuple[Any, ...]) -> Any:
     return getattr(storage, name)(*args)
-
-
-# -- the helper process -----------------------------------------------------------------------------------------
-class _Agent:
-    """A process forked (once, on first use) from the clean main process that makes its obstore calls.
-
-    Calls are serialised (one at a time, under a lock); each one is itself concurrent inside the helper. The
-    helper is stopped at exit as a daemon, and ends by itself when this process ends any other way (SIGKILL,
-    ``os._exit``): when its pipe closes, or, within :data:`_PARENT_CHECK_S`, when its parent is gone (processes
-    forked from this one later, such as loader workers, also hold the pipe open while they live).
-    """
-
-    def __init__(self) -> None:
-        ctx = multiprocessing.get_context("fork")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_agent_main, args=(child, self.conn, os.getpid()), daemon=True, name="fastdata-object-store"
-        )
-        self.process.start()
-        child.close()
-        self.lock = threading.Lock()
-        self.pid = os.getpid()
-
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        with self.lock:
-            try:
-                self.conn.send((fn, args))
-                ok, value = self.conn.recv()
-            except (EOFError, OSError) as err:
-                raise OSError(
-                    f"The object-store helper process (pid {self.process.pid}) ended unexpectedly "
-                    f"(exit code {self.process.exitcode}); the call {fn.__name__} was not completed."
-                ) from err
-        if not ok:
-            raise value
-        return value  # type: ignore[no-any-return]
-
-
-_PARENT_CHECK_S = 2.0
-"""How often an idle object-store helper checks that the process it serves still exists."""
-
-
-def _agent_main(conn: Any, parent_end: Any, parent_pid: int) -> None:
-    parent_end.close()  # forked with the parent's end open: it would never see the pipe close
-    _close_inherited_fds(keep=conn.fileno())
-    allow_direct_calls()
-    while True:
-        try:
-            if not conn.poll(_PARENT_CHECK_S):
-                if os.getppid() != parent_pid:  # reparented: the process it served is gone
-                    return
-                continue
-            fn, args = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            reply = (True, fn(*args))
-        except BaseException as err:  # noqa: BLE001 - sent back to the caller, which raises it
-            reply = (False, err if _picklable(err) else OSError(_first_line(err)))
-        conn.send(reply)
-
-
-def _close_inherited_fds(keep: int) -> None:
-    """Close every descriptor the fork copied from the parent but stdin/out/err and ``keep`` (the helper's pipe).
-
-    The parent's own pipes, sockets and files stay open in a forked child; held there for the parent's lifetime,
-    a pipe the parent's program opened (to a subprocess it started, say) would never see its end: the subprocess
-    waiting for EOF on its stdin would wait as long as the helper lives. The helper needs none of them.
-    """
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
-
-
-def _picklable(err: BaseException) -> bool:
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(err))
-    except Exception:  # noqa: BLE001 - any failure means no
-        return False
-    return True
-
-
-_agents: dict[int, _Agent] = {}
-_agents_lock = threading.Lock()
-
-
-def _agent() -> _Agent:
-    with _agents_lock:
-        agent = _agents.get(os.getpid())
-        if agent is None or not agent.process.is_alive():
-            agent = _agents[os.getpid()] = _Agent()
-        return agent
