@@ -83,8 +83,8 @@ def test_exact_decode_is_the_full_decode_cropped_and_resized(
     data = photo.read_bytes()
     top, left, h, w = box
     full = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-    want = torch.empty((3, size, size), dtype=torch.uint8)
-    decode.resize_crop_into(want, full[:, top : top + h, left : left + w])
+    crop = full[:, top : top + h, left : left + w].unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    want = torch.nn.functional.interpolate(crop, size=(size, size), mode="bilinear", antialias=True)[0]
     got = torch.empty((3, size, size), dtype=torch.uint8)
     decode_resized_crop(data, got, lambda w_, h_: box, exact=True)
     assert torch.equal(got, want)
@@ -94,6 +94,36 @@ def test_exact_decode_is_the_full_decode_cropped_and_resized(
     if decoder == "roi" or decode._draft_scale(box, (size, size)) > 1:  # without it, decode_jpeg unless DCT-scaled
         assert mse > 0  # the default path is a different (faster) decode ...
     assert mse == 0 or 10 * np.log10(255**2 / mse) > 30  # ... of the same picture
+
+
+@pytest.mark.parametrize("decoder", ["roi"], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.parametrize(("hw", "size"), [((330, 300), 224), ((120, 90), 224), ((375, 500), 40)])
+def test_resize_into_a_batch_slot_is_torchs_antialiased_resize_bit_for_bit(
+    hw: tuple[int, int], size: int, dtype: torch.dtype, decoder: str
+) -> None:
+    """Written straight into the slot (channels-last batch or planar), flipped or not: ``F.interpolate``'s bits."""
+    gen = torch.Generator().manual_seed(0)
+    hwc = torch.randint(0, 256, (*hw, 3), dtype=torch.uint8, generator=gen).to(dtype)
+    crop = hwc.permute(2, 0, 1)  # a decoded image's layout: rows of RGB pixels
+    resized = torch.nn.functional.interpolate(
+        crop.unsqueeze(0).contiguous(memory_format=torch.channels_last), size=(size, size), mode="bilinear",
+        antialias=True,
+    )[0]  # fmt: skip
+    batches = {
+        "channels-last": torch.zeros((3, size, size, 3), dtype=dtype).permute(0, 3, 1, 2),
+        "planar": torch.zeros((3, 3, size, size), dtype=dtype),
+    }
+    for layout, batch in batches.items():
+        for flip in (False, True):
+            decode.resize_crop_into(batch[1], crop, flip)
+            want = resized.flip(-1) if flip else resized
+            assert torch.equal(batch[1], want), (layout, flip)
+            assert not batch[0].any() and not batch[2].any(), layout  # the neighbouring slots are untouched
+    # another dtype than the slot's goes through F.interpolate and a converting copy
+    other = torch.zeros((3, size, size), dtype=torch.float64)
+    decode.resize_crop_into(other, crop, True)
+    assert torch.equal(other, resized.flip(-1).to(torch.float64))
 
 
 @pytest.mark.parametrize("decoder", ["roi"], indirect=True)
