@@ -33,7 +33,6 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import numpy as np
 import torch
@@ -104,32 +103,11 @@ def center_crop_box(width: int, height: int, crop_fraction: float = 0.875) -> Bo
     return (height - side) // 2, (width - side) // 2, side, side
 
 
-def _resize_out_op() -> Any:
-    """The antialiased bilinear resize that writes into a given tensor (the one ``F.interpolate`` calls), or None."""
-    try:
-        return torch.ops.aten._upsample_bilinear2d_aa.out
-    except (AttributeError, RuntimeError):  # an older or newer torch without this overload
-        return None
-
-
-_RESIZE_OUT = _resize_out_op()
-
-
 def resize_crop_into(out: torch.Tensor, chw: torch.Tensor, flip: bool = False) -> None:
-    """Resize a ``3 x h x w`` crop (uint8 or float) into ``out`` (``3 x H x W``), flipping if asked.
-
-    The resize writes straight into ``out`` (a batch's slot, channels-last): ``F.interpolate`` returns one image
-    planar, and interleaving it into the slot took as long as the resize (0.20 -> 0.09 ms for a 330x300 crop to
-    224 px on one core, the same bits). Elsewhere (another dtype, no such operator) through ``F.interpolate``.
-    """
+    """Resize a ``3 x h x w`` crop (uint8 or float) into ``out`` (``3 x H x W``), flipping if asked."""
     if tuple(chw.shape[1:]) != tuple(out.shape[1:]):
         # torch's uint8 antialiased kernel is vectorised for channels-last input; planar input is 2x slower.
         x = chw.unsqueeze(0).contiguous(memory_format=torch.channels_last)
-        if _RESIZE_OUT is not None and x.dtype == out.dtype and x.device == out.device:
-            _RESIZE_OUT(x, list(out.shape[1:]), False, None, None, out=out.unsqueeze(0))
-            if flip:
-                out.copy_(out.flip(-1))
-            return
         chw = F.interpolate(x, size=tuple(out.shape[1:]), mode="bilinear", antialias=True)[0]
     out.copy_(chw.flip(-1) if flip else chw)
 
