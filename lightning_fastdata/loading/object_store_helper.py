@@ -8,8 +8,10 @@ clean; the helper runs them with obstore directly and sends back the answers.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
+import stat
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -72,6 +74,7 @@ _PARENT_CHECK_S = 2.0
 
 
 def _agent_main(conn: Any, parent_end: Any, parent_pid: int) -> None:
+    gc.freeze()  # the parent's objects copied by the fork are never collected here (their owners live there)
     parent_end.close()  # forked with the parent's end open: it would never see the pipe close
     _close_inherited_fds(keep=conn.fileno())
     allow_direct_calls()
@@ -92,14 +95,27 @@ def _agent_main(conn: Any, parent_end: Any, parent_pid: int) -> None:
 
 
 def _close_inherited_fds(keep: int) -> None:
-    """Close every descriptor the fork copied from the parent but stdin/out/err and ``keep`` (the helper's pipe).
+    """Close the pipes and sockets the fork copied from the parent, but ``keep`` (the helper's own pipe).
 
-    The parent's own pipes, sockets and files stay open in a forked child; held there for the parent's lifetime,
-    a pipe the parent's program opened (to a subprocess it started, say) would never see its end: the subprocess
-    waiting for EOF on its stdin would wait as long as the helper lives. The helper needs none of them.
+    Held in a forked child for the parent's lifetime, a pipe the parent's program opened (to a subprocess it
+    started, say) would never see its end: the subprocess waiting for EOF on its stdin would wait as long as the
+    helper lives; a socket would stay connected. Files stay open: a shared-memory tensor the parent held at the fork
+    (a loader's batch) owns its file's descriptor, and torch aborts the process when it frees such a tensor whose
+    descriptor was closed underneath it.
     """
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: every descriptor number up to the limit
+        fds = list(range(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536))
+    for fd in fds:
+        if fd <= 2 or fd == keep:
+            continue
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:  # not open (or /proc's own listing descriptor, closed by now)
+            continue
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            os.close(fd)
 
 
 def _picklable(err: BaseException) -> bool:

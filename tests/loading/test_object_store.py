@@ -207,6 +207,44 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.timeout(120)
+def test_the_helper_survives_freeing_shared_memory_tensors_it_inherited(
+    s3: LocalS3, s3_image_folder: str, tmp_path: Path
+) -> None:
+    """A shared-memory tensor the parent held when the helper was forked can be freed in the helper.
+
+    torch keeps such a tensor's file descriptor open and aborts the process (``could not close file descriptor``)
+    if it was closed underneath: the helper used to close every inherited descriptor, and its first garbage
+    collection of an inherited tensor (a loader's batch) killed it, failing every later bucket call.
+    """
+    script = tmp_path / "inherit.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import gc, json, sys
+            import torch
+            from lightning_fastdata.loading import object_store
+            def collect(store):
+                return gc.collect() >= 0
+
+            gc.disable()
+            tensor = torch.zeros(4096)
+            tensor.share_memory_()  # file_descriptor strategy: the storage keeps its descriptor open
+            cycle = [tensor]
+            cycle.append(cycle)
+            del tensor, cycle  # garbage that only the collector frees: still there when the helper is forked
+            storage = object_store.ObjectStorage(sys.argv[1], json.loads(sys.argv[2]))
+            print(storage.run_direct(collect), storage.list_prefixes(), flush=True)
+            """
+        )
+    )
+    args = [sys.executable, str(script), s3_image_folder, json.dumps(s3.storage_options())]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "could not close file descriptor" not in done.stderr
+    assert done.stdout.startswith("True ['class_"), done.stdout
+
+
+@pytest.mark.timeout(120)
 def test_the_helper_process_ends_when_the_process_it_serves_is_killed(
     s3: LocalS3, s3_image_folder: str, tmp_path: Path
 ) -> None:
