@@ -5,6 +5,7 @@ Writes what each rank's loader served to OUT/rank<k>-<kind>.json.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 from pathlib import Path
@@ -39,6 +40,9 @@ class Served(pl.Callback):
 if __name__ == "__main__":
     # one launch, one fit per KIND=SOURCE: the later Trainers reuse the two processes and their process group
     out, workers = Path(sys.argv[1]), int(sys.argv[2])
+    # a rank that hangs prints where every thread is, before the test's timeout kills it (seen once in ~35 runs: a
+    # rank stuck in the tensor-cache build after two fits; not reproduced since)
+    faulthandler.dump_traceback_later(200, exit=True)
     for pair in sys.argv[3:]:
         kind, source = pair.split("=", 1)
         kw = dict(image_size=16, batch_size=4, num_workers=workers, val_fraction=0)
