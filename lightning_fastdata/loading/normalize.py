@@ -95,7 +95,8 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
     pages (THP ``never``, no free huge page), which only costs the faults this avoids.
     """
     global _madvise
-    nbytes = tensor.untyped_storage().nbytes()
+    storage = tensor.untyped_storage()
+    nbytes = storage.nbytes()
     if nbytes < 2 * _HUGE_PAGE or tensor.device.type != "cpu" or not sys.platform.startswith("linux"):
         return False
     if _madvise is None:
@@ -107,7 +108,7 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
             _madvise = False
     if _madvise is False:
         return False
-    ptr = tensor.untyped_storage().data_ptr()
+    ptr = storage.data_ptr()
     start = -(-ptr // _HUGE_PAGE) * _HUGE_PAGE
     end = (ptr + nbytes) // _HUGE_PAGE * _HUGE_PAGE
     return end > start and _madvise(start, end - start, _MADV_HUGEPAGE) == 0

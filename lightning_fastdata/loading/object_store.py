@@ -37,7 +37,12 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.object_store_helper import _agent, allow_direct_calls, direct_calls_allowed
+from lightning_fastdata.loading.object_store_helper import (
+    _agent,
+    _first_line,
+    allow_direct_calls,
+    direct_calls_allowed,
+)
 from lightning_fastdata.loading.storage import ObjectStat, is_url, join_url
 
 __all__ = ["ObjectEntry", "ObjectStorage", "allow_direct_calls", "main_process_is_clean"]
@@ -80,13 +85,6 @@ class ObjectEntry:
     key: str
     size: int
     etag: str
-
-
-def _first_line(err: BaseException) -> str:
-    """The error's first line, without the server's XML body (obstore appends a debug dump)."""
-    text = str(err).strip().splitlines()
-    line = text[0] if text else type(err).__name__
-    return line.split(": <?xml")[0][:300]
 
 
 def _as_os_error(err: BaseException, url: str, credentials: str = "") -> OSError:

@@ -34,6 +34,13 @@ def direct_calls_allowed() -> bool:
     return _direct_pid == os.getpid()
 
 
+def _first_line(err: BaseException) -> str:
+    """The error's first line, without the server's XML body (obstore appends a debug dump)."""
+    text = str(err).strip().splitlines()
+    line = text[0] if text else type(err).__name__
+    return line.split(": <?xml")[0][:300]
+
+
 class _Agent:
     """A process forked (once, on first use) from the clean main process that makes its obstore calls.
 
@@ -90,7 +97,7 @@ def _agent_main(conn: Any, parent_end: Any, parent_pid: int) -> None:
         try:
             reply = (True, fn(*args))
         except BaseException as err:  # noqa: BLE001 - sent back to the caller, which raises it
-            reply = (False, err if _picklable(err) else OSError(str(err).strip().split("\n")[0][:300]))
+            reply = (False, err if _picklable(err) else OSError(_first_line(err)))
         conn.send(reply)
 
 
