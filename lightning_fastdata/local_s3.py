@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -119,13 +119,20 @@ def local_s3_server(
     config.write_text(json.dumps({"identities": [{**identity, "actions": ["Admin"]}]}))
     names = ["master", "volume", "filer", "s3", "admin"]
     ports = free_ports(2 * len(names))
-    args = [weed, "mini", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"]
+    # Everything the server writes stays in ``folder``: its logs (it writes them to /tmp by default), its local
+    # sockets and its temporary files. The volume count is fixed: left at 0, weed sizes it from the disk's free
+    # space, and on a nearly full disk it registers no capacity at all and refuses every upload.
+    (folder / "tmp").mkdir(exist_ok=True)
+    args = [weed, f"-logdir={folder}", "mini", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+    args += ["-admin.ui=false", "-volume.max=64", "-master.volumeSizeLimitMB=64"]
     for k, name in enumerate(names):
         args += [f"-{name}.port={ports[2 * k]}", f"-{name}.port.grpc={ports[2 * k + 1]}"]
+    args += [f"-filer.localSocket={folder / 'filer.sock'}", f"-s3.localSocket={folder / 's3.sock'}"]
     args += [f"-s3.config={config}", f"-bucket={bucket}"]
     log_path = folder / "weed.log"
+    env = {**os.environ, "TMPDIR": str(folder / "tmp")}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     server = LocalS3(f"http://127.0.0.1:{ports[6]}", access_key_id, secret_access_key, bucket, proc.pid)
     try:
         _wait_until_ready(server, proc, log_path)
@@ -159,7 +166,11 @@ def _wait_until_ready(server: LocalS3, proc: subprocess.Popen[bytes], log: Path,
         except OSError as err:
             last = err
             time.sleep(0.25)
-    raise TimeoutError(f"the S3 server did not answer in {seconds} s ({last}):\n{log.read_text()[-2000:]}")
+    free = shutil.disk_usage(log.parent).free / 2**20
+    raise TimeoutError(
+        f"the S3 server did not answer in {seconds} s ({last}); {free:,.0f} MiB free on the disk of {log.parent}"
+        f" (weed takes no uploads on a nearly full disk):\n{log.read_text()[-2000:]}"
+    )
 
 
 def _upload(store: Any, files: list[tuple[str, str]], inflight: int = 32) -> int:
@@ -346,12 +357,25 @@ def fault_proxy(
         stall: ``{key substring: seconds}``: the first request for matching objects waits that long.
         stall_body: ``{key substring: seconds}``: the first answer for matching objects sends its headers and half
             its body, then nothing for that long (a connection that dies mid-transfer).
-        log_dir: Where the request log goes (default: a temporary folder).
+        log_dir: Where the request log goes (default: a temporary folder, removed when the block ends).
     """
     import tempfile
 
+    with ExitStack() as stack:
+        if log_dir is None:
+            log_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="fastdata-proxy-"))
+        yield from _run_proxy(endpoint, delay, slowdown, stall, Path(log_dir), stall_body)
+
+
+def _run_proxy(
+    endpoint: str,
+    delay: float,
+    slowdown: Mapping[str, int] | None,
+    stall: Mapping[str, float] | None,
+    folder: Path,
+    stall_body: Mapping[str, float] | None,
+) -> Iterator[FaultProxy]:
     listen = free_ports(1)[0]
-    folder = Path(log_dir or tempfile.mkdtemp(prefix="fastdata-proxy-"))
     log = folder / f"proxy-{listen}.log"
     proc = get_context("fork").Process(  # fork: no re-import of the caller's __main__
         target=_proxy_main,

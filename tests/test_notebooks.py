@@ -20,11 +20,18 @@ def test_both_notebooks_exist() -> None:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs(path: Path, tmp_path: Path) -> None:
+def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     notebook = nbformat.read(path, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), "commit cleared outputs"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the kernel (and what it starts) makes its temporary files here
     NotebookClient(
         notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
+    # a notebook run by users in a loop must not fill their /tmp: it removes what it wrote
+    # (torch's own compile cache, torchinductor_<user>, is made on import and meant to be kept and reused)
+    left = [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")]
+    assert not left, "the notebook left files in the temporary folder"
     images = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert images, "the notebook should draw its figures"

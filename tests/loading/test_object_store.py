@@ -326,7 +326,8 @@ def test_the_fault_proxy_ends_when_the_process_that_started_it_is_killed(tmp_pat
     script = tmp_path / "proxy.py"
     script.write_text(
         "import time\nfrom lightning_fastdata.local_s3 import fault_proxy\n"
-        "with fault_proxy('http://127.0.0.1:9') as p:\n    print(p.pid, flush=True)\n    time.sleep(600)\n"
+        f"with fault_proxy('http://127.0.0.1:9', log_dir={str(tmp_path)!r}) as p:\n"  # killed: no clean-up of its own
+        "    print(p.pid, flush=True)\n    time.sleep(600)\n"
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
