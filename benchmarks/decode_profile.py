@@ -12,6 +12,9 @@ parameters, 224 px output), one thread:
   module does for crops under twice the output);
 - ``resize``: the decoded crop to 224 x 224 (torch's antialiased bilinear kernel, channels-last), and ``copy``
   of the result into a batch slot;
+- ``lossless crop``: the same crop decoded from ``jpegtran -crop``'s lossless crop of the file (only where
+  ``jpegtran`` is installed; Debian: ``libjpeg-turbo-progs``): the entropy decoding limited to the crop's iMCUs,
+  what a per-image entropy index would leave;
 - ``whole path``: ``decode_resized_crop`` as the loader calls it (the draft path for crops at least twice the
   output).
 
@@ -27,6 +30,8 @@ import io
 import json
 import os
 import platform
+import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -160,6 +165,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         stages["ROI decode at 1/8 of the crop's rows: its entropy-decoding floor"] = _per_image_ms(
             lambda i: roi_at(i, 1, True), n
         )
+    jpegtran = shutil.which("jpegtran")  # Debian: libjpeg-turbo-progs
+    if crops and jpegtran:
+        # The same crops, decoded from a lossless crop of the file (jpegtran moves the corner to the iMCU grid):
+        # the Huffman decoding then covers only the crop's iMCUs, not every row down to its bottom edge. This is
+        # what a per-image entropy index (bit offset and DC predictors at iMCU positions) would leave to decode.
+        cut = []
+        for (top, left, h, w), blob in zip(boxes, blobs, strict=True):
+            spec = f"{w}x{h}+{left}+{top}"
+            small = subprocess.run([jpegtran, "-crop", spec, "-copy", "none"], input=blob, capture_output=True)
+            assert small.returncode == 0, small.stderr
+            sw, sh, _ = roi.header(small.stdout)
+            cut.append((small.stdout, sh - h, sw - w))
+        stages["ROI decode of the crop from a lossless crop of the file (jpegtran): Huffman of the crop only"] = (
+            _per_image_ms(lambda i: roi.decode_crop(cut[i][0], cut[i][1], cut[i][2], *boxes[i][2:], buf), n)
+        )
+        kept = np.mean([len(c[0]) for c in cut]) / np.mean([len(b) for b in blobs])
+        print(f"lossless crops: {kept:.0%} of the bytes")
     stages["copy 224 x 224 x 3 into a batch slot"] = _per_image_ms(lambda i: out.copy_(resized), n)
     for size in (args.size, args.size // 2):
         slot = torch.empty(3, size, size, dtype=torch.uint8)
