@@ -30,7 +30,7 @@ setup(
     ext_modules=[
         Extension(
             "lightning_fastdata._ext._jpegroi",
-            ["lightning_fastdata/_ext/jpegroi.c"],
+            ["lightning_fastdata/_ext/jpegroi.c", "lightning_fastdata/_ext/jpegindex.c"],
             libraries=["jpeg"],
             extra_compile_args=["-O2"],
             optional=True,

@@ -126,12 +126,28 @@ def baseline_loader(root: str, size: int, batch_size: int, workers: int) -> torc
 
 
 def ours_module(
-    root: str, size: int, batch_size: int, workers: int, exact_decode: bool = False
+    root: str,
+    size: int,
+    batch_size: int,
+    workers: int,
+    exact_decode: bool = False,
+    entropy_index_dir: str | None = None,
 ) -> ImageFolderDataModule:
-    """Our DataModule with the same data, size, batch size and workers."""
+    """Our DataModule with the same data, size, batch size and workers.
+
+    With ``entropy_index_dir``: ``entropy_index=True``, its index built there (``prepare_data``) before timing.
+    """
     dm = ImageFolderDataModule(
-        root, val_fraction=0.0, image_size=size, batch_size=batch_size, num_workers=workers, exact_decode=exact_decode
+        root,
+        val_fraction=0.0,
+        image_size=size,
+        batch_size=batch_size,
+        num_workers=workers,
+        exact_decode=exact_decode,
+        index_dir=entropy_index_dir,
+        entropy_index=entropy_index_dir is not None,
     )
+    dm.prepare_data()
     dm.setup("fit")
     return dm
 

@@ -13,6 +13,8 @@
 #include <jpeglib.h>
 #include <jerror.h>
 
+#include "jpegindex.h"
+
 typedef struct {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
@@ -150,6 +152,10 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS, "header(data) -> (width, height, jpeg_color_space)"},
     {"decode_crop", decode_crop, METH_VARARGS, "decode_crop(data, top, left, height, width, out[, to_end[, scale_num[, fast_idct]]]) -> (x_shift, decoded_width)"},
+    {"entropy_index", entropy_index, METH_VARARGS,
+     "entropy_index(data) -> bytes | None: bit offset and DC predictors at every MCU (jpegindex.c)"},
+    {"crop_jpeg", crop_jpeg, METH_VARARGS,
+     "crop_jpeg(data, index, row0, row1, col0, col1) -> bytes | None: a JPEG of those MCUs (jpegindex.c)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegroi", "ROI JPEG decode (libjpeg-turbo).", -1, methods};

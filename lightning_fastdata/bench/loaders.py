@@ -15,6 +15,8 @@ Suite ``folder`` (rows):
 - ``ImageFolderDataModule``: our train loader, uint8 batches as they reach the device;
 - ``ImageFolderDataModule (exact_decode=True)``: the same with every crop decoded at full size with the exact
   IDCT (no DCT-domain scaling, no fast IDCT): what the defaults gain, in the same run;
+- ``ImageFolderDataModule (entropy_index=True)``: the same with each crop entropy-decoded alone, from the
+  entropy index built in ``--scratch`` before timing (the same pixels; where the compiled decoder is installed);
 - ``ImageFolderDataModule + CPU normalise``: the same, plus the float normalisation in the main process
   (what a CPU-only run pays; on a GPU it runs on the device);
 - ``decode ceiling``: one process reading and fully decoding every file (PIL and torchvision's
@@ -53,6 +55,7 @@ from lightning_fastdata.bench.hdf5 import hdf5_suite
 from lightning_fastdata.bench.scale import scale_suite
 from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
+from lightning_fastdata.loading.entropy_index import entropy_index_available
 from lightning_fastdata.measure import (
     Candidate,
     baseline_loader,
@@ -74,6 +77,10 @@ def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str
     for workers in args.workers:
         dm = ours_module(args.root, args.image_size, args.batch_size, workers)
         exact = ours_module(args.root, args.image_size, args.batch_size, workers, exact_decode=True)
+        indexed = None
+        if entropy_index_available():
+            where = os.path.join(args.scratch, "entropy-index")
+            indexed = ours_module(args.root, args.image_size, args.batch_size, workers, entropy_index_dir=where)
 
         candidates: list[Candidate] = [
             (
@@ -85,6 +92,8 @@ def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str
             ("ImageFolderDataModule (exact_decode=True)", exact.train_dataloader, count_images),
             ("ImageFolderDataModule + CPU normalise", dm.train_dataloader, count_normalised(dm)),
         ]
+        if indexed is not None:
+            candidates.insert(2, ("ImageFolderDataModule (entropy_index=True)", indexed.train_dataloader, count_images))
         rows += rows_for(measure(candidates, args.repeats, args.min_seconds), workers, best_ceiling)
     return rows
 

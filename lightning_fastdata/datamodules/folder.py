@@ -17,6 +17,7 @@ from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.bucket_index import DEFAULT_INDEX_TTL, bucket_classes, indexed_bucket
+from lightning_fastdata.loading.entropy_index import build_entropy_index, entropy_index_available, load_entropy_index
 from lightning_fastdata.loading.index import FileIndex, contains_path, find_classes
 from lightning_fastdata.loading.index_store import indexed_folder
 from lightning_fastdata.loading.object_store import ObjectStorage
@@ -154,6 +155,10 @@ class ImageFolderDataModule(FastDataModule):
             ``max_retries``, ``retry_timeout`` (:class:`~lightning_fastdata.loading.object_store.ObjectStorage`).
             ``None``: the environment's (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, roles).
         index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused before the bucket is listed again.
+        entropy_index: Build an entropy index of the training JPEGs in ``index_dir`` (``prepare_data`` reads every
+            file once; reused while the file list is the same) and decode each crop from its own bits alone:
+            the same pixels, ~0.15 ms less per 500 x 375 image at 224 px (:mod:`~lightning_fastdata.loading.
+            entropy_index`; ~7% of the JPEG bytes on disk). Needs ``index_dir``. Worth it from a few epochs.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).
 
@@ -169,20 +174,38 @@ class ImageFolderDataModule(FastDataModule):
         index_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
         index_ttl: float = DEFAULT_INDEX_TTL,
+        entropy_index: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         save_init_hparams(self)
+        if entropy_index and index_dir is None:
+            raise InvalidValueError(
+                "entropy_index=True needs index_dir: a folder of ours (node-local, never inside the data) to keep "
+                "the index in, e.g. index_dir='/local/nvme/fastdata-index'."
+            )
+        if entropy_index and not entropy_index_available():
+            raise InvalidValueError(
+                "entropy_index=True needs the compiled JPEG decoder, which this install lacks (it was built without "
+                "libjpeg-turbo's headers): install libjpeg62-turbo-dev or libjpeg-turbo8-dev and reinstall."
+            )
+        self.entropy_index = bool(entropy_index)
         self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl)
         self.classes = self.source.classes
 
     @override
     def prepare_data(self) -> None:
-        """With ``index_dir``: scan the folder(s) once here (one process per node), so every rank reuses it."""
+        """With ``index_dir``: scan the folder(s) once here (one process per node), so every rank reuses it.
+
+        With ``entropy_index``, also build (or check and reuse) the training files' entropy index there.
+        """
         if self.source.index_dir is not None:
             self.source.index(self.source.root)
             if self.source.val_root is not None:
                 self.source.index(self.source.val_root)
+        if self.entropy_index:
+            train_index, _ = self.source.indexes(self.split)
+            build_entropy_index(train_index, self.source.storages[self.source.root], self.source.index_dir)  # type: ignore[arg-type]
 
     @property
     def num_classes(self) -> int:
@@ -193,6 +216,14 @@ class ImageFolderDataModule(FastDataModule):
         """Scan the folder(s) once and build the train and validation datasets."""
         train_index, val_index = self.source.indexes(self.split)
         options = self.source.storage_options
-        train = ImageFolderDataset(train_index, options, train=True, **self.dataset_kwargs)
+        entropy = None
+        if self.entropy_index:
+            entropy = load_entropy_index(self.source.index_dir, train_index)  # type: ignore[arg-type]
+            if entropy is None:
+                rank_zero_warn(
+                    "lightning_fastdata: entropy_index=True but no index of these files in index_dir: call "
+                    "prepare_data() first (the Trainer does); decoding without it."
+                )
+        train = ImageFolderDataset(train_index, options, entropy, train=True, **self.dataset_kwargs)
         val = None if val_index is None else ImageFolderDataset(val_index, options, train=False, **self.dataset_kwargs)
         return train, val

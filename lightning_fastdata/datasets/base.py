@@ -147,6 +147,10 @@ class AugmentedImageDataset(Dataset):
         """Name sample ``index`` in messages (a file path, or ``file[key][index]``)."""
         return f"sample {index}"
 
+    def entropy_index_of(self, index: int) -> bytes | None:
+        """Sample ``index``'s entropy index (see :mod:`lightning_fastdata.loading.entropy_index`), if it has one."""
+        return None
+
     # -- shared ----------------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.targets)
@@ -171,7 +175,12 @@ class AugmentedImageDataset(Dataset):
         return index, (np.random.default_rng(entropy) if self.train else None)
 
     def _render(
-        self, out: torch.Tensor, source: bytes | torch.Tensor, rng: np.random.Generator | None, name: str
+        self,
+        out: torch.Tensor,
+        source: bytes | torch.Tensor,
+        rng: np.random.Generator | None,
+        name: str,
+        entropy_index: bytes | None = None,
     ) -> None:
         """Write the (augmented) resized crop of ``source`` into ``out``."""
         if rng is None:
@@ -189,7 +198,9 @@ class AugmentedImageDataset(Dataset):
             top, left, h, w = box_fn(int(source.shape[2]), int(source.shape[1]))
             resize_crop_into(out, source[:, top : top + h, left : left + w], flip)
         else:
-            decode_resized_crop(source, out, box_fn, flip=flip, name=name, exact=self.exact_decode)
+            decode_resized_crop(
+                source, out, box_fn, flip=flip, name=name, exact=self.exact_decode, entropy_index=entropy_index
+            )
 
     def _skip(self, key: int | SampleKey, index: int, err: BaseException) -> None:
         if self.on_corrupt == "raise":
@@ -224,7 +235,7 @@ class AugmentedImageDataset(Dataset):
             try:
                 if isinstance(source, OSError):
                     raise source
-                self._render(images[slot], source, rng, self.describe(index))
+                self._render(images[slot], source, rng, self.describe(index), self.entropy_index_of(index))
             except OSError as err:
                 self._skip(key, index, err)
                 kept[slot] = False

@@ -9,7 +9,9 @@ from typing import Any
 import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.bucket_index import list_bucket_folder
+from lightning_fastdata.loading.entropy_index import EntropyIndexes
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
 from lightning_fastdata.loading.object_store import ObjectStorage
 from lightning_fastdata.loading.storage import is_url
@@ -33,6 +35,9 @@ class ImageFolderDataset(AugmentedImageDataset):
         storage_options: Object-store settings for a URL root (credentials, endpoint, ``max_inflight``,
             ``timeout``, ...: :class:`~lightning_fastdata.loading.object_store.ObjectStorage`); ``None``: the
             environment's (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
+        entropy_indexes: The entropy indexes of these files, in this order
+            (:func:`~lightning_fastdata.loading.entropy_index.build_entropy_index`): JPEG crops are then
+            entropy-decoded alone, the same pixels with less work. ``None``: decoded from the top of each image.
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`
             (``train``, ``image_size``, ``scale``, ``ratio``, ``crop_fraction``, ``seed``, ``on_corrupt``:
             ``"raise"`` names a corrupt file, ``"skip"`` logs it, leaves it out of its batch and counts it).
@@ -42,7 +47,13 @@ class ImageFolderDataset(AugmentedImageDataset):
         FileNotFoundError: If ``root`` is missing, has no class folder, or a class has no image.
     """
 
-    def __init__(self, root: str | FileIndex, storage_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        root: str | FileIndex,
+        storage_options: dict[str, Any] | None = None,
+        entropy_indexes: EntropyIndexes | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if isinstance(root, FileIndex):
             self.index = root
@@ -53,6 +64,16 @@ class ImageFolderDataset(AugmentedImageDataset):
         else:
             self.index = scan_image_folder(os.fspath(root))
             self.storage = open_storage(self.index.root, storage_options)
+        if entropy_indexes is not None and len(entropy_indexes) != len(self.index):
+            raise InvalidValueError(
+                f"entropy_indexes holds {len(entropy_indexes)} files, this dataset {len(self.index)}: build it from "
+                "this dataset's own file list (build_entropy_index(dataset.index, ...))."
+            )
+        self.entropy_indexes = entropy_indexes
+
+    def entropy_index_of(self, index: int) -> bytes | None:
+        """The file's entropy index, if one was built (``entropy_indexes``)."""
+        return None if self.entropy_indexes is None else self.entropy_indexes.get(index)
 
     @property
     def classes(self) -> tuple[str, ...]:

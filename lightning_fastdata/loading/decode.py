@@ -26,9 +26,11 @@ same pixels as ``decode_jpeg`` of the whole image, cropped.
 from __future__ import annotations
 
 import io
+import logging
 import math
 import os
 import re
+import struct
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -55,6 +57,8 @@ __all__ = [
 
 #: A crop in full-resolution pixel coordinates, ``(top, left, height, width)``.
 Box = tuple[int, int, int, int]
+
+log = logging.getLogger("lightning_fastdata")
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -241,10 +245,70 @@ def _open_image(data: bytes) -> Image.Image:
     return img
 
 
+def _mcu_span(start: int, length: int, mcu: int, count: int, slack: int) -> tuple[int, int]:
+    """The MCUs ``[first, end)`` that hold pixels ``[start, start + length)``, with a margin where needed.
+
+    One more MCU on a side whose edge is within ``slack`` pixels of the span's edge: the chroma upsampling at the
+    crop's edge reads the neighbouring chroma samples, which must be decoded for the same pixels.
+    """
+    first, end = start // mcu, -(-(start + length) // mcu)
+    if start - first * mcu < slack and first > 0:
+        first -= 1
+    if end * mcu - (start + length) < slack and end < count:
+        end += 1
+    return first, end
+
+
+def _decode_indexed(
+    data: bytes, index: bytes, box: Box, size: tuple[int, int], scale: int, fast_idct: bool
+) -> torch.Tensor | None:
+    """The crop decoded from a small JPEG of its MCUs alone (see :mod:`lightning_fastdata.loading.entropy_index`).
+
+    ``None`` where that is not possible (the file's DC table lacks a code, or the crop spans the whole image), or
+    where the index was built from other bytes (the file changed: logged once); the caller then decodes the file.
+    """
+    per_row, rows, mcu_w, mcu_h = _INDEX_GEOMETRY.unpack_from(index, 4)
+    top, left, h, w = box
+    r0, r1 = _mcu_span(top, h, mcu_h, rows, 2 * scale)
+    c0, c1 = _mcu_span(left, w, mcu_w, per_row, 2 * scale)
+    if (r1 - r0) * (c1 - c0) == rows * per_row:
+        return None
+    try:
+        small = _jpegroi.crop_jpeg(data, index, r0, r1, c0, c1)
+    except KeyError:
+        _warn_stale_index()
+        return None
+    if small is None:
+        return None
+    sub = (min(c1 * mcu_w, size[0]) - c0 * mcu_w, min(r1 * mcu_h, size[1]) - r0 * mcu_h)
+    shifted = (top - r0 * mcu_h, left - c0 * mcu_w, h, w)
+    return _decode_roi(small, _scaled_box(shifted, sub, scale), fast_idct, scale_num=8 // scale)
+
+
+_INDEX_GEOMETRY = struct.Struct("<4H")
+_STALE_WARNED: list[bool] = []
+
+
+def _warn_stale_index() -> None:
+    if not _STALE_WARNED:
+        _STALE_WARNED.append(True)
+        log.warning(
+            "An image's entropy index was built from other bytes (the file changed since): it is decoded without "
+            "it. Rebuild the index (delete it, or let the DataModule's prepare_data check it) to get the speed back."
+        )
+
+
 def _decode_crop(
-    data: bytes, box_fn: Callable[[int, int], Box], out_hw: tuple[int, int], exact: bool = False
+    data: bytes,
+    box_fn: Callable[[int, int], Box],
+    out_hw: tuple[int, int],
+    exact: bool = False,
+    entropy_index: bytes | None = None,
 ) -> torch.Tensor:
     """Pick the cheapest decoder for this crop; return the crop as ``3 x h x w`` uint8 (any strides).
+
+    With ``entropy_index`` (this file's, from :func:`~lightning_fastdata.loading.entropy_index.build_entropy_index`)
+    a JPEG crop is entropy-decoded alone rather than with every row above it (the same pixels).
 
     A crop at least twice the output comes back DCT-scaled (smaller, same content), unless ``exact``. Raises
     ``OSError`` for bad image data (corrupt, truncated, too large); anything else is a bug and propagates.
@@ -257,6 +321,10 @@ def _decode_crop(
         _check_box(box, width, height)
         scale = 1 if exact else _draft_scale(box, out_hw)
         if color_space in _ROI_COLOR_SPACES:  # the crop's rows and columns, at 1 / scale in the DCT domain
+            if entropy_index is not None:
+                crop = _decode_indexed(data, entropy_index, box, (width, height), scale, not exact)
+                if crop is not None:
+                    return crop
             return _decode_roi(data, _scaled_box(box, (width, height), scale), not exact, scale_num=8 // scale)
         img = _open_image(data)
     else:
@@ -281,6 +349,7 @@ def decode_resized_crop(
     flip: bool = False,
     name: str = "<bytes>",
     exact: bool = False,
+    entropy_index: bytes | None = None,
 ) -> None:
     """Decode ``data`` and write the resized crop ``box_fn(width, height)`` into ``out`` as RGB.
 
@@ -294,13 +363,15 @@ def decode_resized_crop(
         name: The file name to put in error messages.
         exact: Decode at full size with the exact inverse DCT (the pixels of ``decode_jpeg``, cropped) instead of
             the fast IDCT and, for crops at least twice the output, DCT-domain scaling (see the module notes).
+        entropy_index: This file's entropy index, if one was built: the crop is then entropy-decoded alone (the
+            same pixels, less work); ``None``: the crop's rows are entropy-decoded from the top of the image.
 
     Raises:
         OSError: If the image data is corrupt or truncated, or larger than PIL's decompression-bomb limit; the
             message names ``name``. Other errors (a bug, not the file) propagate unchanged.
     """
     try:
-        crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])), exact)
+        crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])), exact, entropy_index)
     except OSError as err:  # only errors about the image data are OSError here (see _decode_crop)
         why = _IN_MEMORY_FILE.sub("", str(err))  # PIL names our in-memory copy, not the user's file
         raise DataError(

@@ -27,8 +27,9 @@ def test_bench_folder_suite_prints_a_table_and_writes_json(tmp_path: Path, capsy
         ("baseline (torchvision ImageFolder)", 0),
         ("ImageFolderDataModule", 0),
     ]
-    assert len(rows) == 8 and all(r["images_per_s"] > 0 for r in rows)
+    assert len(rows) == 10 and all(r["images_per_s"] > 0 for r in rows)
     assert "| ImageFolderDataModule (exact_decode=True) | 2 |" in printed
+    assert "| ImageFolderDataModule (entropy_index=True) | 2 |" in printed  # its index built before timing
     assert rows[0]["vs_baseline"] == 1.0 and result["data"]["files"] == 24
 
 

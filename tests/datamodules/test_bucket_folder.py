@@ -79,3 +79,21 @@ def test_fit_from_a_bucket_with_workers_and_no_secret_in_the_checkpoint(
     assert saved["access_key_id"] == s3.access_key_id and "secret_access_key" not in saved
     assert s3.secret_access_key not in repr(ckpt)
     assert main_process_is_clean()
+
+
+def test_entropy_index_built_from_the_bucket_gives_the_local_folders_batches(
+    s3: LocalS3, s3_image_folder: str, image_folder: Path, tmp_path: Path
+) -> None:
+    kw = dict(image_size=24, batch_size=5, num_workers=2, val_fraction=0.3, seed=3)
+    bucket = ImageFolderDataModule(
+        s3_image_folder, storage_options=s3.storage_options(), index_dir=str(tmp_path / "idx"), entropy_index=True, **kw
+    )
+    bucket.prepare_data()  # every object read once, in a process pool, from the bucket
+    assert list((tmp_path / "idx").glob("entropy-*/meta.json"))
+    local = ImageFolderDataModule(str(image_folder), **kw)
+    got, want = batches(bucket), batches(local)
+    assert bucket.train_dataset.entropy_index_of(0) is not None  # type: ignore[union-attr]
+    assert len(got) == len(want) > 1
+    for (gi, gl), (wi, wl) in zip(got, want):
+        assert torch.equal(gl, wl) and torch.equal(gi, wi)
+    assert main_process_is_clean()

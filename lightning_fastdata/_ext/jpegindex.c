@@ -1,0 +1,520 @@
+/* Entropy index for baseline JPEGs: decode a crop without entropy-decoding the rest of the image.
+ *
+ * A baseline JPEG without restart markers is one Huffman-coded bit stream: to reach a crop, libjpeg decodes
+ * every MCU before the crop's last one. entropy_index() walks the stream once and records, at the start of
+ * every MCU, the bit offset (in the stream with its 0xFF00 stuffing removed) and each component's DC predictor.
+ * crop_jpeg() then assembles a small, valid JPEG of a rectangle of MCUs: the same header with the rectangle's
+ * size, a restart interval of one MCU row, and per row the original bits of its MCUs, where only the first DC
+ * difference of each component is re-encoded (after a restart the predictor is zero). Its coefficients are the
+ * original's, so decoding it gives the original's pixels wherever the rectangle has a margin of one MCU.
+ *
+ * Supported: 8-bit baseline/extended sequential Huffman JPEGs, one interleaved scan of all components (or one
+ * component with 1x1 sampling), no restart markers. Anything else returns None and the caller decodes as before;
+ * so does a DC value the file's own DC table cannot encode (optimised tables may lack a category).
+ * No libjpeg here: only the marker parser and a Huffman decoder; the pixels come from libjpeg (jpegroi.c). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jpegindex.h"
+
+#define MAX_COMP 3
+#define PAD 16 /* zero bytes after the unstuffed stream: peek64 may read 8 bytes past any position */
+
+typedef struct {
+    uint8_t bits[17];
+    uint8_t vals[256];
+    int32_t maxcode[17];
+    int32_t valoff[17];
+    uint16_t lut[512]; /* 9-bit lookahead: (length << 8) | symbol; 0 = a longer code */
+    uint16_t code[256];
+    uint8_t size[256]; /* 0: the symbol has no code (for encoding DC categories) */
+    int defined;
+} htable;
+
+typedef struct {
+    int width, height, ncomp;
+    int h[MAX_COMP], v[MAX_COMP], dc_tbl[MAX_COMP], ac_tbl[MAX_COMP]; /* in scan order */
+    int mcu_w, mcu_h, mcus_per_row, mcu_rows;
+    size_t sof_dims;   /* offset of the SOF's height field */
+    size_t sos_start;  /* offset of the SOS marker */
+    size_t data_start; /* first byte of the entropy-coded data */
+    htable dc[4], ac[4];
+} jinfo;
+
+typedef struct {
+    uint32_t bitpos;
+    int16_t dc[MAX_COMP];
+} entry;
+
+#define HEADER_BYTES 24 /* "FDX1", MCUs per row, MCU rows, MCU width, height (u16), file length (u32), hash (u64) */
+
+/* A fast 64-bit hash of the whole file: an index is used only with the very bytes it was built from. */
+static uint64_t file_hash(const uint8_t *d, size_t n) {
+    uint64_t h[4] = {0x9E3779B97F4A7C15ull ^ (uint64_t)n, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
+                     0x27D4EB2F165667C5ull},
+             w[4];
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) { /* four independent lanes: the multiplies overlap */
+        memcpy(w, d + i, 32);
+        for (int k = 0; k < 4; k++) {
+            h[k] = (h[k] ^ w[k]) * 0xFF51AFD7ED558CCDull;
+            h[k] ^= h[k] >> 32;
+        }
+    }
+    uint64_t x = h[0] ^ (h[1] * 0x9E3779B97F4A7C15ull) ^ (h[2] * 0xC4CEB9FE1A85EC53ull) ^ (h[3] * 0xFF51AFD7ED558CCDull);
+    for (; i < n; i++) x = (x ^ d[i]) * 0xC4CEB9FE1A85EC53ull;
+    return x ^ (x >> 29);
+}
+#define ENTRY_BYTES 10
+
+static int build_table(htable *t) {
+    int32_t code = 0;
+    int k = 0;
+    memset(t->lut, 0, sizeof t->lut);
+    memset(t->size, 0, sizeof t->size);
+    for (int l = 1; l <= 16; l++) {
+        t->valoff[l] = k - code;
+        for (int i = 0; i < t->bits[l]; i++, k++, code++) {
+            int sym = t->vals[k];
+            if (l <= 9) {
+                int lo = code << (9 - l), count = 1 << (9 - l);
+                for (int x = 0; x < count; x++) t->lut[lo + x] = (uint16_t)((l << 8) | sym);
+            }
+            if (!t->size[sym]) {
+                t->code[sym] = (uint16_t)code;
+                t->size[sym] = (uint8_t)l;
+            }
+        }
+        t->maxcode[l] = t->bits[l] ? code - 1 : -1;
+        if (code > (1 << l)) return -1; /* more codes than the length allows: a broken table */
+        code <<= 1;
+    }
+    t->defined = 1;
+    return 0;
+}
+
+static int parse(const uint8_t *d, size_t n, jinfo *j) {
+    int ids[MAX_COMP], sof_h[MAX_COMP], sof_v[MAX_COMP], have_sof = 0;
+    memset(j, 0, sizeof *j);
+    if (n < 4 || d[0] != 0xFF || d[1] != 0xD8) return -1;
+    size_t pos = 2;
+    while (pos + 4 <= n) {
+        if (d[pos] != 0xFF) return -1;
+        while (pos < n && d[pos] == 0xFF) pos++;
+        if (pos + 3 > n) return -1;
+        int m = d[pos++];
+        if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) continue;
+        if (m == 0xD8 || m == 0xD9) return -1;
+        size_t len = ((size_t)d[pos] << 8) | d[pos + 1];
+        if (len < 2 || pos + len > n) return -1;
+        const uint8_t *s = d + pos + 2;
+        size_t slen = len - 2;
+        if (m == 0xC0 || m == 0xC1) {
+            if (slen < 6 || s[0] != 8) return -1;
+            j->height = (s[1] << 8) | s[2];
+            j->width = (s[3] << 8) | s[4];
+            j->ncomp = s[5];
+            if ((j->ncomp != 1 && j->ncomp != 3) || slen < 6 + 3 * (size_t)j->ncomp || !j->width || !j->height)
+                return -1;
+            for (int c = 0; c < j->ncomp; c++) {
+                ids[c] = s[6 + 3 * c];
+                sof_h[c] = s[7 + 3 * c] >> 4;
+                sof_v[c] = s[7 + 3 * c] & 15;
+                if (sof_h[c] < 1 || sof_h[c] > 2 || sof_v[c] < 1 || sof_v[c] > 2) return -1;
+            }
+            j->sof_dims = pos + 3;
+            have_sof = 1;
+        } else if ((m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC)) {
+            return -1; /* progressive, lossless, arithmetic-coded, hierarchical */
+        } else if (m == 0xC4) {
+            size_t k = 0;
+            while (k < slen) {
+                int tc = s[k] >> 4, th = s[k] & 15;
+                if (tc > 1 || th > 3 || k + 17 > slen) return -1;
+                htable *t = tc ? &j->ac[th] : &j->dc[th];
+                int total = 0;
+                t->bits[0] = 0;
+                for (int l = 1; l <= 16; l++) total += (t->bits[l] = s[k + l]);
+                if (total > 256 || k + 17 + (size_t)total > slen) return -1;
+                memcpy(t->vals, s + k + 17, (size_t)total);
+                if (build_table(t)) return -1;
+                k += 17 + (size_t)total;
+            }
+        } else if (m == 0xDD) {
+            if (slen < 2 || ((s[0] << 8) | s[1]) != 0) return -1; /* restart markers: not indexed */
+        } else if (m == 0xDA) {
+            if (!have_sof || slen < 1) return -1;
+            int ns = s[0];
+            if (ns != j->ncomp || slen < 1 + 2 * (size_t)ns + 3) return -1;
+            int hmax = 1, vmax = 1;
+            for (int c = 0; c < ns; c++) {
+                int cs = s[1 + 2 * c], which = -1;
+                for (int q = 0; q < j->ncomp; q++)
+                    if (ids[q] == cs) which = q;
+                if (which < 0) return -1;
+                j->h[c] = sof_h[which];
+                j->v[c] = sof_v[which];
+                j->dc_tbl[c] = s[2 + 2 * c] >> 4;
+                j->ac_tbl[c] = s[2 + 2 * c] & 15;
+                if (j->dc_tbl[c] > 3 || j->ac_tbl[c] > 3) return -1;
+                if (!j->dc[j->dc_tbl[c]].defined || !j->ac[j->ac_tbl[c]].defined) return -1;
+                if (j->h[c] > hmax) hmax = j->h[c];
+                if (j->v[c] > vmax) vmax = j->v[c];
+            }
+            const uint8_t *tail = s + 1 + 2 * ns;
+            if (tail[0] != 0 || tail[1] != 63 || tail[2] != 0) return -1;
+            if (ns == 1 && (j->h[0] != 1 || j->v[0] != 1)) return -1;
+            j->mcu_w = 8 * hmax;
+            j->mcu_h = 8 * vmax;
+            j->mcus_per_row = (j->width + j->mcu_w - 1) / j->mcu_w;
+            j->mcu_rows = (j->height + j->mcu_h - 1) / j->mcu_h;
+            j->sos_start = pos - 2;
+            j->data_start = pos + len;
+            return 0;
+        }
+        pos += len;
+    }
+    return -1;
+}
+
+/* The entropy-coded data without its 0xFF00 stuffing, up to the first marker, then PAD zero bytes. */
+static uint8_t *unstuff(const uint8_t *d, size_t n, size_t start, size_t *out_len) {
+    uint8_t *u = (uint8_t *)malloc(n - start + PAD);
+    if (u == NULL) return NULL;
+    size_t i = start, o = 0;
+    while (i < n) {
+        const uint8_t *ff = (const uint8_t *)memchr(d + i, 0xFF, n - i);
+        size_t stop = ff ? (size_t)(ff - d) : n;
+        memcpy(u + o, d + i, stop - i);
+        o += stop - i;
+        i = stop;
+        if (ff == NULL || i + 1 >= n || d[i + 1] != 0x00) break;
+        u[o++] = 0xFF;
+        i += 2;
+    }
+    memset(u + o, 0, PAD);
+    *out_len = o;
+    return u;
+}
+
+static inline uint64_t peek64(const uint8_t *u, uint64_t p) {
+    uint64_t w;
+    memcpy(&w, u + (p >> 3), 8);
+    return __builtin_bswap64(w) << (p & 7);
+}
+
+static inline int decode_sym(const htable *t, const uint8_t *u, uint64_t *p) {
+    uint64_t w = peek64(u, *p);
+    unsigned e = t->lut[w >> 55];
+    if (e >> 8) {
+        *p += e >> 8;
+        return (int)(e & 0xFF);
+    }
+    for (int l = 10; l <= 16; l++) {
+        int32_t c = (int32_t)(w >> (64 - l));
+        if (c <= t->maxcode[l]) {
+            *p += (uint64_t)l;
+            return t->vals[t->valoff[l] + c];
+        }
+    }
+    return -1;
+}
+
+static inline int extend(uint32_t v, int s) { return v < (1u << (s - 1)) ? (int)v - (1 << s) + 1 : (int)v; }
+
+/* One block's DC difference (returned through diff) and AC coefficients, skipped. */
+static inline int skip_block(const jinfo *j, int c, const uint8_t *u, uint64_t *p, int *diff) {
+    int s = decode_sym(&j->dc[j->dc_tbl[c]], u, p);
+    if (s < 0 || s > 11) return -1;
+    *diff = 0;
+    if (s) {
+        *diff = extend((uint32_t)(peek64(u, *p) >> (64 - s)), s);
+        *p += (uint64_t)s;
+    }
+    const htable *ac = &j->ac[j->ac_tbl[c]];
+    for (int k = 1; k < 64; k++) {
+        int rs = decode_sym(ac, u, p);
+        if (rs < 0) return -1;
+        int r = rs >> 4, size = rs & 15;
+        if (size) {
+            k += r;
+            *p += (uint64_t)size;
+        } else {
+            if (r != 15) break;
+            k += 15;
+        }
+    }
+    return 0;
+}
+
+static void put_u16(uint8_t *o, int v) {
+    o[0] = (uint8_t)(v & 0xFF);
+    o[1] = (uint8_t)((v >> 8) & 0xFF);
+}
+
+static int get_u16(const uint8_t *o) { return o[0] | (o[1] << 8); }
+
+PyObject *entropy_index(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    const uint8_t *d = (const uint8_t *)data.buf;
+    size_t n = (size_t)data.len;
+    jinfo j;
+    uint8_t *u = NULL, *out = NULL;
+    size_t ulen = 0, total = 0;
+    int ok = 0, nomem = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (parse(d, n, &j) == 0 && (u = unstuff(d, n, j.data_start, &ulen)) != NULL) {
+        total = (size_t)j.mcus_per_row * (size_t)j.mcu_rows;
+        uint64_t limit = (uint64_t)ulen * 8;
+        out = (uint8_t *)malloc(HEADER_BYTES + (total + 1) * ENTRY_BYTES);
+        if (out == NULL) {
+            nomem = 1;
+        } else if (limit < ((uint64_t)1 << 32) && n < ((size_t)1 << 32)) {
+            memcpy(out, "FDX1", 4);
+            put_u16(out + 4, j.mcus_per_row);
+            put_u16(out + 6, j.mcu_rows);
+            put_u16(out + 8, j.mcu_w);
+            put_u16(out + 10, j.mcu_h);
+            uint32_t len32 = (uint32_t)n;
+            uint64_t hash = file_hash(d, n);
+            memcpy(out + 12, &len32, 4);
+            memcpy(out + 16, &hash, 8);
+            uint64_t p = 0;
+            int dc[MAX_COMP] = {0, 0, 0};
+            ok = 1;
+            for (size_t m = 0; m <= total && ok; m++) {
+                uint8_t *e = out + HEADER_BYTES + m * ENTRY_BYTES;
+                uint32_t bp = (uint32_t)p;
+                memcpy(e, &bp, 4);
+                for (int c = 0; c < MAX_COMP; c++) {
+                    int16_t v = (int16_t)(c < j.ncomp ? dc[c] : 0);
+                    memcpy(e + 4 + 2 * c, &v, 2);
+                }
+                if (m == total) break;
+                for (int c = 0; c < j.ncomp && ok; c++)
+                    for (int b = 0; b < j.h[c] * j.v[c]; b++) {
+                        int diff;
+                        if (skip_block(&j, c, u, &p, &diff) || p > limit) {
+                            ok = 0;
+                            break;
+                        }
+                        dc[c] += diff;
+                    }
+            }
+        }
+    }
+    free(u);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (nomem) return PyErr_NoMemory();
+    if (!ok) {
+        free(out);
+        Py_RETURN_NONE;
+    }
+    PyObject *result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)(HEADER_BYTES + (total + 1) * ENTRY_BYTES));
+    free(out);
+    return result;
+}
+
+typedef struct {
+    uint8_t *o;
+    size_t n;
+    uint64_t acc;
+    int nb;
+} bitwriter;
+
+static inline void put_bits(bitwriter *w, uint32_t v, int s) {
+    if (s == 0) return;
+    w->acc = (w->acc << s) | (v & (uint32_t)((1ull << s) - 1));
+    w->nb += s;
+    if (w->nb >= 32) {
+        uint32_t word = (uint32_t)(w->acc >> (w->nb - 32));
+        uint32_t x = ~word; /* a byte of word is 0xFF where a byte of x is zero */
+        if (!((x - 0x01010101u) & ~x & 0x80808080u)) {
+            uint32_t be = __builtin_bswap32(word);
+            memcpy(w->o + w->n, &be, 4);
+            w->n += 4;
+            w->nb -= 32;
+        }
+    }
+    while (w->nb >= 8) {
+        w->nb -= 8;
+        uint8_t b = (uint8_t)(w->acc >> w->nb);
+        w->o[w->n++] = b;
+        if (b == 0xFF) w->o[w->n++] = 0;
+    }
+}
+
+static inline void pad_ones(bitwriter *w) {
+    if (w->nb) put_bits(w, 0x7F, 8 - w->nb);
+}
+
+static void copy_bits(bitwriter *w, const uint8_t *u, uint64_t a, uint64_t b) {
+    while (a < b) {
+        int s = b - a < 32 ? (int)(b - a) : 32;
+        put_bits(w, (uint32_t)(peek64(u, a) >> (64 - s)), s);
+        a += (uint64_t)s;
+    }
+}
+
+static void read_entry(const uint8_t *index, size_t m, entry *e) {
+    const uint8_t *p = index + HEADER_BYTES + m * ENTRY_BYTES;
+    memcpy(&e->bitpos, p, 4);
+    memcpy(e->dc, p + 4, 2 * MAX_COMP);
+}
+
+static int same_file(const uint8_t *ix, const uint8_t *d, size_t n) {
+    uint32_t len32;
+    uint64_t hash;
+    memcpy(&len32, ix + 12, 4);
+    memcpy(&hash, ix + 16, 8);
+    return len32 == (uint32_t)n && hash == file_hash(d, n);
+}
+
+/* crop_jpeg(data, index, row0, row1, col0, col1) -> bytes | None: the MCUs [row0, row1) x [col0, col1). */
+PyObject *crop_jpeg(PyObject *self, PyObject *args) {
+    Py_buffer data, index;
+    int r0, r1, c0, c1;
+    if (!PyArg_ParseTuple(args, "y*y*iiii", &data, &index, &r0, &r1, &c0, &c1)) return NULL;
+    const uint8_t *d = (const uint8_t *)data.buf, *ix = (const uint8_t *)index.buf;
+    size_t n = (size_t)data.len;
+    jinfo j;
+    uint8_t *u = NULL;
+    size_t ulen = 0;
+    bitwriter w = {NULL, 0, 0, 0};
+    int status = 0; /* 0 ok, 1 not possible (None), 2 bad arguments, 3 no memory, 4 another file's index */
+    Py_BEGIN_ALLOW_THREADS
+    if (parse(d, n, &j) != 0) {
+        status = 1;
+    } else if (index.len < HEADER_BYTES || memcmp(ix, "FDX1", 4) != 0) {
+        status = 2;
+    } else if (!same_file(ix, d, n)) {
+        status = 4;
+    } else if (get_u16(ix + 4) != j.mcus_per_row || get_u16(ix + 6) != j.mcu_rows ||
+               (size_t)index.len != HEADER_BYTES + ((size_t)j.mcus_per_row * j.mcu_rows + 1) * ENTRY_BYTES ||
+               r0 < 0 || r0 >= r1 || r1 > j.mcu_rows || c0 < 0 || c0 >= c1 || c1 > j.mcus_per_row) {
+        status = 2;
+    } else if ((u = unstuff(d, n, j.data_start, &ulen)) == NULL) {
+        status = 3;
+    } else {
+        size_t mpr = (size_t)j.mcus_per_row, bits = 0;
+        entry a, b;
+        for (int r = r0; r < r1; r++) {
+            read_entry(ix, r * mpr + c0, &a);
+            read_entry(ix, r * mpr + c1, &b);
+            if (b.bitpos < a.bitpos || b.bitpos > ulen * 8) status = 2;
+            else bits += b.bitpos - a.bitpos;
+        }
+        size_t cap = j.data_start + 6 + 2 * (bits / 8 + (size_t)(r1 - r0) * 16) + 64;
+        if (status == 0 && (w.o = (uint8_t *)malloc(cap)) == NULL) status = 3;
+        if (status == 0) {
+            int height = (r1 * j.mcu_h < j.height ? r1 * j.mcu_h : j.height) - r0 * j.mcu_h;
+            int width = (c1 * j.mcu_w < j.width ? c1 * j.mcu_w : j.width) - c0 * j.mcu_w;
+            memcpy(w.o, d, j.sos_start);
+            w.o[j.sof_dims] = (uint8_t)(height >> 8);
+            w.o[j.sof_dims + 1] = (uint8_t)height;
+            w.o[j.sof_dims + 2] = (uint8_t)(width >> 8);
+            w.o[j.sof_dims + 3] = (uint8_t)width;
+            w.n = j.sos_start;
+            const uint8_t dri[6] = {0xFF, 0xDD, 0x00, 0x04, (uint8_t)((c1 - c0) >> 8), (uint8_t)(c1 - c0)};
+            memcpy(w.o + w.n, dri, 6);
+            w.n += 6;
+            memcpy(w.o + w.n, d + j.sos_start, j.data_start - j.sos_start);
+            w.n += j.data_start - j.sos_start;
+            for (int r = r0; r < r1 && status == 0; r++) {
+                read_entry(ix, r * mpr + c0, &a);
+                read_entry(ix, r * mpr + c1, &b);
+                uint64_t p = a.bitpos;
+                /* The row's first MCU: each component's first DC difference re-encoded against a zero predictor
+                 * (a restart resets it); everything else copied bit for bit. */
+                for (int c = 0; c < j.ncomp && status == 0; c++) {
+                    const htable *dct = &j.dc[j.dc_tbl[c]];
+                    for (int blk = 0; blk < j.h[c] * j.v[c]; blk++) {
+                        uint64_t q = p;
+                        if (blk == 0) {
+                            int s = decode_sym(dct, u, &p);
+                            if (s < 0 || s > 11) {
+                                status = 1;
+                                break;
+                            }
+                            int diff = 0;
+                            if (s) {
+                                diff = extend((uint32_t)(peek64(u, p) >> (64 - s)), s);
+                                p += (uint64_t)s;
+                            }
+                            int value = a.dc[c] + diff, mag = value < 0 ? -value : value, cat = 0;
+                            while (mag >> cat) cat++;
+                            if (cat > 11 || !dct->size[cat]) {
+                                status = 1; /* this file's DC table has no code for it */
+                                break;
+                            }
+                            put_bits(&w, dct->code[cat], dct->size[cat]);
+                            put_bits(&w, (uint32_t)(value < 0 ? value - 1 : value), cat);
+                            q = p; /* the AC coefficients follow, copied */
+                            const htable *ac = &j.ac[j.ac_tbl[c]];
+                            for (int k = 1; k < 64; k++) {
+                                int rs = decode_sym(ac, u, &p);
+                                if (rs < 0) {
+                                    status = 1;
+                                    break;
+                                }
+                                if (rs & 15) {
+                                    k += rs >> 4;
+                                    p += (uint64_t)(rs & 15);
+                                } else {
+                                    if ((rs >> 4) != 15) break;
+                                    k += 15;
+                                }
+                            }
+                        } else {
+                            int ignored;
+                            if (skip_block(&j, c, u, &p, &ignored)) status = 1;
+                        }
+                        if (status || p > b.bitpos) {
+                            status = 1;
+                            break;
+                        }
+                        copy_bits(&w, u, q, p);
+                    }
+                }
+                if (status) break;
+                copy_bits(&w, u, p, b.bitpos);
+                pad_ones(&w);
+                if (r + 1 < r1) {
+                    w.o[w.n++] = 0xFF;
+                    w.o[w.n++] = (uint8_t)(0xD0 + ((r - r0) & 7));
+                }
+            }
+            w.o[w.n++] = 0xFF;
+            w.o[w.n++] = 0xD9;
+        }
+    }
+    free(u);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&index);
+    if (status == 3) {
+        free(w.o);
+        return PyErr_NoMemory();
+    }
+    if (status == 2) {
+        free(w.o);
+        PyErr_SetString(PyExc_ValueError, "crop_jpeg: the index does not belong to this image or the MCU box is outside it");
+        return NULL;
+    }
+    if (status == 4) {
+        PyErr_SetString(PyExc_KeyError, "crop_jpeg: the index was built from other bytes (the file changed)");
+        return NULL;
+    }
+    if (status == 1) {
+        free(w.o);
+        Py_RETURN_NONE;
+    }
+    PyObject *result = PyBytes_FromStringAndSize((const char *)w.o, (Py_ssize_t)w.n);
+    free(w.o);
+    return result;
+}

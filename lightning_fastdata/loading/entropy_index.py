@@ -1,0 +1,220 @@
+"""Entropy indexes: a JPEG crop entropy-decoded alone, not with every row above it.
+
+A baseline JPEG is one Huffman-coded bit stream: to decode a ``RandomResizedCrop`` box, libjpeg entropy-decodes
+every row from the top of the image down to the box's last row, across the whole width. That entropy decoding is
+most of a crop's decode (the docs' Benchmarks page, "Decoding"). An *entropy index* records, for every MCU (the
+16 x 16 pixel unit of a 4:2:0 JPEG), where its bits start and the DC predictors there (10 bytes per MCU, about
+7% of a photo's JPEG bytes). With it, :func:`~lightning_fastdata.loading.decode.decode_resized_crop` assembles a
+small JPEG of the crop's MCUs (their original bits; only each row's first DC values re-encoded) and decodes that:
+the same pixels, bit for bit, with the entropy decoding of the crop alone.
+
+:func:`build_entropy_index` reads every file once (a process pool; a bucket's objects through the same
+:class:`~lightning_fastdata.loading.storage.Storage` as training) and writes one folder in ``index_dir``: the
+user's data is never written to. The folder is built under a temporary name and renamed, under a file lock, and
+records a fingerprint of the file list it indexes: a list with other files (added, removed, renamed) is rebuilt.
+Each file's own index also holds the file's length and a hash of its bytes: a file changed in place since is
+decoded without it (the same pixels as ever, at the old speed; logged once per process).
+
+JPEGs the index cannot serve (progressive, arithmetic-coded, with restart markers, CMYK, 12-bit) and other
+formats get an empty entry and are decoded as before. Memory: the folder is memory-mapped; each worker reads only
+the entries of the images it decodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from filelock import FileLock
+from tqdm import tqdm
+
+from lightning_fastdata.loading.atomic import atomic_write_text
+from lightning_fastdata.loading.index import FileIndex
+from lightning_fastdata.loading.source_reads import init_source_process, map_sources
+from lightning_fastdata.loading.storage import Storage
+from lightning_fastdata.loading.workers import CpuBudget
+
+__all__ = [
+    "FORMAT",
+    "EntropyIndexes",
+    "build_entropy_index",
+    "entropy_index_available",
+    "entropy_index_folder",
+    "load_entropy_index",
+]
+
+log = logging.getLogger("lightning_fastdata")
+
+#: The folder format this version writes and reads.
+FORMAT = 1
+
+try:
+    from lightning_fastdata._ext import _jpegroi
+except ImportError:  # pragma: no cover - the extension is optional (no libjpeg-turbo headers at install)
+    _jpegroi = None  # type: ignore[assignment]
+
+
+def entropy_index_available() -> bool:
+    """Whether the compiled decoder (which builds and uses entropy indexes) is installed."""
+    return _jpegroi is not None and hasattr(_jpegroi, "entropy_index")
+
+
+def _fingerprint(index: FileIndex) -> str:
+    """The identity of a file list: its root and every relative path, in order."""
+    digest = hashlib.sha256(os.fsencode(index.root) + b"\0")
+    digest.update(np.ascontiguousarray(index.path_bytes).tobytes())
+    digest.update(np.ascontiguousarray(index.offsets, dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def entropy_index_folder(index_dir: str | os.PathLike[str], index: FileIndex) -> Path:
+    """Where :func:`build_entropy_index` keeps the indexes of ``index``'s files (one folder per data root)."""
+    return Path(index_dir) / f"entropy-{hashlib.sha256(os.fsencode(index.root)).hexdigest()[:16]}"
+
+
+def _index_one(data: bytes, url: str) -> bytes:
+    """One file's entropy index, or ``b""`` where there is none (not a JPEG this index can serve)."""
+    if _jpegroi is None or not data.startswith(b"\xff\xd8\xff"):
+        return b""
+    built = _jpegroi.entropy_index(data)
+    return b"" if built is None else bytes(built)
+
+
+class EntropyIndexes:
+    """The entropy indexes of one file list, in its order; memory-mapped in each process that reads them.
+
+    Picklable (only the folder is pickled), so a dataset holding it works in ``spawn``-ed workers too.
+
+    Args:
+        folder: A folder written by :func:`build_entropy_index`.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = os.fspath(folder)
+        meta = json.loads((Path(folder) / "meta.json").read_text())
+        self.count = int(meta["count"])
+        self.fingerprint = str(meta["fingerprint"])
+        self._maps: tuple[np.ndarray, np.ndarray] | None = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": None, "_pid": -1}
+
+    def __len__(self) -> int:
+        return self.count
+
+    def get(self, i: int) -> bytes | None:
+        """File ``i``'s index, or ``None`` if it has none."""
+        if self._pid != os.getpid():  # first use in this process (a forked worker must not share the parent's maps)
+            offsets = np.load(os.path.join(self.folder, "offsets.npy"), mmap_mode="r")
+            size = int(offsets[-1])
+            blob = np.memmap(os.path.join(self.folder, "blob.bin"), np.uint8, "r") if size else np.zeros(0, np.uint8)
+            self._maps, self._pid = (offsets, blob), os.getpid()
+        offsets, blob = self._maps  # type: ignore[misc]
+        start, end = int(offsets[i]), int(offsets[i + 1])
+        return blob[start:end].tobytes() if end > start else None
+
+
+def _valid(folder: Path, index: FileIndex) -> str | None:
+    """Why ``folder`` cannot serve ``index`` (``None``: it can)."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except FileNotFoundError:
+        return "no index yet"
+    except (OSError, ValueError) as err:
+        return f"its meta.json is unreadable ({err})"
+    if meta.get("format") != FORMAT:
+        return f"it is of format {meta.get('format')!r}, this version reads {FORMAT}"
+    if meta.get("fingerprint") != _fingerprint(index) or meta.get("count") != len(index):
+        return "the file list changed since it was built"
+    return None
+
+
+def load_entropy_index(index_dir: str | os.PathLike[str], index: FileIndex) -> EntropyIndexes | None:
+    """The entropy indexes of ``index``'s files kept in ``index_dir``, or ``None`` if there are none of this list."""
+    folder = entropy_index_folder(index_dir, index)
+    return EntropyIndexes(folder) if _valid(folder, index) is None else None
+
+
+def build_entropy_index(
+    index: FileIndex,
+    storage: Storage,
+    index_dir: str | os.PathLike[str],
+    processes: int | None = None,
+    progress: bool = True,
+) -> EntropyIndexes:
+    """Build (or reuse) the entropy indexes of every file in ``index``, kept in ``index_dir``.
+
+    Reused while it indexes the same file list; otherwise every file is read once, in ``processes`` processes
+    (default: the CPUs this process may use), and the folder is replaced atomically. Safe to call from several
+    processes at once (a file lock; the second reuses the first's result).
+
+    Args:
+        index: The files, in the order the dataset uses.
+        storage: Where they are read from (a local folder or a bucket).
+        index_dir: A folder of ours (never inside the data); created if missing.
+        processes: Processes that read and index the files.
+        progress: Show a progress bar.
+
+    Raises:
+        DataError: If a file cannot be read (named).
+    """
+    if not entropy_index_available():
+        raise RuntimeError(
+            "The entropy index needs the compiled JPEG decoder, which this install lacks (no libjpeg-turbo "
+            "headers when it was built): install libjpeg62-turbo-dev (or libjpeg-turbo8-dev) and reinstall."
+        )
+    Path(index_dir).mkdir(parents=True, exist_ok=True)
+    folder = entropy_index_folder(index_dir, index)
+    with FileLock(f"{folder}.lock"):
+        why = _valid(folder, index)
+        if why is None:
+            log.info("lightning_fastdata: reused the entropy index %s (%d files).", folder, len(index))
+            return EntropyIndexes(folder)
+        start = time.perf_counter()
+        print(f"lightning_fastdata: building the entropy index of {len(index):,} files in {folder} ({why})")
+        partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        offsets = np.zeros(len(index) + 1, dtype=np.int64)
+        processes = processes or CpuBudget.detect().usable
+        context = get_context("fork" if os.name == "posix" else "spawn")
+        with open(partial / "blob.bin", "wb") as blob, context.Pool(processes, initializer=init_source_process) as pool:
+            bar = tqdm(total=len(index), desc="entropy index", unit="img", disable=not progress or len(index) == 0)
+            for i, entry in enumerate(map_sources(pool, storage, index, _index_one)):
+                blob.write(entry)
+                offsets[i + 1] = offsets[i] + len(entry)
+                bar.update()
+            bar.close()
+            blob.flush()
+            os.fsync(blob.fileno())
+        np.save(partial / "offsets.npy", offsets)
+        indexed = int(np.count_nonzero(np.diff(offsets)))
+        meta = {"format": FORMAT, "count": len(index), "fingerprint": _fingerprint(index), "indexed": indexed}
+        atomic_write_text(partial / "meta.json", json.dumps(meta))
+        if folder.exists():  # an index of another file list: move it aside, swap in the new one, then delete it
+            stale = folder.with_name(f"{folder.name}.stale-{os.getpid()}")
+            os.replace(folder, stale)
+            os.replace(partial, folder)
+            shutil.rmtree(stale)
+        else:
+            os.replace(partial, folder)
+        took = time.perf_counter() - start
+        log.info(
+            "lightning_fastdata: built the entropy index of %d files in %s (%.1f s, %.1f MB; %d without one: not "
+            "a baseline JPEG it can serve).",
+            len(index),
+            folder,
+            took,
+            int(offsets[-1]) / 1e6,
+            len(index) - indexed,
+        )
+        return EntropyIndexes(folder)

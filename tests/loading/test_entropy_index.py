@@ -1,0 +1,160 @@
+"""Entropy indexes: crops decoded from their own bits are the pixels of the usual decode, bit for bit."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lightning_fastdata import ImageFolderDataModule
+from lightning_fastdata.demos import make_image_folder, photo_like_image
+from lightning_fastdata.loading import decode
+from lightning_fastdata.loading.entropy_index import (
+    build_entropy_index,
+    entropy_index_available,
+    entropy_index_folder,
+    load_entropy_index,
+)
+from lightning_fastdata.loading.index import scan_image_folder
+from lightning_fastdata.loading.storage import LocalStorage
+
+pytestmark = pytest.mark.skipif(not entropy_index_available(), reason="needs the compiled JPEG decoder")
+
+
+def jpeg(size: tuple[int, int], seed: int = 0, **save: object) -> bytes:
+    buf = io.BytesIO()
+    image = photo_like_image(np.random.default_rng(seed), size[0], size[1], 0.3 + 0.1 * seed)
+    image.convert(str(save.pop("mode", "RGB"))).save(buf, "JPEG", **save)
+    return buf.getvalue()
+
+
+def crop(data: bytes, box: tuple[int, int, int, int], size: int, exact: bool, index: bytes | None) -> torch.Tensor:
+    out = torch.empty(3, size, size, dtype=torch.uint8)
+    decode.decode_resized_crop(data, out, lambda w, h: box, exact=exact, entropy_index=index)
+    return out
+
+
+def boxes(width: int, height: int, rng: np.random.Generator) -> list[tuple[int, int, int, int]]:
+    """Random crops, and crops whose edges sit on, beside and one pixel off the 16-pixel MCU grid and the image's."""
+    out = [decode.random_resized_crop_box(rng, width, height) for _ in range(24)]
+    for top, left in ((0, 0), (16, 16), (15, 17), (17, 31), (32, 1)):
+        for h, w in ((16, 16), (height - top, width - left), (47, 33), (height - top - 1, width - left - 2)):
+            if h > 0 and w > 0 and top + h <= height and left + w <= width:
+                out.append((top, left, h, w))
+    return out
+
+
+@pytest.mark.parametrize(
+    "kind, data",
+    [
+        ("4:2:0, 500x375", jpeg((500, 375), 0, quality=90)),
+        ("4:2:0, odd size 333x251", jpeg((333, 251), 1, quality=85)),
+        ("4:4:4", jpeg((257, 190), 2, quality=95, subsampling=0)),
+        ("4:2:2", jpeg((300, 201), 3, quality=90, subsampling=1)),
+        ("grey", jpeg((211, 150), 4, quality=90, mode="L")),
+        ("optimised Huffman tables", jpeg((320, 240), 5, quality=90, optimize=True)),
+    ],
+)
+def test_crops_from_the_index_are_the_usual_decodes_pixels(kind: str, data: bytes) -> None:
+    index = decode._jpegroi.entropy_index(data)
+    assert index is not None, kind
+    width, height, _ = decode._jpegroi.header(data)
+    used = 0
+    for box in boxes(width, height, np.random.default_rng(0)):
+        for size, exact in ((224, True), (224, False), (64, False)):
+            want = crop(data, box, size, exact, None)
+            got = crop(data, box, size, exact, index)
+            assert torch.equal(got, want), (kind, box, size, exact)
+        per_row, rows, mcu_w, mcu_h = decode._INDEX_GEOMETRY.unpack_from(index, 4)
+        r0, r1 = decode._mcu_span(box[0], box[2], mcu_h, rows, 2)
+        c0, c1 = decode._mcu_span(box[1], box[3], mcu_w, per_row, 2)
+        partial = (r1 - r0) * (c1 - c0) < rows * per_row
+        used += partial and decode._jpegroi.crop_jpeg(data, index, r0, r1, c0, c1) is not None
+    assert used >= 10, f"the index path was taken for only {used} crops of {kind}"  # not all fell back
+
+
+def test_the_assembled_jpeg_holds_the_crop_alone() -> None:
+    data = jpeg((500, 375), 0, quality=90)
+    index = decode._jpegroi.entropy_index(data)
+    small = decode._jpegroi.crop_jpeg(data, index, 3, 9, 5, 12)  # MCU rows 3..8, columns 5..11
+    assert small is not None and len(small) < len(data) / 3
+    image = Image.open(io.BytesIO(small))
+    assert image.size == (7 * 16, 6 * 16)
+    full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(np.int16)
+    part = np.asarray(image.convert("RGB")).astype(np.int16)
+    inner = (slice(8, -8), slice(8, -8))  # away from its edges, where the chroma upsampling lacks neighbours
+    assert np.array_equal(part[inner], full[48:144, 80:192][inner])
+
+
+def test_files_the_index_cannot_serve_have_none_and_decode_as_before() -> None:
+    progressive = jpeg((200, 150), 0, quality=90, progressive=True)
+    restarts = jpeg((200, 150), 1, quality=90, restart_marker_rows=1)
+    png = io.BytesIO()
+    Image.new("RGB", (40, 30), (1, 2, 3)).save(png, "PNG")
+    for data in (progressive, restarts, png.getvalue(), b"\xff\xd8\xff\xe0 not really a jpeg"):
+        assert decode._jpegroi.entropy_index(data) is None
+    assert decode._jpegroi.entropy_index(jpeg((200, 150), 2)[:5000]) is None  # cut short: no index
+
+
+def test_a_changed_file_is_decoded_without_its_stale_index(caplog: pytest.LogCaptureFixture) -> None:
+    old = jpeg((320, 240), 0, quality=90)
+    new = jpeg((320, 240), 1, quality=90)  # same geometry, other bytes: as if the file were replaced
+    index = decode._jpegroi.entropy_index(old)
+    box = (40, 50, 120, 150)
+    decode._STALE_WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="lightning_fastdata"):
+        got = crop(new, box, 96, False, index)
+    assert torch.equal(got, crop(new, box, 96, False, None))
+    assert "built from other bytes" in caplog.text
+    with pytest.raises(KeyError):
+        decode._jpegroi.crop_jpeg(new, index, 0, 2, 0, 2)
+    with pytest.raises(ValueError, match="outside"):
+        decode._jpegroi.crop_jpeg(old, index, 0, 99, 0, 2)
+
+
+def test_built_index_is_kept_in_index_dir_reused_and_rebuilt_when_the_files_change(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "data", num_classes=2, per_class=5, size=(96, 72))
+    Image.new("RGB", (40, 30)).save(root / "class_001" / "flat.png")
+    before = sorted(p.stat().st_mtime_ns for p in root.rglob("*"))
+    index = scan_image_folder(str(root))
+    built = build_entropy_index(index, LocalStorage(str(root)), tmp_path / "idx", processes=2, progress=False)
+    assert len(built) == len(index) == 11
+    entries = [built.get(i) for i in range(len(index))]
+    assert sum(e is None for e in entries) == 1  # the PNG
+    for i, entry in enumerate(entries):
+        data = (root / index.relpath(i)).read_bytes()
+        assert entry == decode._jpegroi.entropy_index(data) or (entry is None and not data.startswith(b"\xff\xd8"))
+    folder = entropy_index_folder(tmp_path / "idx", index)
+    stamp = (folder / "meta.json").stat().st_mtime_ns
+    again = build_entropy_index(index, LocalStorage(str(root)), tmp_path / "idx", processes=2, progress=False)
+    assert (folder / "meta.json").stat().st_mtime_ns == stamp and again.get(0) == entries[0]  # reused
+    assert sorted(p.stat().st_mtime_ns for p in root.rglob("*")) == before  # the data is read-only to us
+    (root / "class_000" / "img_extra.jpg").write_bytes(jpeg((64, 48)))
+    grown = scan_image_folder(str(root))
+    assert load_entropy_index(tmp_path / "idx", grown) is None  # another file list: not served
+    rebuilt = build_entropy_index(grown, LocalStorage(str(root)), tmp_path / "idx", processes=1, progress=False)
+    assert len(rebuilt) == 12 and not list((tmp_path / "idx").glob("*.partial-*"))
+
+
+def test_datamodule_batches_are_the_same_with_the_index_through_worker_processes(tmp_path: Path) -> None:
+    root = make_image_folder(tmp_path / "data", num_classes=2, per_class=12, size=(160, 120))
+    common = dict(image_size=64, batch_size=8, num_workers=2, val_fraction=0.25, seed=3)
+    with pytest.raises(ValueError, match="index_dir"):
+        ImageFolderDataModule(str(root), entropy_index=True, **common)
+    plain = ImageFolderDataModule(str(root), **common)
+    fast = ImageFolderDataModule(str(root), index_dir=str(tmp_path / "idx"), entropy_index=True, **common)
+    fast.prepare_data()
+    assert list((tmp_path / "idx").glob("entropy-*/meta.json"))
+    for dm in (plain, fast):
+        dm.setup("fit")
+    assert fast.train_dataset.entropy_indexes is not None and len(fast.train_dataset.entropy_indexes) == 18
+    assert fast.train_dataset.entropy_index_of(0) is not None
+    batches = [list(dm.train_dataloader()) for dm in (plain, fast)]
+    assert len(batches[0]) == len(batches[1]) == 3
+    for (xa, ya), (xb, yb) in zip(*batches, strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
