@@ -21,7 +21,8 @@
 #include "jpegindex.h"
 
 #define MAX_COMP 3
-#define PAD 16 /* zero bytes after the unstuffed stream: peek64 may read 8 bytes past any position */
+#define PAD 512 /* zero bytes after the unstuffed stream: a corrupt block may run ~220 bytes past its end before
+                  * the per-block bound check, and peek64 reads 8 bytes past any position */
 
 typedef struct {
     uint8_t bits[17];
@@ -49,7 +50,8 @@ typedef struct {
     int16_t dc[MAX_COMP];
 } entry;
 
-#define HEADER_BYTES 24 /* "FDX1", MCUs per row, MCU rows, MCU width, height (u16), file length (u32), hash (u64) */
+#define HEADER_BYTES 32 /* "FDX1", MCUs per row, MCU rows, MCU width, height (u16), file length (u32), the file's
+                         * hash (u64), the entries' hash (u64): a damaged index is refused like another file's */
 
 /* A fast 64-bit hash of the whole file: an index is used only with the very bytes it was built from. */
 static uint64_t file_hash(const uint8_t *d, size_t n) {
@@ -307,6 +309,10 @@ PyObject *entropy_index(PyObject *self, PyObject *args) {
             }
         }
     }
+    if (ok) {
+        uint64_t entries = file_hash(out + HEADER_BYTES, (total + 1) * ENTRY_BYTES);
+        memcpy(out + 24, &entries, 8);
+    }
     free(u);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
@@ -367,12 +373,14 @@ static void read_entry(const uint8_t *index, size_t m, entry *e) {
     memcpy(e->dc, p + 4, 2 * MAX_COMP);
 }
 
-static int same_file(const uint8_t *ix, const uint8_t *d, size_t n) {
+static int same_file(const uint8_t *ix, size_t ixlen, const uint8_t *d, size_t n) {
     uint32_t len32;
-    uint64_t hash;
+    uint64_t hash, entries;
     memcpy(&len32, ix + 12, 4);
     memcpy(&hash, ix + 16, 8);
-    return len32 == (uint32_t)n && hash == file_hash(d, n);
+    memcpy(&entries, ix + 24, 8);
+    return len32 == (uint32_t)n && hash == file_hash(d, n) &&
+           entries == file_hash(ix + HEADER_BYTES, ixlen - HEADER_BYTES);
 }
 
 /* crop_jpeg(data, index, row0, row1, col0, col1) -> bytes | None: the MCUs [row0, row1) x [col0, col1). */
@@ -392,7 +400,7 @@ PyObject *crop_jpeg(PyObject *self, PyObject *args) {
         status = 1;
     } else if (index.len < HEADER_BYTES || memcmp(ix, "FDX1", 4) != 0) {
         status = 2;
-    } else if (!same_file(ix, d, n)) {
+    } else if (!same_file(ix, (size_t)index.len, d, n)) {
         status = 4;
     } else if (get_u16(ix + 4) != j.mcus_per_row || get_u16(ix + 6) != j.mcu_rows ||
                (size_t)index.len != HEADER_BYTES + ((size_t)j.mcus_per_row * j.mcu_rows + 1) * ENTRY_BYTES ||
@@ -507,7 +515,7 @@ PyObject *crop_jpeg(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (status == 4) {
-        PyErr_SetString(PyExc_KeyError, "crop_jpeg: the index was built from other bytes (the file changed)");
+        PyErr_SetString(PyExc_KeyError, "crop_jpeg: the index was built from other bytes (the file changed) or is damaged");
         return NULL;
     }
     if (status == 1) {

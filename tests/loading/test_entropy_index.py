@@ -158,3 +158,28 @@ def test_datamodule_batches_are_the_same_with_the_index_through_worker_processes
     assert len(batches[0]) == len(batches[1]) == 3
     for (xa, ya), (xb, yb) in zip(*batches, strict=True):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def test_damaged_files_and_indexes_never_crash_and_a_damaged_index_is_refused() -> None:
+    data = jpeg((240, 180), 0, quality=90)
+    rng = np.random.default_rng(0)
+    for _ in range(300):  # damaged files: an index or None, and a crop decoded or refused as corrupt data
+        bad = bytearray(data)
+        for at in rng.integers(200, len(bad), size=int(rng.integers(1, 6))):
+            bad[at] = int(rng.integers(0, 256))
+        index = decode._jpegroi.entropy_index(bytes(bad))
+        if index is not None:
+            try:
+                crop(bytes(bad), (30, 40, 100, 120), 48, False, index)
+            except OSError:
+                pass
+    index = decode._jpegroi.entropy_index(data)
+    for _ in range(50):  # a damaged index (a flipped bit in its entries) is refused, never followed
+        damaged = bytearray(index)
+        at = int(rng.integers(32, len(damaged)))
+        damaged[at] ^= 1 << int(rng.integers(0, 8))
+        with pytest.raises(KeyError):
+            decode._jpegroi.crop_jpeg(data, bytes(damaged), 1, 5, 1, 6)
+    assert torch.equal(
+        crop(data, (30, 40, 100, 120), 48, False, bytes(damaged)), crop(data, (30, 40, 100, 120), 48, False, None)
+    )
