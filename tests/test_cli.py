@@ -36,6 +36,9 @@ def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[s
             "--data.init_args.cache_size",
             "40",
         ]
+    if config.name == "imagefolder.yaml":  # its commented options, switched on from the command line
+        idx = ["--data.init_args.index_dir", str(tmp_path / "idx"), "--data.init_args.entropy_index", "true"]
+        return ["--data.init_args.root", str(image_folder), *idx]
     return ["--data.init_args.root", str(image_folder)]
 
 
@@ -69,6 +72,8 @@ def test_config_parses_and_smoke_runs(
     )
     assert cli.model.hparams["num_classes"] == 3  # linked from the DataModule
     assert cli.trainer.state.finished
+    if config.name == "imagefolder.yaml":  # prepare_data built the entropy index; the train set decodes with it
+        assert cli.datamodule.train_dataset.entropy_indexes is not None
 
 
 def test_demo_data_is_generated_once(tmp_path: Path) -> None:

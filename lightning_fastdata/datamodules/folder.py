@@ -157,8 +157,9 @@ class ImageFolderDataModule(FastDataModule):
         index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused before the bucket is listed again.
         entropy_index: Build an entropy index of the training JPEGs in ``index_dir`` (``prepare_data`` reads every
             file once; reused while the file list is the same) and decode each crop from its own bits alone:
-            the same pixels, ~0.15 ms less per 500 x 375 image at 224 px (:mod:`~lightning_fastdata.loading.
-            entropy_index`; ~7% of the JPEG bytes on disk). Needs ``index_dir``. Worth it from a few epochs.
+            the same pixels, ~0.15 ms less per 500 x 375 image at 224 px
+            (:mod:`~lightning_fastdata.loading.entropy_index`; ~7% of the JPEG bytes on disk). Needs
+            ``index_dir``. Worth it from a few epochs.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).
 

@@ -165,7 +165,8 @@ def build_entropy_index(
         progress: Show a progress bar.
 
     Raises:
-        DataError: If a file cannot be read (named).
+        OSError: If a file cannot be read (a ``DataError`` that names it).
+        RuntimeError: If this install has no compiled JPEG decoder.
     """
     if not entropy_index_available():
         raise RuntimeError(

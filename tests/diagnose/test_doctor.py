@@ -71,13 +71,14 @@ def test_doctor_reports_measures_and_recommends_without_touching_the_data(
     assert names == [
         "torchvision ImageFolder (baseline)",
         "ImageFolderDataModule",
+        "ImageFolderDataModule(entropy_index=True)",
         "TensorCacheDataModule(storage='jpeg')",
         "TensorCacheDataModule(storage='raw')",
         "HDF5DataModule (original JPEG bytes)",
         "HDF5DataModule (JPEG, shorter side 73)",
         "HDF5DataModule (raw 73 px)",
-    ]  # simplest first: the data as they are, then caches that build themselves, then files to convert first
-    assert [o.steps for o in report.options] == [0, 0, 1, 1, 2, 2, 2]
+    ]  # simplest first: the data as they are, then what builds itself (an index, caches), then files to convert
+    assert [o.steps for o in report.options] == [0, 0, 1, 1, 1, 2, 2, 2]
     assert all(o.images_per_s > 0 for o in report.options)
     kb = {o.name: o.kb_per_image for o in report.options}
     assert kb["TensorCacheDataModule(storage='jpeg')"] < kb["TensorCacheDataModule(storage='raw')"]
@@ -141,6 +142,12 @@ def test_doctor_times_the_loaders_the_benchmark_times(tmp_path: Path) -> None:
     assert folder.loader.num_workers == report.workers_per_rank
     images, labels = next(iter(folder))
     assert images.shape == (8, 3, 32, 32) and images.dtype == torch.uint8 and len(labels) == 8
+    indexed = prepared["folder-entropy"]  # built in the scratch folder, timed, and its config written as such
+    assert (
+        indexed.steps == 1 and indexed.build_s_per_image > 0 and indexed.kb_per_image > prepared["folder"].kb_per_image
+    )
+    assert indexed.config["init_args"]["entropy_index"] is True and indexed.config["init_args"]["index_dir"]
+    assert torch.equal(next(iter(indexed.make(0)))[0], next(iter(prepared["folder"].make(0)))[0])  # same pixels
 
 
 def test_rank_share_pins_the_loader_workers() -> None:
@@ -179,7 +186,7 @@ def test_written_config_trains(photos: Path, tmp_path: Path, monkeypatch: pytest
     assert raw.kb_per_image == pytest.approx(37 * 37 * 3 / 1e3, rel=0.05)
     assert report.smaller_than_crop == 0 and 40 <= report.shorter_side["p50"] <= 48  # sizes vary down to 85%
     folder_based = [o for o in report.options[1:] if "root" in o.config["init_args"]]
-    assert len(folder_based) == 3 and all(o.config["init_args"]["index_dir"] == "cache/index" for o in folder_based)
+    assert len(folder_based) == 4 and all(o.config["init_args"]["index_dir"] == "cache/index" for o in folder_based)
     caches = [o.config["init_args"] for o in folder_based if o.config["class_path"].endswith("TensorCacheDataModule")]
     assert len(caches) == 2 and all(c["verify_source"] == "folders" for c in caches)
     monkeypatch.chdir(tmp_path)
@@ -308,7 +315,7 @@ def test_read_only_file_systems_and_permission_errors(tmp_path: Path) -> None:
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = json.loads(line[len("RESULT ") :])
     # read-only data: measured as usual; the two files it may not read are named, not called corrupt
-    assert out["ro_data"]["options"] == 7
+    assert out["ro_data"]["options"] == 8
     assert sorted(out["ro_data"]["unreadable"]) == sorted(str(mnt / p.relative_to(data)) for p in hidden)
     assert "read-only file system" in out["ro_scratch"]["error"] and "--scratch-dir" in out["ro_scratch"]["error"]
     assert str(ro_scratch) in out["ro_scratch"]["error"]
