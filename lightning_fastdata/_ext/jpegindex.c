@@ -360,6 +360,33 @@ static inline void pad_ones(bitwriter *w) {
 }
 
 static void copy_bits(bitwriter *w, const uint8_t *u, uint64_t a, uint64_t b) {
+    while (w->nb && a < b) { /* bring the writer to a byte boundary */
+        int s = 8 - w->nb;
+        if ((uint64_t)s > b - a) s = (int)(b - a);
+        put_bits(w, (uint32_t)(peek64(u, a) >> (64 - s)), s);
+        a += (uint64_t)s;
+    }
+    int shift = (int)(a & 7);
+    while (b - a >= 64) { /* eight bytes at a time, shifted out of the source; stuffed only where one is 0xFF */
+        const uint8_t *src = u + (a >> 3);
+        uint64_t word;
+        memcpy(&word, src, 8);
+        word = __builtin_bswap64(word);
+        if (shift) word = (word << shift) | (uint64_t)(src[8] >> (8 - shift));
+        uint64_t x = ~word;
+        if (!((x - 0x0101010101010101ull) & ~x & 0x8080808080808080ull)) {
+            uint64_t be = __builtin_bswap64(word);
+            memcpy(w->o + w->n, &be, 8);
+            w->n += 8;
+        } else {
+            for (int k = 56; k >= 0; k -= 8) {
+                uint8_t byte = (uint8_t)(word >> k);
+                w->o[w->n++] = byte;
+                if (byte == 0xFF) w->o[w->n++] = 0;
+            }
+        }
+        a += 64;
+    }
     while (a < b) {
         int s = b - a < 32 ? (int)(b - a) : 32;
         put_bits(w, (uint32_t)(peek64(u, a) >> (64 - s)), s);
