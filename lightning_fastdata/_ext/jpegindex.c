@@ -50,25 +50,37 @@ typedef struct {
     int16_t dc[MAX_COMP];
 } entry;
 
-#define HEADER_BYTES 32 /* "FDX1", MCUs per row, MCU rows, MCU width, height (u16), file length (u32), the file's
+#define HEADER_BYTES 32 /* "FDX2", MCUs per row, MCU rows, MCU width, height (u16), file length (u32), the file's
                          * hash (u64), the entries' hash (u64): a damaged index is refused like another file's */
 
 /* A fast 64-bit hash of the whole file: an index is used only with the very bytes it was built from. */
+static inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    x *= 0xC4CEB9FE1A85EC53ull;
+    return x ^ (x >> 33);
+}
+
 static uint64_t file_hash(const uint8_t *d, size_t n) {
-    uint64_t h[4] = {0x9E3779B97F4A7C15ull ^ (uint64_t)n, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
-                     0x27D4EB2F165667C5ull},
-             w[4];
+    /* Four independent lanes of h = (h + word) * K: each step is a bijection of h, so any single changed word
+     * changes the result, and the lanes' multiplies overlap (the bytes are hot: just read). Mixed at the end. */
+    const uint64_t k = 0x9E3779B97F4A7C15ull;
+    uint64_t h0 = n, h1 = 1, h2 = 2, h3 = 3, w0, w1, w2, w3;
     size_t i = 0;
-    for (; i + 32 <= n; i += 32) { /* four independent lanes: the multiplies overlap */
-        memcpy(w, d + i, 32);
-        for (int k = 0; k < 4; k++) {
-            h[k] = (h[k] ^ w[k]) * 0xFF51AFD7ED558CCDull;
-            h[k] ^= h[k] >> 32;
-        }
+    for (; i + 32 <= n; i += 32) {
+        memcpy(&w0, d + i, 8);
+        memcpy(&w1, d + i + 8, 8);
+        memcpy(&w2, d + i + 16, 8);
+        memcpy(&w3, d + i + 24, 8);
+        h0 = (h0 + w0) * k;
+        h1 = (h1 + w1) * k;
+        h2 = (h2 + w2) * k;
+        h3 = (h3 + w3) * k;
     }
-    uint64_t x = h[0] ^ (h[1] * 0x9E3779B97F4A7C15ull) ^ (h[2] * 0xC4CEB9FE1A85EC53ull) ^ (h[3] * 0xFF51AFD7ED558CCDull);
-    for (; i < n; i++) x = (x ^ d[i]) * 0xC4CEB9FE1A85EC53ull;
-    return x ^ (x >> 29);
+    uint64_t x = mix64(h0) ^ mix64(h1 + 0x632BE59BD9B4E019ull) ^ mix64(h2 + 0x85EBCA77C2B2AE63ull) ^ mix64(h3 ^ k);
+    for (; i < n; i++) x = (x + d[i]) * k;
+    return mix64(x);
 }
 #define ENTRY_BYTES 10
 
@@ -276,7 +288,7 @@ PyObject *entropy_index(PyObject *self, PyObject *args) {
         if (out == NULL) {
             nomem = 1;
         } else if (limit < ((uint64_t)1 << 32) && n < ((size_t)1 << 32)) {
-            memcpy(out, "FDX1", 4);
+            memcpy(out, "FDX2", 4);
             put_u16(out + 4, j.mcus_per_row);
             put_u16(out + 6, j.mcu_rows);
             put_u16(out + 8, j.mcu_w);
@@ -425,7 +437,7 @@ PyObject *crop_jpeg(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     if (parse(d, n, &j) != 0) {
         status = 1;
-    } else if (index.len < HEADER_BYTES || memcmp(ix, "FDX1", 4) != 0) {
+    } else if (index.len < HEADER_BYTES || memcmp(ix, "FDX2", 4) != 0) {
         status = 2;
     } else if (!same_file(ix, (size_t)index.len, d, n)) {
         status = 4;

@@ -54,7 +54,7 @@ __all__ = [
 log = logging.getLogger("lightning_fastdata")
 
 #: The folder format this version writes and reads.
-FORMAT = 1
+FORMAT = 2
 
 try:
     from lightning_fastdata._ext import _jpegroi
