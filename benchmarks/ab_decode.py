@@ -17,15 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks import record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,16 +119,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     for key, value in summary.items():
         print(key, value)
-    result = {
-        "what": f"interleaved A/B, {args.old} (old) vs this checkout (new), {args.rounds} rounds, medians",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "summary": summary,
-        "runs": rows,
-    }
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    what = f"interleaved A/B, {args.old} (old) vs this checkout (new), {args.rounds} rounds, medians"
+    return record(args.json, what=what, summary=summary, runs=rows)
 
 
 if __name__ == "__main__":

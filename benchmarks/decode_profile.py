@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
-import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -41,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import record
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.loading import decode
 
@@ -211,17 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"(edges on the scaled grid) mean {q['decode_only_mean_db']:.1f} dB, "
             f"worst {q['decode_only_worst_db']:.1f} dB"
         )
-    result = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "images": n,
-        "ms_per_image": stages,
-        "crop_shares": shares,
-        "psnr_vs_exact": quality,
-    }
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    return record(args.json, images=n, ms_per_image=stages, crop_shares=shares, psnr_vs_exact=quality)
 
 
 if __name__ == "__main__":

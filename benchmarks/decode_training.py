@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -27,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks import record
 
 CLASSES, HUE0, HUE_STEP = 8, 0.45, 0.04
 
@@ -98,17 +98,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ]
     summary["default minus exact, per seed"] = diffs
     print(json.dumps(summary, indent=1))
-    result = {
-        "what": __doc__.split("\n")[0],
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "setup": {"classes": CLASSES, "hue_step": HUE_STEP, "per_class": args.per_class, "epochs": args.epochs},
-        "summary": summary,
-        "runs": rows,
-    }
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    setup = {"classes": CLASSES, "hue_step": HUE_STEP, "per_class": args.per_class, "epochs": args.epochs}
+    return record(args.json, what=__doc__.split("\n")[0], setup=setup, summary=summary, runs=rows)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ interleaved rounds, per image:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import record
 from lightning_fastdata.loading.normalize import Normalizer
 
 
@@ -64,16 +64,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, row in rows.items():
         print(f"| {name} | {row['ms_per_image']:.3f} |")
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    result = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.uname().machine}, {os.cpu_count()} CPUs (timed on one, one torch thread)",
-        "transparent_hugepage": thp.read_text().strip() if thp.exists() else "n/a",
-        "batch": [args.batch_size, 3, args.size, args.size],
-        "rows": rows,
-    }
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    return record(
+        args.json,
+        "timed on one, one torch thread",
+        transparent_hugepage=thp.read_text().strip() if thp.exists() else "n/a",
+        batch=[args.batch_size, 3, args.size, args.size],
+        rows=rows,
+    )
 
 
 if __name__ == "__main__":

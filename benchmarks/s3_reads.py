@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import resource
 import statistics
@@ -36,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import record
 from lightning_fastdata.bench.s3 import _pin_process
 from lightning_fastdata.loading.object_store import ObjectStorage, allow_direct_calls
 from lightning_fastdata.local_s3 import fault_proxy, local_s3_server, upload_folder
@@ -156,18 +156,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, v in table.items():
         runs = ", ".join(f"{x:.3f}" for x in v["cpu_ms_runs"])
         print(f"| {name} | {v['cpu_ms_per_object']:.3f} | {v['objects_per_s']:.0f} | {runs} |")
-    result = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.uname().machine}, {os.cpu_count()} CPUs; client on one CPU, server and proxy on the other",
-        "objects": args.objects,
-        "object_bytes": args.object_bytes,
-        "batch_size": args.batch_size,
-        "max_inflight": 32,
-        "rows": table,
-    }
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    return record(
+        args.json,
+        "client on one CPU, server and proxy on the other",
+        objects=args.objects,
+        object_bytes=args.object_bytes,
+        batch_size=args.batch_size,
+        max_inflight=32,
+        rows=table,
+    )
 
 
 if __name__ == "__main__":
