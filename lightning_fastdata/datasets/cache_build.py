@@ -35,6 +35,7 @@ from lightning_fastdata.datasets.cache_manifest import (
 from lightning_fastdata.datasets.cache_source import fingerprint, folders_unchanged, listing_fingerprint, source_record
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.errors import AccessError, DataError, InvalidValueError
+from lightning_fastdata.loading.atomic import replace_folder
 from lightning_fastdata.loading.decode import decode_center_crop_bytes
 from lightning_fastdata.loading.index import FileIndex
 from lightning_fastdata.loading.object_store import ObjectStorage
@@ -307,13 +308,7 @@ def build_tensor_cache(
                     bar.close()
         write_manifest(partial, params, {split: sizes[split][0] for split in SPLITS}, record)
         (partial / "progress.json").unlink()
-        if cache_dir.exists():  # a stale cache: move it aside, swap in the new one, then delete the old
-            stale = parent / f"{cache_dir.name}.stale-{os.getpid()}"
-            os.replace(cache_dir, stale)
-            os.replace(partial, cache_dir)
-            shutil.rmtree(stale)
-        else:
-            os.replace(partial, cache_dir)
+        replace_folder(partial, cache_dir)  # a stale cache is moved aside, the new one swapped in, the old deleted
     return cache_dir
 
 

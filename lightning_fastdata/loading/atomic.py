@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "remove_stale_temporaries",
+    "replace_folder",
     "side_path",
 ]
 
@@ -112,3 +114,19 @@ def atomic_write_bytes(dst: str | os.PathLike[str], data: bytes, fsync: bool = T
 def atomic_write_text(dst: str | os.PathLike[str], text: str, fsync: bool = True) -> None:
     """Write ``text`` (UTF-8) to ``dst`` atomically."""
     atomic_write_bytes(dst, text.encode(), fsync)
+
+
+def replace_folder(built: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Put the finished folder ``built`` at ``dst``; an older ``dst`` is moved aside first, then deleted.
+
+    Readers see the old folder or the new one, never a mix: each is swapped in by one rename. Both must be on the
+    same file system (``built`` beside ``dst``).
+    """
+    built, dst = Path(built), Path(dst)
+    if dst.exists():
+        old = dst.with_name(f"{dst.name}.stale-{os.getpid()}")
+        os.replace(dst, old)
+        os.replace(built, dst)
+        shutil.rmtree(old)
+    else:
+        os.replace(built, dst)

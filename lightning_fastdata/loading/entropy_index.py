@@ -36,7 +36,7 @@ import numpy as np
 from filelock import FileLock
 from tqdm import tqdm
 
-from lightning_fastdata.loading.atomic import atomic_write_text
+from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
 from lightning_fastdata.loading.index import FileIndex
 from lightning_fastdata.loading.source_reads import init_source_process, map_sources
 from lightning_fastdata.loading.storage import Storage
@@ -101,7 +101,6 @@ class EntropyIndexes:
         self.folder = os.fspath(folder)
         meta = json.loads((Path(folder) / "meta.json").read_text())
         self.count = int(meta["count"])
-        self.fingerprint = str(meta["fingerprint"])
         self._maps: tuple[np.ndarray, np.ndarray] | None = None
         self._pid = -1
 
@@ -201,13 +200,7 @@ def build_entropy_index(
         indexed = int(np.count_nonzero(np.diff(offsets)))
         meta = {"format": FORMAT, "count": len(index), "fingerprint": _fingerprint(index), "indexed": indexed}
         atomic_write_text(partial / "meta.json", json.dumps(meta))
-        if folder.exists():  # an index of another file list: move it aside, swap in the new one, then delete it
-            stale = folder.with_name(f"{folder.name}.stale-{os.getpid()}")
-            os.replace(folder, stale)
-            os.replace(partial, folder)
-            shutil.rmtree(stale)
-        else:
-            os.replace(partial, folder)
+        replace_folder(partial, folder)  # an index of another file list is moved aside, then deleted
         took = time.perf_counter() - start
         log.info(
             "lightning_fastdata: built the entropy index of %d files in %s (%.1f s, %.1f MB; %d without one: not "
