@@ -12,9 +12,10 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from typing_extensions import override
 
 from lightning_fastdata.bench import main as bench_main
@@ -24,6 +25,7 @@ from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.diagnose.main import add_arguments as add_doctor_arguments
 from lightning_fastdata.diagnose.main import run as run_doctor
 from lightning_fastdata.errors import PathNotFoundError, UsageError
+from lightning_fastdata.hparams import without_secrets
 from lightning_fastdata.loading.workers import resolve_num_workers
 from lightning_fastdata.measure import compare_folder_loaders
 from lightning_fastdata.models import ImageClassifier
@@ -86,6 +88,21 @@ def _usage_error(err: BaseException) -> UsageError | None:
     return None
 
 
+class SecretFreeSaveConfigCallback(SaveConfigCallback):
+    """LightningCLI's ``config.yaml`` writer, with every ``storage_options`` stripped of its secrets first.
+
+    The saved config is what a run leaves beside its logs and checkpoints; credentials come back from the
+    environment (or the command line) when it is run again (:func:`~lightning_fastdata.hparams.without_secrets`).
+    """
+
+    def __init__(self, parser: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        config = config.clone()
+        for key in list(config.keys()):
+            if key.rsplit(".", 1)[-1] == "storage_options" and isinstance(config[key], dict):
+                config[key] = without_secrets(config[key])
+        super().__init__(parser, config, *args, **kwargs)
+
+
 class FastDataCLI(LightningCLI):
     """LightningCLI with ``model.num_classes`` linked from the DataModule's ``num_classes``.
 
@@ -134,6 +151,7 @@ def run_cli(args: list[str] | None = None) -> FastDataCLI:
             ImageClassifier,
             FastDataModule,
             subclass_mode_data=True,
+            save_config_callback=SecretFreeSaveConfigCallback,
             save_config_kwargs={"overwrite": True},
             args=argv,
         )

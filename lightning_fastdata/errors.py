@@ -16,6 +16,7 @@ __all__ = [
     "NotAFolderError",
     "PathExistsError",
     "PathNotFoundError",
+    "StorageError",
     "UsageError",
 ]
 
@@ -50,3 +51,10 @@ class AccessError(UsageError, PermissionError):
 
 class DataError(UsageError, OSError):
     """The data are unusable as they are: a corrupt or changed file, a full disk, a stale cache (named)."""
+
+
+class StorageError(UsageError, OSError):
+    """The data could not be read (network, throttling, timeout, permission, a file gone), after the retries allowed.
+
+    Not a corrupt file: ``on_corrupt="skip"`` never skips it, so an outage cannot turn into an epoch of no samples.
+    """

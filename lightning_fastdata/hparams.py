@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from lightning.pytorch.core.mixins import HyperparametersMixin
 
-__all__ = ["save_init_hparams"]
+__all__ = ["save_init_hparams", "without_secrets"]
 
 
 def save_init_hparams(obj: HyperparametersMixin) -> None:
@@ -20,17 +22,29 @@ def save_init_hparams(obj: HyperparametersMixin) -> None:
     timeout. Handing over the caller's frame (and dropping our reference to it) frees ``obj`` by reference
     count, as any object.
 
-    A ``storage_options`` argument is saved without its secrets (keys naming a secret, token, password or
-    account key): checkpoints are shared and copied, credentials come back from the environment.
+    A ``storage_options`` argument is saved without its secrets (:func:`without_secrets`), in ``hparams`` (what
+    checkpoints keep) and in ``hparams_initial`` (what Lightning's loggers write to ``hparams.yaml`` and TensorBoard):
+    checkpoints and logs are shared and copied; credentials come back from the environment.
     """
     frame = inspect.currentframe()
     try:
-        obj.save_hyperparameters(frame=frame.f_back if frame is not None else None)
+        caller = frame.f_back if frame is not None else None
+        obj.save_hyperparameters(frame=caller)
+        options = obj.hparams.get("storage_options")
+        if isinstance(options, dict) and without_secrets(options) != options:
+            # saved again, from the cleaned values: Lightning keeps a deep copy as hparams_initial, which its
+            # loggers write (hparams.yaml, TensorBoard) and which a change of obj.hparams would not reach
+            obj.save_hyperparameters({**obj.hparams, "storage_options": without_secrets(options)}, frame=caller)
     finally:
-        del frame
-    options = obj.hparams.get("storage_options")
-    if isinstance(options, dict):
-        obj.hparams["storage_options"] = {k: v for k, v in options.items() if not _SECRET.search(k)}
+        del frame, caller
 
 
 _SECRET = re.compile(r"secret|token|password|account_key|sas|credential", re.IGNORECASE)
+
+
+def without_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``storage_options`` without the keys that name a secret (secret, token, password, account key, SAS, credential).
+
+    What every file we (or Lightning for us) write keeps of them: hyper-parameters, logger folders, saved configs.
+    """
+    return {k: v for k, v in options.items() if not _SECRET.search(str(k))}

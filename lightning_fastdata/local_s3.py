@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,20 @@ class LocalS3:
     secret_access_key: str
     bucket: str
     pid: int = 0
+    process: _ServerProcess | None = field(default=None, compare=False, repr=False)
+
+    def outage(self, seconds: float) -> None:
+        """Stop the server (its process group, SIGKILL), wait ``seconds``, start it again on the same ports and data.
+
+        A server restart as clients see it: refused connections for ``seconds`` plus the restart's own second or
+        so. Returns when the server answers again.
+        """
+        if self.process is None:
+            raise RuntimeError("this LocalS3 was not started by local_s3_server(); it cannot be restarted")
+        self.process.stop(signal.SIGKILL)
+        time.sleep(seconds)
+        self.process.start()
+        _wait_until_ready(self, self.process.proc, self.process.log_path)
 
     def url(self, key: str = "") -> str:
         """``s3://<bucket>/<key>``."""
@@ -129,21 +143,40 @@ def local_s3_server(
         args += [f"-{name}.port={ports[2 * k]}", f"-{name}.port.grpc={ports[2 * k + 1]}"]
     args += [f"-filer.localSocket={folder / 'filer.sock'}", f"-s3.localSocket={folder / 's3.sock'}"]
     args += [f"-s3.config={config}", f"-bucket={bucket}"]
-    log_path = folder / "weed.log"
-    env = {**os.environ, "TMPDIR": str(folder / "tmp")}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    server = LocalS3(f"http://127.0.0.1:{ports[6]}", access_key_id, secret_access_key, bucket, proc.pid)
+    process = _ServerProcess(args, {**os.environ, "TMPDIR": str(folder / "tmp")}, folder / "weed.log")
+    process.start()
+    server = LocalS3(
+        f"http://127.0.0.1:{ports[6]}", access_key_id, secret_access_key, bucket, process.proc.pid, process
+    )
     try:
-        _wait_until_ready(server, proc, log_path)
+        _wait_until_ready(server, process.proc, process.log_path)
         yield server
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        process.stop()
+
+
+class _ServerProcess:
+    """The ``weed`` process group of a :class:`LocalS3`: started, stopped, started again with the same arguments."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.args, self.env, self.log_path = args, env, log_path
+        self.proc: subprocess.Popen[bytes]
+
+    def start(self) -> None:
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(
+                self.args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+            )
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, sig)
         try:
-            proc.wait(10)
+            self.proc.wait(10)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def _put(store: Any, key: str, data: bytes) -> None:

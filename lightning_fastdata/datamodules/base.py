@@ -43,7 +43,11 @@ class FastDataModule(LightningDataModule):
         ratio: Aspect-ratio range of the training random crop.
         crop_fraction: Validation crop as a fraction of the shorter side (0.875: 224 out of 256).
         on_corrupt: ``"raise"`` on a corrupt or truncated image (naming it), or ``"skip"`` it: each skipped image
-            is logged and the count is reported after every epoch.
+            is logged and the count is reported after every epoch. A read that fails (network, throttling, timeout,
+            permission, a file gone) is not a corrupt image: it raises a ``StorageError`` either way.
+        max_corrupt_fraction: With ``on_corrupt="skip"``: the most images an epoch may skip, as a fraction of the
+            samples this rank reads in it (rounded up: at least one); one more stops the run with an error saying
+            how many and why. 0 stops at the first, 1 never.
         val_fraction: Fraction of the data held out (seeded) for validation when the subclass has no separate
             validation source; 0 for none.
         batch_size: Samples per batch (per rank under DDP).
@@ -102,6 +106,7 @@ class FastDataModule(LightningDataModule):
         block_shuffle: int | None = None,
         batch_transport: BatchTransport = "shm_pool",
         exact_decode: bool = False,
+        max_corrupt_fraction: float = 0.01,
     ) -> None:
         super().__init__()
         if image_size <= 0:
@@ -124,6 +129,8 @@ class FastDataModule(LightningDataModule):
             raise InvalidValueError(f"prefetch_factor should be a positive int, got {prefetch_factor!r}.")
         if block_shuffle is not None and block_shuffle < 1:
             raise InvalidValueError(f"block_shuffle should be a positive int or None, got {block_shuffle!r}.")
+        if not 0 <= max_corrupt_fraction <= 1:
+            raise InvalidValueError(f"max_corrupt_fraction should be in [0, 1], got {max_corrupt_fraction!r}.")
         if snapshot_every_n_steps is not None and snapshot_every_n_steps < 1:
             raise InvalidValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
         self.val_fraction = val_fraction
@@ -136,6 +143,7 @@ class FastDataModule(LightningDataModule):
             seed=seed,
             on_corrupt=on_corrupt,
             exact_decode=exact_decode,
+            max_corrupt_fraction=max_corrupt_fraction,
         )
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -365,6 +373,7 @@ class FastDataModule(LightningDataModule):
         if isinstance(dataset, AugmentedImageDataset):  # the next batch's reads start early (from a bucket)
             ahead = train and workers > 0 and self.in_order and dataset.reads_ahead
             dataset.lookahead = BatchLookahead(sampler) if ahead else None
+            dataset.epoch_samples = len(sampler)  # what max_corrupt_fraction is a fraction of
         persistent = workers > 0 if self.persistent_workers is None else (self.persistent_workers and workers > 0)
         kwargs: dict[str, Any] = dict(
             batch_size=self.batch_size,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
@@ -19,6 +20,7 @@ from lightning_fastdata.datasets.cache import (
     open_jpeg_cache,
     open_tensor_cache,
 )
+from lightning_fastdata.datasets.cache_manifest import read_manifest
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
@@ -170,6 +172,7 @@ class TensorCacheDataModule(FastDataModule):
                 None if val_file is None else HDF5Dataset(val_file, train=False, **self.dataset_kwargs),
             )
         kw = {k: self.dataset_kwargs[k] for k in ("image_size", "scale", "ratio", "seed")}
+        kw["source"] = str(((read_manifest(Path(self.cache_dir)) or {}).get("params") or {}).get("fingerprint", ""))
         train_path, train_labels = open_tensor_cache(self.cache_dir, "train")
         train = TensorCacheDataset(train_path, train_labels, self.classes, True, augment_on=self._placement(), **kw)
         val_path, val_labels = open_tensor_cache(self.cache_dir, "val")

@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_fastdata.datamodules.lightning_compat import reopen_epoch, shift_batches_done
+from lightning_fastdata.loading.identity import check_same_data
 from lightning_fastdata.loading.loaders import PrefetchingStatefulDataLoader
 
 __all__ = ["LoaderResume", "ResumableLoader", "quiet_torchdata_in_order"]
@@ -81,7 +82,9 @@ class LoaderResume:
       loop's own load that follows (rank 0's state for every rank; see
       :mod:`~lightning_fastdata.datamodules.lightning_compat`).
 
-    :meth:`save` builds the checkpoint's content and changes no state.
+    :meth:`save` builds the checkpoint's content and changes no state. It includes the train dataset's identity
+    (:mod:`~lightning_fastdata.loading.identity`), and :meth:`apply` refuses, naming what changed, to resume on
+    data that differ from it: a position in another dataset's permutation would train the wrong samples.
     """
 
     def __init__(self) -> None:
@@ -90,6 +93,7 @@ class LoaderResume:
         self.restart_epoch: int | None = None
         self.elastic: dict[str, Any] | None = None
         self._fallback: dict[str, Any] | None = None  # *continue*'s elastic twin, for another batch size/workers
+        self.data: dict[str, Any] | None = None  # the identity of the data the checkpoint's state describes
 
     @property
     def state(self) -> str:
@@ -124,7 +128,9 @@ class LoaderResume:
         epoch = getattr(loader.sampler, "epoch", 0)
         done = loader.batches_done(before_current_batch=interrupted)
         mid_epoch = done is not None and done < len(loader)
+        identity = getattr(loader.dataset, "identity", None)
         return {
+            "data": identity().state() if identity is not None else None,
             "loader_states": states,
             "world_size": world_size,
             "epoch": epoch,
@@ -146,6 +152,7 @@ class LoaderResume:
             return
         epoch = int(saved["epoch"])
         self.rank_state, self.mid_epoch, self.restart_epoch, self.elastic = None, None, None, None
+        self.data = saved.get("data")
         if all(s is not None for s in states):
             positions = [_sampler_position(s, saved.get("batch_size") or 1) for s in states]
             elastic = None
@@ -177,7 +184,13 @@ class LoaderResume:
 
         Called when the loader is built rather than left to Lightning's fit loop: that one restores rank 0's state
         on every rank, and none at all if ``configure_optimizers`` loaded the data early (Lightning #20550).
+
+        Raises:
+            ValueError: If the loader's dataset is not the data the checkpoint's state was saved for (named).
         """
+        identity = getattr(loader.dataset, "identity", None)
+        if self.state != "fresh" and identity is not None:
+            check_same_data(self.data, identity(), loader.dataset.describe)
         if self.rank_state is not None and self._fallback is not None:
             saved = self._fallback["saved"]
             if saved.get("batch_size") not in (None, loader.batch_size) or saved.get("num_workers") not in (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from lightning_fastdata.errors import DataError, InvalidValueError
+from lightning_fastdata.errors import DataError, InvalidValueError, StorageError
 from lightning_fastdata.loading.collate import empty_image_batch
 from lightning_fastdata.loading.decode import (
     Box,
@@ -20,6 +21,7 @@ from lightning_fastdata.loading.decode import (
     random_resized_crop_box,
     resize_crop_into,
 )
+from lightning_fastdata.loading.identity import DataIdentity, mix
 from lightning_fastdata.loading.sampler import BatchLookahead, SampleKey
 
 __all__ = ["AugmentedImageDataset", "Source"]
@@ -27,7 +29,8 @@ __all__ = ["AugmentedImageDataset", "Source"]
 log = logging.getLogger("lightning_fastdata")
 
 #: What a subclass hands over for one sample. Encoded file bytes, a decoded ``3 x H x W`` tensor, or the
-#: ``OSError`` met while reading it (raised, or skipped by ``on_corrupt="skip"``, when its turn comes).
+#: ``OSError`` met while reading it (raised as a :class:`~lightning_fastdata.errors.StorageError` when its turn
+#: comes, whatever ``on_corrupt`` says: a read that failed is not a corrupt image).
 Source = bytes | torch.Tensor | OSError
 
 # Skip counters: one row per epoch (mod _EPOCH_ROWS) plus one for plain-index keys; column 0 for the main
@@ -56,7 +59,12 @@ class AugmentedImageDataset(Dataset):
         crop_fraction: Evaluation crop as a fraction of the shorter side (0.875 is 224 of 256).
         seed: Seed of the per-sample augmentation.
         on_corrupt: ``"raise"`` (default) raises an error naming the sample; ``"skip"`` logs it, leaves it out of
-            its batch (which is then one shorter) and counts it in :meth:`skipped_count`.
+            its batch (which is then one shorter) and counts it in :meth:`skipped_count`. Only images that were read
+            and do not decode are corrupt: a read that fails (network, throttling, timeout, permission, a file gone)
+            raises a :class:`~lightning_fastdata.errors.StorageError` either way.
+        max_corrupt_fraction: With ``on_corrupt="skip"``: the most images one epoch may skip, as a fraction of the
+            samples it reads (:attr:`epoch_samples`, rounded up: at least one for any fraction above 0); one more
+            stops with a ``DataError`` that says how many were skipped and why. 0 stops at the first, 1 never.
         exact_decode: Decode JPEGs at full size with the exact IDCT (see
             :func:`~lightning_fastdata.loading.decode.decode_resized_crop`'s ``exact``).
 
@@ -74,6 +82,7 @@ class AugmentedImageDataset(Dataset):
         seed: int = 0,
         on_corrupt: Literal["raise", "skip"] = "raise",
         exact_decode: bool = False,
+        max_corrupt_fraction: float = 0.01,
     ) -> None:
         if image_size <= 0:
             raise InvalidValueError(f"image_size should be a positive int, got {image_size!r}.")
@@ -85,6 +94,8 @@ class AugmentedImageDataset(Dataset):
             raise InvalidValueError(f"crop_fraction should be in (0, 1], got {crop_fraction!r}.")
         if on_corrupt not in ("raise", "skip"):
             raise InvalidValueError(f"on_corrupt should be 'raise' or 'skip', got {on_corrupt!r}.")
+        if not 0 <= max_corrupt_fraction <= 1:
+            raise InvalidValueError(f"max_corrupt_fraction should be in [0, 1], got {max_corrupt_fraction!r}.")
         self.train = train
         self.image_size = image_size
         self.scale = (float(scale[0]), float(scale[1]))
@@ -93,6 +104,10 @@ class AugmentedImageDataset(Dataset):
         self.seed = seed
         self.on_corrupt = on_corrupt
         self.exact_decode = bool(exact_decode)
+        self.max_corrupt_fraction = float(max_corrupt_fraction)
+        #: Samples one epoch reads (the DataModule sets this rank's count); ``None``: the whole dataset.
+        self.epoch_samples: int | None = None
+        self._identity: DataIdentity | None = None
         # Shared memory, so that counts made in worker processes are visible to the main process.
         self._skipped = torch.zeros((_EPOCH_ROWS + 1, _MAX_SLOTS), dtype=torch.int64).share_memory_()
         #: Set by the DataModule on its train set. The next batch's samples, for :meth:`read_ahead`.
@@ -104,7 +119,7 @@ class AugmentedImageDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update({name: None for name in (*self.per_process_attrs, "_pid")})
+        state.update({name: None for name in (*self.per_process_attrs, "_pid", "_identity")})
         return state
 
     def _handles_open(self) -> bool:
@@ -151,9 +166,23 @@ class AugmentedImageDataset(Dataset):
         """Sample ``index``'s entropy index (see :mod:`lightning_fastdata.loading.entropy_index`), if it has one."""
         return None
 
+    def make_identity(self) -> DataIdentity:
+        """Which sample each index names (see :mod:`lightning_fastdata.loading.identity`); by default the labels.
+
+        Subclasses add what names a sample: a file's path and version, an HDF5 row and its length.
+        """
+        labels = np.asarray(self.targets, dtype=np.int64).astype(np.uint64)
+        return DataIdentity.of(type(self).__name__, mix(np.arange(len(labels), dtype=np.uint64)) ^ mix(labels))
+
     # -- shared ----------------------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.targets)
+
+    def identity(self) -> DataIdentity:
+        """:meth:`make_identity`, computed once per process (a resume state carries it)."""
+        if self._identity is None:
+            self._identity = self.make_identity()
+        return self._identity
 
     def skipped_count(self, epoch: int | None = None) -> int:
         """Corrupt images skipped so far across all worker processes, in ``epoch`` or in total."""
@@ -208,6 +237,17 @@ class AugmentedImageDataset(Dataset):
         info = get_worker_info()
         row = key[0] % _EPOCH_ROWS if isinstance(key, (tuple, list)) else _EPOCH_ROWS
         self._skipped[row, 0 if info is None else 1 + info.id % (_MAX_SLOTS - 1)] += 1
+        skipped = int(self._skipped[row].sum())
+        samples = len(self) if self.epoch_samples is None else self.epoch_samples
+        limit = math.ceil(self.max_corrupt_fraction * samples)
+        if skipped > limit:
+            where = f"epoch {key[0]}" if isinstance(key, (tuple, list)) else "this pass over the data"
+            raise DataError(
+                f"{skipped} corrupt image(s) skipped in {where}, more than max_corrupt_fraction="
+                f"{self.max_corrupt_fraction:g} of its {samples} samples allows ({limit}); the last: "
+                f"{self.describe(index)}: {err}. So many point to the data as a whole (a wrong format, a bad "
+                "conversion, a truncated copy): fix them, or raise max_corrupt_fraction (1 never stops)."
+            ) from err
         log.warning("Skipped corrupt image %s (on_corrupt='skip'): %s", self.describe(index), err)
 
     def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
@@ -232,9 +272,13 @@ class AugmentedImageDataset(Dataset):
                 ahead = self.lookahead.after(keys, info.num_workers)  # this batch's reads are under way now
                 if ahead is not None:
                     self.read_ahead(ahead)
+            if isinstance(source, OSError):
+                raise StorageError(
+                    f"Could not read {self.describe(index)}: {str(source).rstrip('.')}. A failed read is not a "
+                    "corrupt image, so on_corrupt='skip' does not skip it: check the storage (network, credentials, "
+                    "the file) and resume from the last checkpoint."
+                ) from source
             try:
-                if isinstance(source, OSError):
-                    raise source
                 self._render(images[slot], source, rng, self.describe(index), self.entropy_index_of(index))
             except OSError as err:
                 self._skip(key, index, err)

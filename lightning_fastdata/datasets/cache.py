@@ -44,6 +44,7 @@ from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
 from lightning_fastdata.loading.collate import empty_image_batch
 from lightning_fastdata.loading.decode import random_resized_crop_box
+from lightning_fastdata.loading.identity import DataIdentity, mix
 from lightning_fastdata.loading.sampler import SampleKey
 
 __all__ = [
@@ -87,6 +88,8 @@ class TensorCacheDataset(AugmentedImageDataset):
         scale: Area range of the random crop.
         ratio: Aspect-ratio range of the random crop.
         seed: Seed of the per-sample augmentation.
+        source: The fingerprint of the files the cache was built from (its manifest's): part of the identity a resume
+            state checks (:meth:`make_identity`).
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class TensorCacheDataset(AugmentedImageDataset):
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         seed: int = 0,
+        source: str = "",
     ) -> None:
         # Validation crops were made at build time, so here they are only copied (crop_fraction 1, same size).
         super().__init__(train, image_size, scale, ratio, crop_fraction=1.0, seed=seed)
@@ -111,6 +115,7 @@ class TensorCacheDataset(AugmentedImageDataset):
         self._signature = MappedFile.signature(images_path)
         self._images: np.ndarray | None = None
         self._mapped: MappedFile | None = None
+        self.source = source
 
     per_process_attrs = ("_images", "_mapped")
 
@@ -122,6 +127,13 @@ class TensorCacheDataset(AugmentedImageDataset):
     def describe(self, index: int) -> str:
         """``file[index]``."""
         return f"{self.images_path}[{index}]"
+
+    def make_identity(self) -> DataIdentity:
+        """Each sample's position and label, the array file's size and the fingerprint of the files it was made of."""
+        labels = self._labels.astype(np.uint64)
+        samples = mix(np.arange(len(labels), dtype=np.uint64)) ^ mix(labels + np.uint64(0x9E3779B97F4A7C15))
+        size = self._signature[0] if self._signature else 0
+        return DataIdentity.of(self.images_path, samples, f"cache|{self.source}|{size}")
 
     def _array(self) -> np.ndarray:
         """This process's memory map, after checking that the file was not changed under it (one ``fstat``)."""

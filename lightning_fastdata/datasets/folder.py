@@ -12,6 +12,7 @@ from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.bucket_index import list_bucket_folder
 from lightning_fastdata.loading.entropy_index import EntropyIndexes
+from lightning_fastdata.loading.identity import DataIdentity, mix, segment_hashes
 from lightning_fastdata.loading.index import FileIndex, scan_image_folder
 from lightning_fastdata.loading.object_store import ObjectStorage
 from lightning_fastdata.loading.storage import is_url
@@ -86,8 +87,20 @@ class ImageFolderDataset(AugmentedImageDataset):
         return self.index.labels
 
     def describe(self, index: int) -> str:
-        """The file's path."""
-        return self.index.path(index)
+        """The file's path (or URL)."""
+        return self.storage.url(self.index.relpath(index))
+
+    def make_identity(self) -> DataIdentity:
+        """Each file's relative path and label, and in a bucket its size and ETag (as listed), in this order.
+
+        A local file rewritten in place under the same name keeps its identity (no ``stat`` of every file here).
+        """
+        index = self.index
+        samples = segment_hashes(index.path_bytes, index.offsets)
+        samples ^= mix(np.asarray(index.labels, dtype=np.int64).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+        if index.versions is not None:
+            samples ^= mix(index.versions)
+        return DataIdentity.of(self.storage.root, samples, "folder|" + "/".join(index.classes))
 
     @property
     def reads_ahead(self) -> bool:
@@ -104,4 +117,8 @@ class ImageFolderDataset(AugmentedImageDataset):
 
     def read_sources(self, indices: np.ndarray) -> Iterator[Source]:
         """Each file's bytes, in order (a bucket's fetched concurrently); a file that cannot be read as its error."""
-        return self.storage.read_many([self.index.relpath(int(i)) for i in indices])
+        relpaths = [self.index.relpath(int(i)) for i in indices]
+        versions = self.index.versions
+        if versions is not None:
+            return self.storage.read_many(relpaths, versions=versions[indices].tolist())
+        return self.storage.read_many(relpaths)

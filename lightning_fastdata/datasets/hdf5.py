@@ -13,6 +13,7 @@ import torch
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
+from lightning_fastdata.loading.identity import DataIdentity, mix
 
 __all__ = ["FORMAT_VERSION", "HDF5Dataset", "HDF5Layout", "inspect_hdf5", "open_hdf5"]
 
@@ -334,6 +335,20 @@ class HDF5Dataset(AugmentedImageDataset):
     def describe(self, index: int) -> str:
         """``file[images_key][row]``."""
         return f"{self.layout.path}[{self.layout.images_key!r}][{int(self.rows[index])}]"
+
+    def make_identity(self) -> DataIdentity:
+        """Each sample's row, label and (encoded) byte length; the file's size, dataset shape, dtype and classes.
+
+        The pixels themselves are not read: a file rewritten with other images of the same sizes and labels keeps
+        its identity.
+        """
+        lay = self.layout
+        samples = mix(self.rows.astype(np.uint64)) ^ mix(self._labels.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+        if self._offsets is not None:
+            lengths = np.diff(self._offsets)[self.rows].astype(np.uint64)
+            samples ^= mix(lengths + np.uint64(0x632BE59BD9B4E019))
+        extra = f"hdf5|{lay.images_key}|{lay.shape}|{lay.dtype}|{lay.signature[0]}|{'/'.join(lay.classes)}"
+        return DataIdentity.of(lay.path, samples, extra)
 
     def _open(self) -> Any:
         """The images array of this process: a memory map or an h5py dataset, (re)opened after a fork.

@@ -34,7 +34,7 @@ from lightning_fastdata.loading.index_store import (
     read_index_file,
     write_index_file,
 )
-from lightning_fastdata.loading.object_store import ObjectEntry, ObjectStorage
+from lightning_fastdata.loading.object_store import ObjectEntry, ObjectStorage, object_version
 
 __all__ = ["DEFAULT_INDEX_TTL", "bucket_classes", "bucket_index_file", "indexed_bucket", "list_bucket_folder"]
 
@@ -73,6 +73,7 @@ def list_bucket_folder(
     classes = bucket_classes(storage) if classes is None else tuple(classes)
     listings = storage.list_many([c + "/" for c in classes])
     chunks: list[bytes] = []
+    versions: list[int] = []
     per_label = np.zeros(len(classes), dtype=np.int64)
     digests: dict[str, str] = {}
     empty = []
@@ -86,6 +87,7 @@ def list_bucket_folder(
         digests[name] = digest.hexdigest()
         per_label[label] = len(images)
         chunks.append(b"".join(e.key.encode() + b"\0" for e in images))
+        versions.extend(object_version(e.size, e.etag) for e in images)
     if empty:
         raise PathNotFoundError(
             f"Found no image under the class prefix(es) {', '.join(map(repr, empty))}. Supported extensions are "
@@ -96,7 +98,8 @@ def list_bucket_folder(
     offsets = np.zeros(len(ends) + 1, dtype=np.int64)
     offsets[1:] = ends + 1 - np.arange(1, len(ends) + 1)
     labels = np.repeat(np.arange(len(classes), dtype=np.int64), per_label)
-    return FileIndex(storage.root, classes, blob[blob != 0], offsets, labels), digests
+    index = FileIndex(storage.root, classes, blob[blob != 0], offsets, labels, np.array(versions, dtype=np.uint64))
+    return index, digests
 
 
 def bucket_index_file(index_dir: str | os.PathLike[str], storage: ObjectStorage) -> Path:

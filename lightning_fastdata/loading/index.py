@@ -35,6 +35,8 @@ class FileIndex:
             concatenated.
         offsets: ``n + 1`` offsets into ``path_bytes``.
         labels: ``n`` int64 labels.
+        versions: ``n`` uint64 hashes of each file's size and ETag where a listing gave them (a bucket), else
+            ``None``: what identifies the content a listing saw (:mod:`~lightning_fastdata.loading.identity`).
     """
 
     root: str
@@ -42,6 +44,7 @@ class FileIndex:
     path_bytes: np.ndarray
     offsets: np.ndarray
     labels: np.ndarray
+    versions: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -63,7 +66,10 @@ class FileIndex:
         np.cumsum(lengths, out=offsets[1:])
         # byte k of the new blob comes from starts[i] + (k - offsets[i]) for the i whose span holds k
         gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
-        return FileIndex(self.root, self.classes, self.path_bytes[gather], offsets, self.labels[indices].copy())
+        versions = None if self.versions is None else self.versions[indices].copy()
+        return FileIndex(
+            self.root, self.classes, self.path_bytes[gather], offsets, self.labels[indices].copy(), versions
+        )
 
 
 def find_classes(root: str) -> tuple[str, ...]:

@@ -114,14 +114,11 @@ def write_index_file(path: str | os.PathLike[str], meta: dict[str, Any], index: 
     """Write ``meta`` (JSON) and ``index``'s arrays to ``path`` as one ``.npz``, atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {"path_bytes": index.path_bytes, "offsets": index.offsets, "labels": index.labels}
+    if index.versions is not None:
+        arrays["versions"] = index.versions
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        np.savez(
-            fh,
-            meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-            path_bytes=index.path_bytes,
-            offsets=index.offsets,
-            labels=index.labels,
-        )
+        np.savez(fh, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
 
 
 def load_index(path: str | os.PathLike[str], root: str, classes: tuple[str, ...]) -> FileIndex:
@@ -155,6 +152,8 @@ def read_index_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[
         with np.load(path, allow_pickle=False) as npz:
             meta = json.loads(npz["meta"].tobytes())
             arrays = {k: npz[k] for k in ("path_bytes", "offsets", "labels")}
+            if "versions" in npz.files:  # a bucket's listing: each object's size and ETag, hashed
+                arrays["versions"] = npz["versions"]
     except FileNotFoundError:
         raise IndexStale(f"no index at {path}", missing=True) from None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
@@ -179,13 +178,15 @@ def checked_index(
     """
     n = int(meta["files"])
     path_bytes, offsets, labels = arrays["path_bytes"], arrays["offsets"], arrays["labels"]
+    versions = arrays.get("versions")
     if (
-        len(labels) != n
+        (versions is not None and len(versions) != n)
+        or len(labels) != n
         or len(offsets) != n + 1
         or (n and (offsets[-1] != len(path_bytes) or labels.min() < 0 or labels.max() >= len(classes)))
     ):
         raise IndexStale(f"the index {path} is inconsistent (its arrays do not agree); it was damaged")
-    return FileIndex(root, tuple(classes), path_bytes, offsets, labels)
+    return FileIndex(root, tuple(classes), path_bytes, offsets, labels, versions)
 
 
 @dataclass(frozen=True)

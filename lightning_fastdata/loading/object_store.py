@@ -10,11 +10,19 @@ Chosen by measurement (``benchmarks/s3_clients.py``): obstore served 4.6x the re
 ``region``, ...) plus this package's ``max_inflight``, ``timeout``, ``connect_timeout``, ``max_retries`` and
 ``retry_timeout`` (seconds). An ``http://`` endpoint (a local test server) is allowed without further setting.
 
-**Retries and timeouts.** Throttling (``503 SlowDown``), other 5xx answers, dropped connections and timeouts are
-retried up to ``max_retries`` times with exponential backoff and jitter, never past ``retry_timeout`` from the
-first attempt; each attempt is cut at ``timeout``. So one slow or failing object holds its batch for at most
-about ``retry_timeout + timeout`` seconds, then its read fails with an error naming its URL (raised, or
-skipped with ``on_corrupt="skip"``).
+**Retries and timeouts: an outage costs a pause, not the job.** Throttling (``503 SlowDown``), other 5xx answers,
+refused or dropped connections and timeouts are retried: first up to ``max_retries`` times quickly by obstore
+(backoff from 0.1 s), then again and again with exponential backoff (0.25 s doubling to 5 s, with jitter) until
+``retry_timeout`` seconds (default 60) have passed since the first attempt; each attempt is cut at ``timeout``. So
+a server that restarts, a network blip or a burst of throttling shorter than ``retry_timeout`` pauses the reads and
+the same bytes arrive after it; one that lasts longer fails the read with a
+:class:`~lightning_fastdata.errors.StorageError` naming the URL, how long it was retried and the last answer, which
+the datasets raise whatever ``on_corrupt`` says (a failed read is not a corrupt image). A missing object, a refused
+credential or a missing bucket is not retried.
+
+**Objects rewritten during a run** are served as they are now: the key names the sample. Where the listing saw
+another size or ETag than the read gets, the object changed after the listing, and a warning names its URL (once
+per object and process, up to ten): a resume state or an entropy index of the old listing describes other bytes.
 
 **Processes.** obstore runs a tokio runtime, which does not survive ``fork`` (obstore#441: a child forked after
 the parent used it hangs at its first request). So the process that starts DataLoader workers never starts it:
@@ -27,6 +35,7 @@ connections.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import queue
 import threading
@@ -36,14 +45,20 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from lightning_fastdata.errors import InvalidValueError
+import torch
+
+from lightning_fastdata.errors import InvalidValueError, StorageError
+from lightning_fastdata.loading.identity import string_hash
 from lightning_fastdata.loading.object_store_helper import (
     _agent,
     _first_line,
     allow_direct_calls,
     direct_calls_allowed,
 )
+from lightning_fastdata.loading.retry import retried
 from lightning_fastdata.loading.storage import ObjectStat, is_url, join_url
+
+log = logging.getLogger("lightning_fastdata")
 
 __all__ = ["ObjectEntry", "ObjectStorage", "allow_direct_calls", "main_process_is_clean"]
 
@@ -55,8 +70,12 @@ DEFAULTS: dict[str, Any] = {
     "timeout": 10.0,
     "connect_timeout": 5.0,
     "max_retries": 4,
-    "retry_timeout": 30.0,
+    "retry_timeout": 60.0,
 }
+
+#: Objects whose listed and read versions differed, warned about in this process (at most _MAX_CHANGED named).
+_CHANGED: set[str] = set()
+_MAX_CHANGED = 10
 
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
 
@@ -106,7 +125,9 @@ def _as_os_error(err: BaseException, url: str, credentials: str = "") -> OSError
             f"Access to {url} was refused ({_first_line(err)}{used}): check the credentials (AWS_ACCESS_KEY_ID / "
             "AWS_PROFILE, or storage_options) and the bucket's policy."
         )
-    return OSError(f"Reading {url} failed after retries: {_first_line(err)}")
+    retried = getattr(err, "fastdata_retried_s", None)
+    how = f"for {retried:.0f} s of retries (storage_options retry_timeout)" if retried is not None else "after retries"
+    return StorageError(f"Reading {url} failed {how}: {_first_line(err)}")
 
 
 class _Session:
@@ -197,6 +218,9 @@ class ObjectStorage:
         # the environment as it is now, applied where the store is made (the helper process may be older)
         self.env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
         self._sessions: dict[int, _Session] = {}
+        # hashes of the objects warned about as changed, shared by the loader workers this storage is handed to
+        # (slot 0 counts them), so that each is named once per run rather than once per worker
+        self._warned = torch.zeros(_MAX_CHANGED + 2, dtype=torch.int64).share_memory_()
         self.make_store()  # validates the URL and the options now, without any request
 
     def __repr__(self) -> str:
@@ -270,10 +294,15 @@ class ObjectStorage:
             return getattr(self, name)(*args)
         return _agent().call(_call_method, self, name, args)
 
-    def read_many(self, relpaths: Sequence[str]) -> Iterator[bytes | OSError]:
-        """Yield each object's bytes (or its ``OSError``) in order, fetching up to ``max_inflight`` at once."""
+    def read_many(self, relpaths: Sequence[str], versions: Sequence[int] | None = None) -> Iterator[bytes | OSError]:
+        """Yield each object's bytes (or its ``OSError``) in order, fetching up to ``max_inflight`` at once.
+
+        ``versions``: each object's size and ETag as listed (``versions`` of a
+        :class:`~lightning_fastdata.FileIndex`); an object read with another one changed since the listing, and is
+        warned about (module docstring).
+        """
         if not _direct():
-            yield from _agent().call(_call_method, self, "_read_all", (list(relpaths),))
+            yield from _agent().call(_call_method, self, "_read_all", (list(relpaths), versions))
             return
         session = self._session()
         ahead, session.ahead = session.ahead, None
@@ -282,13 +311,19 @@ class ObjectStorage:
         else:
             for future in ahead[1] if ahead is not None else ():
                 future.cancel()  # a wrong guess: its requests that already started finish unread
-            futures = [session.submit(_get, session.store, rel) for rel in relpaths]
+            futures = [
+                session.submit(retried, self.settings["retry_timeout"], _get, session.store, rel) for rel in relpaths
+            ]
         try:
-            for rel, future in zip(relpaths, futures):
+            for k, (rel, future) in enumerate(zip(relpaths, futures)):
                 try:
-                    yield future.result()
+                    data, version = future.result()
                 except Exception as err:  # noqa: BLE001 - any client error becomes the sample's OSError
                     yield _as_os_error(err, self.url(rel), self.credential_source())
+                    continue
+                if versions is not None and version != versions[k]:
+                    self._warn_changed(self.url(rel))
+                yield data
         finally:
             for future in futures:
                 future.cancel()
@@ -305,10 +340,11 @@ class ObjectStorage:
         session = self._session()
         for future in session.ahead[1] if session.ahead is not None else ():
             future.cancel()
-        session.ahead = (tuple(relpaths), [session.submit(_get, session.store, r) for r in relpaths])
+        budget = self.settings["retry_timeout"]
+        session.ahead = (tuple(relpaths), [session.submit(retried, budget, _get, session.store, r) for r in relpaths])
 
-    def _read_all(self, relpaths: list[str]) -> list[bytes | OSError]:
-        return list(self.read_many(relpaths))
+    def _read_all(self, relpaths: list[str], versions: Sequence[int] | None = None) -> list[bytes | OSError]:
+        return list(self.read_many(relpaths, versions))
 
     def stat(self, relpath: str) -> ObjectStat:
         """Size and ETag of one object.
@@ -322,7 +358,7 @@ class ObjectStorage:
         import obstore
 
         try:
-            meta = obstore.head(self._session().store, relpath)
+            meta = retried(self.settings["retry_timeout"], obstore.head, self._session().store, relpath)
         except Exception as err:  # noqa: BLE001 - named as an OSError
             raise _as_os_error(err, self.url(relpath), self.credential_source()) from None
         return ObjectStat(int(meta["size"]), str(meta.get("e_tag") or meta["last_modified"]))
@@ -335,7 +371,8 @@ class ObjectStorage:
         import obstore
 
         try:
-            result = obstore.list_with_delimiter(self._session().store, prefix or None)
+            store = self._session().store
+            result = retried(self.settings["retry_timeout"], obstore.list_with_delimiter, store, prefix or None)
         except Exception as err:  # noqa: BLE001 - named as an OSError
             raise _as_os_error(err, self.url(prefix), self.credential_source()) from None
         cut = len(prefix.rstrip("/")) + 1 if prefix else 0
@@ -347,7 +384,8 @@ class ObjectStorage:
 
     def _list_many(self, prefixes: list[str]) -> list[list[ObjectEntry]]:
         session = self._session()
-        futures = [session.submit(_list_one, session.store, p) for p in prefixes]
+        budget = self.settings["retry_timeout"]
+        futures = [session.submit(retried, budget, _list_one, session.store, p) for p in prefixes]
         out = []
         for prefix, future in zip(prefixes, futures):
             try:
@@ -373,17 +411,52 @@ class ObjectStorage:
                 raise _as_os_error(err, self.root, self.credential_source()) from None
             raise
 
+    def _warn_changed(self, url: str) -> None:
+        """Say once (per run, up to ten objects) that ``url`` changed since the listing.
+
+        Logged (``lightning_fastdata`` logger, stderr by default) rather than ``warnings.warn``: it is met in loader
+        workers, whose warnings filters a test harness or a notebook may have set to record silently.
+        """
+        key = string_hash(url) & (2**62 - 1) or 1
+        warned = self._warned
+        if url in _CHANGED or key in warned[1:].tolist() or int(warned[0]) > _MAX_CHANGED:
+            return
+        _CHANGED.add(url)
+        count = int(warned[0]) + 1
+        warned[0] = count
+        if count <= _MAX_CHANGED:
+            warned[count] = key
+        more = " (further changed objects are not named)" if count > _MAX_CHANGED else ""
+        log.warning(
+            "%s changed since the bucket was listed (another size or ETag): its new content is used. A resume state "
+            "or entropy index made from the old listing describes other bytes; list again (index_ttl) to pick it "
+            "up%s.",
+            url,
+            more,
+        )
+
     def fingerprint(self) -> str:
         """A short digest of the root and the settings that select the data (not the credentials)."""
         endpoint = str(self.options.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or "")
         return hashlib.sha1(f"{self.root}|{endpoint}".encode()).hexdigest()[:16]
 
 
-def _get(store: Any, relpath: str) -> bytes:
-    """The object's bytes (one request; run on a request thread, the GIL released while it waits)."""
+def _get(store: Any, relpath: str) -> tuple[bytes, int]:
+    """The object's bytes and version (one request; run on a request thread, the GIL released while it waits).
+
+    The version is :func:`object_version` of the size and ETag the answer carries.
+    """
     import obstore
 
-    return bytes(obstore.get(store, relpath).bytes())
+    result = obstore.get(store, relpath)
+    meta = result.meta
+    data = bytes(result.bytes())
+    return data, object_version(int(meta["size"]), str(meta.get("e_tag") or ""))
+
+
+def object_version(size: int, etag: str) -> int:
+    """What identifies an object's content in a listing and in a read alike: a hash of its size and ETag."""
+    return string_hash(f"{size}\0{etag}")
 
 
 def _list_one(store: Any, prefix: str) -> list[ObjectEntry]:

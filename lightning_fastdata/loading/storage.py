@@ -58,11 +58,12 @@ class Storage(Protocol):
 
     root: str
 
-    def read_many(self, relpaths: Sequence[str]) -> Iterator[bytes | OSError]:
-        """Yield each file's bytes (or the ``OSError`` met reading it) in the order given.
+    def read_many(self, relpaths: Sequence[str], versions: Sequence[int] | None = None) -> Iterator[bytes | OSError]:
+        """Yield each file's bytes (or the ``OSError`` met reading it, after the retries allowed) in the order given.
 
         An object store fetches them concurrently and yields each one as soon as it and those before it
-        arrived, so the caller decodes while the rest are in flight.
+        arrived, so the caller decodes while the rest are in flight. ``versions``: each file's version as its
+        listing gave it (``versions`` of a :class:`~lightning_fastdata.FileIndex`), to warn about a file changed since.
         """
         ...
 
@@ -92,8 +93,8 @@ class LocalStorage:
     def __repr__(self) -> str:
         return f"LocalStorage({self.root!r})"
 
-    def read_many(self, relpaths: Sequence[str]) -> Iterator[bytes | OSError]:
-        """Yield each file's bytes, or the ``OSError`` met opening or reading it."""
+    def read_many(self, relpaths: Sequence[str], versions: Sequence[int] | None = None) -> Iterator[bytes | OSError]:
+        """Yield each file's bytes, or the ``OSError`` met opening or reading it (a local listing has no versions)."""
         for rel in relpaths:
             try:
                 with open(os.path.join(self.root, rel), "rb") as f:

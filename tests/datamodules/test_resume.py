@@ -8,7 +8,9 @@ concatenated records to equal the uninterrupted ones exactly.
 from __future__ import annotations
 
 import json
+import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from helpers.fork_client import SERVER
 
 from lightning_fastdata import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.local_s3 import LocalS3, upload_folder
+from lightning_fastdata.local_s3 import LocalS3, delete_objects, upload_folder
 
 HELPER = Path(__file__).parents[1] / "helpers" / "resume_run.py"
 STEPS = 12  # 39 images, batch 8: 5 steps per epoch, so 12 steps cross two epoch boundaries
@@ -405,3 +407,54 @@ def test_readme_snippet_rerun_resumes_where_it_stopped(
     a, b = lines(tmp_path / "a.jsonl"), lines(tmp_path / "b.jsonl")
     assert [r["step"] for r in b] == list(range(6, 14))  # continues at the step where the first run stopped
     assert a + b == lines(tmp_path / "ref.jsonl")  # same epochs, batch indices and samples as one run
+
+
+def swap_one_image(root: Path) -> str:
+    """Remove one image and add another of another class: the same number of files. Returns the new one's path."""
+    (root / "class_000" / "img_000003.jpg").unlink()
+    new = root / "class_001" / "zz_added.jpg"
+    shutil.copy(root / "class_002" / "img_000004.jpg", new)
+    return str(new.relative_to(root))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["folder", "hdf5", "cache", "bucket"])
+def test_a_resume_on_changed_data_of_the_same_length_is_refused_naming_the_change(
+    tmp_path: Path, s3: LocalS3, kind: str
+) -> None:
+    """Was: no error, and the rest of the interrupted epoch missed samples, repeated others and trained a new one.
+
+    The folder case saves on 2 DDP ranks and resumes on 1 (elastic), as the report did; the others on 1 rank.
+    """
+    src = make_image_folder(tmp_path / "src", num_classes=3, per_class=13, size=(40, 30))
+    cfg: dict[str, Any] = {
+        "kind": kind,
+        "source": str(src),
+        "workers": 0,
+        "devices": 1,
+        "cache_dir": str(tmp_path / "c"),
+    }
+    if kind == "hdf5":
+        cfg["source"] = str(convert_folder_to_hdf5(src, tmp_path / "a.h5", mode="encoded", processes=1, progress=False))
+    if kind == "bucket":
+        cfg.update(kind="folder", source=s3.url(f"changed-{tmp_path.name}"), storage_options=s3.storage_options())
+        upload_folder(src, cfg["source"], s3.storage_options())
+    if kind == "folder":
+        cfg.update(devices=2, workers=2)
+    ckpt = stopped_at(cfg, 2, tmp_path)
+    added = swap_one_image(src)
+    if kind == "hdf5":
+        convert_folder_to_hdf5(src, tmp_path / "b.h5", mode="encoded", processes=1, progress=False)
+        os.replace(tmp_path / "b.h5", tmp_path / "a.h5")
+    if kind == "bucket":
+        delete_objects(cfg["source"], ["class_000/img_000003.jpg"], s3.storage_options())
+        upload_folder(src, cfg["source"], s3.storage_options())
+    resumed = {**cfg, "devices": 1, "workers": 0, "max_steps": 8, "record": str(tmp_path / "new"), "ckpt_path": ckpt}
+    code, output = RUNS(resumed)
+    assert code != 0 and "The checkpoint's loader state was saved for other data than" in output, output[-3000:]
+    assert "39 samples then, 39 now" in output
+    if kind in ("folder", "bucket"):  # file lists: the count and the new file named
+        assert "1 sample(s) of then are gone or changed" in output and added in output, output[-3000:]
+    elif kind == "cache":  # the cache was rebuilt from the changed folder: its samples' labels moved
+        assert "gone or changed" in output, output[-3000:]
+    assert not Path(f"{tmp_path / 'new'}.rank0").exists()  # not one step trained on the wrong samples

@@ -1,0 +1,77 @@
+"""Retries over an outage budget: what turns a server restart or a network blip into a pause instead of a failure.
+
+obstore retries a failed request a few times within a second (``max_retries``); a server that restarts takes
+seconds. :func:`retried` retries on top of that with exponential backoff and jitter until ``retry_timeout``
+seconds have passed since the first attempt, for every error that may pass (refused or dropped connections,
+timeouts, 5xx answers, throttling) and none that cannot (a missing object or bucket, a refused credential).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["BACKOFF", "permanent", "retried"]
+
+T = TypeVar("T")
+
+#: First wait and cap of our backoff between attempts, in seconds; obstore's own retries come before.
+BACKOFF = (0.25, 5.0)
+
+
+def permanent(err: BaseException) -> bool:
+    """Whether retrying ``err`` cannot help: a missing object or bucket, a refused credential, a bad request."""
+    from obstore.exceptions import (
+        AlreadyExistsError,
+        InvalidPathError,
+        NotFoundError,
+        NotSupportedError,
+        PermissionDeniedError,
+        UnauthenticatedError,
+        UnknownConfigurationKeyError,
+    )
+
+    kinds = (NotFoundError, PermissionDeniedError, UnauthenticatedError, InvalidPathError, NotSupportedError)
+    if isinstance(err, (*kinds, AlreadyExistsError, UnknownConfigurationKeyError, FileNotFoundError, PermissionError)):
+        return True
+    text = str(err)
+    return any(
+        s in text
+        for s in (
+            "NoSuchBucket",
+            "NoSuchKey",
+            "403 Forbidden",
+            "401 Unauthorized",
+            "400 Bad Request",
+            "416 Range Not Satisfiable",
+            "SignatureDoesNotMatch",
+            "InvalidAccessKeyId",
+        )
+    )
+
+
+def retried(budget: float, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, retried with exponential backoff and jitter while it fails for a reason that may pass.
+
+    Gives up once the next attempt would start more than ``budget`` seconds after the first; the error it raises
+    then carries ``fastdata_retried_s`` (how long it was retried) for the message.
+    """
+    start = time.monotonic()
+    delay = BACKOFF[0]
+    while True:
+        try:
+            return fn(*args)
+        except Exception as err:
+            if permanent(err):
+                raise
+            elapsed = time.monotonic() - start
+            if elapsed + delay > budget:
+                try:
+                    err.fastdata_retried_s = elapsed  # type: ignore[attr-defined]
+                except AttributeError:
+                    pass
+                raise
+            time.sleep(delay * (0.5 + 0.5 * random.random()))
+            delay = min(2 * delay, BACKOFF[1])
