@@ -40,7 +40,7 @@ import torch
 
 from benchmarks import record
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.loading import decode
+from lightning_fastdata.loading.jpeg import decode
 
 
 def _per_image_ms(fn: Callable[[int], Any], n: int, repeats: int = 3) -> float:

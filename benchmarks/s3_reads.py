@@ -37,8 +37,9 @@ from typing import Any
 
 from benchmarks import record
 from lightning_fastdata.bench.s3 import _pin_process
-from lightning_fastdata.loading.object_store import ObjectStorage, allow_direct_calls
-from lightning_fastdata.local_s3 import fault_proxy, local_s3_server, upload_folder
+from lightning_fastdata.loading.storage.object_store import ObjectStorage, allow_direct_calls
+from lightning_fastdata.testing.fault_proxy import fault_proxy
+from lightning_fastdata.testing.s3_server import local_s3_server, upload_folder
 
 
 def _cpu() -> float:

@@ -1,6 +1,6 @@
 """lightning-fastdata: DataModules and callbacks that keep the GPU fed.
 
-The names below are imported on first use (PEP 562), so ``import lightning_fastdata.loading.index`` (a spawn
+The names below are imported on first use (PEP 562), so ``import lightning_fastdata.loading.index.files`` (a spawn
 worker unpickling a dataset, a scan in a fresh process) does not pay for importing Lightning.
 """
 
@@ -21,11 +21,15 @@ if TYPE_CHECKING:
     from lightning_fastdata.datasets.folder import ImageFolderDataset
     from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
     from lightning_fastdata.diagnose import DoctorReport, doctor
-    from lightning_fastdata.loading.index import FileIndex, scan_image_folder
-    from lightning_fastdata.loading.loaders import PrefetchingDataLoader, PrefetchingStatefulDataLoader, with_prefetch
+    from lightning_fastdata.loading.index.files import FileIndex, scan_image_folder
     from lightning_fastdata.loading.normalize import Normalizer
-    from lightning_fastdata.loading.prefetch import DevicePrefetcher
     from lightning_fastdata.loading.sampler import EpochSampler
+    from lightning_fastdata.loading.transport.loaders import (
+        PrefetchingDataLoader,
+        PrefetchingStatefulDataLoader,
+        with_prefetch,
+    )
+    from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher
     from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
     from lightning_fastdata.models import ImageClassifier
 
@@ -33,21 +37,21 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "CpuBudget": "lightning_fastdata.loading.workers",
     "DataWaitMonitor": "lightning_fastdata.callbacks.monitor",
-    "DevicePrefetcher": "lightning_fastdata.loading.prefetch",
+    "DevicePrefetcher": "lightning_fastdata.loading.transport.prefetch",
     "DoctorReport": "lightning_fastdata.diagnose",
     "doctor": "lightning_fastdata.diagnose",
     "EpochSampler": "lightning_fastdata.loading.sampler",
     "FastDataCallback": "lightning_fastdata.callbacks.fastdata",
     "FastDataModule": "lightning_fastdata.datamodules.base",
-    "FileIndex": "lightning_fastdata.loading.index",
+    "FileIndex": "lightning_fastdata.loading.index.files",
     "HDF5DataModule": "lightning_fastdata.datamodules.hdf5",
     "HDF5Dataset": "lightning_fastdata.datasets.hdf5",
     "ImageClassifier": "lightning_fastdata.models",
     "ImageFolderDataModule": "lightning_fastdata.datamodules.folder",
     "ImageFolderDataset": "lightning_fastdata.datasets.folder",
     "Normalizer": "lightning_fastdata.loading.normalize",
-    "PrefetchingDataLoader": "lightning_fastdata.loading.loaders",
-    "PrefetchingStatefulDataLoader": "lightning_fastdata.loading.loaders",
+    "PrefetchingDataLoader": "lightning_fastdata.loading.transport.loaders",
+    "PrefetchingStatefulDataLoader": "lightning_fastdata.loading.transport.loaders",
     "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",
     "TensorCacheDataset": "lightning_fastdata.datasets.cache",
     "build_tensor_cache": "lightning_fastdata.datasets.cache",
@@ -55,8 +59,8 @@ _EXPORTS = {
     "inspect_hdf5": "lightning_fastdata.datasets.hdf5",
     "open_tensor_cache": "lightning_fastdata.datasets.cache",
     "resolve_num_workers": "lightning_fastdata.loading.workers",
-    "scan_image_folder": "lightning_fastdata.loading.index",
-    "with_prefetch": "lightning_fastdata.loading.loaders",
+    "scan_image_folder": "lightning_fastdata.loading.index.files",
+    "with_prefetch": "lightning_fastdata.loading.transport.loaders",
 }
 
 __all__ = [

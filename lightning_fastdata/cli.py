@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from typing_extensions import override
 
 from lightning_fastdata.bench import main as bench_main
@@ -111,12 +111,12 @@ class FastDataCLI(LightningCLI):
     listing of every Union subtype and argument around it; any other error keeps its traceback.
     """
 
-    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse's parser type
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Link the class count so configs never repeat it."""
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
 
     @override
-    def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - LightningCLI's types
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """Parse ``args``: ``fastdata`` always passes them (its own parser split the command line first)."""
         self.config = parser.parse_args(args)
 

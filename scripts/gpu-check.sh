@@ -63,11 +63,11 @@ if [ -d "$STAGE/deb" ] && [ ! -f /usr/include/jpeglib.h ]; then
   export CPATH="$J/include:$J/include/x86_64-linux-gnu" LIBRARY_PATH="$J/lib/x86_64-linux-gnu"
   export LDFLAGS="-Wl,-rpath,$J/lib/x86_64-linux-gnu"
 fi
-ROI='from lightning_fastdata.loading.decode import roi_decode_available as r; raise SystemExit(0 if r() else 1)'
+ROI='from lightning_fastdata.loading.jpeg.decode import roi_decode_available as r; raise SystemExit(0 if r() else 1)'
 "$PY" -c "$ROI" 2>/dev/null || "$PY" setup.py -q build_ext --inplace >/dev/null
 "$PY" - <<'EOF'
 import torch, torchvision
-from lightning_fastdata.loading.decode import roi_decode_available
+from lightning_fastdata.loading.jpeg.decode import roi_decode_available
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none: everything runs on the CPU"
 print(f"gpu-check: torch {torch.__version__} (CUDA {torch.version.cuda}), torchvision {torchvision.__version__}, "
       f"GPU {gpu}, ROI JPEG decoder {'built' if roi_decode_available() else 'MISSING (slower fallback)'}")

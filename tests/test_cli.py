@@ -86,6 +86,7 @@ def test_demo_data_is_generated_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_demo_measures_both_loaders_then_trains_from_any_directory(tmp_path: Path) -> None:
     """`cd /tmp && fastdata demo`: shipped config, comparison printed first and last, small CPU model, quiet."""
     elsewhere = tmp_path / "anywhere"
@@ -192,6 +193,7 @@ def _fit(args: list[str], cwd: Path, record: Path) -> tuple[int, str]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_documented_resume_command_continues_at_the_step_and_sample(
     image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -228,6 +230,7 @@ def test_documented_resume_command_continues_at_the_step_and_sample(
     assert all(r["epoch"] == 0 for r in second)  # 39 images / 4: all 10 steps are in epoch 0
 
 
+@pytest.mark.slow
 def test_commands_do_not_warn_about_lightningcli_args() -> None:
     """`fastdata fit --help` is LightningCLI reading the command line: no "args is meant for Python" warning."""
     fastdata = Path(sys.executable).with_name("fastdata")

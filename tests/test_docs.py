@@ -70,6 +70,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python")], ids=lambda p: p.name)
+@pytest.mark.slow
 def test_python_blocks_run(page: Path, workdir: Path) -> None:
     import lightning.pytorch as pl
 

@@ -42,6 +42,7 @@ def tree(root: Path) -> dict[str, tuple[int, int]]:
 
 # -- data safety ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("command", ["bench", "demo", "make-data"])
+@pytest.mark.slow
 def test_commands_never_write_into_a_users_folder(
     tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -347,6 +348,7 @@ def test_in_order_false_with_workers_warns_once(image_folder: Path, caplog: pyte
 
 
 # -- platforms -----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_import_without_fcntl_and_spawn_still_works(tmp_path: Path) -> None:
     """Windows has no fcntl: the package must import, and the spawn path must load batches."""
     root = make_image_folder(tmp_path / "d", num_classes=2, per_class=4, size=(40, 30))
@@ -390,6 +392,7 @@ print("read to the end")
 """
 
 
+@pytest.mark.slow
 def test_a_script_that_reads_loaders_to_the_end_exits_cleanly(tmp_path: Path) -> None:
     """Before: rc 134 / SIGABRT ("terminate called without an active exception") in 2 to 5 of 10 runs: a thread of
     ours freed a tensor while Python shut down. 20 fresh processes, each ending through the interpreter's shutdown."""

@@ -13,6 +13,8 @@ NotebookClient = pytest.importorskip("nbclient").NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
 
+pytestmark = pytest.mark.slow  # executes every notebook: minutes
+
 
 def test_both_notebooks_exist() -> None:
     assert {p.name for p in NOTEBOOKS} == {"quickstart.ipynb", "convert_and_cache.ipynb"}

@@ -131,10 +131,73 @@ def test_every_public_module_has_all() -> None:
 def test_importing_a_submodule_does_not_import_lightning() -> None:
     """The package's names load on first use: a scan in a fresh process or a spawn worker skips Lightning."""
     code = (
-        "import sys; import lightning_fastdata.loading.index_store; import lightning_fastdata as lf; "
+        "import sys; import lightning_fastdata.loading.index.store; import lightning_fastdata as lf; "
         "assert 'lightning' not in sys.modules, 'lightning imported'; "
         "assert lf.ImageFolderDataModule.__name__ == 'ImageFolderDataModule' and 'lightning' in sys.modules; "
         "assert set(lf.__all__) <= set(dir(lf))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+ROOMS = ("index", "storage", "jpeg", "transport")
+#: Which rooms of ``loading/`` a room may import (a room may always import ``loading``'s loose modules).
+ROOM_MAY_IMPORT = {"index": set(), "storage": {"index"}, "jpeg": {"index", "storage"}, "transport": set()}
+
+
+def room(module: str) -> str | None:
+    pieces = module.split(".")
+    if len(pieces) > 3 and pieces[1] == "loading" and pieces[2] in ROOMS:
+        return pieces[2]
+    return None
+
+
+def test_the_rooms_of_loading_import_each_other_in_one_direction_only() -> None:
+    """``index`` <- ``storage`` <- ``jpeg``; ``transport`` alone; the loose modules import no room."""
+    wrong = []
+    for name, tree in modules_cache.items():
+        source = room(name)
+        for target in imported(tree, top_level_only=False):
+            to = room(target)
+            if to is None or to == source:
+                continue
+            loose = source is None and name.startswith("lightning_fastdata.loading.")
+            if loose or (source is not None and to not in ROOM_MAY_IMPORT[source]):
+                wrong.append(f"{name} -> {target}")
+    assert not wrong, wrong
+
+
+def test_the_training_path_never_imports_the_testing_package() -> None:
+    training = ("loading", "datasets", "datamodules", "callbacks", "models", "hparams", "errors")
+    wrong = [
+        f"{name} -> {target}"
+        for name, tree in modules_cache.items()
+        if name.split(".")[1:2] and name.split(".")[1] in training
+        for target in imported(tree, top_level_only=False)
+        if target.startswith("lightning_fastdata.testing")
+    ]
+    assert not wrong, wrong
+
+
+def test_no_caller_asks_which_storage_backend_it_has() -> None:
+    """``isinstance(x, ObjectStorage)`` outside ``loading/storage/`` means the contract lacks a method."""
+    offenders = []
+    for name, tree in modules_cache.items():
+        if name.startswith("lightning_fastdata.loading.storage."):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance" and len(node.args) == 2:
+                kinds = ast.dump(node.args[1])
+                if "ObjectStorage" in kinds or "LocalStorage" in kinds:
+                    offenders.append(f"{name}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_every_module_is_on_the_architecture_page() -> None:
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    missing = [
+        str(p.relative_to(PACKAGE))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.name != "__init__.py" and f"`{p.relative_to(PACKAGE)}`" not in page
+    ]
+    assert not missing, f"add these to docs/architecture.md, a line each: {missing}"

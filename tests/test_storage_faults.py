@@ -19,23 +19,9 @@ import torch
 from lightning_fastdata import ImageClassifier, ImageFolderDataModule
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.errors import DataError, StorageError
-from lightning_fastdata.local_s3 import LocalS3, fault_proxy, local_s3_server, upload_folder
-
-
-def cpu_trainer(tmp_path: Path, epochs: int = 1) -> object:
-    import lightning.pytorch as pl
-
-    return pl.Trainer(
-        max_epochs=epochs,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-    )
+from lightning_fastdata.testing import cpu_trainer
+from lightning_fastdata.testing.fault_proxy import fault_proxy
+from lightning_fastdata.testing.s3_server import LocalS3, local_s3_server, upload_folder
 
 
 def epoch(dm: ImageFolderDataModule) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -57,13 +43,14 @@ def test_a_503_storm_fails_the_run_with_a_storage_error_whatever_on_corrupt_says
         )  # fmt: skip
         start = time.perf_counter()
         with pytest.raises(StorageError, match=r"(?s)Could not read s3://.*\.jpg.*503.*not a corrupt image") as raised:
-            cpu_trainer(tmp_path).fit(ImageClassifier(num_classes=3, arch="resnet18"), dm)  # type: ignore[attr-defined]
+            cpu_trainer(default_root_dir=tmp_path).fit(ImageClassifier(num_classes=3, arch="resnet18"), dm)
         took = time.perf_counter() - start
     assert "retry_timeout" in str(raised.value)  # how long it was retried, and the setting that says so
     assert took < 60, f"a 2 s retry budget held the run {took:.0f} s"
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_five_second_server_outage_mid_epoch_is_a_pause_with_the_same_samples(
     tmp_path: Path, image_folder: Path
 ) -> None:
@@ -83,12 +70,15 @@ def test_a_five_second_server_outage_mid_epoch_is_a_pause_with_the_same_samples(
         dm.setup("fit")
         got, outage = [], threading.Thread(target=server.outage, args=(5.0,))
         start = time.perf_counter()
-        for step, (x, y) in enumerate(dm.train_dataloader()):
-            got.append((x.clone(), y.clone()))
-            if step == 2:  # the rest of the epoch is read while the server is down, then from the restarted one
-                outage.start()
-        took = time.perf_counter() - start
-        outage.join()
+        try:
+            for step, (x, y) in enumerate(dm.train_dataloader()):
+                got.append((x.clone(), y.clone()))
+                if step == 2:  # the rest of the epoch is read while the server is down, then from the restarted one
+                    outage.start()
+            took = time.perf_counter() - start
+        finally:
+            if outage.is_alive():
+                outage.join()
     assert took > 5, f"the epoch took {took:.1f} s: the outage did not overlap its reads"
     assert len(got) == len(undisturbed)
     for (x, y), (ux, uy) in zip(got, undisturbed, strict=True):
@@ -100,7 +90,7 @@ import json, sys
 import numpy as np
 from lightning_fastdata import ImageFolderDataModule
 from lightning_fastdata.demos import photo_like_image
-from lightning_fastdata.local_s3 import upload_folder
+from lightning_fastdata.testing.s3_server import upload_folder
 
 url, options, tmp = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 dm = ImageFolderDataModule(url, storage_options=options, image_size=16, batch_size=8, num_workers=2, val_fraction=0)
@@ -112,6 +102,7 @@ print(sum(len(y) for _ in range(2) for _, y in dm.train_dataloader()))  # two ep
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_an_object_rewritten_after_the_listing_is_served_new_and_named_once(
     s3: LocalS3, image_folder: Path, tmp_path: Path
 ) -> None:
@@ -129,6 +120,7 @@ def test_an_object_rewritten_after_the_listing_is_served_new_and_named_once(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_skipping_corrupt_images_stops_past_max_corrupt_fraction(tmp_path: Path) -> None:
     root = make_image_folder(tmp_path / "d", num_classes=3, per_class=13, size=(48, 40))
     for name in ("class_000/img_000001.jpg", "class_001/img_000002.jpg", "class_002/img_000003.jpg"):
@@ -138,9 +130,9 @@ def test_skipping_corrupt_images_stops_past_max_corrupt_fraction(tmp_path: Path)
     with pytest.raises(
         DataError, match=r"2 corrupt image\(s\) skipped in epoch 0, more than max_corrupt_fraction=0.01"
     ):
-        cpu_trainer(tmp_path).fit(
+        cpu_trainer(default_root_dir=tmp_path).fit(
             ImageClassifier(num_classes=3, arch="resnet18"), ImageFolderDataModule(str(root), **common)
-        )  # type: ignore[attr-defined]
+        )
     dm = ImageFolderDataModule(str(root), max_corrupt_fraction=0.1, **common)  # type: ignore[arg-type]
     assert sum(len(y) for _, y in epoch(dm)) == 36
     assert dm.train_dataset.skipped_count() == 3  # type: ignore[union-attr]
@@ -153,6 +145,7 @@ def files_holding(folder: Path, secret: str) -> list[str]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_no_artifact_of_a_fit_holds_the_secret_key(s3: LocalS3, s3_image_folder: str, tmp_path: Path) -> None:
     """CSV and TensorBoard logger folders, checkpoints: Lightning writes hparams_initial to hparams.yaml itself."""
     import lightning.pytorch as pl
@@ -189,6 +182,7 @@ def test_every_kind_of_secret_is_dropped_from_what_is_written() -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_fastdata_fit_saves_a_config_without_the_secret_key(
     s3: LocalS3, s3_image_folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

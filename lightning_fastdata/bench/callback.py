@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_fastdata import FastDataCallback, TensorCacheDataModule
 from lightning_fastdata.bench.scratch import scratch_path
-from lightning_fastdata.loading.collate import collate_prebatched
-from lightning_fastdata.loading.loaders import PrefetchingDataLoader
+from lightning_fastdata.loading.transport.collate import collate_prebatched
+from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
 from lightning_fastdata.measure import count_images, time_loader
 from lightning_fastdata.testing import cpu_trainer
 

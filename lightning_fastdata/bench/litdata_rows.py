@@ -25,7 +25,7 @@ try:
     import litdata
     import litdata.streaming.downloader as _downloader
 
-    _downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
+    _downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
     _Base: Any = litdata.StreamingDataset
 except ImportError:  # the rows are skipped (and said so) without litdata
     litdata = None
@@ -41,7 +41,7 @@ def _item(arg: tuple[str, int]) -> dict[str, Any]:
 
 def optimize_to_bucket(root: Path, work: Path, url: str, storage_options: dict[str, Any], chunk_bytes: str) -> int:
     """``litdata.optimize`` the class folder ``root`` into ``work``, upload the chunks to ``url``; their total bytes."""
-    from lightning_fastdata.local_s3 import upload_folder
+    from lightning_fastdata.testing.s3_server import upload_folder
 
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     inputs = [(str(f), label) for label, c in enumerate(classes) for f in sorted((root / c).iterdir())]
@@ -53,7 +53,7 @@ def optimize_to_bucket(root: Path, work: Path, url: str, storage_options: dict[s
     return sum(f.stat().st_size for f in out.iterdir())
 
 
-class LitDataImages(_Base):  # type: ignore[misc]
+class LitDataImages(_Base):
     """A ``StreamingDataset`` returning ``(normalised float image, label)``: decode, v2 crop/flip, normalise."""
 
     def __init__(self, *args: Any, size: int = 224, **kwargs: Any) -> None:

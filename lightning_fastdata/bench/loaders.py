@@ -54,8 +54,8 @@ from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
 from lightning_fastdata.bench.hdf5 import hdf5_suite
 from lightning_fastdata.bench.scale import scale_suite
 from lightning_fastdata.demos import ensure_demo_data
-from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
-from lightning_fastdata.loading.entropy_index import entropy_index_available
+from lightning_fastdata.loading.jpeg.decode import pillow_simd_installed, roi_decode_available
+from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.measure import (
     Candidate,
     baseline_loader,

@@ -46,8 +46,8 @@ def scan(how: str, root: str, index_dir: str) -> dict[str, Any]:
     """Seconds and MB to list ``root``: ``torchvision`` ImageFolder, ``ours``, or the index (``first``/``reuse``)."""
     import torchvision
 
-    from lightning_fastdata.loading.index import scan_image_folder
-    from lightning_fastdata.loading.index_store import indexed_folder
+    from lightning_fastdata.loading.index.files import scan_image_folder
+    from lightning_fastdata.loading.index.store import indexed_folder
 
     before, start = _rss_mb(), time.perf_counter()
     kept: Any
@@ -65,7 +65,7 @@ def scan(how: str, root: str, index_dir: str) -> dict[str, Any]:
 def check(mode: str, root: str, index_dir: str, cache_dir: str) -> dict[str, Any]:
     """Seconds to check a current cache of ``root`` with ``verify_source=mode`` (raises if it is stale)."""
     from lightning_fastdata.datasets.cache_build import build_tensor_cache
-    from lightning_fastdata.loading.index_store import indexed_folder
+    from lightning_fastdata.loading.index.store import indexed_folder
 
     index, lookup = indexed_folder(root, index_dir=index_dir)
     start = time.perf_counter()

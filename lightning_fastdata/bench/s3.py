@@ -45,7 +45,6 @@ from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.local_s3 import FaultProxy, fault_proxy, local_s3_server, upload_folder
 from lightning_fastdata.measure import (
     Candidate,
     baseline_loader,
@@ -55,6 +54,8 @@ from lightning_fastdata.measure import (
     print_table,
     rows_for,
 )
+from lightning_fastdata.testing.fault_proxy import FaultProxy, fault_proxy
+from lightning_fastdata.testing.s3_server import local_s3_server, upload_folder
 
 __all__ = ["GetObjectDataset", "main"]
 

@@ -116,7 +116,7 @@ def staleness_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, An
     """
     from lightning_fastdata.datasets.cache_manifest import CacheParams, write_manifest
     from lightning_fastdata.datasets.cache_source import fingerprint, source_record
-    from lightning_fastdata.loading.index_store import indexed_folder
+    from lightning_fastdata.loading.index.store import indexed_folder
 
     index, _ = indexed_folder(root, index_dir=index_dir)
     cache_dir = Path(f"{root.rstrip(os.sep)}-manifest-only-cache")

@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.loading.loaders import with_prefetch
+from lightning_fastdata.loading.transport.loaders import with_prefetch
 from lightning_fastdata.loading.workers import resolve_num_workers
 
 __all__ = ["FastDataCallback"]
@@ -26,7 +26,7 @@ class FastDataCallback(Callback):
     A thin adapter: on this package's DataModules it hands its settings over through one method,
     :meth:`~lightning_fastdata.FastDataModule.configure_transfer`, before the loaders are built; the DataModule
     owns them, and its own explicit ``num_workers``/``pin_memory`` win (the log line says which were kept). The
-    DataModule then builds loaders that prefetch by construction (:mod:`lightning_fastdata.loading.loaders`).
+    DataModule then builds loaders that prefetch by construction (:mod:`lightning_fastdata.loading.transport.loaders`).
 
     On any other LightningDataModule it rebuilds what ``train_dataloader()`` returns, when that is a plain
     ``DataLoader``/``StatefulDataLoader``, as its prefetching twin (same dataset, sampler and settings; pinned

@@ -17,12 +17,13 @@ from typing_extensions import override
 from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_intervals
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
 from lightning_fastdata.datasets.base import AugmentedImageDataset
+from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.collate import collate_prebatched
-from lightning_fastdata.loading.loaders import PrefetchingDataLoader
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
-from lightning_fastdata.loading.shm_pool import BatchTransport, resolve_transport
+from lightning_fastdata.loading.transport.collate import collate_prebatched
+from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
+from lightning_fastdata.loading.transport.shm_pool import BatchTransport, resolve_transport
 from lightning_fastdata.loading.workers import init_worker, resolve_num_workers
 
 __all__ = ["FastDataModule"]
@@ -71,8 +72,8 @@ class FastDataModule(LightningDataModule):
         block_shuffle: Shuffle blocks of this many consecutive samples instead of single samples (sequential
             reads; less random batches, see :class:`~lightning_fastdata.EpochSampler`). ``None``: full shuffle.
         batch_transport: How batches cross from the workers: ``"shm_pool"`` in a few shared-memory buffers
-            each worker reuses (:mod:`~lightning_fastdata.loading.shm_pool`), ``"torch"`` as torch sends them (a
-            new shared segment per batch). ``"shm_pool"`` falls back to ``"torch"``, warned, where this torch
+            each worker reuses (:mod:`~lightning_fastdata.loading.transport.shm_pool`), ``"torch"`` as torch sends
+            them (a new shared segment per batch). ``"shm_pool"`` falls back to ``"torch"``, warned, where this torch
             lacks what the pool needs.
         exact_decode: Decode JPEG crops at full size with the exact inverse DCT: the pixels of torchvision's
             ``decode_jpeg``, cropped and resized. The default (``False``) uses the fast integer IDCT and decodes a
@@ -109,8 +110,6 @@ class FastDataModule(LightningDataModule):
         max_corrupt_fraction: float = 0.01,
     ) -> None:
         super().__init__()
-        if image_size <= 0:
-            raise InvalidValueError(f"image_size should be a positive int, got {image_size!r}.")
         if not 0 <= val_fraction < 1:
             raise InvalidValueError(f"val_fraction should be in [0, 1), got {val_fraction!r}.")
         if not isinstance(batch_size, int) or batch_size <= 0:
@@ -129,22 +128,14 @@ class FastDataModule(LightningDataModule):
             raise InvalidValueError(f"prefetch_factor should be a positive int, got {prefetch_factor!r}.")
         if block_shuffle is not None and block_shuffle < 1:
             raise InvalidValueError(f"block_shuffle should be a positive int or None, got {block_shuffle!r}.")
-        if not 0 <= max_corrupt_fraction <= 1:
-            raise InvalidValueError(f"max_corrupt_fraction should be in [0, 1], got {max_corrupt_fraction!r}.")
         if snapshot_every_n_steps is not None and snapshot_every_n_steps < 1:
             raise InvalidValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
         self.val_fraction = val_fraction
-        # What every image dataset of the package takes; validated again (with messages) by the datasets.
-        self.dataset_kwargs: dict[str, Any] = dict(
-            image_size=image_size,
-            scale=scale,
-            ratio=ratio,
-            crop_fraction=crop_fraction,
-            seed=seed,
-            on_corrupt=on_corrupt,
-            exact_decode=exact_decode,
-            max_corrupt_fraction=max_corrupt_fraction,
+        # What every image dataset of the package takes, validated here once (the datasets build the same object).
+        self.augment = AugmentSettings(
+            image_size, scale, ratio, crop_fraction, seed, on_corrupt, exact_decode, max_corrupt_fraction
         )
+        self.dataset_kwargs: dict[str, Any] = self.augment.as_kwargs()
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory

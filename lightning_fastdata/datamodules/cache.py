@@ -24,8 +24,8 @@ from lightning_fastdata.datasets.cache_manifest import read_manifest
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
-from lightning_fastdata.loading.bucket_index import DEFAULT_INDEX_TTL
 from lightning_fastdata.loading.device_augment import crop_resize_flip
+from lightning_fastdata.loading.storage.bucket_index import DEFAULT_INDEX_TTL
 
 __all__ = ["TensorCacheDataModule"]
 

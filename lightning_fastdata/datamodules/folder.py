@@ -16,13 +16,15 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
-from lightning_fastdata.loading.bucket_index import DEFAULT_INDEX_TTL, bucket_classes, indexed_bucket
-from lightning_fastdata.loading.entropy_index import build_entropy_index, entropy_index_available, load_entropy_index
-from lightning_fastdata.loading.index import FileIndex, contains_path, find_classes
-from lightning_fastdata.loading.index_store import indexed_folder
-from lightning_fastdata.loading.object_store import ObjectStorage
-from lightning_fastdata.loading.storage import Storage, is_url
-from lightning_fastdata.loading.storage_factory import open_storage
+from lightning_fastdata.loading.index.files import FileIndex, contains_path
+from lightning_fastdata.loading.jpeg.entropy_index import (
+    build_entropy_index,
+    entropy_index_available,
+    load_entropy_index,
+)
+from lightning_fastdata.loading.storage.base import Storage, is_url
+from lightning_fastdata.loading.storage.bucket_index import DEFAULT_INDEX_TTL
+from lightning_fastdata.loading.storage.registry import open_storage
 
 __all__ = ["FolderSource", "ImageFolderDataModule"]
 
@@ -38,10 +40,10 @@ class FolderSource:
         root: Training folder, or bucket URL (``s3://bucket/train``).
         val_root: Validation folder or URL, or ``None`` to split ``root``.
         index_dir: Keep the scanned file lists here and reuse them while the folders are unchanged
-            (:mod:`~lightning_fastdata.loading.index_store`), or, for a bucket, within ``index_ttl`` of the listing
-            (:mod:`~lightning_fastdata.loading.bucket_index`); ``None``: scan every time.
-        storage_options: Object-store settings for URL roots (:class:`~lightning_fastdata.loading.object_store.
-            ObjectStorage`); ``None``: the environment's.
+            (:mod:`~lightning_fastdata.loading.index.store`), or, for a bucket, within ``index_ttl`` of the listing
+            (:mod:`~lightning_fastdata.loading.storage.bucket_index`); ``None``: scan every time.
+        storage_options: Object-store settings for URL roots
+            (:class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`); ``None``: the environment's.
         index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused without listing again.
 
     Raises:
@@ -89,8 +91,7 @@ class FolderSource:
                 )
 
     def _classes(self, root: str) -> tuple[str, ...]:
-        storage = self.storages[root]
-        return bucket_classes(storage) if isinstance(storage, ObjectStorage) else find_classes(root)
+        return self.storages[root].list_classes()
 
     def indexes(
         self, split: Callable[[int], tuple[np.ndarray, np.ndarray | None]]
@@ -113,13 +114,10 @@ class FolderSource:
             return self._listed[root]
         start = time.perf_counter()
         storage = self.storages[root]
-        if isinstance(storage, ObjectStorage):
-            index, lookup = indexed_bucket(storage, self.classes, self.index_dir, self.index_ttl)
-        else:
-            index, lookup = indexed_folder(root, self.classes, self.index_dir)
+        index, lookup = storage.indexed(self.classes, self.index_dir, self.index_ttl)
         took = f"{len(index):,} files in {time.perf_counter() - start:.2f} s"
-        scanned = "listed" if isinstance(storage, ObjectStorage) else "scanned"
-        if isinstance(storage, ObjectStorage):
+        scanned = "listed" if storage.remote else "scanned"
+        if storage.remote:  # a listing costs requests; a local scan is checked again (its folders may change)
             self._listed[root] = index
         if lookup.reused:
             rank_zero_info(
@@ -152,13 +150,14 @@ class ImageFolderDataModule(FastDataModule):
             ``root``.
         storage_options: Object-store settings for URL roots: obstore's keys (``endpoint``, ``access_key_id``,
             ``secret_access_key``, ``region``, ...) and ``max_inflight``, ``timeout``, ``connect_timeout``,
-            ``max_retries``, ``retry_timeout`` (:class:`~lightning_fastdata.loading.object_store.ObjectStorage`).
+            ``max_retries``, ``retry_timeout``
+            (:class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`).
             ``None``: the environment's (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, roles).
         index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused before the bucket is listed again.
         entropy_index: Build an entropy index of the training JPEGs in ``index_dir`` (``prepare_data`` reads every
             file once; reused while the file list is the same) and decode each crop from its own bits alone:
             the same pixels, ~0.15 ms less per 500 x 375 image at 224 px
-            (:mod:`~lightning_fastdata.loading.entropy_index`; ~7% of the JPEG bytes on disk). Needs
+            (:mod:`~lightning_fastdata.loading.jpeg.entropy_index`; ~7% of the JPEG bytes on disk). Needs
             ``index_dir``. Worth it from a few epochs.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).

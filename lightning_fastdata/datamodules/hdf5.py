@@ -12,8 +12,8 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset, Layout, inspect_hdf5
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
-from lightning_fastdata.loading.download import node_local_copy
-from lightning_fastdata.loading.storage import is_url
+from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.loading.storage.download import node_local_copy
 
 __all__ = ["HDF5DataModule"]
 
@@ -33,11 +33,11 @@ class HDF5DataModule(FastDataModule):
         layout: ``"auto"``, ``"encoded"``, ``"hwc"`` or ``"chw"``.
         offsets_key: Offsets dataset of encoded images stored as one blob.
         locking: HDF5 file locking; set ``False`` on NFS/Lustre where locking fails or hangs.
-        cache_dir: Where a URL's file is copied (:func:`~lightning_fastdata.loading.download.node_local_copy`:
+        cache_dir: Where a URL's file is copied (:func:`~lightning_fastdata.loading.storage.download.node_local_copy`:
             atomic, resumable, checked by size and ETag; the first process of a node downloads, the others wait
             and reuse it). Node-local for once per node; shared for once in total. Needed with a URL.
         storage_options: Object-store settings for a URL
-            (:class:`~lightning_fastdata.loading.object_store.ObjectStorage`); ``None``: the environment's.
+            (:class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`); ``None``: the environment's.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:

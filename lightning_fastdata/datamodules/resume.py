@@ -13,8 +13,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_fastdata.datamodules.lightning_compat import reopen_epoch, shift_batches_done
-from lightning_fastdata.loading.identity import check_same_data
-from lightning_fastdata.loading.loaders import PrefetchingStatefulDataLoader
+from lightning_fastdata.loading.index.identity import check_same_data
+from lightning_fastdata.loading.transport.loaders import PrefetchingStatefulDataLoader
 
 __all__ = ["LoaderResume", "ResumableLoader", "quiet_torchdata_in_order"]
 
@@ -83,7 +83,7 @@ class LoaderResume:
       :mod:`~lightning_fastdata.datamodules.lightning_compat`).
 
     :meth:`save` builds the checkpoint's content and changes no state. It includes the train dataset's identity
-    (:mod:`~lightning_fastdata.loading.identity`), and :meth:`apply` refuses, naming what changed, to resume on
+    (:mod:`~lightning_fastdata.loading.index.identity`), and :meth:`apply` refuses, naming what changed, to resume on
     data that differ from it: a position in another dataset's permutation would train the wrong samples.
     """
 

@@ -12,17 +12,18 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from lightning_fastdata.errors import DataError, InvalidValueError, StorageError
-from lightning_fastdata.loading.collate import empty_image_batch
-from lightning_fastdata.loading.decode import (
+from lightning_fastdata.datasets.settings import AugmentSettings
+from lightning_fastdata.errors import DataError, StorageError
+from lightning_fastdata.loading.index.identity import DataIdentity, mix
+from lightning_fastdata.loading.jpeg.decode import (
     Box,
     center_crop_box,
     decode_resized_crop,
     random_resized_crop_box,
     resize_crop_into,
 )
-from lightning_fastdata.loading.identity import DataIdentity, mix
 from lightning_fastdata.loading.sampler import BatchLookahead, SampleKey
+from lightning_fastdata.loading.transport.collate import empty_image_batch
 
 __all__ = ["AugmentedImageDataset", "Source"]
 
@@ -66,10 +67,10 @@ class AugmentedImageDataset(Dataset):
             samples it reads (:attr:`epoch_samples`, rounded up: at least one for any fraction above 0); one more
             stops with a ``DataError`` that says how many were skipped and why. 0 stops at the first, 1 never.
         exact_decode: Decode JPEGs at full size with the exact IDCT (see
-            :func:`~lightning_fastdata.loading.decode.decode_resized_crop`'s ``exact``).
+            :func:`~lightning_fastdata.loading.jpeg.decode.decode_resized_crop`'s ``exact``).
 
     Raises:
-        ValueError: On an impossible argument.
+        ValueError: On an impossible argument (:class:`~lightning_fastdata.datasets.settings.AugmentSettings`).
     """
 
     def __init__(
@@ -84,27 +85,19 @@ class AugmentedImageDataset(Dataset):
         exact_decode: bool = False,
         max_corrupt_fraction: float = 0.01,
     ) -> None:
-        if image_size <= 0:
-            raise InvalidValueError(f"image_size should be a positive int, got {image_size!r}.")
-        if not (0 < scale[0] <= scale[1] <= 1):
-            raise InvalidValueError(f"scale should satisfy 0 < min <= max <= 1, got {scale!r}.")
-        if not (0 < ratio[0] <= ratio[1]):
-            raise InvalidValueError(f"ratio should satisfy 0 < min <= max, got {ratio!r}.")
-        if not 0 < crop_fraction <= 1:
-            raise InvalidValueError(f"crop_fraction should be in (0, 1], got {crop_fraction!r}.")
-        if on_corrupt not in ("raise", "skip"):
-            raise InvalidValueError(f"on_corrupt should be 'raise' or 'skip', got {on_corrupt!r}.")
-        if not 0 <= max_corrupt_fraction <= 1:
-            raise InvalidValueError(f"max_corrupt_fraction should be in [0, 1], got {max_corrupt_fraction!r}.")
+        settings = AugmentSettings(
+            image_size, scale, ratio, crop_fraction, seed, on_corrupt, exact_decode, max_corrupt_fraction
+        )
+        self.settings = settings
         self.train = train
-        self.image_size = image_size
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
-        self.crop_fraction = crop_fraction
-        self.seed = seed
-        self.on_corrupt = on_corrupt
-        self.exact_decode = bool(exact_decode)
-        self.max_corrupt_fraction = float(max_corrupt_fraction)
+        self.image_size = settings.image_size
+        self.scale = settings.scale
+        self.ratio = settings.ratio
+        self.crop_fraction = settings.crop_fraction
+        self.seed = settings.seed
+        self.on_corrupt = settings.on_corrupt
+        self.exact_decode = settings.exact_decode
+        self.max_corrupt_fraction = settings.max_corrupt_fraction
         #: Samples one epoch reads (the DataModule sets this rank's count); ``None``: the whole dataset.
         self.epoch_samples: int | None = None
         self._identity: DataIdentity | None = None
@@ -163,11 +156,11 @@ class AugmentedImageDataset(Dataset):
         return f"sample {index}"
 
     def entropy_index_of(self, index: int) -> bytes | None:
-        """Sample ``index``'s entropy index (see :mod:`lightning_fastdata.loading.entropy_index`), if it has one."""
+        """Sample ``index``'s entropy index (:mod:`lightning_fastdata.loading.jpeg.entropy_index`), if it has one."""
         return None
 
     def make_identity(self) -> DataIdentity:
-        """Which sample each index names (see :mod:`lightning_fastdata.loading.identity`); by default the labels.
+        """Which sample each index names (see :mod:`lightning_fastdata.loading.index.identity`); by default the labels.
 
         Subclasses add what names a sample: a file's path and version, an HDF5 row and its length.
         """

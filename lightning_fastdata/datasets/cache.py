@@ -42,10 +42,10 @@ from lightning_fastdata.datasets.cache_manifest import (
 )
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
-from lightning_fastdata.loading.collate import empty_image_batch
-from lightning_fastdata.loading.decode import random_resized_crop_box
-from lightning_fastdata.loading.identity import DataIdentity, mix
+from lightning_fastdata.loading.index.identity import DataIdentity, mix
+from lightning_fastdata.loading.jpeg.decode import random_resized_crop_box
 from lightning_fastdata.loading.sampler import SampleKey
+from lightning_fastdata.loading.transport.collate import empty_image_batch
 
 __all__ = [
     "CACHE_FORMAT_VERSION",

@@ -36,11 +36,11 @@ from lightning_fastdata.datasets.cache_source import fingerprint, folders_unchan
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.errors import AccessError, DataError, InvalidValueError
 from lightning_fastdata.loading.atomic import replace_folder
-from lightning_fastdata.loading.decode import decode_center_crop_bytes
-from lightning_fastdata.loading.index import FileIndex
-from lightning_fastdata.loading.object_store import ObjectStorage
-from lightning_fastdata.loading.source_reads import init_source_process, map_sources
-from lightning_fastdata.loading.storage import LocalStorage, Storage
+from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.jpeg.decode import decode_center_crop_bytes
+from lightning_fastdata.loading.storage.base import Storage
+from lightning_fastdata.loading.storage.local import LocalStorage
+from lightning_fastdata.loading.storage.source_reads import init_source_process, map_sources
 
 __all__ = ["build_tensor_cache", "check_verify_source"]
 
@@ -155,14 +155,14 @@ def build_tensor_cache(
     manifest has no record, or a folder was modified during the build) the full check decides, and a cache it
     finds current gets a fresh record.
 
-    ``storages`` maps an index's root to its :class:`~lightning_fastdata.loading.storage.Storage` (default: the
+    ``storages`` maps an index's root to its :class:`~lightning_fastdata.loading.storage.base.Storage` (default: the
     local folder). From a bucket the files are read by the build processes, a chunk of objects at a time
     fetched concurrently, and the source is checked by listing it again: keys, sizes and ETags
     (:func:`~lightning_fastdata.datasets.cache_source.listing_fingerprint`; ``verify_source`` does not apply: a
     bucket has no folder mtimes, and an object rewritten in place gets a new ETag).
 
     ``exact_decode`` decodes the raw cache's squares with the exact IDCT at full size (see
-    :func:`~lightning_fastdata.loading.decode.decode_resized_crop`); a cache built the other way is stale. The
+    :func:`~lightning_fastdata.loading.jpeg.decode.decode_resized_crop`); a cache built the other way is stale. The
     ``"jpeg"`` storage re-encodes every image, so it is never bit-exact and ignores it.
 
     Args:
@@ -194,7 +194,7 @@ def build_tensor_cache(
     indexes = (train_index, val_index)
     given = dict(storages or {})
     sources = {i.root: given.get(i.root) or LocalStorage(i.root) for i in indexes if i is not None}
-    in_bucket = any(isinstance(x, ObjectStorage) for x in sources.values())
+    in_bucket = any(x.remote for x in sources.values())
     params = CacheParams(
         cache_size=cache_size,
         image_size=image_size,

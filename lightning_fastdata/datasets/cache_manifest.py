@@ -45,7 +45,7 @@ class CacheParams:
         storage: ``"raw"`` (uint8 arrays) or ``"jpeg"`` (each image re-encoded once, compact).
         quality: JPEG quality (``"jpeg"`` storage).
         exact_decode: Whether the source JPEGs were decoded with the exact IDCT at full size (see
-            :func:`~lightning_fastdata.loading.decode.decode_resized_crop`).
+            :func:`~lightning_fastdata.loading.jpeg.decode.decode_resized_crop`).
     """
 
     cache_size: int

@@ -16,11 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from lightning_fastdata.loading.bucket_index import list_bucket_folder
-from lightning_fastdata.loading.index import FileIndex
-from lightning_fastdata.loading.index_store import changed_folder, folder_record
-from lightning_fastdata.loading.object_store import ObjectStorage
-from lightning_fastdata.loading.storage import Storage
+from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.index.store import changed_folder, folder_record
+from lightning_fastdata.loading.storage.base import Storage
+from lightning_fastdata.loading.storage.local import fingerprint
 
 __all__ = [
     "fingerprint",
@@ -32,51 +31,26 @@ __all__ = [
 ]
 
 
-def fingerprint(indexes: Sequence[FileIndex | None]) -> str:
-    """sha256 of each file's relative path, size and mtime, over the given indexes in order.
-
-    One ``stat`` per file (``O(files)`` system calls: seconds for ImageNet on a local disk, minutes on a network
-    file system); the records are built from the index's path bytes, with no per-file string decode. The digest
-    is the per-file record it always was, so existing caches stay current.
-    """
-    digest = hashlib.sha256()
-    stat = os.stat
-    for index in indexes:
-        digest.update(b"|split|")
-        if index is None:
-            continue
-        root = os.path.join(os.fsencode(index.root), b"")
-        blob, offsets, labels = index.path_bytes.tobytes(), index.offsets.tolist(), index.labels.tolist()
-        for lo in range(0, len(labels), 65536):  # a chunk of records at a time: bounded memory, few updates
-            records = []
-            for i in range(lo, min(lo + 65536, len(labels))):
-                rel = blob[offsets[i] : offsets[i + 1]]  # os.fsencode of the relative path: any name, also non-UTF-8
-                st = stat(root + rel)
-                records.append(b"%s\0%d\0%d\0%d\n" % (rel, st.st_size, st.st_mtime_ns, labels[i]))
-            digest.update(b"".join(records))
-    return digest.hexdigest()
-
-
 def listing_fingerprint(indexes: Sequence[FileIndex | None], storages: Mapping[str, Storage]) -> str:
-    """The fingerprint of a source in a bucket: the indexes' file lists plus a fresh listing's keys, sizes, ETags.
+    """The fingerprint of a source with a remote root: the file lists plus each storage's content fingerprint.
 
-    Each root in a bucket is listed again (class prefixes concurrently: ``objects / 1000`` requests); its per-class
+    A bucket's root is listed again once (class prefixes concurrently: ``objects / 1000`` requests); its per-class
     digests of every object's key, size and ETag change when an object is added, removed or rewritten. A local
-    root in the mix contributes :func:`fingerprint`'s per-file records.
+    root in the mix contributes :func:`~lightning_fastdata.loading.storage.local.fingerprint`'s per-file records.
     """
     digest = hashlib.sha256(listing_digest(indexes).encode())
-    listed: dict[str, dict[str, str]] = {}
+    listed: dict[str, str] = {}  # a remote root's listing covers both splits of it: listed once
     for index in indexes:
         digest.update(b"|split|")
         if index is None:
             continue
         storage = storages[index.root]
-        if not isinstance(storage, ObjectStorage):
-            digest.update(fingerprint([index]).encode())
+        if not storage.remote:
+            digest.update(storage.content_fingerprint(index).encode())
             continue
         if index.root not in listed:
-            listed[index.root] = list_bucket_folder(storage, index.classes)[1]
-        digest.update(json.dumps(listed[index.root], sort_keys=True).encode())
+            listed[index.root] = storage.content_fingerprint(index)
+        digest.update(listed[index.root].encode())
     return digest.hexdigest()
 
 
@@ -112,7 +86,7 @@ def folder_mtimes(indexes: Sequence[FileIndex | None], started: float) -> list[l
     """Per index, ``[folder, mtime_ns]`` of its root, its class folders and every folder holding its files.
 
     Folders are relative to the index's root, except the real (absolute) folders of the targets of file symlinks.
-    A folder modified within :data:`~lightning_fastdata.loading.index_store.RACY_SECONDS` of ``started`` is
+    A folder modified within :data:`~lightning_fastdata.loading.index.store.RACY_SECONDS` of ``started`` is
     recorded with mtime ``-1`` ("unknown"): a file replaced in the same clock tick would not change it.
     """
     out: list[list[list[Any]]] = []

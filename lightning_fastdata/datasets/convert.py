@@ -17,13 +17,12 @@ from tqdm import tqdm
 from lightning_fastdata.datasets.hdf5 import FORMAT_VERSION, inspect_hdf5
 from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError
 from lightning_fastdata.loading.atomic import atomic_path, side_path
-from lightning_fastdata.loading.bucket_index import list_bucket_folder
-from lightning_fastdata.loading.decode import decode_center_crop_bytes
-from lightning_fastdata.loading.index import FileIndex, scan_image_folder
-from lightning_fastdata.loading.object_store import ObjectStorage
-from lightning_fastdata.loading.source_reads import init_source_process, map_sources
-from lightning_fastdata.loading.storage import LocalStorage, Storage, is_url
-from lightning_fastdata.loading.storage_factory import open_storage
+from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.jpeg.decode import decode_center_crop_bytes
+from lightning_fastdata.loading.storage.base import Storage, is_url
+from lightning_fastdata.loading.storage.local import LocalStorage
+from lightning_fastdata.loading.storage.registry import open_storage
+from lightning_fastdata.loading.storage.source_reads import init_source_process, map_sources
 from lightning_fastdata.loading.workers import CpuBudget
 
 __all__ = ["convert_folder_to_hdf5"]
@@ -130,7 +129,7 @@ def convert_folder_to_hdf5(
             decoded at train time by the same region-of-interest path. ``None``: keep the files as they are.
         quality: JPEG quality of the re-encoded images (``max_side`` only).
         storage_options: Object-store settings for a URL ``src`` (see
-            :class:`~lightning_fastdata.loading.object_store.ObjectStorage`); default: the standard environment.
+            :class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`); default: the standard environment.
         storage: Where an index ``src``'s files are read from (default: its local root).
         processes: Reading/decoding processes; default: usable CPUs.
         overwrite: Replace an existing ``dst``.
@@ -163,8 +162,8 @@ def convert_folder_to_hdf5(
     else:
         root = src if isinstance(src, str) and is_url(src) else os.fspath(src)
         storage = open_storage(root, storage_options)
-        index = list_bucket_folder(storage)[0] if isinstance(storage, ObjectStorage) else scan_image_folder(root)
-    in_bucket = isinstance(storage, ObjectStorage)
+        index = storage.list_files()
+    in_bucket = storage.remote
     paths = [index.path(i) for i in range(len(index))]
     processes = processes or CpuBudget.detect().usable
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -179,7 +178,7 @@ def convert_folder_to_hdf5(
                     fastdata_format=FORMAT_VERSION,
                     mode=mode,
                     classes=json.dumps(list(index.classes)),
-                    source=index.root if in_bucket else os.path.abspath(index.root),
+                    source=storage.location(),
                 )
                 f.create_dataset("labels", data=index.labels.astype(np.int64))
                 if max_side is not None:

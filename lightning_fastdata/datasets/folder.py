@@ -10,13 +10,10 @@ import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.bucket_index import list_bucket_folder
-from lightning_fastdata.loading.entropy_index import EntropyIndexes
-from lightning_fastdata.loading.identity import DataIdentity, mix, segment_hashes
-from lightning_fastdata.loading.index import FileIndex, scan_image_folder
-from lightning_fastdata.loading.object_store import ObjectStorage
-from lightning_fastdata.loading.storage import is_url
-from lightning_fastdata.loading.storage_factory import open_storage
+from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.index.identity import DataIdentity, mix, segment_hashes
+from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes
+from lightning_fastdata.loading.storage.registry import open_storage
 
 __all__ = ["ImageFolderDataset"]
 
@@ -24,7 +21,7 @@ __all__ = ["ImageFolderDataset"]
 class ImageFolderDataset(AugmentedImageDataset):
     """Images under ``root/<class>/`` with torchvision ``ImageFolder``'s class-to-index mapping.
 
-    Each sample is decoded straight into its resized crop (see :mod:`lightning_fastdata.loading.decode`):
+    Each sample is decoded straight into its resized crop (see :mod:`lightning_fastdata.loading.jpeg.decode`):
     ``RandomResizedCrop(image_size)`` + horizontal flip when ``train``, else the central crop of
     ``Resize(image_size / crop_fraction) + CenterCrop(image_size)``. Items are uint8 ``3 x S x S`` tensors;
     ``__getitems__`` returns a whole batch ``(images N x 3 x S x S uint8, labels N int64)``, which the
@@ -34,10 +31,10 @@ class ImageFolderDataset(AugmentedImageDataset):
     Args:
         root: Folder of class sub-folders, a bucket URL (``s3://bucket/train``), or a prebuilt :class:`FileIndex`.
         storage_options: Object-store settings for a URL root (credentials, endpoint, ``max_inflight``,
-            ``timeout``, ...: :class:`~lightning_fastdata.loading.object_store.ObjectStorage`); ``None``: the
+            ``timeout``, ...: :class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`); ``None``: the
             environment's (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
         entropy_indexes: The entropy indexes of these files, in this order
-            (:func:`~lightning_fastdata.loading.entropy_index.build_entropy_index`): JPEG crops are then
+            (:func:`~lightning_fastdata.loading.jpeg.entropy_index.build_entropy_index`): JPEG crops are then
             entropy-decoded alone, the same pixels with less work. ``None``: decoded from the top of each image.
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`
             (``train``, ``image_size``, ``scale``, ``ratio``, ``crop_fraction``, ``seed``, ``on_corrupt``:
@@ -59,12 +56,9 @@ class ImageFolderDataset(AugmentedImageDataset):
         if isinstance(root, FileIndex):
             self.index = root
             self.storage = open_storage(root.root, storage_options)
-        elif is_url(root):
-            self.storage = open_storage(os.fspath(root), storage_options)
-            self.index = list_bucket_folder(self.storage)[0]  # type: ignore[arg-type]
         else:
-            self.index = scan_image_folder(os.fspath(root))
-            self.storage = open_storage(self.index.root, storage_options)
+            self.storage = open_storage(os.fspath(root), storage_options)
+            self.index = self.storage.list_files()
         if entropy_indexes is not None and len(entropy_indexes) != len(self.index):
             raise InvalidValueError(
                 f"entropy_indexes holds {len(entropy_indexes)} files, this dataset {len(self.index)}: build it from "
@@ -108,12 +102,11 @@ class ImageFolderDataset(AugmentedImageDataset):
 
         A local file needs no head start (and its worker no copy of the epoch's order).
         """
-        return isinstance(self.storage, ObjectStorage)
+        return self.storage.remote
 
     def read_ahead(self, indices: np.ndarray) -> None:
         """From a bucket: start fetching the next batch's objects, so they arrive while this batch decodes."""
-        if isinstance(self.storage, ObjectStorage):
-            self.storage.read_ahead([self.index.relpath(int(i)) for i in indices])
+        self.storage.read_ahead([self.index.relpath(int(i)) for i in indices])
 
     def read_sources(self, indices: np.ndarray) -> Iterator[Source]:
         """Each file's bytes, in order (a bucket's fetched concurrently); a file that cannot be read as its error."""

@@ -13,7 +13,7 @@ import torch
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
-from lightning_fastdata.loading.identity import DataIdentity, mix
+from lightning_fastdata.loading.index.identity import DataIdentity, mix
 
 __all__ = ["FORMAT_VERSION", "HDF5Dataset", "HDF5Layout", "inspect_hdf5", "open_hdf5"]
 

@@ -23,9 +23,9 @@ from lightning_fastdata.diagnose.probe import (
     sample_stats,
     too_few_error,
 )
-from lightning_fastdata.loading.bucket_index import list_bucket_folder
-from lightning_fastdata.loading.index import scan_image_folder
-from lightning_fastdata.loading.object_store import ObjectStorage
+from lightning_fastdata.loading.index.files import scan_image_folder
+from lightning_fastdata.loading.storage.bucket_index import list_bucket_folder
+from lightning_fastdata.loading.storage.object_store import ObjectStorage
 
 __all__ = ["probe_bucket"]
 

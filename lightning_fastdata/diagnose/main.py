@@ -9,7 +9,7 @@ import sys
 from lightning_fastdata.diagnose.report import DoctorReport, check_config_path, format_report, write_config
 from lightning_fastdata.diagnose.run import doctor
 from lightning_fastdata.errors import UsageError
-from lightning_fastdata.loading.storage import is_url
+from lightning_fastdata.loading.storage.base import is_url
 
 __all__ = ["add_arguments", "main", "run"]
 

@@ -24,9 +24,9 @@ from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.datasets.hdf5 import HDF5Layout
 from lightning_fastdata.diagnose.probe import DataProbe, FolderSample
-from lightning_fastdata.loading.entropy_index import entropy_index_available
-from lightning_fastdata.loading.index_store import RACY_SECONDS
-from lightning_fastdata.loading.storage import is_url
+from lightning_fastdata.loading.index.store import RACY_SECONDS
+from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
+from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.measure import baseline_loader, memcpy_ceiling
 
 __all__ = ["BASELINE", "INDEX_DIR_FILES", "PreparedOption", "folder_options", "hdf5_options"]

@@ -10,7 +10,7 @@ from typing import Any
 from lightning_fastdata.diagnose.probe import PERCENTILES, DataProbe
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_write_text
-from lightning_fastdata.loading.index import contains_path
+from lightning_fastdata.loading.index.files import contains_path
 
 __all__ = ["DoctorReport", "Option", "as_dict", "check_config_path", "duration", "format_report", "write_config"]
 

@@ -22,8 +22,8 @@ from lightning_fastdata.diagnose.report import DoctorReport, Option
 from lightning_fastdata.diagnose.timing import Budget, rank_share, sweep_counts
 from lightning_fastdata.diagnose.verdict import choose_option, choose_workers, expected_rate, wait_fraction
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
-from lightning_fastdata.loading.decode import pillow_simd_installed, roi_decode_available
-from lightning_fastdata.loading.storage import is_url
+from lightning_fastdata.loading.jpeg.decode import pillow_simd_installed, roi_decode_available
+from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
 
 __all__ = ["doctor"]

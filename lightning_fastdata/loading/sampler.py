@@ -59,7 +59,7 @@ class EpochSampler(DistributedSampler):
             num_replicas=num_replicas,
             rank=rank,
             shuffle=shuffle,
-            seed=seed,  # type: ignore[arg-type]
+            seed=seed,
             drop_last=drop_last,
         )
         self.length = length
@@ -150,7 +150,7 @@ class EpochSampler(DistributedSampler):
         self._consumed_packed = np.packbits(self._consumed).tobytes()
         self.epoch, self.yielded, self._resume_at = int(epoch), 0, None
 
-    def __iter__(self) -> Iterator[SampleKey]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[SampleKey]:
         epoch, start = self.epoch, self._resume_at or 0
         self._resume_at = None
         self.yielded = start

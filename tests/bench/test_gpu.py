@@ -13,6 +13,7 @@ FED_FIELDS = {"loader", "img_s", "synthetic_img_s", "data_wait", "gpu_idle", "gp
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_gpu_check_script_runs_every_part_without_a_gpu(tmp_path: Path) -> None:
     out = subprocess.run(
         ["bash", "scripts/gpu-check.sh", "--quick", "--data", str(tmp_path), "--", "--folder-workers", "2"],

@@ -12,6 +12,7 @@ import pytest
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_s3_bench_times_every_row_and_says_where_the_cpu_went(tmp_path: Path) -> None:
     out_json = tmp_path / "s3.json"
     args = ["--images", "64", "--batch-size", "16", "--size", "32", "--repeats", "1", "--min-seconds", "0.3"]
@@ -66,6 +67,7 @@ def _weed_children(pid: int) -> list[int]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_terminated_s3_suite_stops_its_server(tmp_path: Path) -> None:
     """`fastdata bench --suites s3` SIGTERMed mid-run (a scheduler's kill) leaves no S3 server behind."""
     import signal

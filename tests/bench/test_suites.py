@@ -33,6 +33,7 @@ def test_bench_folder_suite_prints_a_table_and_writes_json(tmp_path: Path, capsy
     assert rows[0]["vs_baseline"] == 1.0 and result["data"]["files"] == 24
 
 
+@pytest.mark.slow
 def test_scale_suite_measures_a_linked_tree_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The scale suite on a small tree: every table printed, figures consistent with what was built."""
     result = main(

@@ -82,6 +82,7 @@ def test_callback_on_our_datamodule(image_folder: Path, channels_last: bool) -> 
     assert "data_wait_fraction" in t.callback_metrics and "samples_per_sec" in t.callback_metrics
 
 
+@pytest.mark.slow
 def test_explicit_datamodule_settings_win(image_folder: Path) -> None:
     dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers=0, pin_memory=False)
     t = cpu_trainer(FastDataCallback(num_workers=3, pin_memory=True))
@@ -138,6 +139,7 @@ class Batches:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_callback_on_a_foreign_datamodule(recwarn: pytest.WarningsRecorder) -> None:
     plain_spy, spy = Spy(), Spy()
     cpu_trainer(plain_spy).fit(ImageClassifier(num_classes=3), ForeignDataModule())
@@ -148,6 +150,7 @@ def test_callback_on_a_foreign_datamodule(recwarn: pytest.WarningsRecorder) -> N
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_second_fit_on_a_foreign_datamodule_prefetches_again_and_leaves_it_as_it_was() -> None:
     import warnings
 
@@ -167,6 +170,7 @@ def test_a_second_fit_on_a_foreign_datamodule_prefetches_again_and_leaves_it_as_
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_callback_explains_what_it_cannot_do() -> None:
     with pytest.warns(UserWarning, match="returned Batches, not a DataLoader"):
         cpu_trainer(FastDataCallback()).fit(ImageClassifier(num_classes=3), ForeignDataModule(as_list=True))

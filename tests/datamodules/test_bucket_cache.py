@@ -21,8 +21,8 @@ import torch
 
 from lightning_fastdata import TensorCacheDataModule, convert_folder_to_hdf5
 from lightning_fastdata.errors import DataError
-from lightning_fastdata.loading.object_store import main_process_is_clean
-from lightning_fastdata.local_s3 import LocalS3, delete_objects, upload_folder
+from lightning_fastdata.loading.storage.object_store import main_process_is_clean
+from lightning_fastdata.testing.s3_server import LocalS3, delete_objects, upload_folder
 
 
 def first_batches(dm: TensorCacheDataModule, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -123,6 +123,7 @@ def test_hdf5_conversion_from_a_bucket_equals_the_local_conversion(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_convert_cli_reads_a_bucket_configured_by_the_environment(
     s3: LocalS3, s3_image_folder: str, image_folder: Path, tmp_path: Path
 ) -> None:

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from lightning_fastdata import ImageFolderDataModule
-from lightning_fastdata.loading.object_store import main_process_is_clean
-from lightning_fastdata.local_s3 import LocalS3, upload_folder
+from lightning_fastdata.loading.storage.object_store import main_process_is_clean
 from lightning_fastdata.models import ImageClassifier
 from lightning_fastdata.testing import cpu_trainer
+from lightning_fastdata.testing.s3_server import LocalS3, upload_folder
 
 
 def batches(dm: ImageFolderDataModule, split: str = "train") -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -65,6 +65,7 @@ def test_the_listing_is_kept_reused_within_its_ttl_and_relisted_after(
     assert len(dm.train_dataset) == 39 + 13  # type: ignore[attr-defined, arg-type]
 
 
+@pytest.mark.slow
 def test_fit_from_a_bucket_with_workers_and_no_secret_in_the_checkpoint(
     s3: LocalS3, s3_image_folder: str, tmp_path: Path
 ) -> None:

@@ -36,6 +36,7 @@ class Recorder(pl.Callback):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_fit_end_to_end(image_folder: Path, workers: int) -> None:
     dm = ImageFolderDataModule(str(image_folder), image_size=32, batch_size=8, num_workers=workers, val_fraction=0.2)
     model = ImageClassifier(num_classes=dm.num_classes)
@@ -58,6 +59,7 @@ def test_fit_end_to_end(image_folder: Path, workers: int) -> None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.slow
 def test_hdf5_fit_end_to_end(image_folder: Path, tmp_path: Path, workers: int) -> None:
     h5 = convert_folder_to_hdf5(image_folder, tmp_path / "d.h5", mode="raw", size=40, processes=1, progress=False)
     dm = HDF5DataModule(str(h5), image_size=32, batch_size=8, num_workers=workers, val_fraction=0.2)
@@ -188,7 +190,7 @@ def test_exact_decode_reaches_the_workers_and_gives_the_full_decode_pixels(
 ) -> None:
     # exact_decode=True through 2 worker processes and the ROI decoder == torchvision's full decode_jpeg of each
     # image (the decoder used without the compiled extension), same crops: bit for bit
-    from lightning_fastdata.loading import decode
+    from lightning_fastdata.loading.jpeg import decode
 
     def first_batch(workers: int, **kw: Any) -> torch.Tensor:
         dm = ImageFolderDataModule(

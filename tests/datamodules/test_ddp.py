@@ -12,11 +12,13 @@ import pytest
 
 from lightning_fastdata import convert_folder_to_hdf5, scan_image_folder
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.local_s3 import LocalS3, fault_proxy
+from lightning_fastdata.testing.fault_proxy import fault_proxy
+from lightning_fastdata.testing.s3_server import LocalS3
 
 
 @pytest.mark.timeout(300)
 # workers=0 shards through the same sampler (covered by test_sampler.py and the resume tests)
+@pytest.mark.slow
 def test_two_process_ddp_ranks_get_disjoint_halves(tmp_path: Path) -> None:
     """Each DataModule kind in turn, in one two-process launch (a launch costs ~12 s of imports and start-up)."""
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=10, size=(32, 24))
@@ -51,6 +53,7 @@ def _free_port() -> int:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("kind", "per_node"), [("cache", True), ("folder", False)])
+@pytest.mark.slow
 def test_two_nodes_scan_and_build_once_per_node_or_once_in_total(tmp_path: Path, kind: str, per_node: bool) -> None:
     """2 simulated nodes x 1 rank: node-local dirs with prepare_data_per_node, one shared dir without."""
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=6, size=(32, 24))
@@ -92,6 +95,7 @@ def test_two_nodes_scan_and_build_once_per_node_or_once_in_total(tmp_path: Path,
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_two_ranks_build_a_cache_from_a_bucket_once(
     s3: LocalS3, s3_image_folder: str, image_folder: Path, tmp_path: Path
 ) -> None:
@@ -122,6 +126,7 @@ def test_two_ranks_build_a_cache_from_a_bucket_once(
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("per_node", [False, True])
+@pytest.mark.slow
 def test_two_nodes_build_a_cache_from_a_bucket_once_in_total_or_once_per_node(
     s3: LocalS3, s3_image_folder: str, image_folder: Path, tmp_path: Path, per_node: bool
 ) -> None:

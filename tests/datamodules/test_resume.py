@@ -22,7 +22,7 @@ from helpers.fork_client import SERVER
 
 from lightning_fastdata import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.local_s3 import LocalS3, delete_objects, upload_folder
+from lightning_fastdata.testing.s3_server import LocalS3, delete_objects, upload_folder
 
 HELPER = Path(__file__).parents[1] / "helpers" / "resume_run.py"
 STEPS = 12  # 39 images, batch 8: 5 steps per epoch, so 12 steps cross two epoch boundaries
@@ -166,6 +166,7 @@ def test_resume_is_exact_with_sparse_snapshots(tmp_path: Path, sources: dict[str
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_resume_is_exact_under_two_process_ddp(tmp_path: Path, sources: dict[str, str]) -> None:
     """Each rank continues with its own shard: the checkpoint holds every rank's loader state.
 
@@ -235,6 +236,7 @@ def two_rank_checkpoint(tmp_path_factory: pytest.TempPathFactory, sources: dict[
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_two_ranks_with_workers_continue_on_one_rank_without_workers(
     tmp_path: Path, sources: dict[str, str], two_rank_checkpoint: dict[str, Any]
 ) -> None:
@@ -257,6 +259,7 @@ def test_two_ranks_with_workers_continue_on_one_rank_without_workers(
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_two_ranks_continue_on_three(
     tmp_path: Path, sources: dict[str, str], two_rank_checkpoint: dict[str, Any]
 ) -> None:
@@ -277,6 +280,7 @@ def test_two_ranks_continue_on_three(
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_one_rank_continues_on_two(tmp_path: Path, sources: dict[str, str]) -> None:
     """1 -> 2 ranks with workers: 16 of 39 trained; 23 left, padded to 24: 12 per rank in 2 steps (8, 4)."""
     base = {"kind": "folder", "source": sources["folder"], "workers": 2, "devices": 1, "cache_dir": str(tmp_path / "c")}
@@ -341,6 +345,7 @@ def test_an_elastic_resume_when_configure_optimizers_loads_the_data_early(tmp_pa
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_block_shuffle_continues_by_samples_on_another_world_size(tmp_path: Path, sources: dict[str, str]) -> None:
     """block_shuffle=4, 1 rank -> 2 ranks: the samples left split in contiguous runs; nothing trained twice."""
     base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "block_shuffle": 4}
@@ -378,6 +383,7 @@ def test_resume_after_a_failed_step_trains_that_steps_batch(tmp_path: Path, sour
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_readme_snippet_rerun_resumes_where_it_stopped(
     tmp_path: Path, sources: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -419,6 +425,7 @@ def swap_one_image(root: Path) -> str:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind", ["folder", "hdf5", "cache", "bucket"])
+@pytest.mark.slow
 def test_a_resume_on_changed_data_of_the_same_length_is_refused_naming_the_change(
     tmp_path: Path, s3: LocalS3, kind: str
 ) -> None:

@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader
-from lightning_fastdata.loading.collate import collate_prebatched
 from lightning_fastdata.loading.sampler import EpochSampler
+from lightning_fastdata.loading.transport.collate import collate_prebatched
 
 
 class Keys(Dataset):

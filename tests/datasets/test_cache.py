@@ -15,7 +15,7 @@ import torch
 
 from lightning_fastdata import ImageClassifier, ImageFolderDataset, TensorCacheDataModule, open_tensor_cache
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.loading.decode import decode_center_crop
+from lightning_fastdata.loading.jpeg.decode import decode_center_crop
 from lightning_fastdata.testing import cpu_trainer
 
 
@@ -79,6 +79,7 @@ def test_device_augmentation_matches_worker_augmentation(folder: Path, tmp_path:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_killed_build_never_yields_a_cache_and_the_rerun_resumes(tmp_path: Path) -> None:
     src = make_image_folder(tmp_path / "src", num_classes=2, per_class=400, size=(160, 120), processes=2)
     cache = tmp_path / "cache"
@@ -331,7 +332,7 @@ def test_fingerprint_is_the_per_file_record_it_always_was(tmp_path: Path) -> Non
     import hashlib
 
     from lightning_fastdata.datasets.cache_source import fingerprint
-    from lightning_fastdata.loading.index import scan_image_folder
+    from lightning_fastdata.loading.index.files import scan_image_folder
 
     root = make_image_folder(tmp_path / "src", num_classes=2, per_class=3, size=(16, 16))
     odd = os.path.join(os.fsencode(root / "class_001"), b"caf\xe9 \xff.jpg")  # not UTF-8

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from lightning_fastdata import EpochSampler, ImageFolderDataset
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.loading.collate import collate_prebatched
+from lightning_fastdata.loading.transport.collate import collate_prebatched
 
 
 def loader(ds: ImageFolderDataset, workers: int, epoch: int = 0, context: str | None = None) -> DataLoader:

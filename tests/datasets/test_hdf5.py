@@ -26,7 +26,7 @@ from lightning_fastdata import (
     inspect_hdf5,
 )
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.loading.collate import collate_prebatched
+from lightning_fastdata.loading.transport.collate import collate_prebatched
 
 KEYS = [(1, i) for i in range(39)]
 
@@ -160,6 +160,7 @@ def test_vlen_encoded_user_file(encoded: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_killed_conversion_leaves_nothing_at_dst_and_rerun_recovers(tmp_path: Path) -> None:
     src = make_image_folder(tmp_path / "src", num_classes=2, per_class=200, size=(320, 240), processes=2)
     dst = tmp_path / "out" / "big.h5"

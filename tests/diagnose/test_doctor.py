@@ -46,6 +46,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_doctor_reports_measures_and_recommends_without_touching_the_data(
     photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -125,6 +126,7 @@ def test_doctor_timing_counts_images_not_batches() -> None:
     assert 50 < rate <= 200
 
 
+@pytest.mark.slow
 def test_doctor_times_the_loaders_the_benchmark_times(tmp_path: Path) -> None:
     # the doctor's figures are comparable with ``fastdata bench``'s because they time the same loaders: the
     # torchvision baseline exactly as the benchmark builds it, and our module's loader with the report's workers
@@ -170,6 +172,7 @@ class _Affinity(torch.utils.data.Dataset):
         return sorted(os.sched_getaffinity(0))
 
 
+@pytest.mark.slow
 def test_written_config_trains(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clean = make_image_folder(tmp_path / "clean", num_classes=6, per_class=3, size=(64, 48))
     config = tmp_path / "fast.yaml"
@@ -284,6 +287,7 @@ print("RESULT", json.dumps(out))
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_read_only_file_systems_and_permission_errors(tmp_path: Path) -> None:
     """Data on a read-only mount, a read-only scratch dir, and files it may not read (root's DAC override dropped)."""
     tools = [shutil.which(t) for t in ("unshare", "setpriv")]

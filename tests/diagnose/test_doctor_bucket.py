@@ -12,12 +12,13 @@ import yaml
 
 from lightning_fastdata.diagnose.report import write_config
 from lightning_fastdata.diagnose.run import doctor
-from lightning_fastdata.local_s3 import LocalS3
+from lightning_fastdata.testing.s3_server import LocalS3
 
 STREAMED = "ImageFolderDataModule (streamed from the bucket)"
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_doctor_on_a_bucket_times_every_option_and_writes_configs_on_the_url(
     s3: LocalS3, s3_image_folder: str, image_folder: Path, tmp_path: Path
 ) -> None:
@@ -52,6 +53,7 @@ def test_doctor_on_a_bucket_times_every_option_and_writes_configs_on_the_url(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_doctor_cli_on_a_bucket_configured_by_the_environment(
     s3: LocalS3, s3_image_folder: str, tmp_path: Path
 ) -> None:

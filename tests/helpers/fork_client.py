@@ -56,7 +56,13 @@ class ForkServer:
         return self.request(request)
 
     def close(self) -> None:
+        """End the server by a message, not by closing its stdin: a process forked from this one (a DataLoader
+        worker a test left alive until the garbage collector frees its loader) holds the pipe open, and the
+        server would never see the end of its input."""
         if self.server is not None:
+            if self.server.poll() is None and self.server.stdin is not None:
+                self.server.stdin.write(json.dumps({"exit": True}) + "\n")
+                self.server.stdin.flush()
             self.server.communicate(timeout=60)
             self.server = None
 

@@ -8,7 +8,8 @@ come here.
 Protocol: one JSON line per run on stdin, either ``{"cfg": {...}, "log": path}`` (``resume_run.main(cfg)``) or
 ``{"script": path | "module": name, "argv": [...], "cwd": dir, "env": {...}, "path": [...], "log": path}`` (run
 as ``python SCRIPT ARGV...`` / ``python -m MODULE ARGV...`` would); the child's stdout and stderr go to ``log``;
-the answer is one line: the child's exit code (negative: the signal that killed it). With ``"finalize": true`` a
+``{"exit": true}`` ends the server; the answer is one line: the child's exit code (negative: the signal that killed
+it). With ``"finalize": true`` a
 script runs in the real ``__main__`` (its globals live until shutdown, as a script's do) and the child ends
 through the interpreter's shutdown (atexit handlers, module teardown, daemon threads stopped) instead of
 ``os._exit``: for tests of what happens at exit.
@@ -54,6 +55,8 @@ def _serve(request: dict[str, Any]) -> int:
 if __name__ == "__main__":
     for line in sys.stdin:
         request = json.loads(line)
+        if request.get("exit"):  # not EOF: a loader worker forked by the test process may hold our stdin open
+            break
         pid = os.fork()
         if pid == 0:
             log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

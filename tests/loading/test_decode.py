@@ -8,8 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-from lightning_fastdata.loading import decode
-from lightning_fastdata.loading.decode import center_crop_box, decode_resized_crop, random_resized_crop_box
+from lightning_fastdata.loading.jpeg import decode
+from lightning_fastdata.loading.jpeg.decode import center_crop_box, decode_resized_crop, random_resized_crop_box
 
 
 def reference(data: bytes, box: tuple[int, int, int, int], size: int, flip: bool = False) -> np.ndarray:
@@ -193,7 +193,7 @@ def test_center_crop_box_is_resize_then_center_crop() -> None:
 def test_pillow_simd_detection_follows_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
     import PIL
 
-    from lightning_fastdata.loading.decode import pillow_simd_installed
+    from lightning_fastdata.loading.jpeg.decode import pillow_simd_installed
 
     monkeypatch.setattr(PIL, "__version__", "9.5.0.post2")
     assert pillow_simd_installed()

@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 
 from lightning_fastdata import HDF5DataModule, convert_folder_to_hdf5
-from lightning_fastdata.loading.download import node_local_copy
-from lightning_fastdata.loading.object_store import main_process_is_clean
-from lightning_fastdata.local_s3 import LocalS3, fault_proxy, upload_folder
+from lightning_fastdata.loading.storage.download import node_local_copy
+from lightning_fastdata.loading.storage.object_store import main_process_is_clean
+from lightning_fastdata.testing.fault_proxy import fault_proxy
+from lightning_fastdata.testing.s3_server import LocalS3, upload_folder
 
 CHUNK = 8 << 10  # small, so that the test file spans many ranges
 

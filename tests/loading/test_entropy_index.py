@@ -13,15 +13,15 @@ from PIL import Image
 
 from lightning_fastdata import ImageFolderDataModule
 from lightning_fastdata.demos import make_image_folder, photo_like_image
-from lightning_fastdata.loading import decode
-from lightning_fastdata.loading.entropy_index import (
+from lightning_fastdata.loading.index.files import scan_image_folder
+from lightning_fastdata.loading.jpeg import decode
+from lightning_fastdata.loading.jpeg.entropy_index import (
     build_entropy_index,
     entropy_index_available,
     entropy_index_folder,
     load_entropy_index,
 )
-from lightning_fastdata.loading.index import scan_image_folder
-from lightning_fastdata.loading.storage import LocalStorage
+from lightning_fastdata.loading.storage.local import LocalStorage
 
 pytestmark = pytest.mark.skipif(not entropy_index_available(), reason="needs the compiled JPEG decoder")
 

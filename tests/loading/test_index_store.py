@@ -14,9 +14,10 @@ import pytest
 
 from lightning_fastdata import ImageFolderDataModule
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.loading import atomic, index_store
-from lightning_fastdata.loading.index import scan_image_folder
-from lightning_fastdata.loading.index_store import FORMAT, index_file, indexed_folder
+from lightning_fastdata.loading import atomic
+from lightning_fastdata.loading.index import store as index_store
+from lightning_fastdata.loading.index.files import scan_image_folder
+from lightning_fastdata.loading.index.store import FORMAT, index_file, indexed_folder
 
 
 def _age(root: Path, seconds: float = 60.0) -> None:
@@ -180,7 +181,8 @@ def test_datamodule_prepares_once_then_every_setup_reuses(
 
 KILLED_WRITER = """
 import os, sys
-from lightning_fastdata.loading import atomic, index_store
+from lightning_fastdata.loading import atomic
+from lightning_fastdata.loading.index import store as index_store
 def killed(src, dst):
     os._exit(3)  # as SIGKILL: no exception handler, no cleanup
 atomic.os.replace = killed

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.object_store import ObjectStorage, main_process_is_clean
-from lightning_fastdata.loading.storage import LocalStorage
-from lightning_fastdata.loading.storage_factory import open_storage
-from lightning_fastdata.local_s3 import LocalS3, fault_proxy
+from lightning_fastdata.loading.storage.local import LocalStorage
+from lightning_fastdata.loading.storage.object_store import ObjectStorage, main_process_is_clean
+from lightning_fastdata.loading.storage.registry import open_storage
+from lightning_fastdata.testing.fault_proxy import fault_proxy
+from lightning_fastdata.testing.s3_server import LocalS3
 
 
 def files(folder: Path) -> list[str]:
@@ -95,6 +96,7 @@ def test_a_body_cut_mid_transfer_is_fetched_again_within_the_timeout(
     assert len(again) == 1 and again[0].startswith("bytes=") and again[0].endswith(f"-{size - 1}"), again
 
 
+@pytest.mark.slow
 def test_an_object_that_keeps_failing_fails_alone_within_the_retry_budget(
     s3: LocalS3, s3_image_folder: str, image_folder: Path
 ) -> None:
@@ -166,7 +168,7 @@ def test_a_reading_process_keeps_max_inflight_requests_in_flight_and_exits_with_
         textwrap.dedent(
             """
             import json, sys, threading, time
-            from lightning_fastdata.loading import object_store
+            from lightning_fastdata.loading.storage import object_store
             object_store.allow_direct_calls()
             url, options, keys, stalled = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
             storage = object_store.ObjectStorage(url, options)
@@ -222,7 +224,7 @@ def test_the_helper_survives_freeing_shared_memory_tensors_it_inherited(
             """
             import gc, json, sys
             import torch
-            from lightning_fastdata.loading import object_store
+            from lightning_fastdata.loading.storage import object_store
             def collect(store):
                 return gc.collect() >= 0
 
@@ -254,10 +256,10 @@ def test_the_helper_process_ends_when_the_process_it_serves_is_killed(
         textwrap.dedent(
             """
             import json, sys, time
-            from lightning_fastdata.loading import object_store
+            from lightning_fastdata.loading.storage import object_store
             storage = object_store.ObjectStorage(sys.argv[1], json.loads(sys.argv[2]))
             storage.list_prefixes()  # the first call starts the helper
-            print(object_store._agent().process.pid, flush=True)
+            print(object_store.helper().process.pid, flush=True)
             time.sleep(600)
             """
         )
@@ -288,7 +290,7 @@ def test_the_helper_holds_none_of_its_parents_pipes(s3: LocalS3, s3_image_folder
         textwrap.dedent(
             """
             import json, subprocess, sys
-            from lightning_fastdata.loading import object_store
+            from lightning_fastdata.loading.storage import object_store
             reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); print('eof')"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             storage = object_store.ObjectStorage(sys.argv[1], json.loads(sys.argv[2]))
@@ -325,7 +327,7 @@ def test_the_fault_proxy_ends_when_the_process_that_started_it_is_killed(tmp_pat
     # a benchmark or test run SIGKILLed mid-way must not leave its latency proxy serving forever
     script = tmp_path / "proxy.py"
     script.write_text(
-        "import time\nfrom lightning_fastdata.local_s3 import fault_proxy\n"
+        "import time\nfrom lightning_fastdata.testing.fault_proxy import fault_proxy\n"
         f"with fault_proxy('http://127.0.0.1:9', log_dir={str(tmp_path)!r}) as p:\n"  # killed: no clean-up of its own
         "    print(p.pid, flush=True)\n    time.sleep(600)\n"
     )

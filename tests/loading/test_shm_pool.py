@@ -19,10 +19,10 @@ import torch
 from torch.multiprocessing.reductions import shared_cache
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_fastdata.loading import torch_internals
-from lightning_fastdata.loading.collate import collate_prebatched, empty_image_batch
-from lightning_fastdata.loading.loaders import PrefetchingDataLoader
-from lightning_fastdata.loading.shm_pool import MAX_SLOTS, WorkerPool, main_cache_stats
+from lightning_fastdata.loading.transport import torch_internals
+from lightning_fastdata.loading.transport.collate import collate_prebatched, empty_image_batch
+from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
+from lightning_fastdata.loading.transport.shm_pool import MAX_SLOTS, WorkerPool, main_cache_stats
 
 pytestmark = pytest.mark.skipif(
     bool(torch_internals.MISSING), reason=f"this torch lacks the pool's primitives: {torch_internals.MISSING}"
@@ -227,8 +227,8 @@ from torch.utils.data import DataLoader
 sys.path[:0] = sys.argv[1:]  # this test's folder, and tests/ (helpers)
 from test_shm_pool import KeyedDataset, SIDE
 import test_shm_pool
-from lightning_fastdata.loading import collate
-from lightning_fastdata.loading.loaders import PrefetchingDataLoader
+from lightning_fastdata.loading.transport import collate
+from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
 class Big(KeyedDataset):
     def __getitems__(self, keys):
         return collate.empty_image_batch(len(keys), 512, 512), torch.zeros(len(keys))
@@ -279,7 +279,7 @@ def _child_reads(queue: torch.multiprocessing.SimpleQueue, results: torch.multip
 
 
 def _loaders_run_to_the_end() -> list[DataLoader]:
-    from lightning_fastdata.loading.loaders import PrefetchingStatefulDataLoader
+    from lightning_fastdata.loading.transport.loaders import PrefetchingStatefulDataLoader
 
     loaders: list[DataLoader] = [make_loader(persistent=True), make_loader(persistent=False)]
     loaders.append(
@@ -351,7 +351,7 @@ def _stats_in_child(results: torch.multiprocessing.SimpleQueue) -> None:
 
 
 def test_a_fork_while_another_thread_holds_the_cache_lock_does_not_block_the_child() -> None:
-    from lightning_fastdata.loading import shm_pool
+    from lightning_fastdata.loading.transport import shm_pool
 
     holding, release = threading.Event(), threading.Event()
 

@@ -1,4 +1,4 @@
-"""What the shared-memory pool relies on in torch's private APIs (``loading/torch_internals.py``), pinned.
+"""What the shared-memory pool relies on in torch's private APIs (``loading/transport/torch_internals.py``), pinned.
 
 A torch upgrade that changes one of these fails here first, by name, instead of as a corrupt batch elsewhere.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_fastdata.loading import torch_internals
+from lightning_fastdata.loading.transport import torch_internals
 
 pytestmark = pytest.mark.skipif(bool(torch_internals.MISSING), reason=f"missing: {torch_internals.MISSING}")
 
@@ -48,9 +48,10 @@ import gc, pickle
 import torch
 from torch.multiprocessing import reductions
 from torch.multiprocessing.reductions import shared_cache
-from lightning_fastdata.loading import shm_pool, torch_internals
-from lightning_fastdata.loading.collate import collate_prebatched, empty_image_batch
-from lightning_fastdata.loading.loaders import PrefetchingDataLoader
+from lightning_fastdata.loading.transport import shm_pool
+from lightning_fastdata.loading.transport import torch_internals
+from lightning_fastdata.loading.transport.collate import collate_prebatched, empty_image_batch
+from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
 
 class Zeros(torch.utils.data.Dataset):
     def __len__(self):
@@ -89,9 +90,9 @@ _HIDDEN = """
 import warnings
 import torch
 del torch._C._storage_Use_Count  # as a torch without it would be
-from lightning_fastdata.loading import torch_internals
-from lightning_fastdata.loading.collate import collate_prebatched, empty_image_batch
-from lightning_fastdata.loading.loaders import PrefetchingDataLoader
+from lightning_fastdata.loading.transport import torch_internals
+from lightning_fastdata.loading.transport.collate import collate_prebatched, empty_image_batch
+from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
 
 class Ramp(torch.utils.data.Dataset):
     def __len__(self):
@@ -121,3 +122,18 @@ def test_without_the_private_api_batches_travel_torchs_way_with_one_warning() ->
     assert "WARNINGS 1" in out  # once, for two loaders
     assert "batch_transport='torch'" in out.split("REPR", 1)[1]
     assert "BATCHES True 5" in out
+
+
+def test_the_refcount_the_pool_frees_by_is_checked_not_assumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A buffer is freed only when the cache's entry is its last reference; an interpreter that counts otherwise
+    is caught at import (the pool is then not used) instead of freeing a buffer a user still holds."""
+    holder = {0: torch.UntypedStorage(8)}
+    assert torch_internals.held_only_by(holder, 0)
+    kept = holder[0]
+    assert not torch_internals.held_only_by(holder, 0)
+    del kept
+    assert torch_internals.held_only_by(holder, 0)
+    assert torch_internals._refcount_holds()
+    monkeypatch.setattr(torch_internals.sys, "getrefcount", lambda obj: 1)  # another interpreter's count
+    assert not torch_internals._refcount_holds()
+    assert any(name.startswith("sys.getrefcount") for name in torch_internals._missing())

@@ -35,6 +35,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from lightning_fastdata.errors import DataError, InvalidValueError
+from lightning_fastdata.loading.jpeg import native
 
 __all__ = [
     "Box",
@@ -62,10 +64,8 @@ log = logging.getLogger("lightning_fastdata")
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
-try:  # built by setup.py against the system libjpeg-turbo; optional, everything works without it
-    from lightning_fastdata._ext import _jpegroi
-except ImportError:  # pragma: no cover - depends on the build
-    _jpegroi = None  # type: ignore[assignment]
+# built by setup.py against the system libjpeg-turbo; optional, everything works without it (None)
+_jpegroi: Any = native.jpegroi
 
 
 def random_resized_crop_box(
@@ -262,7 +262,7 @@ def _mcu_span(start: int, length: int, mcu: int, count: int, slack: int) -> tupl
 def _decode_indexed(
     data: bytes, index: bytes, box: Box, size: tuple[int, int], scale: int, fast_idct: bool
 ) -> torch.Tensor | None:
-    """The crop decoded from a small JPEG of its MCUs alone (see :mod:`lightning_fastdata.loading.entropy_index`).
+    """The crop decoded from a small JPEG of its MCUs alone (see :mod:`lightning_fastdata.loading.jpeg.entropy_index`).
 
     ``None`` where that is not possible (the file's DC table lacks a code, or the crop spans the whole image), or
     where the index was built from other bytes (the file changed: logged once); the caller then decodes the file.
@@ -307,8 +307,9 @@ def _decode_crop(
 ) -> torch.Tensor:
     """Pick the cheapest decoder for this crop; return the crop as ``3 x h x w`` uint8 (any strides).
 
-    With ``entropy_index`` (this file's, from :func:`~lightning_fastdata.loading.entropy_index.build_entropy_index`)
-    a JPEG crop is entropy-decoded alone rather than with every row above it (the same pixels).
+    With ``entropy_index`` (this file's, from
+    :func:`~lightning_fastdata.loading.jpeg.entropy_index.build_entropy_index`) a JPEG crop is entropy-decoded
+    alone rather than with every row above it (the same pixels).
 
     A crop at least twice the output comes back DCT-scaled (smaller, same content), unless ``exact``. Raises
     ``OSError`` for bad image data (corrupt, truncated, too large); anything else is a bug and propagates.

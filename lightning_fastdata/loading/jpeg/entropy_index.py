@@ -4,12 +4,12 @@ A baseline JPEG is one Huffman-coded bit stream: to decode a ``RandomResizedCrop
 every row from the top of the image down to the box's last row, across the whole width. That entropy decoding is
 most of a crop's decode (the docs' Benchmarks page, "Decoding"). An *entropy index* records, for every MCU (the
 16 x 16 pixel unit of a 4:2:0 JPEG), where its bits start and the DC predictors there (10 bytes per MCU, about
-7% of a photo's JPEG bytes). With it, :func:`~lightning_fastdata.loading.decode.decode_resized_crop` assembles a
+7% of a photo's JPEG bytes). With it, :func:`~lightning_fastdata.loading.jpeg.decode.decode_resized_crop` assembles a
 small JPEG of the crop's MCUs (their original bits; only each row's first DC values re-encoded) and decodes that:
 the same pixels, bit for bit, with the entropy decoding of the crop alone.
 
 :func:`build_entropy_index` reads every file once (a process pool; a bucket's objects through the same
-:class:`~lightning_fastdata.loading.storage.Storage` as training) and writes one folder in ``index_dir``: the
+:class:`~lightning_fastdata.loading.storage.base.Storage` as training) and writes one folder in ``index_dir``: the
 user's data is never written to. The folder is built under a temporary name and renamed, under a file lock, and
 records a fingerprint of the file list it indexes: a list with other files (added, removed, renamed) is rebuilt.
 Each file's own index also holds the file's length and a hash of its bytes: a file changed in place since is
@@ -37,9 +37,11 @@ from filelock import FileLock
 from tqdm import tqdm
 
 from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
-from lightning_fastdata.loading.index import FileIndex
-from lightning_fastdata.loading.source_reads import init_source_process, map_sources
-from lightning_fastdata.loading.storage import Storage
+from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.jpeg import native
+from lightning_fastdata.loading.jpeg.native import entropy_index_available
+from lightning_fastdata.loading.storage.base import Storage
+from lightning_fastdata.loading.storage.source_reads import init_source_process, map_sources
 from lightning_fastdata.loading.workers import CpuBudget
 
 __all__ = [
@@ -56,15 +58,7 @@ log = logging.getLogger("lightning_fastdata")
 #: The folder format this version writes and reads.
 FORMAT = 2
 
-try:
-    from lightning_fastdata._ext import _jpegroi
-except ImportError:  # pragma: no cover - the extension is optional (no libjpeg-turbo headers at install)
-    _jpegroi = None  # type: ignore[assignment]
-
-
-def entropy_index_available() -> bool:
-    """Whether the compiled decoder (which builds and uses entropy indexes) is installed."""
-    return _jpegroi is not None and hasattr(_jpegroi, "entropy_index")
+_jpegroi: Any = native.jpegroi  # optional (no libjpeg-turbo headers at install): None
 
 
 def _fingerprint(index: FileIndex) -> str:

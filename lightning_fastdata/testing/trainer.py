@@ -1,4 +1,4 @@
-"""Helpers for tests and benchmarks: a quiet CPU Trainer (fake image folders are in :mod:`lightning_fastdata.demos`)."""
+"""Helpers for tests and benchmarks: a quiet CPU Trainer (fake image folders are in ``lightning_fastdata.demos``)."""
 
 from __future__ import annotations
 

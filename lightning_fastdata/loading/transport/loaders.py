@@ -2,15 +2,16 @@
 
 The path of one batch: a worker builds it (``__getitems__``) in shared memory -> it crosses to the main process by
 the loader's ``batch_transport`` -> the loader's own iterator ->
-:class:`~lightning_fastdata.loading.prefetch.PrefetchIterator` (started on the device one step ahead, on a side
-CUDA stream) -> the training step. Each loader creates its :class:`~lightning_fastdata.DevicePrefetcher`
+:class:`~lightning_fastdata.loading.transport.prefetch.PrefetchIterator` (started on the device one step ahead,
+on a side CUDA stream) -> the training step. Each loader creates its :class:`~lightning_fastdata.DevicePrefetcher`
 (one CUDA stream) once, in ``__init__``; ``prefetch_device=None`` means no look-ahead. Both choices are
 constructor arguments, so a copy Lightning re-instantiates (to inject a ``DistributedSampler``) keeps them.
 
 ``batch_transport``: ``"torch"`` (the default of these classes, as a plain ``DataLoader``) sends each batch as a
 new shared-memory segment; ``"shm_pool"`` (what the package's DataModules choose) reuses a few buffers per worker
-(:mod:`~lightning_fastdata.loading.shm_pool`), for datasets that build their batches with
-:func:`~lightning_fastdata.loading.collate.empty_image_batch`. Other datasets' batches travel torch's way either way.
+(:mod:`~lightning_fastdata.loading.transport.shm_pool`), for datasets that build their batches with
+:func:`~lightning_fastdata.loading.transport.collate.empty_image_batch`. Other datasets' batches travel torch's
+way either way.
 
 :func:`with_prefetch` rebuilds a plain ``DataLoader``/``StatefulDataLoader`` that someone else made (a foreign
 DataModule's) as its prefetching twin over the same dataset, sampler and settings.
@@ -26,9 +27,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_fastdata.loading import shm_pool
-from lightning_fastdata.loading.prefetch import DevicePrefetcher, PrefetchIterator
-from lightning_fastdata.loading.shm_pool import BatchTransport, PoolWorkerInit
+from lightning_fastdata.loading.transport import shm_pool
+from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher, PrefetchIterator
+from lightning_fastdata.loading.transport.shm_pool import BatchTransport, PoolWorkerInit
 
 __all__ = ["PrefetchingDataLoader", "PrefetchingStatefulDataLoader", "with_prefetch"]
 
@@ -158,7 +159,7 @@ class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
         """Whether torchdata keeps an exact state (not with workers and ``in_order=False``)."""
         return self.in_order or self.num_workers == 0
 
-    def __iter__(self) -> PrefetchIterator:  # type: ignore[override]
+    def __iter__(self) -> PrefetchIterator:
         state_fn = super().state_dict if self.exact_state else None  # out of order: no state worth tracking
         inner = super().__iter__()
         self._watch(inner)

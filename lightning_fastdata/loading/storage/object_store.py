@@ -27,7 +27,7 @@ per object and process, up to ten): a resume state or an entropy index of the ol
 **Processes.** obstore runs a tokio runtime, which does not survive ``fork`` (obstore#441: a child forked after
 the parent used it hangs at its first request). So the process that starts DataLoader workers never starts it:
 there, every call is made by a helper process forked once, on first use, from this clean process
-(:mod:`~lightning_fastdata.loading.object_store_helper`; its answers cross a pipe). Loader workers and
+(:mod:`~lightning_fastdata.loading.storage.object_store_helper`; its answers cross a pipe). Loader workers and
 build-pool processes, which fork nothing, call obstore directly, each with its own runtime, request threads and
 connections.
 """
@@ -35,32 +35,42 @@ connections.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 
-from lightning_fastdata.errors import InvalidValueError, StorageError
-from lightning_fastdata.loading.identity import string_hash
-from lightning_fastdata.loading.object_store_helper import (
-    _agent,
-    _first_line,
+from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.index.identity import string_hash
+from lightning_fastdata.loading.index.store import IndexLookup
+from lightning_fastdata.loading.storage.base import ObjectStat, is_url, join_url
+from lightning_fastdata.loading.storage.bucket_index import (
+    DEFAULT_INDEX_TTL,
+    ObjectEntry,
+    bucket_classes,
+    indexed_bucket,
+    list_bucket_folder,
+)
+from lightning_fastdata.loading.storage.object_store_helper import (
     allow_direct_calls,
     direct_calls_allowed,
+    first_line,
+    helper,
 )
-from lightning_fastdata.loading.retry import retried
-from lightning_fastdata.loading.storage import ObjectStat, is_url, join_url
+from lightning_fastdata.loading.storage.obstore_calls import as_os_error, get_object, list_prefix, profile_credentials
+from lightning_fastdata.loading.storage.retry import retried
 
 log = logging.getLogger("lightning_fastdata")
 
-__all__ = ["ObjectEntry", "ObjectStorage", "allow_direct_calls", "main_process_is_clean"]
+__all__ = ["ObjectStorage", "allow_direct_calls", "main_process_is_clean"]
 
 T = TypeVar("T")
 
@@ -95,39 +105,6 @@ def main_process_is_clean() -> bool:
     except OSError:
         return True  # no /proc: cannot tell
     return not any(name.startswith("tokio") for name in names)
-
-
-@dataclass(frozen=True)
-class ObjectEntry:
-    """One object of a listing: key relative to the root, size in bytes and ETag."""
-
-    key: str
-    size: int
-    etag: str
-
-
-def _as_os_error(err: BaseException, url: str, credentials: str = "") -> OSError:
-    from obstore.exceptions import NotFoundError, PermissionDeniedError, UnauthenticatedError
-
-    text = str(err)
-    if "NoSuchBucket" in text:
-        bucket = url.split("://", 1)[-1].split("/", 1)[0]
-        return FileNotFoundError(f"The bucket {bucket!r} of {url} does not exist (or this endpoint does not serve it).")
-    if isinstance(err, (NotFoundError, FileNotFoundError)):
-        return FileNotFoundError(f"{url} does not exist in the bucket.")
-    # a refused list request comes back as a generic error with the status in its text
-    refused = any(
-        s in text for s in ("403 Forbidden", "401 Unauthorized", "SignatureDoesNotMatch", "InvalidAccessKeyId")
-    )
-    if refused or isinstance(err, (PermissionDeniedError, UnauthenticatedError)):
-        used = f"; credentials used: {credentials}" if credentials else ""
-        return PermissionError(
-            f"Access to {url} was refused ({_first_line(err)}{used}): check the credentials (AWS_ACCESS_KEY_ID / "
-            "AWS_PROFILE, or storage_options) and the bucket's policy."
-        )
-    retried = getattr(err, "fastdata_retried_s", None)
-    how = f"for {retried:.0f} s of retries (storage_options retry_timeout)" if retried is not None else "after retries"
-    return StorageError(f"Reading {url} failed {how}: {_first_line(err)}")
 
 
 class _Session:
@@ -179,7 +156,7 @@ class _Session:
 
 
 class ObjectStorage:
-    """A bucket prefix as a :class:`~lightning_fastdata.loading.storage.Storage` (see the module docstring).
+    """A bucket prefix as a :class:`~lightning_fastdata.loading.storage.base.Storage` (see the module docstring).
 
     Args:
         root: URL of the prefix, e.g. ``s3://bucket/imagenet/train``.
@@ -223,8 +200,41 @@ class ObjectStorage:
         self._warned = torch.zeros(_MAX_CHANGED + 2, dtype=torch.int64).share_memory_()
         self.make_store()  # validates the URL and the options now, without any request
 
+    #: Whether reads wait on a network (yes: loaders fetch the next batch ahead; no folder mtimes to check).
+    remote = True
+
     def __repr__(self) -> str:
         return f"ObjectStorage({self.root!r})"
+
+    # -- listing (the Storage contract; see lightning_fastdata.loading.storage.bucket_index) --------------------
+    def list_classes(self) -> tuple[str, ...]:
+        """The class prefixes directly under the root, sorted.
+
+        Raises:
+            FileNotFoundError: If there is none.
+        """
+        return bucket_classes(self)
+
+    def list_files(self, classes: Sequence[str] | None = None) -> FileIndex:
+        """``root/<class>/**/<image>`` in torchvision's order, with each object's size and ETag as its version."""
+        return list_bucket_folder(self, classes)[0]
+
+    def indexed(
+        self,
+        classes: Sequence[str],
+        index_dir: str | os.PathLike[str] | None = None,
+        index_ttl: float = DEFAULT_INDEX_TTL,
+    ) -> tuple[FileIndex, IndexLookup]:
+        """The listing, reused from ``index_dir`` within ``index_ttl`` seconds of when it was made, else listed."""
+        return indexed_bucket(self, classes, index_dir, index_ttl)
+
+    def content_fingerprint(self, index: FileIndex) -> str:
+        """A fresh listing's per-class digests of every object's key, size and ETag (a rewrite changes it)."""
+        return json.dumps(list_bucket_folder(self, index.classes)[1], sort_keys=True)
+
+    def location(self) -> str:
+        """The root URL."""
+        return self.root
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_sessions": {}}
@@ -274,12 +284,12 @@ class ObjectStorage:
             and not credentials & set(options)
             and not os.environ.get("AWS_ACCESS_KEY_ID")
         ):
-            kwargs["credential_provider"] = _profile_credentials(os.environ["AWS_PROFILE"])
+            kwargs["credential_provider"] = profile_credentials(os.environ["AWS_PROFILE"])
         try:
             return from_url(self.root, **kwargs, **options)
         except (BaseError, ValueError, TypeError) as err:
             raise InvalidValueError(
-                f"Cannot use {self.root!r} with storage_options {sorted(self.options)}: {_first_line(err)}"
+                f"Cannot use {self.root!r} with storage_options {sorted(self.options)}: {first_line(err)}"
             ) from None
 
     # -- the calls, made here or by the helper process --------------------------------------------------------
@@ -292,7 +302,7 @@ class ObjectStorage:
     def _call(self, name: str, *args: Any) -> Any:
         if _direct():
             return getattr(self, name)(*args)
-        return _agent().call(_call_method, self, name, args)
+        return helper().call(_call_method, self, name, args)
 
     def read_many(self, relpaths: Sequence[str], versions: Sequence[int] | None = None) -> Iterator[bytes | OSError]:
         """Yield each object's bytes (or its ``OSError``) in order, fetching up to ``max_inflight`` at once.
@@ -302,7 +312,7 @@ class ObjectStorage:
         warned about (module docstring).
         """
         if not _direct():
-            yield from _agent().call(_call_method, self, "_read_all", (list(relpaths), versions))
+            yield from helper().call(_call_method, self, "_read_all", (list(relpaths), versions))
             return
         session = self._session()
         ahead, session.ahead = session.ahead, None
@@ -312,14 +322,15 @@ class ObjectStorage:
             for future in ahead[1] if ahead is not None else ():
                 future.cancel()  # a wrong guess: its requests that already started finish unread
             futures = [
-                session.submit(retried, self.settings["retry_timeout"], _get, session.store, rel) for rel in relpaths
+                session.submit(retried, self.settings["retry_timeout"], get_object, session.store, rel)
+                for rel in relpaths
             ]
         try:
             for k, (rel, future) in enumerate(zip(relpaths, futures)):
                 try:
                     data, version = future.result()
                 except Exception as err:  # noqa: BLE001 - any client error becomes the sample's OSError
-                    yield _as_os_error(err, self.url(rel), self.credential_source())
+                    yield as_os_error(err, self.url(rel), self.credential_source())
                     continue
                 if versions is not None and version != versions[k]:
                     self._warn_changed(self.url(rel))
@@ -341,7 +352,10 @@ class ObjectStorage:
         for future in session.ahead[1] if session.ahead is not None else ():
             future.cancel()
         budget = self.settings["retry_timeout"]
-        session.ahead = (tuple(relpaths), [session.submit(retried, budget, _get, session.store, r) for r in relpaths])
+        session.ahead = (
+            tuple(relpaths),
+            [session.submit(retried, budget, get_object, session.store, r) for r in relpaths],
+        )
 
     def _read_all(self, relpaths: list[str], versions: Sequence[int] | None = None) -> list[bytes | OSError]:
         return list(self.read_many(relpaths, versions))
@@ -352,7 +366,7 @@ class ObjectStorage:
         Raises:
             FileNotFoundError: If it does not exist.
         """
-        return self._call("_stat", relpath)  # type: ignore[no-any-return]
+        return self._call("_stat", relpath)
 
     def _stat(self, relpath: str) -> ObjectStat:
         import obstore
@@ -360,12 +374,12 @@ class ObjectStorage:
         try:
             meta = retried(self.settings["retry_timeout"], obstore.head, self._session().store, relpath)
         except Exception as err:  # noqa: BLE001 - named as an OSError
-            raise _as_os_error(err, self.url(relpath), self.credential_source()) from None
+            raise as_os_error(err, self.url(relpath), self.credential_source()) from None
         return ObjectStat(int(meta["size"]), str(meta.get("e_tag") or meta["last_modified"]))
 
     def list_prefixes(self, prefix: str = "") -> list[str]:
         """The "sub-folders" directly under ``prefix`` (common prefixes, without the trailing ``/``), sorted."""
-        return self._call("_list_prefixes", prefix)  # type: ignore[no-any-return]
+        return self._call("_list_prefixes", prefix)
 
     def _list_prefixes(self, prefix: str) -> list[str]:
         import obstore
@@ -374,24 +388,24 @@ class ObjectStorage:
             store = self._session().store
             result = retried(self.settings["retry_timeout"], obstore.list_with_delimiter, store, prefix or None)
         except Exception as err:  # noqa: BLE001 - named as an OSError
-            raise _as_os_error(err, self.url(prefix), self.credential_source()) from None
+            raise as_os_error(err, self.url(prefix), self.credential_source()) from None
         cut = len(prefix.rstrip("/")) + 1 if prefix else 0
         return sorted(p.rstrip("/")[cut:] for p in result["common_prefixes"])
 
     def list_many(self, prefixes: Sequence[str]) -> list[list[ObjectEntry]]:
         """Every object under each prefix (recursively), the prefixes listed concurrently; keys relative to the root."""
-        return self._call("_list_many", list(prefixes))  # type: ignore[no-any-return]
+        return self._call("_list_many", list(prefixes))
 
     def _list_many(self, prefixes: list[str]) -> list[list[ObjectEntry]]:
         session = self._session()
         budget = self.settings["retry_timeout"]
-        futures = [session.submit(retried, budget, _list_one, session.store, p) for p in prefixes]
+        futures = [session.submit(retried, budget, list_prefix, session.store, p) for p in prefixes]
         out = []
         for prefix, future in zip(prefixes, futures):
             try:
                 out.append(future.result())
             except Exception as err:  # noqa: BLE001 - named as an OSError
-                raise _as_os_error(err, self.url(prefix), self.credential_source()) from None
+                raise as_os_error(err, self.url(prefix), self.credential_source()) from None
         return out
 
     def run_direct(self, fn: Callable[..., T], *args: Any) -> T:
@@ -401,14 +415,14 @@ class ObjectStorage:
             OSError: For obstore's errors (naming the root); ``fn``'s other errors as they are.
         """
         if not _direct():
-            return _agent().call(_call_method, self, "run_direct", (fn, *args))  # type: ignore[no-any-return]
+            return helper().call(_call_method, self, "run_direct", (fn, *args))
         try:
             return fn(self._session().store, *args)
         except Exception as err:
             from obstore.exceptions import BaseError
 
             if isinstance(err, BaseError):  # obstore's own errors become an OSError naming the root
-                raise _as_os_error(err, self.root, self.credential_source()) from None
+                raise as_os_error(err, self.root, self.credential_source()) from None
             raise
 
     def _warn_changed(self, url: str) -> None:
@@ -439,46 +453,6 @@ class ObjectStorage:
         """A short digest of the root and the settings that select the data (not the credentials)."""
         endpoint = str(self.options.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or "")
         return hashlib.sha1(f"{self.root}|{endpoint}".encode()).hexdigest()[:16]
-
-
-def _get(store: Any, relpath: str) -> tuple[bytes, int]:
-    """The object's bytes and version (one request; run on a request thread, the GIL released while it waits).
-
-    The version is :func:`object_version` of the size and ETag the answer carries.
-    """
-    import obstore
-
-    result = obstore.get(store, relpath)
-    meta = result.meta
-    data = bytes(result.bytes())
-    return data, object_version(int(meta["size"]), str(meta.get("e_tag") or ""))
-
-
-def object_version(size: int, etag: str) -> int:
-    """What identifies an object's content in a listing and in a read alike: a hash of its size and ETag."""
-    return string_hash(f"{size}\0{etag}")
-
-
-def _list_one(store: Any, prefix: str) -> list[ObjectEntry]:
-    """Every object under ``prefix`` (pages of 1,000 keys, one after another)."""
-    import obstore
-
-    entries: list[ObjectEntry] = []
-    for chunk in obstore.list(store, prefix or None, chunk_size=1000):
-        entries.extend(ObjectEntry(m["path"], int(m["size"]), str(m.get("e_tag") or "")) for m in chunk)
-    return entries
-
-
-def _profile_credentials(profile: str) -> Any:
-    try:
-        import boto3
-        from obstore.auth.boto3 import Boto3CredentialProvider
-    except ModuleNotFoundError:
-        raise ModuleNotFoundError(
-            f"AWS_PROFILE={profile!r} is set: reading a profile needs boto3. Run `pip install boto3`, or set "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY instead."
-        ) from None
-    return Boto3CredentialProvider(boto3.Session(profile_name=profile))
 
 
 def _call_method(storage: ObjectStorage, name: str, args: tuple[Any, ...]) -> Any:

@@ -1,6 +1,6 @@
 """Every private torch and ``multiprocessing`` API the shared-memory batch pool uses, checked once at import.
 
-The pool (:mod:`lightning_fastdata.loading.shm_pool`) reaches below torch's public API in these places, and
+The pool (:mod:`lightning_fastdata.loading.transport.shm_pool`) reaches below torch's public API in these places, and
 nowhere else:
 
 - ``torch.UntypedStorage._new_shared(nbytes)``: allocate a storage directly in shared memory (the allocator
@@ -9,16 +9,21 @@ nowhere else:
 - ``torch._C._storage_Use_Count(storage._cdata)``: how many tensors and views hold a storage;
 - ``multiprocessing.reduction.DupFd``: pass a descriptor along with a pickled object;
 - ``ForkingPickler._extra_reducers``: torch's registered reducer for ``UntypedStorage``, which the pool wraps
-  while it caches buffers (to see a pooled buffer sent on to another process).
+  while it caches buffers (to see a pooled buffer sent on to another process);
+- ``sys.getrefcount``: CPython's count of references to the storage object itself (the pool frees a buffer only
+  when its own cache entry is the last one). Checked here on a real storage, not assumed: an interpreter that
+  counts otherwise (another implementation, a future CPython) gets torch's transport.
 
 :data:`MISSING` names those that this torch or Python lacks; when it is not empty the pool is not used and
-batches travel torch's own way (one warning, from :func:`lightning_fastdata.loading.shm_pool.resolve_transport`).
+batches travel torch's own way (one warning, from
+:func:`lightning_fastdata.loading.transport.shm_pool.resolve_transport`).
 Each behaviour the pool relies on is pinned by a test in ``tests/loading/test_torch_internals.py``.
 """
 
 from __future__ import annotations
 
 import multiprocessing.reduction
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +34,7 @@ __all__ = [
     "MISSING",
     "DupFd",
     "ForkingPickler",
+    "held_only_by",
     "new_shared_storage",
     "reserve_pages",
     "set_storage_reducer",
@@ -38,6 +44,23 @@ __all__ = [
 
 ForkingPickler = multiprocessing.reduction.ForkingPickler
 DupFd: Any = getattr(multiprocessing.reduction, "DupFd", None)
+
+
+def _refcount_holds() -> bool:
+    """Whether :func:`held_only_by` can tell a storage held by one dict entry alone from one held twice."""
+    if not hasattr(sys, "getrefcount"):
+        return False
+    holder = {0: torch.UntypedStorage(1)}
+    alone = held_only_by(holder, 0)
+    kept = holder[0]  # a user's reference to the storage object (as ``images.untyped_storage()`` returns it)
+    shared = not held_only_by(holder, 0)
+    del kept
+    return alone and shared and held_only_by(holder, 0)
+
+
+def held_only_by(holder: dict[int, Any], key: int) -> bool:
+    """Whether ``holder[key]`` has no Python reference but ``holder``'s entry (CPython's count: entry + argument)."""
+    return sys.getrefcount(holder[key]) == 2
 
 
 def _missing() -> list[str]:
@@ -50,6 +73,7 @@ def _missing() -> list[str]:
             getattr(ForkingPickler, "_extra_reducers", None), dict
         )
         and torch.UntypedStorage in ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
+        "sys.getrefcount (a storage held by one dict entry alone counts 2, one more reference 3)": _refcount_holds(),
     }
     return [name for name, present in checks.items() if not present]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from lightning_fastdata.loading.shm_pool import new_worker_buffer, worker_pool
+from lightning_fastdata.loading.transport.shm_pool import new_worker_buffer, worker_pool
 
 __all__ = ["collate_prebatched", "empty_image_batch"]
 

@@ -27,7 +27,7 @@ from filelock import FileLock
 
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.atomic import atomic_write_text
-from lightning_fastdata.loading.object_store import ObjectStorage
+from lightning_fastdata.loading.storage.object_store import ObjectStorage
 
 __all__ = ["CHUNK_BYTES", "node_local_copy"]
 

@@ -1,9 +1,9 @@
 """Copy the next batch to the device on a side CUDA stream while the current one trains.
 
 Framework-free: :class:`DevicePrefetcher` moves batches; :class:`PrefetchIterator` keeps one batch in flight
-and the loader state before and after the current batch. The loaders of :mod:`lightning_fastdata.loading.loaders`
-iterate through it. On CPU the same code path runs with no stream (the batch stays where it is), so its order
-and state logic are tested without a GPU.
+and the loader state before and after the current batch. The loaders of
+:mod:`lightning_fastdata.loading.transport.loaders` iterate through it. On CPU the same code path runs with no
+stream (the batch stays where it is), so its order and state logic are tested without a GPU.
 """
 
 from __future__ import annotations

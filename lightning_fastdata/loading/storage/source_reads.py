@@ -1,7 +1,7 @@
-"""Read every file of an index through its :class:`~lightning_fastdata.loading.storage.Storage` in a process pool.
+"""Read every file of an index through its :class:`~lightning_fastdata.loading.storage.base.Storage` in a process pool.
 
-What the cache build and the HDF5 converter share: the files of a :class:`~lightning_fastdata.loading.index.
-FileIndex` are handed to the pool in chunks; each process reads its chunk with one ``read_many`` (from a bucket:
+What the cache build and the HDF5 converter share: the files of a :class:`~lightning_fastdata.FileIndex` are handed
+to the pool in chunks; each process reads its chunk with one ``read_many`` (from a bucket:
 the chunk's objects fetched concurrently) and applies a function to each file's bytes; the results come back in
 index order. A local folder and a bucket take the same path.
 
@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from lightning_fastdata.errors import DataError
-from lightning_fastdata.loading.index import FileIndex
-from lightning_fastdata.loading.object_store import allow_direct_calls
-from lightning_fastdata.loading.storage import Storage
+from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.storage.base import Storage
+from lightning_fastdata.loading.storage.object_store import allow_direct_calls
 from lightning_fastdata.loading.workers import init_build_process
 
 __all__ = ["CHUNK", "init_source_process", "map_sources"]
@@ -25,7 +25,7 @@ __all__ = ["CHUNK", "init_source_process", "map_sources"]
 T = TypeVar("T")
 
 CHUNK = 32
-"""Files per pool job: one ``read_many`` (up to that many requests in flight from a bucket)."""
+"""How many files one pool job reads with one ``read_many`` (that many requests in flight from a bucket)."""
 
 
 def init_source_process() -> None:

@@ -1,7 +1,7 @@
 """The object-store helper process: makes obstore's calls for a process that must never run obstore itself.
 
 obstore's runtime (tokio) does not survive ``fork``, and the process that starts DataLoader workers forks them, so
-it never runs obstore (see :mod:`lightning_fastdata.loading.object_store`). Its calls (listing, HEAD, downloads,
+it never runs obstore (see :mod:`lightning_fastdata.loading.storage.object_store`). Its calls (listing, HEAD, downloads,
 reads with ``num_workers=0``) go over a pipe to this helper, forked once, on first use, while that process is still
 clean; the helper runs them with obstore directly and sends back the answers.
 """
@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["allow_direct_calls", "direct_calls_allowed"]
+__all__ = ["Helper", "allow_direct_calls", "direct_calls_allowed", "first_line", "helper"]
 
 T = TypeVar("T")
 
@@ -34,14 +34,14 @@ def direct_calls_allowed() -> bool:
     return _direct_pid == os.getpid()
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     """The error's first line, without the server's XML body (obstore appends a debug dump)."""
     text = str(err).strip().splitlines()
     line = text[0] if text else type(err).__name__
     return line.split(": <?xml")[0][:300]
 
 
-class _Agent:
+class Helper:
     """A process forked (once, on first use) from the clean main process that makes its obstore calls.
 
     Calls are serialised (one at a time, under a lock); each one is itself concurrent inside the helper. The
@@ -54,7 +54,7 @@ class _Agent:
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
-            target=_agent_main, args=(child, self.conn, os.getpid()), daemon=True, name="fastdata-object-store"
+            target=_helper_main, args=(child, self.conn, os.getpid()), daemon=True, name="fastdata-object-store"
         )
         self.process.start()
         child.close()
@@ -62,6 +62,7 @@ class _Agent:
         self.pid = os.getpid()
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` run in the helper process; its result or its exception comes back."""
         with self.lock:
             try:
                 self.conn.send((fn, args))
@@ -73,14 +74,14 @@ class _Agent:
                 ) from err
         if not ok:
             raise value
-        return value  # type: ignore[no-any-return]
+        return value
 
 
 _PARENT_CHECK_S = 2.0
 """How often an idle object-store helper checks that the process it serves still exists."""
 
 
-def _agent_main(conn: Any, parent_end: Any, parent_pid: int) -> None:
+def _helper_main(conn: Any, parent_end: Any, parent_pid: int) -> None:
     gc.freeze()  # the parent's objects copied by the fork are never collected here (their owners live there)
     parent_end.close()  # forked with the parent's end open: it would never see the pipe close
     _close_inherited_fds(keep=conn.fileno())
@@ -97,7 +98,7 @@ def _agent_main(conn: Any, parent_end: Any, parent_pid: int) -> None:
         try:
             reply = (True, fn(*args))
         except BaseException as err:  # noqa: BLE001 - sent back to the caller, which raises it
-            reply = (False, err if _picklable(err) else OSError(_first_line(err)))
+            reply = (False, err if _picklable(err) else OSError(first_line(err)))
         conn.send(reply)
 
 
@@ -135,13 +136,14 @@ def _picklable(err: BaseException) -> bool:
     return True
 
 
-_agents: dict[int, _Agent] = {}
-_agents_lock = threading.Lock()
+_helpers: dict[int, Helper] = {}
+_helpers_lock = threading.Lock()
 
 
-def _agent() -> _Agent:
-    with _agents_lock:
-        agent = _agents.get(os.getpid())
-        if agent is None or not agent.process.is_alive():
-            agent = _agents[os.getpid()] = _Agent()
-        return agent
+def helper() -> Helper:
+    """This process's helper, started (forked) on first use and again if it died."""
+    with _helpers_lock:
+        found = _helpers.get(os.getpid())
+        if found is None or not found.process.is_alive():
+            found = _helpers[os.getpid()] = Helper()
+        return found

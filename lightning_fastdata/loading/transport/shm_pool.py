@@ -31,7 +31,7 @@ Protocol (each worker process is one *incarnation*, named by a random nonce):
 Lifetime (nothing runs or stays installed beyond the loaders that need it):
 
 - The pool is an explicit choice of the loader (``batch_transport="shm_pool"``, see
-  :mod:`lightning_fastdata.loading.loaders`): its ``worker_init_fn`` turns the pool on in each worker
+  :mod:`lightning_fastdata.loading.transport.loaders`): its ``worker_init_fn`` turns the pool on in each worker
   (:class:`PoolWorkerInit`). Any other loader's workers send batches torch's own way.
 - The main process has no thread of its own: buffers are released when a batch arrives, and exited workers are
   forgotten when a batch arrives, when a loader's epoch ends and when a loader's worker iterator is freed (its
@@ -42,7 +42,7 @@ Lifetime (nothing runs or stays installed beyond the loaders that need it):
 - A forked child starts with an empty cache and a lock of its own (checked by process id at each use, so a
   fork while another thread held the parent's lock cannot block the child).
 
-Every private torch API used here lives in :mod:`lightning_fastdata.loading.torch_internals`; where one is
+Every private torch API used here lives in :mod:`lightning_fastdata.loading.transport.torch_internals`; where one is
 missing, :func:`resolve_transport` falls back to ``"torch"`` with one warning.
 
 Thread safety: the main process's cache is guarded by one lock (pin-memory threads, loaders in several
@@ -58,7 +58,6 @@ import os
 import re
 import secrets
 import select
-import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -69,7 +68,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from lightning_fastdata.loading import torch_internals as internals
+from lightning_fastdata.loading.transport import torch_internals as internals
 
 __all__ = [
     "MAX_SLOTS",
@@ -366,9 +365,10 @@ class _MainCache:
 
         The storage's use count counts tensors and views (a pinned copy, a batch the user kept); the Python
         refcount of the storage object counts references to the object itself (``images.untyped_storage()``
-        returns this very object, not a new one): our dict's entry and ``getrefcount``'s argument make 2.
+        returns this very object, not a new one): ``held_only_by``, checked at import like the other internals
+        (:mod:`~lightning_fastdata.loading.transport.torch_internals`).
         """
-        return internals.storage_use_count(storages[index]) == 1 and sys.getrefcount(storages[index]) == 2
+        return internals.storage_use_count(storages[index]) == 1 and internals.held_only_by(storages, index)
 
     def note_shared(self, storage: torch.UntypedStorage) -> None:
         """``storage`` is being pickled for another process: if it is one of our buffers, retire it."""

@@ -2,7 +2,7 @@
 
 ``ListObjectsV2`` returns 1,000 keys a page, so one listing of 1.28M objects is 1,281 pages one after the other.
 Here the class prefixes are listed first (one delimiter listing), then every class is listed at once, up to
-``max_inflight`` at a time (:meth:`~lightning_fastdata.loading.object_store.ObjectStorage.list_many`).
+``max_inflight`` at a time (:meth:`~lightning_fastdata.loading.storage.object_store.ObjectStorage.list_many`).
 
 **Staleness.** A bucket has no folder mtimes to check in ``O(folders)``: knowing whether anything changed
 takes a listing. A persisted index (``index_dir``) therefore records when it was listed and one digest per
@@ -19,14 +19,16 @@ import hashlib
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from lightning_fastdata.errors import PathNotFoundError
-from lightning_fastdata.loading.index import IMG_EXTENSIONS, FileIndex
-from lightning_fastdata.loading.index_store import (
+from lightning_fastdata.loading.index.files import IMG_EXTENSIONS, FileIndex
+from lightning_fastdata.loading.index.identity import string_hash
+from lightning_fastdata.loading.index.store import (
     FORMAT,
     IndexLookup,
     IndexStale,
@@ -34,15 +36,54 @@ from lightning_fastdata.loading.index_store import (
     read_index_file,
     write_index_file,
 )
-from lightning_fastdata.loading.object_store import ObjectEntry, ObjectStorage, object_version
 
-__all__ = ["DEFAULT_INDEX_TTL", "bucket_classes", "bucket_index_file", "indexed_bucket", "list_bucket_folder"]
+__all__ = [
+    "DEFAULT_INDEX_TTL",
+    "BucketLister",
+    "ObjectEntry",
+    "bucket_classes",
+    "bucket_index_file",
+    "indexed_bucket",
+    "list_bucket_folder",
+    "object_version",
+]
 
 #: Seconds a persisted bucket listing is reused without listing again.
 DEFAULT_INDEX_TTL = 3600.0
 
 
-def bucket_classes(storage: ObjectStorage) -> tuple[str, ...]:
+@dataclass(frozen=True)
+class ObjectEntry:
+    """One object of a listing: key relative to the root, size in bytes and ETag."""
+
+    key: str
+    size: int
+    etag: str
+
+
+def object_version(size: int, etag: str) -> int:
+    """What identifies an object's content in a listing and in a read alike: a hash of its size and ETag."""
+    return string_hash(f"{size}\0{etag}")
+
+
+class BucketLister(Protocol):
+    """What listing a bucket needs of its storage: the root, its URLs, its identity and two listing calls.
+
+    :class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage` is the one in use.
+    """
+
+    root: str
+
+    def url(self, relpath: str) -> str: ...  # noqa: D102 - see ObjectStorage
+
+    def fingerprint(self) -> str: ...  # noqa: D102
+
+    def list_prefixes(self, prefix: str = "") -> list[str]: ...  # noqa: D102
+
+    def list_many(self, prefixes: Sequence[str]) -> list[list[ObjectEntry]]: ...  # noqa: D102
+
+
+def bucket_classes(storage: BucketLister) -> tuple[str, ...]:
     """The class "folders" (common prefixes) directly under the storage's root, sorted.
 
     Raises:
@@ -62,10 +103,10 @@ def _sort_key(entry: ObjectEntry) -> tuple[str, str]:
     return folder, name  # torchvision's order: folder by folder, names sorted within each
 
 
-def list_bucket_folder(
-    storage: ObjectStorage, classes: Sequence[str] | None = None
-) -> tuple[FileIndex, dict[str, str]]:
-    """List ``root/<class>/**/<image>`` into a :class:`FileIndex` (torchvision's order) and one digest per class.
+def list_bucket_folder(storage: BucketLister, classes: Sequence[str] | None = None) -> tuple[FileIndex, dict[str, str]]:
+    """List ``root/<class>/**/<image>`` into a file index (torchvision's order) and one digest per class.
+
+    The index is a :class:`~lightning_fastdata.FileIndex` with each object's size and ETag as its version.
 
     Raises:
         FileNotFoundError: If there is no class prefix, or a class holds no image (named).
@@ -102,7 +143,7 @@ def list_bucket_folder(
     return index, digests
 
 
-def bucket_index_file(index_dir: str | os.PathLike[str], storage: ObjectStorage) -> Path:
+def bucket_index_file(index_dir: str | os.PathLike[str], storage: BucketLister) -> Path:
     """The index file of the storage's root in ``index_dir``: its last path part plus a hash of URL and endpoint."""
     last = storage.root.rstrip("/").rsplit("/", 1)[-1]
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in last)
@@ -110,7 +151,7 @@ def bucket_index_file(index_dir: str | os.PathLike[str], storage: ObjectStorage)
 
 
 def indexed_bucket(
-    storage: ObjectStorage,
+    storage: BucketLister,
     classes: Sequence[str],
     index_dir: str | os.PathLike[str] | None = None,
     index_ttl: float = DEFAULT_INDEX_TTL,

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from lightning_fastdata.loading.atomic import atomic_path
-from lightning_fastdata.loading.index import FileIndex, find_classes, scan_with_mtimes
+from lightning_fastdata.loading.index.files import FileIndex, find_classes, scan_with_mtimes
 
 __all__ = [
     "FORMAT",

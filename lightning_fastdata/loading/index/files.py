@@ -36,7 +36,7 @@ class FileIndex:
         offsets: ``n + 1`` offsets into ``path_bytes``.
         labels: ``n`` int64 labels.
         versions: ``n`` uint64 hashes of each file's size and ETag where a listing gave them (a bucket), else
-            ``None``: what identifies the content a listing saw (:mod:`~lightning_fastdata.loading.identity`).
+            ``None``: what identifies the content a listing saw (:mod:`~lightning_fastdata.loading.index.identity`).
     """
 
     root: str
