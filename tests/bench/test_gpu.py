@@ -39,3 +39,20 @@ def test_gpu_check_script_runs_every_part_without_a_gpu(tmp_path: Path) -> None:
     assert [r["workers"] for r in report["scale"]] == [1] and report["scale"][0]["ours_img_s"] > 0
     assert report["scale"][0]["ours_counted"] == "uint8, leaving the loader"
     assert not (ROOT / "benchmarks" / "results" / "gpu-check.log").exists()  # --quick never writes into the repo
+
+
+@pytest.mark.timeout(120)
+def test_the_gpu_checks_fit_and_correctness_parts_on_a_cpu(image_folder: Path, tmp_path: Path) -> None:
+    """The fast tier's touch of the GPU check (the slow test above runs the whole script): one timed fit on the
+    device-resident stand-in data, and the prefetch-equals-plain check on the folder and cache modules."""
+    from lightning_fastdata import DataWaitMonitor
+    from lightning_fastdata.bench import gpu
+    from lightning_fastdata.bench.gpu_fit import Settings, SyntheticData, fit
+
+    s = Settings(str(image_folder), str(tmp_path), str(image_folder), arch="resnet18", image_size=16, batch_size=4)
+    s = Settings(**{**s.__dict__, "workers": 0, "steps": 2, "epochs": 2, "cache_size": 20})
+    row = fit(s, SyntheticData(s, num_classes=3), DataWaitMonitor())
+    assert row["img_s"] > 0 and 0 <= row["data_wait"] < 1 and len(row["host_rss_mb"]) == 2
+    checked = gpu.correctness(s)
+    assert checked["device"] == "cpu"
+    assert all(v == {"batches": 3, "bit_identical": True} for k, v in checked.items() if k != "device")

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,17 @@ def test_a_terminated_s3_suite_stops_its_server(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_the_s3_suites_cpu_accounting_sees_a_process_burn_cpu() -> None:
+    """What the suite's "where the CPU went" columns are made of, in the fast tier (the slow tests run the suite)."""
+    from lightning_fastdata.bench import litdata_rows, s3
+
+    before, busy = s3._process_cpu_s(os.getpid()), s3._machine_busy_s()
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:
+        pass
+    assert s3._process_cpu_s(os.getpid()) - before >= 0.2
+    assert s3._machine_busy_s() - busy >= 0.2
+    assert s3._stat_fields(2**22 + 7) == []  # no such process: nothing, not an error
+    assert litdata_rows.available() in (True, False)
