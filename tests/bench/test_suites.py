@@ -31,6 +31,10 @@ def test_bench_folder_suite_prints_a_table_and_writes_json(tmp_path: Path, capsy
     assert "| ImageFolderDataModule (exact_decode=True) | 2 |" in printed
     assert "| ImageFolderDataModule (entropy_index=True) | 2 |" in printed  # its index built before timing
     assert rows[0]["vs_baseline"] == 1.0 and result["data"]["files"] == 24
+    from benchmarks.ab_suites import _rows  # the A/B harness reads what fastdata bench writes, row by row
+
+    ours = next(r for r in rows if r["loader"] == "ImageFolderDataModule" and r["num_workers"] == 2)
+    assert _rows(saved)["folder | ImageFolderDataModule | 2 workers"] == ours["images_per_s"]
 
 
 @pytest.mark.slow

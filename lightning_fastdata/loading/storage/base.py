@@ -57,15 +57,17 @@ def join_url(root: str, relpath: str) -> str:
 
 @dataclass(frozen=True)
 class ObjectStat:
-    """What :meth:`Storage.stat` tells of one file or object.
+    """One file or object as a listing or :meth:`Storage.stat` tells of it.
 
     Attributes:
         size: Bytes.
         version: What changes when the content changes: the ETag of an object, ``"<mtime_ns>"`` of a file.
+        key: Its path relative to the root (a listing's entries carry it; ``stat`` leaves it empty).
     """
 
     size: int
     version: str
+    key: str = ""
 
 
 @runtime_checkable

@@ -19,7 +19,6 @@ import hashlib
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,11 +35,11 @@ from lightning_fastdata.loading.index.store import (
     read_index_file,
     write_index_file,
 )
+from lightning_fastdata.loading.storage.base import ObjectStat
 
 __all__ = [
     "DEFAULT_INDEX_TTL",
     "BucketLister",
-    "ObjectEntry",
     "bucket_classes",
     "bucket_index_file",
     "indexed_bucket",
@@ -50,15 +49,6 @@ __all__ = [
 
 #: Seconds a persisted bucket listing is reused without listing again.
 DEFAULT_INDEX_TTL = 3600.0
-
-
-@dataclass(frozen=True)
-class ObjectEntry:
-    """One object of a listing: key relative to the root, size in bytes and ETag."""
-
-    key: str
-    size: int
-    etag: str
 
 
 def object_version(size: int, etag: str) -> int:
@@ -80,7 +70,7 @@ class BucketLister(Protocol):
 
     def list_prefixes(self, prefix: str = "") -> list[str]: ...  # noqa: D102
 
-    def list_many(self, prefixes: Sequence[str]) -> list[list[ObjectEntry]]: ...  # noqa: D102
+    def list_many(self, prefixes: Sequence[str]) -> list[list[ObjectStat]]: ...  # noqa: D102
 
 
 def bucket_classes(storage: BucketLister) -> tuple[str, ...]:
@@ -98,7 +88,7 @@ def bucket_classes(storage: BucketLister) -> tuple[str, ...]:
     return classes
 
 
-def _sort_key(entry: ObjectEntry) -> tuple[str, str]:
+def _sort_key(entry: ObjectStat) -> tuple[str, str]:
     folder, _, name = entry.key.rpartition("/")
     return folder, name  # torchvision's order: folder by folder, names sorted within each
 
@@ -124,11 +114,11 @@ def list_bucket_folder(storage: BucketLister, classes: Sequence[str] | None = No
             empty.append(storage.url(name + "/"))
         digest = hashlib.sha256()
         for e in images:
-            digest.update(f"{e.key}\0{e.size}\0{e.etag}\n".encode())
+            digest.update(f"{e.key}\0{e.size}\0{e.version}\n".encode())
         digests[name] = digest.hexdigest()
         per_label[label] = len(images)
         chunks.append(b"".join(e.key.encode() + b"\0" for e in images))
-        versions.extend(object_version(e.size, e.etag) for e in images)
+        versions.extend(object_version(e.size, e.version) for e in images)
     if empty:
         raise PathNotFoundError(
             f"Found no image under the class prefix(es) {', '.join(map(repr, empty))}. Supported extensions are "

@@ -54,7 +54,6 @@ from lightning_fastdata.loading.index.store import IndexLookup
 from lightning_fastdata.loading.storage.base import ObjectStat, is_url, join_url
 from lightning_fastdata.loading.storage.bucket_index import (
     DEFAULT_INDEX_TTL,
-    ObjectEntry,
     bucket_classes,
     indexed_bucket,
     list_bucket_folder,
@@ -392,11 +391,11 @@ class ObjectStorage:
         cut = len(prefix.rstrip("/")) + 1 if prefix else 0
         return sorted(p.rstrip("/")[cut:] for p in result["common_prefixes"])
 
-    def list_many(self, prefixes: Sequence[str]) -> list[list[ObjectEntry]]:
+    def list_many(self, prefixes: Sequence[str]) -> list[list[ObjectStat]]:
         """Every object under each prefix (recursively), the prefixes listed concurrently; keys relative to the root."""
         return self._call("_list_many", list(prefixes))
 
-    def _list_many(self, prefixes: list[str]) -> list[list[ObjectEntry]]:
+    def _list_many(self, prefixes: list[str]) -> list[list[ObjectStat]]:
         session = self._session()
         budget = self.settings["retry_timeout"]
         futures = [session.submit(retried, budget, list_prefix, session.store, p) for p in prefixes]

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_fastdata.errors import StorageError
-from lightning_fastdata.loading.storage.bucket_index import ObjectEntry, object_version
+from lightning_fastdata.loading.storage.base import ObjectStat
+from lightning_fastdata.loading.storage.bucket_index import object_version
 from lightning_fastdata.loading.storage.object_store_helper import first_line
 
 __all__ = ["as_os_error", "get_object", "list_prefix", "profile_credentials"]
@@ -54,13 +55,13 @@ def get_object(store: Any, relpath: str) -> tuple[bytes, int]:
     return data, object_version(int(meta["size"]), str(meta.get("e_tag") or ""))
 
 
-def list_prefix(store: Any, prefix: str) -> list[ObjectEntry]:
+def list_prefix(store: Any, prefix: str) -> list[ObjectStat]:
     """Every object under ``prefix`` (pages of 1,000 keys, one after another)."""
     import obstore
 
-    entries: list[ObjectEntry] = []
+    entries: list[ObjectStat] = []
     for chunk in obstore.list(store, prefix or None, chunk_size=1000):
-        entries.extend(ObjectEntry(m["path"], int(m["size"]), str(m.get("e_tag") or "")) for m in chunk)
+        entries.extend(ObjectStat(int(m["size"]), str(m.get("e_tag") or ""), m["path"]) for m in chunk)
     return entries
 
 
