@@ -199,8 +199,8 @@ class ObjectStorage:
         self._warned = torch.zeros(_MAX_CHANGED + 2, dtype=torch.int64).share_memory_()
         self.make_store()  # validates the URL and the options now, without any request
 
-    #: Whether reads wait on a network (yes: loaders fetch the next batch ahead; no folder mtimes to check).
     remote = True
+    """Reads wait on a network, so loaders fetch the next batch ahead; a listing has no folder mtimes to check."""
 
     def __repr__(self) -> str:
         return f"ObjectStorage({self.root!r})"
