@@ -25,9 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks import record
-
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks import REPO, old_worktree, record
 
 
 def _run_suite(tree: Path, root: str, size: int, out: Path) -> list[dict[str, Any]]:
@@ -79,28 +77,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         make_image_folder(Path("data/bench"), num_classes=8, per_class=192, size=(500, 375), processes=2)
     cases = [("data/bench", 224), ("data/bench", 112), ("data/bench-large", 224)]
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="fastdata-ab-") as tmp:
-        old = Path(tmp) / "old"
-        subprocess.run(["git", "worktree", "add", "--detach", str(old), args.old], cwd=REPO, check=True)
-        try:
-            subprocess.run(
-                [sys.executable, "setup.py", "build_ext", "--inplace"], cwd=old, check=True, capture_output=True
-            )
-            trees = {"old": old, "new": REPO}
-            for k in range(args.rounds):
-                order = ["old", "new"] if k % 2 == 0 else ["new", "old"]
-                for root, size in cases:
-                    for version in order:
-                        got = _run_suite(trees[version], os.path.abspath(root), size, Path(tmp) / "r.json")
-                        for r in got:
-                            rows.append({"version": version, "round": k, "data": root, "size": size, **r})
-                        print(version, root, size, [(r["loader"], round(r["images_per_s"])) for r in got], flush=True)
+    with tempfile.TemporaryDirectory(prefix="fastdata-ab-") as tmp, old_worktree(args.old, Path(tmp)) as old:
+        trees = {"old": old, "new": REPO}
+        for k in range(args.rounds):
+            order = ["old", "new"] if k % 2 == 0 else ["new", "old"]
+            for root, size in cases:
                 for version in order:
-                    ms = _time_build(trees[version], "data/bench", Path(tmp))
-                    rows.append({"version": version, "round": k, "data": "data/bench", "build_ms_per_image": ms})
-                    print(version, "cache build", round(ms, 3), "ms/image", flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=REPO, check=False)
+                    got = _run_suite(trees[version], os.path.abspath(root), size, Path(tmp) / "r.json")
+                    for r in got:
+                        rows.append({"version": version, "round": k, "data": root, "size": size, **r})
+                    print(version, root, size, [(r["loader"], round(r["images_per_s"])) for r in got], flush=True)
+            for version in order:
+                ms = _time_build(trees[version], "data/bench", Path(tmp))
+                rows.append({"version": version, "round": k, "data": "data/bench", "build_ms_per_image": ms})
+                print(version, "cache build", round(ms, 3), "ms/image", flush=True)
     summary: dict[str, Any] = {}
     for root, size in cases:
         for version in ("old", "new"):

@@ -24,9 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks import record
-
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks import REPO, old_worktree, record
 
 
 def _rows(result: dict[str, Any]) -> dict[str, float]:
@@ -61,22 +59,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="fastdata-ab-") as tmp:
-        old = Path(tmp) / "old"
-        subprocess.run(["git", "worktree", "add", "--detach", str(old), args.old], cwd=REPO, check=True)
-        try:
-            subprocess.run(
-                [sys.executable, "setup.py", "build_ext", "--inplace"], cwd=old, check=True, capture_output=True
-            )
-            trees = {"old": old, "new": REPO}
-            for k in range(args.rounds):
-                for version in ["old", "new"] if k % 2 == 0 else ["new", "old"]:
-                    scratch = Path(tmp) / f"scratch-{version}"  # each tree builds its own caches, once
-                    got = _bench(trees[version], args, scratch, Path(tmp) / "r.json")
-                    runs.append({"version": version, "round": k, "rows": got})
-                    print(version, k, {name: round(v) for name, v in got.items()}, flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=REPO, check=False)
+    with tempfile.TemporaryDirectory(prefix="fastdata-ab-") as tmp, old_worktree(args.old, Path(tmp)) as old:
+        trees = {"old": old, "new": REPO}
+        for k in range(args.rounds):
+            for version in ["old", "new"] if k % 2 == 0 else ["new", "old"]:
+                scratch = Path(tmp) / f"scratch-{version}"  # each tree builds its own caches, once
+                got = _bench(trees[version], args, scratch, Path(tmp) / "r.json")
+                runs.append({"version": version, "round": k, "rows": got})
+                print(version, k, {name: round(v) for name, v in got.items()}, flush=True)
     summary: dict[str, Any] = {}
     names = sorted({name for run in runs for name in run["rows"]})
     for name in names:
