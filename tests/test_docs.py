@@ -81,6 +81,7 @@ def test_python_blocks_run(page: Path, workdir: Path) -> None:
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "yaml")], ids=lambda p: p.name)
+@pytest.mark.slow
 def test_yaml_blocks_parse_and_configs_load(page: Path, workdir: Path) -> None:
     for k, (code, _) in enumerate(blocks(page, "yaml")):
         config = yaml.safe_load(code)

@@ -154,6 +154,7 @@ def test_loader_workers_read_the_bucket_themselves(s3: LocalS3, s3_image_folder:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_reading_process_keeps_max_inflight_requests_in_flight_and_exits_with_one_pending(
     s3: LocalS3, s3_image_folder: str, image_folder: Path, tmp_path: Path
 ) -> None:
