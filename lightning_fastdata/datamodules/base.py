@@ -132,10 +132,9 @@ class FastDataModule(LightningDataModule):
             raise InvalidValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
         self.val_fraction = val_fraction
         # What every image dataset of the package takes, validated here once (the datasets build the same object).
-        self.augment = AugmentSettings(
+        self.dataset_kwargs: dict[str, Any] = AugmentSettings(
             image_size, scale, ratio, crop_fraction, seed, on_corrupt, exact_decode, max_corrupt_fraction
-        )
-        self.dataset_kwargs: dict[str, Any] = self.augment.as_kwargs()
+        ).as_kwargs()
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import DataError, StorageError
-from lightning_fastdata.loading.index.identity import DataIdentity, mix
+from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 from lightning_fastdata.loading.jpeg.decode import (
     Box,
     center_crop_box,
@@ -88,7 +88,6 @@ class AugmentedImageDataset(Dataset):
         settings = AugmentSettings(
             image_size, scale, ratio, crop_fraction, seed, on_corrupt, exact_decode, max_corrupt_fraction
         )
-        self.settings = settings
         self.train = train
         self.image_size = settings.image_size
         self.scale = settings.scale
@@ -164,8 +163,8 @@ class AugmentedImageDataset(Dataset):
 
         Subclasses add what names a sample: a file's path and version, an HDF5 row and its length.
         """
-        labels = np.asarray(self.targets, dtype=np.int64).astype(np.uint64)
-        return DataIdentity.of(type(self).__name__, mix(np.arange(len(labels), dtype=np.uint64)) ^ mix(labels))
+        samples = mix(np.arange(len(self), dtype=np.uint64)) ^ label_hashes(self.targets)
+        return DataIdentity.of(type(self).__name__, samples)
 
     # -- shared ----------------------------------------------------------------------------------------
     def __len__(self) -> int:

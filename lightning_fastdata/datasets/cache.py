@@ -42,7 +42,7 @@ from lightning_fastdata.datasets.cache_manifest import (
 )
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
-from lightning_fastdata.loading.index.identity import DataIdentity, mix
+from lightning_fastdata.loading.index.identity import DataIdentity
 from lightning_fastdata.loading.jpeg.decode import random_resized_crop_box
 from lightning_fastdata.loading.sampler import SampleKey
 from lightning_fastdata.loading.transport.collate import empty_image_batch
@@ -130,10 +130,8 @@ class TensorCacheDataset(AugmentedImageDataset):
 
     def make_identity(self) -> DataIdentity:
         """Each sample's position and label, the array file's size and the fingerprint of the files it was made of."""
-        labels = self._labels.astype(np.uint64)
-        samples = mix(np.arange(len(labels), dtype=np.uint64)) ^ mix(labels + np.uint64(0x9E3779B97F4A7C15))
         size = self._signature[0] if self._signature else 0
-        return DataIdentity.of(self.images_path, samples, f"cache|{self.source}|{size}")
+        return DataIdentity.of(self.images_path, super().make_identity().samples, f"cache|{self.source}|{size}")
 
     def _array(self) -> np.ndarray:
         """This process's memory map, after checking that the file was not changed under it (one ``fstat``)."""

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.files import FileIndex
-from lightning_fastdata.loading.index.identity import DataIdentity, mix, segment_hashes
+from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, segment_hashes
 from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes
 from lightning_fastdata.loading.storage.registry import open_storage
 
 __all__ = ["ImageFolderDataset"]
+
+log = logging.getLogger("lightning_fastdata")
+
+#: Files named in "changed since the bucket was listed" warnings, at most, per dataset and run.
+_MAX_CHANGED_NAMED = 10
 
 
 class ImageFolderDataset(AugmentedImageDataset):
@@ -65,6 +72,10 @@ class ImageFolderDataset(AugmentedImageDataset):
                 "this dataset's own file list (build_entropy_index(dataset.index, ...))."
             )
         self.entropy_indexes = entropy_indexes
+        # which listed files were read with another version, shared by the loader workers (as the skip counts are):
+        # each changed object is named once per run, not once per worker
+        versions = self.index.versions
+        self._changed = None if versions is None else torch.zeros(len(versions), dtype=torch.bool).share_memory_()
 
     def entropy_index_of(self, index: int) -> bytes | None:
         """The file's entropy index, if one was built (``entropy_indexes``)."""
@@ -91,7 +102,7 @@ class ImageFolderDataset(AugmentedImageDataset):
         """
         index = self.index
         samples = segment_hashes(index.path_bytes, index.offsets)
-        samples ^= mix(np.asarray(index.labels, dtype=np.int64).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+        samples ^= label_hashes(index.labels)
         if index.versions is not None:
             samples ^= mix(index.versions)
         return DataIdentity.of(self.storage.root, samples, "folder|" + "/".join(index.classes))
@@ -112,6 +123,25 @@ class ImageFolderDataset(AugmentedImageDataset):
         """Each file's bytes, in order (a bucket's fetched concurrently); a file that cannot be read as its error."""
         relpaths = [self.index.relpath(int(i)) for i in indices]
         versions = self.index.versions
-        if versions is not None:
-            return self.storage.read_many(relpaths, versions=versions[indices].tolist())
-        return self.storage.read_many(relpaths)
+        if versions is None:
+            return self.storage.read_many(relpaths)
+        return self.storage.read_many(
+            relpaths, versions[indices].tolist(), lambda k: self._changed_since_listed(int(indices[k]))
+        )
+
+    def _changed_since_listed(self, index: int) -> None:
+        """Say once per run (up to ten files) that file ``index`` was read with another version than listed."""
+        assert self._changed is not None
+        if bool(self._changed[index]):
+            return
+        self._changed[index] = True
+        named = int(self._changed.sum())
+        if named <= _MAX_CHANGED_NAMED:
+            more = " (further changed objects are not named)" if named == _MAX_CHANGED_NAMED else ""
+            log.warning(
+                "%s changed since the bucket was listed (another size or ETag): its new content is used. A resume "
+                "state or entropy index made from the old listing describes other bytes; list again (index_ttl) to "
+                "pick it up%s.",
+                self.describe(index),
+                more,
+            )

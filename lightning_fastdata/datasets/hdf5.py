@@ -13,7 +13,7 @@ import torch
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
-from lightning_fastdata.loading.index.identity import DataIdentity, mix
+from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 
 __all__ = ["FORMAT_VERSION", "HDF5Dataset", "HDF5Layout", "inspect_hdf5", "open_hdf5"]
 
@@ -343,7 +343,7 @@ class HDF5Dataset(AugmentedImageDataset):
         its identity.
         """
         lay = self.layout
-        samples = mix(self.rows.astype(np.uint64)) ^ mix(self._labels.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+        samples = mix(self.rows.astype(np.uint64)) ^ label_hashes(self._labels)
         if self._offsets is not None:
             lengths = np.diff(self._offsets)[self.rows].astype(np.uint64)
             samples ^= mix(lengths + np.uint64(0x632BE59BD9B4E019))

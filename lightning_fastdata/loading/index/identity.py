@@ -24,7 +24,7 @@ import numpy as np
 
 from lightning_fastdata.errors import InvalidValueError
 
-__all__ = ["DataIdentity", "check_same_data", "mix", "segment_hashes", "string_hash"]
+__all__ = ["DataIdentity", "check_same_data", "label_hashes", "mix", "segment_hashes", "string_hash"]
 
 _CHUNK = 1 << 16  # samples hashed at a time: bounded temporary memory
 
@@ -38,6 +38,11 @@ def mix(x: np.ndarray) -> np.ndarray:
     x *= np.uint64(0x94D049BB133111EB)
     x ^= x >> np.uint64(31)
     return x
+
+
+def label_hashes(labels: np.ndarray) -> np.ndarray:
+    """One ``uint64`` hash per label, offset by a fixed tag before mixing (so a label never hashes like a position)."""
+    return mix(np.asarray(labels, dtype=np.int64).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
 
 
 def segment_hashes(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:

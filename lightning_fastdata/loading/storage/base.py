@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -119,13 +119,18 @@ class Storage(Protocol):
         """
         ...
 
-    def read_many(self, relpaths: Sequence[str], versions: Sequence[int] | None = None) -> Iterator[bytes | OSError]:
+    def read_many(
+        self,
+        relpaths: Sequence[str],
+        versions: Sequence[int] | None = None,
+        on_changed: Callable[[int], None] | None = None,
+    ) -> Iterator[bytes | OSError]:
         """Yield each file's bytes (or the ``OSError`` met reading it, after the retries allowed) in the order given.
 
         An object store fetches them concurrently and yields each one as soon as it and those before it
         arrived, so the caller decodes while the rest are in flight. ``versions``: each file's version as its
-        listing gave it (``versions`` of a :class:`~lightning_fastdata.FileIndex`), to warn about a file changed
-        since.
+        listing gave it (``versions`` of a :class:`~lightning_fastdata.FileIndex`); ``on_changed(k)`` is called for
+        each file ``k`` read with another version (it changed since the listing).
         """
         ...
 

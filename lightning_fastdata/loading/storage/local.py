@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from lightning_fastdata.loading.index.files import FileIndex, find_classes, scan_image_folder
 from lightning_fastdata.loading.index.store import IndexLookup, indexed_folder
@@ -47,7 +47,12 @@ class LocalStorage:
         """:func:`fingerprint` of ``index``: one ``stat`` per file."""
         return fingerprint([index])
 
-    def read_many(self, relpaths: Sequence[str], versions: Sequence[int] | None = None) -> Iterator[bytes | OSError]:
+    def read_many(
+        self,
+        relpaths: Sequence[str],
+        versions: Sequence[int] | None = None,
+        on_changed: Callable[[int], None] | None = None,
+    ) -> Iterator[bytes | OSError]:
         """Yield each file's bytes, or the ``OSError`` met opening or reading it (a local listing has no versions)."""
         for rel in relpaths:
             try:

@@ -21,8 +21,9 @@ the datasets raise whatever ``on_corrupt`` says (a failed read is not a corrupt 
 credential or a missing bucket is not retried.
 
 **Objects rewritten during a run** are served as they are now: the key names the sample. Where the listing saw
-another size or ETag than the read gets, the object changed after the listing, and a warning names its URL (once
-per object and process, up to ten): a resume state or an entropy index of the old listing describes other bytes.
+another size or ETag than the read gets, the object changed after the listing: :meth:`ObjectStorage.read_many`
+reports it to its caller, and the folder dataset names its URL in one warning per run (up to ten objects): a
+resume state or an entropy index of the old listing describes other bytes.
 
 **Processes.** obstore runs a tokio runtime, which does not survive ``fork`` (obstore#441: a child forked after
 the parent used it hangs at its first request). So the process that starts DataLoader workers never starts it:
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import queue
 import threading
@@ -45,11 +45,8 @@ from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any, TypeVar
 
-import torch
-
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.files import FileIndex
-from lightning_fastdata.loading.index.identity import string_hash
 from lightning_fastdata.loading.index.store import IndexLookup
 from lightning_fastdata.loading.storage.base import ObjectStat, is_url, join_url
 from lightning_fastdata.loading.storage.bucket_index import (
@@ -67,8 +64,6 @@ from lightning_fastdata.loading.storage.object_store_helper import (
 from lightning_fastdata.loading.storage.obstore_calls import as_os_error, get_object, list_prefix, profile_credentials
 from lightning_fastdata.loading.storage.retry import retried
 
-log = logging.getLogger("lightning_fastdata")
-
 __all__ = ["ObjectStorage", "allow_direct_calls", "main_process_is_clean"]
 
 T = TypeVar("T")
@@ -81,10 +76,6 @@ DEFAULTS: dict[str, Any] = {
     "max_retries": 4,
     "retry_timeout": 60.0,
 }
-
-#: Objects whose listed and read versions differed, warned about in this process (at most _MAX_CHANGED named).
-_CHANGED: set[str] = set()
-_MAX_CHANGED = 10
 
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
 
@@ -194,9 +185,6 @@ class ObjectStorage:
         # the environment as it is now, applied where the store is made (the helper process may be older)
         self.env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
         self._sessions: dict[int, _Session] = {}
-        # hashes of the objects warned about as changed, shared by the loader workers this storage is handed to
-        # (slot 0 counts them), so that each is named once per run rather than once per worker
-        self._warned = torch.zeros(_MAX_CHANGED + 2, dtype=torch.int64).share_memory_()
         self.make_store()  # validates the URL and the options now, without any request
 
     remote = True
@@ -303,16 +291,30 @@ class ObjectStorage:
             return getattr(self, name)(*args)
         return helper().call(_call_method, self, name, args)
 
-    def read_many(self, relpaths: Sequence[str], versions: Sequence[int] | None = None) -> Iterator[bytes | OSError]:
+    def read_many(
+        self,
+        relpaths: Sequence[str],
+        versions: Sequence[int] | None = None,
+        on_changed: Callable[[int], None] | None = None,
+    ) -> Iterator[bytes | OSError]:
         """Yield each object's bytes (or its ``OSError``) in order, fetching up to ``max_inflight`` at once.
 
         ``versions``: each object's size and ETag as listed (``versions`` of a
-        :class:`~lightning_fastdata.FileIndex`); an object read with another one changed since the listing, and is
-        warned about (module docstring).
+        :class:`~lightning_fastdata.FileIndex`); ``on_changed(k)`` is called, in this process, for each object ``k``
+        read with another one: it changed since the listing (module docstring).
         """
-        if not _direct():
-            yield from helper().call(_call_method, self, "_read_all", (list(relpaths), versions))
-            return
+        fetched = (
+            helper().call(_call_method, self, "_read_all", (list(relpaths),))
+            if not _direct()
+            else self._fetch(relpaths)
+        )
+        for k, (data, version) in enumerate(fetched):
+            if on_changed is not None and versions is not None and version is not None and version != versions[k]:
+                on_changed(k)
+            yield data
+
+    def _fetch(self, relpaths: Sequence[str]) -> Iterator[tuple[bytes | OSError, int | None]]:
+        """Each object's bytes (or ``OSError``) and read version, in order, as they arrive (a direct process)."""
         session = self._session()
         ahead, session.ahead = session.ahead, None
         if ahead is not None and ahead[0] == tuple(relpaths):
@@ -320,20 +322,14 @@ class ObjectStorage:
         else:
             for future in ahead[1] if ahead is not None else ():
                 future.cancel()  # a wrong guess: its requests that already started finish unread
-            futures = [
-                session.submit(retried, self.settings["retry_timeout"], get_object, session.store, rel)
-                for rel in relpaths
-            ]
+            budget = self.settings["retry_timeout"]
+            futures = [session.submit(retried, budget, get_object, session.store, rel) for rel in relpaths]
         try:
-            for k, (rel, future) in enumerate(zip(relpaths, futures)):
+            for rel, future in zip(relpaths, futures):
                 try:
-                    data, version = future.result()
+                    yield future.result()
                 except Exception as err:  # noqa: BLE001 - any client error becomes the sample's OSError
-                    yield as_os_error(err, self.url(rel), self.credential_source())
-                    continue
-                if versions is not None and version != versions[k]:
-                    self._warn_changed(self.url(rel))
-                yield data
+                    yield as_os_error(err, self.url(rel), self.credential_source()), None
         finally:
             for future in futures:
                 future.cancel()
@@ -356,8 +352,8 @@ class ObjectStorage:
             [session.submit(retried, budget, get_object, session.store, r) for r in relpaths],
         )
 
-    def _read_all(self, relpaths: list[str], versions: Sequence[int] | None = None) -> list[bytes | OSError]:
-        return list(self.read_many(relpaths, versions))
+    def _read_all(self, relpaths: list[str]) -> list[tuple[bytes | OSError, int | None]]:
+        return list(self._fetch(relpaths))
 
     def stat(self, relpath: str) -> ObjectStat:
         """Size and ETag of one object.
@@ -423,30 +419,6 @@ class ObjectStorage:
             if isinstance(err, BaseError):  # obstore's own errors become an OSError naming the root
                 raise as_os_error(err, self.root, self.credential_source()) from None
             raise
-
-    def _warn_changed(self, url: str) -> None:
-        """Say once (per run, up to ten objects) that ``url`` changed since the listing.
-
-        Logged (``lightning_fastdata`` logger, stderr by default) rather than ``warnings.warn``: it is met in loader
-        workers, whose warnings filters a test harness or a notebook may have set to record silently.
-        """
-        key = string_hash(url) & (2**62 - 1) or 1
-        warned = self._warned
-        if url in _CHANGED or key in warned[1:].tolist() or int(warned[0]) > _MAX_CHANGED:
-            return
-        _CHANGED.add(url)
-        count = int(warned[0]) + 1
-        warned[0] = count
-        if count <= _MAX_CHANGED:
-            warned[count] = key
-        more = " (further changed objects are not named)" if count > _MAX_CHANGED else ""
-        log.warning(
-            "%s changed since the bucket was listed (another size or ETag): its new content is used. A resume state "
-            "or entropy index made from the old listing describes other bytes; list again (index_ttl) to pick it "
-            "up%s.",
-            url,
-            more,
-        )
 
     def fingerprint(self) -> str:
         """A short digest of the root and the settings that select the data (not the credentials)."""
