@@ -19,6 +19,7 @@ DataModule's) as its prefetching twin over the same dataset, sampler and setting
 
 from __future__ import annotations
 
+import atexit
 import warnings
 import weakref
 from typing import Any
@@ -32,6 +33,22 @@ from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher, Pref
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport, PoolWorkerInit
 
 __all__ = ["PrefetchingDataLoader", "PrefetchingStatefulDataLoader", "with_prefetch"]
+
+
+# Every live iterator with worker processes. At interpreter exit, torch leaves the workers of an iterator still
+# alive (persistent workers of a loader a DataModule holds, say) to multiprocessing, which kills them (SIGTERM):
+# they never run their own exit clean-up, and each leaves its ``pymp-*`` folder in the temporary directory. This
+# handler, registered after torch's and multiprocessing's and so run before them, asks them to exit instead.
+_LIVE_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@atexit.register
+def _shut_down_workers_at_exit() -> None:
+    for iterator in list(_LIVE_ITERATORS):
+        try:
+            iterator._shutdown_workers()
+        except Exception:  # noqa: BLE001,S110 - the interpreter is exiting; multiprocessing still ends them
+            pass
 
 
 def _prefetcher(device: torch.device | str | None) -> DevicePrefetcher | None:
@@ -68,6 +85,8 @@ class _TransportMixin:
 
     def _watch(self, inner: Any) -> None:
         """Forget this iterator's workers' buffers once it is freed (its workers are joined by then)."""
+        if hasattr(inner, "_shutdown_workers"):
+            _LIVE_ITERATORS.add(inner)
         if self._pooled() and (self._watched is None or self._watched() is not inner):
             weakref.finalize(inner, shm_pool.collect, True).atexit = False
             self._watched = weakref.ref(inner)
