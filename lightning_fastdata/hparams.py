@@ -25,18 +25,39 @@ def save_init_hparams(obj: HyperparametersMixin) -> None:
     A ``storage_options`` argument is saved without its secrets (:func:`without_secrets`), in ``hparams`` (what
     checkpoints keep) and in ``hparams_initial`` (what Lightning's loggers write to ``hparams.yaml`` and TensorBoard):
     checkpoints and logs are shared and copied; credentials come back from the environment.
+
+    Any other value that is not plain data (a transform object given as ``train_transforms``, say) is saved as its
+    ``repr``: a checkpoint holding a torchvision object would not load with ``torch.load(weights_only=True)``, what
+    Lightning's resume uses. Pass such arguments again when building the object from a checkpoint's hparams.
     """
     frame = inspect.currentframe()
     try:
         caller = frame.f_back if frame is not None else None
         obj.save_hyperparameters(frame=caller)
-        options = obj.hparams.get("storage_options")
-        if isinstance(options, dict) and without_secrets(options) != options:
+        cleaned = {k: _plain(v) for k, v in obj.hparams.items()}
+        options = cleaned.get("storage_options")
+        if isinstance(options, dict):
+            cleaned["storage_options"] = without_secrets(options)
+        if any(cleaned[k] is not v for k, v in obj.hparams.items()):
             # saved again, from the cleaned values: Lightning keeps a deep copy as hparams_initial, which its
             # loggers write (hparams.yaml, TensorBoard) and which a change of obj.hparams would not reach
-            obj.save_hyperparameters({**obj.hparams, "storage_options": without_secrets(options)}, frame=caller)
+            obj.save_hyperparameters(cleaned, frame=caller)
     finally:
         del frame, caller
+
+
+def _plain(value: Any) -> Any:
+    """``value`` itself if it is plain data (numbers, strings, lists, tuples, dicts of them), else its ``repr``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        same = all(a is b for a, b in zip(items, value))
+        return value if same else type(value)(items)
+    if isinstance(value, dict):
+        cleaned = {k: _plain(v) for k, v in value.items()}
+        return value if all(cleaned[k] is v for k, v in value.items()) else cleaned
+    return repr(value)
 
 
 _SECRET = re.compile(r"secret|token|password|account_key|sas|credential", re.IGNORECASE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any, Literal
 
@@ -19,6 +20,8 @@ from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader,
 from lightning_fastdata.datasets.base import AugmentedImageDataset
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.augment.batch import DeviceAugment, as_transform_list
+from lightning_fastdata.loading.augment.sample import SampleTransform
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched
@@ -79,6 +82,25 @@ class FastDataModule(LightningDataModule):
             ``decode_jpeg``, cropped and resized. The default (``False``) uses the fast integer IDCT and decodes a
             crop at least twice the output at 1/2, 1/4 or 1/8 in the DCT domain: faster, within ~35-46 dB PSNR
             of the exact path (the docs' Benchmarks page, "Decoding", has the measurements).
+        max_corrupt_fraction: see ``on_corrupt``.
+        train_transforms: A per-sample transform run in the loader workers after the crop and flip: a uint8
+            ``3 x S x S`` tensor in, the same shape and dtype out (a ``torchvision.transforms.v2`` transform or
+            ``Compose``, e.g. ``TrivialAugmentWide()``, or any callable). Its randomness (torch's generator) is seeded
+            from ``(seed, epoch, index)`` for each sample, so a resumed run makes the same pixels. The Training
+            recipes page of the docs has the contract and examples.
+        val_transforms: The same for validation samples (seeded by index).
+        device_transforms: Per-sample policies run on the training device on the uint8 batch, before
+            normalisation: :class:`~lightning_fastdata.augment.TrivialAugmentWide`, ``RandAugment`` (torchvision's
+            objects are accepted and run per sample), one or a list.
+        batch_transforms: Run on the training device after normalisation, with the labels: ``RandomErasing`` (per
+            sample), ``torchvision.transforms.v2.MixUp``/``CutMix``/``RandomChoice`` (the labels become soft
+            targets), or any callable ``(images, labels) -> (images, labels)``; one or a list, in order.
+        val_resize_size: Validation resize of the shorter side before the central crop (torchvision's reference:
+            232 for a 224 crop); ``None``: ``val_crop_size / crop_fraction``.
+        val_crop_size: Side of the validation images; ``None``: ``image_size``.
+        repeated_augmentations: Each training sample this many times per epoch with different augmentations, the
+            repeats on different ranks (torchvision's ``--ra-sampler --ra-reps``); an epoch keeps its length
+            (``len(dataset)`` samples over all ranks). 1: off.
 
     Raises:
         ValueError: On an impossible combination, e.g. ``prefetch_factor`` with ``num_workers=0``.
@@ -108,6 +130,13 @@ class FastDataModule(LightningDataModule):
         batch_transport: BatchTransport = "shm_pool",
         exact_decode: bool = False,
         max_corrupt_fraction: float = 0.01,
+        train_transforms: Callable[[torch.Tensor], Any] | None = None,
+        val_transforms: Callable[[torch.Tensor], Any] | None = None,
+        device_transforms: Callable[..., Any] | list[Callable[..., Any]] | None = None,
+        batch_transforms: Callable[..., Any] | list[Callable[..., Any]] | None = None,
+        val_resize_size: int | None = None,
+        val_crop_size: int | None = None,
+        repeated_augmentations: int = 1,
     ) -> None:
         super().__init__()
         if not 0 <= val_fraction < 1:
@@ -130,11 +159,34 @@ class FastDataModule(LightningDataModule):
             raise InvalidValueError(f"block_shuffle should be a positive int or None, got {block_shuffle!r}.")
         if snapshot_every_n_steps is not None and snapshot_every_n_steps < 1:
             raise InvalidValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
+        if not isinstance(repeated_augmentations, int) or repeated_augmentations < 1:
+            raise InvalidValueError(
+                f"repeated_augmentations should be a positive int (1: off), got {repeated_augmentations!r}."
+            )
+        for name, value in (("train_transforms", train_transforms), ("val_transforms", val_transforms)):
+            if value is not None:
+                SampleTransform(value, seed, name)  # validates (callable)
         self.val_fraction = val_fraction
         # What every image dataset of the package takes, validated here once (the datasets build the same object).
         self.dataset_kwargs: dict[str, Any] = AugmentSettings(
             image_size, scale, ratio, crop_fraction, seed, on_corrupt, exact_decode, max_corrupt_fraction
         ).as_kwargs()
+        self.val_crop_size = image_size if val_crop_size is None else val_crop_size
+        if self.val_crop_size <= 0 or (val_resize_size is not None and val_resize_size < self.val_crop_size):
+            raise InvalidValueError(
+                f"val_crop_size should be positive and at most val_resize_size, got val_crop_size={val_crop_size!r}, "
+                f"val_resize_size={val_resize_size!r}."
+            )
+        #: The validation crop as a fraction of the shorter side (``val_crop_size / val_resize_size``).
+        self.val_crop_fraction = crop_fraction if val_resize_size is None else self.val_crop_size / val_resize_size
+        self.train_transforms = train_transforms
+        self.val_transforms = val_transforms
+        self.device_augment = DeviceAugment(
+            as_transform_list(device_transforms, "device_transforms"),
+            as_transform_list(batch_transforms, "batch_transforms"),
+            seed,
+        )
+        self.repeated_augmentations = repeated_augmentations
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
@@ -175,6 +227,17 @@ class FastDataModule(LightningDataModule):
         order = np.random.default_rng(self.seed).permutation(n)
         n_val = max(1, int(round(n * self.val_fraction)))
         return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+    def split_kwargs(self, train: bool) -> dict[str, Any]:
+        """The dataset arguments of the training or the validation split: settings, sizes and per-sample transform."""
+        kwargs = dict(self.dataset_kwargs, train=train)
+        if train:
+            kwargs["transform"] = self.train_transforms
+        else:
+            kwargs.update(
+                image_size=self.val_crop_size, crop_fraction=self.val_crop_fraction, transform=self.val_transforms
+            )
+        return kwargs
 
     # -- Lightning hooks -------------------------------------------------------------------------------
     @override
@@ -232,9 +295,30 @@ class FastDataModule(LightningDataModule):
             self._skip_epoch = trainer.current_epoch
         return batch
 
+    def _keyed(self, batch: Any) -> torch.Tensor | None:
+        """The keys a training batch carries last when device augmentation is on (``N x 3`` int64), else ``None``."""
+        if not (self.device_augment and isinstance(batch, (tuple, list)) and len(batch) >= 3):
+            return None
+        keys = batch[-1]
+        ok = isinstance(keys, torch.Tensor) and keys.dtype == torch.int64 and keys.dim() == 2 and keys.shape[1] == 3
+        return keys if ok else None
+
+    def augment_on_device(self, images: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor) -> tuple[Any, Any]:
+        """``device_transforms``, normalisation and ``batch_transforms`` of one training batch (uint8 in)."""
+        num_classes = getattr(self, "num_classes", None)
+        images, targets = self.device_augment(images, labels, keys, self.normalizer, num_classes)
+        return self.format_images(images), targets
+
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Convert the uint8 images of ``(images, labels, ...)`` to normalised float on the device."""
+        """Convert the uint8 images of ``(images, labels, ...)`` to normalised float on the device.
+
+        A training batch that carries its keys (``device_transforms``/``batch_transforms`` given) is augmented here
+        first and returned as ``(images, targets)``.
+        """
+        keys = self._keyed(batch)
+        if keys is not None and batch[0].dtype == torch.uint8:
+            return self.augment_on_device(batch[0], batch[1], keys)
         if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
             if batch[0].dtype == torch.uint8:
                 return (self.format_images(self.normalizer(batch[0])), *batch[1:])
@@ -359,7 +443,10 @@ class FastDataModule(LightningDataModule):
             seed=self.seed,
             drop_last=self.drop_last and train,
             block_size=self.block_shuffle if train else None,
+            repeats=self.repeated_augmentations if train else 1,
         )
+        if isinstance(dataset, AugmentedImageDataset):
+            dataset.return_keys = train and bool(self.device_augment)
         if isinstance(dataset, AugmentedImageDataset):  # the next batch's reads start early (from a bucket)
             ahead = train and workers > 0 and self.in_order and dataset.reads_ahead
             dataset.lookahead = BatchLookahead(sampler) if ahead else None

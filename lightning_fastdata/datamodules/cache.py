@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
@@ -112,11 +113,11 @@ class TensorCacheDataModule(FastDataModule):
         check_verify_source(verify_source)
         if not 1 <= quality <= 100:
             raise InvalidValueError(f"quality should be 1..100 (JPEG quality), got {quality!r}.")
-        image_size = self.dataset_kwargs["image_size"]
+        image_size = max(self.dataset_kwargs["image_size"], self.val_crop_size)
         if cache_size < image_size:
             raise InvalidValueError(
-                f"cache_size={cache_size!r} is smaller than image_size={image_size!r}; crops would be upscaled. "
-                "Use cache_size >= image_size (e.g. 256 for 224)."
+                f"cache_size={cache_size!r} is smaller than image_size={image_size!r} (or val_crop_size, the larger); "
+                "crops would be upscaled. Use cache_size >= image_size (e.g. 256 for 224)."
             )
         self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl)
         self.classes = self.source.classes
@@ -144,8 +145,8 @@ class TensorCacheDataModule(FastDataModule):
             train_index,
             val_index,
             cache_size=self.cache_size,
-            image_size=self.dataset_kwargs["image_size"],
-            crop_fraction=self.dataset_kwargs["crop_fraction"],
+            image_size=self.val_crop_size,  # the validation crops are made once, at build time
+            crop_fraction=self.val_crop_fraction,
             processes=self.build_processes,
             read_only=self.read_only,
             storage=self.storage,
@@ -168,15 +169,28 @@ class TensorCacheDataModule(FastDataModule):
             train_file, val_file = open_jpeg_cache(self.cache_dir, "train"), open_jpeg_cache(self.cache_dir, "val")
             assert train_file is not None
             return (
-                HDF5Dataset(train_file, train=True, **self.dataset_kwargs),
-                None if val_file is None else HDF5Dataset(val_file, train=False, **self.dataset_kwargs),
+                HDF5Dataset(train_file, **self.split_kwargs(True)),
+                None if val_file is None else HDF5Dataset(val_file, **self.split_kwargs(False)),
             )
         kw = {k: self.dataset_kwargs[k] for k in ("image_size", "scale", "ratio", "seed")}
         kw["source"] = str(((read_manifest(Path(self.cache_dir)) or {}).get("params") or {}).get("fingerprint", ""))
         train_path, train_labels = open_tensor_cache(self.cache_dir, "train")
-        train = TensorCacheDataset(train_path, train_labels, self.classes, True, augment_on=self._placement(), **kw)
+        train = TensorCacheDataset(
+            train_path,
+            train_labels,
+            self.classes,
+            True,
+            augment_on=self._placement(),
+            transform=self.train_transforms,
+            **kw,
+        )
         val_path, val_labels = open_tensor_cache(self.cache_dir, "val")
-        val = TensorCacheDataset(val_path, val_labels, self.classes, False, **kw) if len(val_labels) else None
+        kw["image_size"] = self.val_crop_size
+        val = (
+            TensorCacheDataset(val_path, val_labels, self.classes, False, transform=self.val_transforms, **kw)
+            if len(val_labels)
+            else None
+        )
         return train, val
 
     def _placement(self) -> Literal["workers", "device"]:
@@ -196,8 +210,11 @@ class TensorCacheDataModule(FastDataModule):
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """With ``augment_on="device"``: crop, resize and flip the cached squares here, then normalise."""
-        if isinstance(batch, (tuple, list)) and len(batch) == 4:
-            images, labels, boxes, flips = batch
+        keys = self._keyed(batch)
+        if isinstance(batch, (tuple, list)) and len(batch) == 4 + (keys is not None):
+            images, labels, boxes, flips = batch[:4]
             cropped = crop_resize_flip(images, boxes, flips, self.dataset_kwargs["image_size"])
+            if keys is not None:  # the policies work on uint8, as in the workers' path
+                return self.augment_on_device(cropped.round_().clamp_(0, 255).to(torch.uint8), labels, keys)
             return self.format_images(self.normalizer(cropped)), labels
         return super().on_after_batch_transfer(batch, dataloader_idx)

@@ -224,6 +224,6 @@ class ImageFolderDataModule(FastDataModule):
                     "lightning_fastdata: entropy_index=True but no index of these files in index_dir: call "
                     "prepare_data() first (the Trainer does); decoding without it."
                 )
-        train = ImageFolderDataset(train_index, options, entropy, train=True, **self.dataset_kwargs)
-        val = None if val_index is None else ImageFolderDataset(val_index, options, train=False, **self.dataset_kwargs)
+        train = ImageFolderDataset(train_index, options, entropy, **self.split_kwargs(True))
+        val = None if val_index is None else ImageFolderDataset(val_index, options, **self.split_kwargs(False))
         return train, val

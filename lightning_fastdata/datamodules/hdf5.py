@@ -97,12 +97,13 @@ class HDF5DataModule(FastDataModule):
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """Build the train and validation datasets: each file inspected once (one open), read lazily by each reader."""
-        kwargs = {**self.dataset_kwargs, "locking": self.file_kwargs["locking"]}
+        locking = self.file_kwargs["locking"]
+        train_kw, val_kw = self.split_kwargs(True), self.split_kwargs(False)
         layout = inspect_hdf5(self.path, **self.file_kwargs)  # again: the file may have changed since __init__
         if self.val_path is not None:
             val_layout = inspect_hdf5(self.val_path, **self.file_kwargs)
-            return HDF5Dataset(layout, train=True, **kwargs), HDF5Dataset(val_layout, train=False, **kwargs)
+            return HDF5Dataset(layout, locking=locking, **train_kw), HDF5Dataset(val_layout, locking=locking, **val_kw)
         train_rows, val_rows = self.split(len(layout.labels))
-        train = HDF5Dataset(layout, train=True, indices=train_rows, **kwargs)
-        val = None if val_rows is None else HDF5Dataset(layout, train=False, indices=val_rows, **kwargs)
+        train = HDF5Dataset(layout, indices=train_rows, locking=locking, **train_kw)
+        val = None if val_rows is None else HDF5Dataset(layout, indices=val_rows, locking=locking, **val_kw)
         return train, val

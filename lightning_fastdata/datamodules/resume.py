@@ -227,7 +227,7 @@ class LoaderResume:
         before = positions[0].get("consumed")
         mask = None
         if before:
-            mask = np.unpackbits(np.frombuffer(before, dtype=np.uint8), count=sampler.length).astype(bool)
+            mask = np.unpackbits(np.frombuffer(before, dtype=np.uint8), count=sampler.slots).astype(bool)
         consumed = sampler.consumed_mask([int(p["yielded"]) for p in positions], epoch, mask)
         sampler.continue_epoch(epoch, consumed)
         batch = loader.batch_size or 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -14,6 +14,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import DataError, StorageError
+from lightning_fastdata.loading.augment.sample import SampleTransform
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 from lightning_fastdata.loading.jpeg.decode import (
     Box,
@@ -47,10 +48,11 @@ class AugmentedImageDataset(Dataset):
     (:meth:`read_sources`); this class plans each sample's crop and flip, decodes or resizes into one
     shared uint8 ``N x 3 x S x S`` channels-last batch, and applies the corrupt-image policy.
 
-    Keys are plain indices or ``(epoch, index)`` pairs (from :class:`~lightning_fastdata.EpochSampler`). With
-    pairs, a sample's crop and flip are a function of ``(seed, epoch, index)``: the same whatever the worker
-    count or prefetch depth, and different every epoch. With plain indices they are drawn from torch's
-    global generator (seeded per worker by the ``DataLoader``).
+    Keys are plain indices or ``(epoch, index)`` pairs (from :class:`~lightning_fastdata.EpochSampler`; ``(epoch,
+    index, repeat)`` with repeated augmentation). With pairs, a sample's crop, flip and ``transform`` are a function
+    of ``(seed, epoch, index, repeat)``: the same whatever the worker count or prefetch depth, and different every
+    epoch (and every repeat). With plain indices they are drawn from torch's global generator (seeded per worker by
+    the ``DataLoader``).
 
     Args:
         train: ``RandomResizedCrop`` + horizontal flip if ``True``; central crop if ``False``.
@@ -68,6 +70,10 @@ class AugmentedImageDataset(Dataset):
             stops with a ``DataError`` that says how many were skipped and why. 0 stops at the first, 1 never.
         exact_decode: Decode JPEGs at full size with the exact IDCT (see
             :func:`~lightning_fastdata.loading.jpeg.decode.decode_resized_crop`'s ``exact``).
+        transform: Applied to each sample after the crop (and flip): a uint8 ``3 x S x S`` tensor in, the same shape
+            and dtype out (a ``torchvision.transforms.v2`` transform, a ``Compose``, any callable); its randomness
+            comes from torch's generator seeded from the sample's key
+            (:class:`~lightning_fastdata.loading.augment.sample.SampleTransform`).
 
     Raises:
         ValueError: On an impossible argument (:class:`~lightning_fastdata.datasets.settings.AugmentSettings`).
@@ -84,6 +90,7 @@ class AugmentedImageDataset(Dataset):
         on_corrupt: Literal["raise", "skip"] = "raise",
         exact_decode: bool = False,
         max_corrupt_fraction: float = 0.01,
+        transform: Callable[[torch.Tensor], Any] | None = None,
     ) -> None:
         settings = AugmentSettings(
             image_size, scale, ratio, crop_fraction, seed, on_corrupt, exact_decode, max_corrupt_fraction
@@ -97,6 +104,10 @@ class AugmentedImageDataset(Dataset):
         self.on_corrupt = settings.on_corrupt
         self.exact_decode = settings.exact_decode
         self.max_corrupt_fraction = settings.max_corrupt_fraction
+        self.transform = None if transform is None else SampleTransform(transform, self.seed)
+        #: Also return each sample's key (``N x 3`` int64 ``(epoch, index, repeat)``) as the batch's last element: the
+        #: DataModule sets it when device augmentation draws from the keys.
+        self.return_keys = False
         #: Samples one epoch reads (the DataModule sets this rank's count); ``None``: the whole dataset.
         self.epoch_samples: int | None = None
         self._identity: DataIdentity | None = None
@@ -184,15 +195,20 @@ class AugmentedImageDataset(Dataset):
         """Set :meth:`skipped_count` (of ``epoch``, or all) back to zero."""
         (self._skipped if epoch is None else self._skipped[epoch % _EPOCH_ROWS]).zero_()
 
-    def _plan(self, key: int | SampleKey) -> tuple[int, np.random.Generator | None]:
+    def _key(self, key: int | SampleKey) -> tuple[int, int, int]:
+        """``(epoch, index, repeat)`` of a key; a plain index gets a random epoch (torch's generator) and repeat 0."""
         if isinstance(key, (tuple, list)):
-            epoch, index = int(key[0]), int(key[1])
-            entropy = [self.seed, epoch, index]
+            full = (int(key[0]), int(key[1]), int(key[2]) if len(key) > 2 else 0)
         else:
-            index = int(key)
-            entropy = [self.seed, int(torch.randint(2**62, ()).item()), index]
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} is out of range for a dataset of {len(self)} images.")
+            full = (int(torch.randint(2**62, ()).item()) if self.train else 0, int(key), 0)
+        if not 0 <= full[1] < len(self):
+            raise IndexError(f"index {full[1]} is out of range for a dataset of {len(self)} images.")
+        return full
+
+    def _plan(self, key: int | SampleKey) -> tuple[int, np.random.Generator | None]:
+        epoch, index, repeat = self._key(key)
+        # repeat 0 draws what a key without repeats always drew (a run with repeats=1 is unchanged)
+        entropy = [self.seed, epoch, index] + ([repeat] if repeat else [])
         return index, (np.random.default_rng(entropy) if self.train else None)
 
     def _render(
@@ -243,14 +259,26 @@ class AugmentedImageDataset(Dataset):
         log.warning("Skipped corrupt image %s (on_corrupt='skip'): %s", self.describe(index), err)
 
     def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
-        images, labels = self.__getitems__([key])
+        images, labels = self.__getitems__([key])[:2]
         if len(labels) == 0:
             raise DataError(f"{self.describe(self._plan(key)[0])} is corrupt and was skipped (on_corrupt='skip').")
         return images[0], int(labels[0])
 
-    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fetch and render a whole batch into one shared uint8 tensor; return ``(images, labels)``."""
-        plans = [self._plan(key) for key in keys]
+    def _finish(self, images: torch.Tensor, slot: int, full_key: tuple[int, int, int]) -> None:
+        """Apply the user's per-sample ``transform`` to the rendered ``images[slot]``, in place."""
+        if self.transform is not None:
+            image = images[slot]
+            image.copy_(self.transform(image, full_key))
+
+    def _with_keys(self, batch: tuple[torch.Tensor, ...], full_keys: list[tuple[int, int, int]]) -> tuple[Any, ...]:
+        if not self.return_keys:
+            return batch
+        return (*batch, torch.tensor(full_keys, dtype=torch.int64).view(-1, 3))
+
+    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...]:
+        """Fetch and render a whole batch into one shared uint8 tensor; return ``(images, labels[, keys])``."""
+        full_keys = [self._key(key) for key in keys]
+        plans = [self._plan(key) for key in full_keys]
         indices = np.fromiter((index for index, _ in plans), dtype=np.int64, count=len(plans))
         sources = self.read_sources(indices)
         # a list may hold decoded tensors (their dtype sets the batch's); an iterator yields encoded bytes as they
@@ -275,8 +303,13 @@ class AugmentedImageDataset(Dataset):
             except OSError as err:
                 self._skip(key, index, err)
                 kept[slot] = False
+                continue
+            self._finish(images, slot, full_keys[slot])
         labels = torch.from_numpy(self.targets[indices])
         if not kept.all():
             mask = torch.from_numpy(kept)
-            return images[mask].contiguous(memory_format=torch.channels_last), labels[mask]
-        return images, labels
+            full_keys = [k for k, keep in zip(full_keys, kept) if keep]
+            return self._with_keys(
+                (images[mask].contiguous(memory_format=torch.channels_last), labels[mask]), full_keys
+            )
+        return self._with_keys((images, labels), full_keys)

@@ -25,8 +25,8 @@ opens its splits; :mod:`.cache_source` tells whether the source folder changed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -90,6 +90,8 @@ class TensorCacheDataset(AugmentedImageDataset):
         seed: Seed of the per-sample augmentation.
         source: The fingerprint of the files the cache was built from (its manifest's): part of the identity a resume
             state checks (:meth:`make_identity`).
+        transform: A per-sample transform after the crop (see :class:`AugmentedImageDataset`); not with
+            ``augment_on="device"`` in training.
     """
 
     def __init__(
@@ -104,9 +106,16 @@ class TensorCacheDataset(AugmentedImageDataset):
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         seed: int = 0,
         source: str = "",
+        transform: Callable[[torch.Tensor], Any] | None = None,
     ) -> None:
         # Validation crops were made at build time, so here they are only copied (crop_fraction 1, same size).
-        super().__init__(train, image_size, scale, ratio, crop_fraction=1.0, seed=seed)
+        super().__init__(train, image_size, scale, ratio, crop_fraction=1.0, seed=seed, transform=transform)
+        if transform is not None and train and augment_on == "device":
+            raise InvalidValueError(
+                "A per-sample transform runs in the loader workers after the crop, and augment_on='device' crops on "
+                "the device: use augment_on='workers' with train_transforms, or batched device ops in "
+                "batch_transforms."
+            )
         check_augment_on(augment_on)
         self.images_path = images_path
         self._labels = np.asarray(labels, dtype=np.int64)
@@ -148,11 +157,12 @@ class TensorCacheDataset(AugmentedImageDataset):
         """One sorted gather from the memory map."""
         return list(gather_hwc(self._array().__getitem__, indices))
 
-    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...]:
         """Batches; with ``augment_on="device"`` in training: ``(squares, labels, boxes, flips)``."""
         if not (self.train and self.augment_on == "device"):
             return super().__getitems__(keys)
-        plans = [self._plan(key) for key in keys]
+        full_keys = [self._key(key) for key in keys]
+        plans = [self._plan(key) for key in full_keys]
         indices = np.fromiter((index for index, _ in plans), dtype=np.int64, count=len(plans))
         sources = gather_hwc(self._array().__getitem__, indices)
         side = int(sources[0].shape[-1])
@@ -165,4 +175,4 @@ class TensorCacheDataset(AugmentedImageDataset):
             flips[slot] = bool(rng.random() < 0.5)
             boxes[slot] = torch.tensor(random_resized_crop_box(rng, side, side, self.scale, self.ratio))
             images[slot].copy_(source)
-        return images, torch.from_numpy(self._labels[indices]), boxes, flips
+        return self._with_keys((images, torch.from_numpy(self._labels[indices]), boxes, flips), full_keys)

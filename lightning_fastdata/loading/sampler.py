@@ -12,9 +12,10 @@ from torch.utils.data import DistributedSampler
 
 __all__ = ["BatchLookahead", "EpochSampler", "SampleKey"]
 
-#: What :class:`EpochSampler` yields: ``(epoch, index)``. Datasets derive a sample's random augmentation
-#: from ``(seed, epoch, index)``, so it depends neither on the worker count nor on prefetch depth.
-SampleKey = tuple[int, int]
+#: What :class:`EpochSampler` yields: ``(epoch, index)``, or ``(epoch, index, repeat)`` with repeated augmentation.
+#: Datasets derive a sample's random augmentation from ``(seed, epoch, index, repeat)``, so it depends neither on the
+#: worker count nor on prefetch depth.
+SampleKey = tuple[int, int] | tuple[int, int, int]
 
 
 class EpochSampler(DistributedSampler):
@@ -35,6 +36,11 @@ class EpochSampler(DistributedSampler):
             rank whole runs of blocks: reads become sequential (good for network or spinning storage, and for
             chunked HDF5), at the price of randomness: a batch holds neighbours from one or two blocks, so
             batch statistics are less mixed. ``None`` (default) shuffles fully.
+        repeats: Repeated augmentation (torchvision's ``RASampler``, ``--ra-reps``): each sample appears this many
+            times in the epoch's order, the repeats side by side, so that they go to consecutive ranks (or, on one
+            rank, into one batch) and each gets its own augmentation (keys ``(epoch, index, repeat)``). An epoch keeps
+            its length: each rank yields ``len(self)`` keys, as without repeats (torchvision's rounds that down to a
+            multiple of 256 samples in all; ours does not). 1: off.
     """
 
     def __init__(
@@ -46,7 +52,10 @@ class EpochSampler(DistributedSampler):
         seed: int = 0,
         drop_last: bool = False,
         block_size: int | None = None,
+        repeats: int = 1,
     ) -> None:
+        if repeats < 1:
+            raise ValueError(f"repeats should be a positive int (1: off), got {repeats!r}.")
         if block_size is not None and block_size < 1:
             raise ValueError(f"block_size should be a positive int or None, got {block_size!r}.")
         if length <= 0:
@@ -64,6 +73,9 @@ class EpochSampler(DistributedSampler):
         )
         self.length = length
         self.block_size = block_size
+        self.repeats = repeats
+        #: Entries of one epoch's order: each sample ``repeats`` times, as ``index * repeats + repeat``.
+        self.slots = length * repeats
         self.yielded = 0  # keys handed out by the current iteration
         self._resume_at: int | None = None  # set by load_state_dict: where the next iteration starts
         # continue_epoch: the samples of epoch _consumed_epoch consumed before this run (not yielded again)
@@ -77,11 +89,15 @@ class EpochSampler(DistributedSampler):
         if self.shuffle and self.block_size:
             gen = torch.Generator().manual_seed(self.seed + epoch)
             starts = torch.randperm(-(-self.length // self.block_size), generator=gen) * self.block_size
-            return torch.cat([torch.arange(s, min(s + self.block_size, self.length)) for s in starts.tolist()])
-        if self.shuffle:
+            order = torch.cat([torch.arange(s, min(s + self.block_size, self.length)) for s in starts.tolist()])
+        elif self.shuffle:
             gen = torch.Generator().manual_seed(self.seed + epoch)
-            return torch.randperm(self.length, generator=gen)
-        return torch.arange(self.length)
+            order = torch.randperm(self.length, generator=gen)
+        else:
+            order = torch.arange(self.length)
+        if self.repeats == 1:
+            return order
+        return (order.view(-1, 1) * self.repeats + torch.arange(self.repeats)).flatten()
 
     def indices(self) -> torch.Tensor:
         """This rank's indices for the current epoch, in order.
@@ -92,9 +108,15 @@ class EpochSampler(DistributedSampler):
         """
         order = self.epoch_order()
         left = order
-        if self._consumed is not None and self._consumed_epoch == self.epoch:
+        continued = self._consumed is not None and self._consumed_epoch == self.epoch
+        if continued:
             left = order[~torch.from_numpy(self._consumed)[order]]
-        return self._shard(left, order, self.num_replicas, self.rank)
+        share = self._shard(left, order, self.num_replicas, self.rank)
+        if self.repeats > 1:  # an epoch of `length` samples in all, however many repeats
+            total = max(0, self.length - (int(self._consumed.sum()) if continued else 0))  # type: ignore[union-attr]
+            per_rank = total // self.num_replicas if self.drop_last else -(-total // self.num_replicas)
+            share = share[:per_rank]
+        return share
 
     def _shard(self, left: torch.Tensor, order: torch.Tensor, replicas: int, rank: int) -> torch.Tensor:
         """``rank``'s share of ``left``, cut or padded to a multiple of ``replicas``.
@@ -132,7 +154,7 @@ class EpochSampler(DistributedSampler):
         )
         other.total_size = other.num_samples * other.num_replicas
         other.epoch, other._consumed_epoch, other._consumed = epoch, epoch, mask
-        consumed = np.zeros(self.length, dtype=bool) if mask is None else mask.copy()
+        consumed = np.zeros(self.slots, dtype=bool) if mask is None else mask.copy()
         for rank, taken in enumerate(positions):
             other.rank = rank
             consumed[other.indices()[: int(taken)].numpy()] = True
@@ -144,8 +166,8 @@ class EpochSampler(DistributedSampler):
         Every rank calls it with the same mask (what every rank of the interrupted world had consumed) and gets
         an equal share of the rest; the following epochs are whole again.
         """
-        if consumed.shape != (self.length,):
-            raise ValueError(f"consumed should be a mask of {self.length} samples, got shape {consumed.shape}.")
+        if consumed.shape != (self.slots,):
+            raise ValueError(f"consumed should be a mask of {self.slots} samples, got shape {consumed.shape}.")
         self._consumed, self._consumed_epoch = consumed.astype(bool), int(epoch)
         self._consumed_packed = np.packbits(self._consumed).tobytes()
         self.epoch, self.yielded, self._resume_at = int(epoch), 0, None
@@ -154,9 +176,10 @@ class EpochSampler(DistributedSampler):
         epoch, start = self.epoch, self._resume_at or 0
         self._resume_at = None
         self.yielded = start
+        r = self.repeats
         for i in self.indices()[start:].tolist():
             self.yielded += 1
-            yield epoch, i
+            yield (epoch, i) if r == 1 else (epoch, i // r, i % r)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's permutation; nothing of the new epoch has been yielded yet."""
@@ -171,6 +194,8 @@ class EpochSampler(DistributedSampler):
         ``length / 8`` bytes): this rank's order is a function of them too.
         """
         state: dict[str, Any] = {"epoch": self.epoch, "seed": self.seed, "yielded": self.yielded, "length": self.length}
+        if self.repeats > 1:
+            state["repeats"] = self.repeats
         if self._consumed is not None and self._consumed_epoch == self.epoch:
             state["consumed"] = self._consumed_packed
         return state
@@ -185,6 +210,12 @@ class EpochSampler(DistributedSampler):
             raise ValueError(
                 f"Sampler state was saved with seed={state['seed']!r}, this sampler has seed={self.seed!r}: resume "
                 "with the checkpoint's seed, or start without ckpt_path."
+            )
+        if int(state.get("repeats", 1)) != self.repeats:
+            raise ValueError(
+                f"Sampler state was saved with repeats={state.get('repeats', 1)!r} (repeated_augmentations), this "
+                f"sampler has repeats={self.repeats!r}: resume with the checkpoint's setting, or start without "
+                "ckpt_path."
             )
         if int(state.get("length", self.length)) != self.length:
             raise ValueError(
@@ -203,7 +234,7 @@ class EpochSampler(DistributedSampler):
         yielded = int(state.get("yielded", 0))
         if state.get("consumed"):
             bits = np.frombuffer(state["consumed"], dtype=np.uint8)
-            self.continue_epoch(int(state["epoch"]), np.unpackbits(bits, count=self.length).astype(bool))
+            self.continue_epoch(int(state["epoch"]), np.unpackbits(bits, count=self.slots).astype(bool))
         # A state saved after the last batch of an epoch resumes with the *next* epoch's permutation, even if
         # the loader's iterator (and its workers' index prefetch) starts before Lightning calls set_epoch
         # (Lightning #21938: with num_workers > 0 the first resumed epoch reused the old permutation).
@@ -232,8 +263,8 @@ class BatchLookahead:
 
     def after(self, keys: Sequence[Any], num_workers: int) -> np.ndarray | None:
         """The indices of this worker's next batch after ``keys`` (``(epoch, index)`` pairs), or ``None``."""
-        if not keys or not isinstance(keys[0], (tuple, list)) or num_workers < 1:
-            return None
+        if not keys or not isinstance(keys[0], (tuple, list)) or num_workers < 1 or self.sampler.repeats > 1:
+            return None  # with repeats a sample is in the order several times: no guess
         epoch = int(keys[0][0])
         if epoch != self._epoch:
             self.sampler.epoch = epoch

@@ -80,7 +80,7 @@ _UNINTERRUPTED: dict[tuple, Path] = {}
 def uninterrupted(base: dict[str, Any], tmp_path: Path) -> Path:
     """The reference run, once per (kind, workers, devices) for the whole module."""
     key = (base["kind"], base["workers"], base["devices"], base.get("snapshot"), base["source"])
-    key += (base.get("batch_size"), base.get("block_shuffle"))
+    key += (base.get("batch_size"), base.get("block_shuffle"), base.get("recipe"))
     if key not in _UNINTERRUPTED:
         record = tmp_path / "full"
         run({**base, "max_steps": STEPS, "record": str(record)})
@@ -214,6 +214,36 @@ def test_sigkill_then_resume_from_the_last_checkpoint_on_disk(
     run({**base, "max_steps": STEPS, "record": str(tmp_path / "resumed"), "ckpt_path": f"{ckpts}/last.ckpt"})
     resumed = records(tmp_path / "resumed")
     assert resumed[0]["step"] == 6  # from the checkpoint on disk, not from where the process died
+    assert killed[:6] + resumed == full
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", ["folder", "cache"])
+def test_a_recipe_killed_and_resumed_with_other_workers_trains_the_same_pixels_and_targets(
+    tmp_path: Path, sources: dict[str, str], kind: str
+) -> None:
+    """Worker and device augmentation, RandomErasing, MixUp/CutMix and repeated augmentation: bit for bit."""
+    base = {"kind": kind, "source": sources[kind], "workers": 2, "devices": 1, "cache_dir": str(tmp_path / "c")}
+    base["recipe"] = True
+    full = records(uninterrupted(base, tmp_path))
+    assert any(isinstance(r["labels"][0], list) for r in full)  # soft targets
+    ckpts = str(tmp_path / "ck")
+    run(
+        {
+            **base,
+            "max_steps": STEPS,
+            "record": str(tmp_path / "killed"),
+            "save_every": 3,
+            "ckpt_dir": ckpts,
+            "kill_at": 7,
+        },
+        expect_kill=True,
+    )
+    killed = records(tmp_path / "killed")
+    resumed_cfg = {**base, "workers": 0, "max_steps": STEPS, "record": str(tmp_path / "resumed")}
+    run({**resumed_cfg, "ckpt_path": f"{ckpts}/last.ckpt"})
+    resumed = records(tmp_path / "resumed")
+    assert resumed[0]["step"] == 6
     assert killed[:6] + resumed == full
 
 

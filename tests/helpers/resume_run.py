@@ -7,7 +7,8 @@ start of that step, or null), raise_at (raise an error in that step, as an out-o
 OnExceptionCheckpoint saving ckpt_dir/on_exception.ckpt), stepping (touch trainer.estimated_stepping_batches in
 configure_optimizers, Lightning #20550; it only loads data early with max_epochs set), max_epochs, cache_dir,
 accelerator ("cpu" unless given), storage_options (for an s3:// source), prefetch (add FastDataCallback: pinned
-memory and the side-stream prefetch), batch_size (8 unless given), block_shuffle.
+memory and the side-stream prefetch), batch_size (8 unless given), block_shuffle, recipe (train with a training
+recipe: TrivialAugmentWide in the workers and on the device, RandomErasing, MixUp or CutMix, repeated augmentation).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torch import nn
+from torchvision.transforms import v2
 
 from lightning_fastdata import FastDataCallback, HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule
+from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
 
 
 class Recorder(pl.LightningModule):
@@ -65,6 +68,16 @@ def main(cfg: dict[str, Any]) -> None:
         kw["snapshot_every_n_steps"] = cfg["snapshot"]
     if cfg.get("storage_options"):
         kw["storage_options"] = cfg["storage_options"]
+    if cfg.get("recipe"):
+        kw.update(
+            train_transforms=v2.TrivialAugmentWide(),
+            device_transforms=TrivialAugmentWide(),
+            batch_transforms=[
+                RandomErasing(0.5),
+                v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)]),
+            ],
+            repeated_augmentations=2,
+        )
     if cfg["kind"] == "folder":
         dm: pl.LightningDataModule = ImageFolderDataModule(cfg["source"], **kw)
     elif cfg["kind"] == "hdf5":

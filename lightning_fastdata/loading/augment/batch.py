@@ -1,0 +1,94 @@
+"""The training device's part of a recipe: per-sample policies, normalisation, then batch transforms.
+
+``device_transforms`` run on the uint8 batch (``N x 3 x S x S``) right after transfer: per-sample policies
+(:class:`~lightning_fastdata.loading.augment.policies.TrivialAugmentWide`, ``RandAugment``; torchvision's own
+objects are turned into these). Then the batch is normalised to float. Then ``batch_transforms`` run with the
+labels: ``RandomErasing`` (per sample), and anything that takes ``(images, labels)`` and returns them, such as
+``torchvision.transforms.v2.MixUp``/``CutMix``/``RandomChoice``. Before the first of those, the labels become
+one-hot float targets (``N x C``) when the number of classes is known, so ``v2.MixUp(alpha=0.2)`` needs no
+``num_classes``; MixUp and CutMix make them soft.
+
+Randomness: our policies draw from the samples' keys; any other transform runs with torch's generators (CPU and
+the batch's device) seeded from the batch's keys and put back afterwards, so MixUp's ``lambda`` and CutMix's box
+are the same for the same batch in every run, resumed or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from lightning_fastdata.errors import InvalidTypeError
+from lightning_fastdata.loading.augment.keyed import batch_seed
+from lightning_fastdata.loading.augment.policies import KeyedTransform, to_batched
+
+__all__ = ["DeviceAugment", "as_transform_list"]
+
+
+def as_transform_list(value: Any, what: str) -> list[Any]:
+    """``None``, one transform or a list of them, as a list (torchvision objects turned into batched twins).
+
+    Raises:
+        TypeError: If an entry is not callable (naming the argument and the entry).
+    """
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if not callable(item):
+            raise InvalidTypeError(
+                f"{what} should hold callables (torchvision.transforms.v2 objects, lightning_fastdata.augment ops, "
+                f"functions), got {type(item).__name__}."
+            )
+    return [to_batched(item) for item in items]
+
+
+def _seeded(fn: Callable[..., Any], seed: int, device: torch.device, *args: Any) -> Any:
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        torch.manual_seed(seed)
+        return fn(*args)
+
+
+class DeviceAugment:
+    """Run ``device_transforms``, normalise, run ``batch_transforms``; on whatever device the batch is on.
+
+    Args:
+        device_transforms: Per-sample policies on the uint8 batch (before normalisation).
+        batch_transforms: Transforms of ``(images, labels)`` after normalisation.
+        seed: The DataModule's seed.
+    """
+
+    def __init__(self, device_transforms: Sequence[Any], batch_transforms: Sequence[Any], seed: int) -> None:
+        self.device_transforms = list(device_transforms)
+        self.batch_transforms = list(batch_transforms)
+        self.seed = int(seed)
+
+    def __bool__(self) -> bool:
+        return bool(self.device_transforms or self.batch_transforms)
+
+    def __call__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        keys: torch.Tensor,
+        normalize: Callable[[torch.Tensor], torch.Tensor],
+        num_classes: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the augmented, normalised ``images`` and the (possibly soft) targets."""
+        for i, t in enumerate(self.device_transforms):
+            if isinstance(t, KeyedTransform):
+                images = t(images, keys, self.seed)
+            else:
+                images = _seeded(t, batch_seed(self.seed, keys, 100 + i), images.device, images)
+        images = normalize(images)
+        for i, t in enumerate(self.batch_transforms):
+            if isinstance(t, KeyedTransform):
+                images = t(images, keys, self.seed)
+            else:
+                if labels.dim() == 1 and num_classes is not None:
+                    labels = torch.nn.functional.one_hot(labels, num_classes).to(images.dtype)
+                images, labels = _seeded(t, batch_seed(self.seed, keys, 200 + i), images.device, images, labels)
+        return images, labels

@@ -1,0 +1,207 @@
+"""torchvision's v2 image ops on a whole uint8 batch, with a different parameter for each sample.
+
+Each function takes ``images`` (uint8 ``N x 3 x H x W``, any memory format, any device) and per-sample parameters
+as length-``N`` tensors, and returns what ``torchvision.transforms.v2.functional``'s op returns for each sample with
+its own parameter, computed for the whole batch at once (one affine grid per sample, one blend factor per sample,
+one histogram per sample and channel). ``tests/loading/test_augment_ops.py`` compares every op with torchvision's
+on the same images and parameters: the integer ops (posterize, solarize, autocontrast, equalize, erase, and the
+affine ops at multiples of 90 degrees) bit for bit; the blends and the warps within the bounds stated there.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.functional import conv2d, grid_sample
+from torchvision.transforms.v2 import functional as F
+
+__all__ = [
+    "adjust_brightness",
+    "adjust_contrast",
+    "adjust_saturation",
+    "adjust_sharpness",
+    "affine",
+    "autocontrast",
+    "equalize",
+    "erase",
+    "posterize",
+    "solarize",
+]
+
+
+def _per_sample(values: torch.Tensor, images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return values.to(device=images.device, dtype=dtype).view(-1, 1, 1, 1)
+
+
+def _gray(images: torch.Tensor) -> torch.Tensor:
+    """Torchvision's ``rgb_to_grayscale`` in float32, floored (what its uint8 colour ops blend with)."""
+    r, g, b = images.unbind(dim=-3)
+    return r.mul(0.2989).add_(g, alpha=0.587).add_(b, alpha=0.114).unsqueeze(-3).floor_()
+
+
+def _blend(images: torch.Tensor, other: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
+    """``images * ratio + other * (1 - ratio)``, clamped and truncated to uint8 (torchvision's ``_blend``)."""
+    r = _per_sample(ratio, images, torch.float64)
+    out = images.to(torch.float32).mul(r.to(torch.float32))
+    # one fused multiply-add per pixel, as torchvision's add_(other, alpha=1 - ratio) (two roundings differ by one
+    # level on ~0.05% of pixels)
+    out.addcmul_(other, (1.0 - r).to(torch.float32))
+    return out.clamp_(0, 255).to(torch.uint8)
+
+
+def adjust_brightness(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``F.adjust_brightness`` with a factor per sample."""
+    return images.to(torch.float32).mul(_per_sample(factor, images)).clamp_(0, 255).to(torch.uint8)
+
+
+def adjust_saturation(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``F.adjust_saturation`` with a factor per sample."""
+    return _blend(images, _gray(images), factor)
+
+
+def adjust_contrast(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``F.adjust_contrast`` with a factor per sample (blend with each sample's mean grey level)."""
+    mean = torch.mean(_gray(images), dim=(-3, -2, -1), keepdim=True)
+    return _blend(images, mean, factor)
+
+
+def adjust_sharpness(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``F.adjust_sharpness`` with a factor per sample (the border rows and columns are kept, as torchvision's)."""
+    n, c, h, w = images.shape
+    if h <= 2 or w <= 2:
+        return images
+    a, b = 1.0 / 13.0, 5.0 / 13.0
+    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32, device=images.device)
+    out = images.to(torch.float32, copy=True)
+    blurred = conv2d(out, kernel.expand(c, 1, 3, 3), groups=c).round_()
+    view = out[..., 1:-1, 1:-1]
+    view.addcmul_(blurred.sub_(view), (1.0 - _per_sample(factor, images, torch.float64)).to(torch.float32))
+    return out.clamp_(0, 255).to(torch.uint8)
+
+
+def posterize(images: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """``F.posterize`` with a bit count (0-8) per sample."""
+    bits = bits.to(device=images.device, dtype=torch.int64).clamp(0, 8)
+    mask = ((1 << bits) - 1) << (8 - bits)
+    return images & mask.to(torch.uint8).view(-1, 1, 1, 1)
+
+
+def solarize(images: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """``F.solarize`` with a threshold (0-255 scale) per sample."""
+    return torch.where(images.to(torch.float32) >= _per_sample(threshold, images), 255 - images, images)
+
+
+def autocontrast(images: torch.Tensor) -> torch.Tensor:
+    """``F.autocontrast`` (already per sample and channel in torchvision)."""
+    return F.autocontrast(images)
+
+
+def equalize(images: torch.Tensor) -> torch.Tensor:
+    """``F.equalize`` (already per sample and channel in torchvision: one histogram each)."""
+    return F.equalize(images)
+
+
+def affine(
+    images: torch.Tensor,
+    angle: torch.Tensor,
+    translate: torch.Tensor,
+    shear: torch.Tensor,
+    center: torch.Tensor | None = None,
+    fill: float | None = None,
+    interpolation: str = "nearest",
+) -> torch.Tensor:
+    """``F.affine`` (``"nearest"`` or ``"bilinear"``) with an angle, translation, shear and centre per sample (scale 1).
+
+    Args:
+        images: uint8 ``N x 3 x H x W``.
+        angle: ``N`` degrees, as ``F.affine``'s (:func:`rotate` is ``F.rotate``'s convention).
+        translate: ``N x 2`` pixels (x, y).
+        shear: ``N x 2`` degrees (x, y).
+        center: ``N x 2`` pixel centres, or ``None`` for the image centre (``F.affine``'s ``center``).
+        fill: Value outside the image; ``None`` is black (torchvision's default).
+        interpolation: ``"nearest"`` (TrivialAugment's and RandAugment's default) or ``"bilinear"``.
+    """
+    n, _, h, w = images.shape
+    dev = images.device
+    f64 = torch.float64
+    rot = torch.deg2rad(angle.to(dev, f64))
+    sx, sy = torch.deg2rad(shear.to(dev, f64)).unbind(-1)
+    if center is None:
+        cx = torch.zeros(n, device=dev, dtype=f64)
+        cy = torch.zeros(n, device=dev, dtype=f64)
+    else:
+        c = center.to(dev, f64)
+        cx, cy = c[:, 0] - w * 0.5, c[:, 1] - h * 0.5
+    tx, ty = translate.to(dev, f64).unbind(-1)
+    # torchvision's _get_inverse_affine_matrix, vectorised (scale 1)
+    a = torch.cos(rot - sy) / torch.cos(sy)
+    b = -(a * torch.tan(sx) + torch.sin(rot))
+    cc = torch.sin(rot - sy) / torch.cos(sy)
+    d = torch.cos(rot) - cc * torch.tan(sx)
+    m0, m1, m3, m4 = d, -b, -cc, a
+    m2 = cx - m0 * (cx + tx) - m1 * (cy + ty)
+    m5 = cy - m3 * (cx + tx) - m4 * (cy + ty)
+    theta = torch.stack([m0, m1, m2, m3, m4, m5], dim=1).to(torch.float32).view(n, 2, 3)
+    return _warp(images, theta, fill, interpolation)
+
+
+def rotate(
+    images: torch.Tensor, angle: torch.Tensor, fill: float | None = None, interpolation: str = "nearest"
+) -> torch.Tensor:
+    """``F.rotate`` with an angle per sample (about the centre, no expand).
+
+    Multiples of 90 degrees on square images are exact transposes, as in torchvision.
+    """
+    n, _, h, w = images.shape
+    angle = angle.to(torch.float64) % 360
+    zeros = torch.zeros(n, 2, dtype=torch.float64, device=images.device)
+    out = affine(images, -angle.to(images.device), zeros, zeros, None, fill, interpolation)
+    quarter = torch.remainder(angle, 90) == 0
+    for k in (0, 1, 2, 3):
+        if k % 2 and h != w:
+            continue
+        pick = (quarter & ((angle / 90).round().long() % 4 == k)).to(images.device)
+        if bool(pick.any()):
+            out[pick] = torch.rot90(images[pick], k=k, dims=(-2, -1))
+    return out
+
+
+def _warp(images: torch.Tensor, theta: torch.Tensor, fill: float | None, mode: str) -> torch.Tensor:
+    """Torchvision's ``_affine_grid`` + ``_apply_grid_transform``, one grid per sample."""
+    if mode not in ("nearest", "bilinear"):
+        raise ValueError(f"interpolation should be 'nearest' or 'bilinear' on tensors, got {mode!r}.")
+    n, c, h, w = images.shape
+    dev = images.device
+    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=dev)
+    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=dev))
+    base[..., 1].copy_(torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=dev).unsqueeze_(-1))
+    base[..., 2].fill_(1)
+    scaled = theta.transpose(1, 2).div(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=dev))
+    grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(scaled).view(n, h, w, 2)
+    source = images.to(torch.float32)
+    if fill is not None:
+        source = torch.cat((source, torch.ones((n, 1, h, w), dtype=torch.float32, device=dev)), dim=1)
+    out = grid_sample(source, grid, mode=mode, padding_mode="zeros", align_corners=False)
+    if fill is not None:
+        out, mask = torch.tensor_split(out, indices=(-1,), dim=-3)
+        if mode == "nearest":
+            out = torch.where(mask.expand_as(out) < 0.5, torch.full_like(out, float(fill)), out)
+        else:
+            out = out.sub_(float(fill)).mul_(mask.expand_as(out)).add_(float(fill))
+    return out.round_().to(torch.uint8)
+
+
+def erase(images: torch.Tensor, boxes: torch.Tensor, value: float = 0.0) -> torch.Tensor:
+    """``F.erase``: set ``boxes`` (``N x 4`` ``(top, left, height, width)``; height 0: nothing) to ``value``."""
+    n, _, h, w = images.shape
+    b = boxes.to(device=images.device, dtype=torch.int64)
+    rows = torch.arange(h, device=images.device).view(1, h)
+    cols = torch.arange(w, device=images.device).view(1, w)
+    inside_r = (rows >= b[:, 0:1]) & (rows < b[:, 0:1] + b[:, 2:3])
+    inside_c = (cols >= b[:, 1:2]) & (cols < b[:, 1:2] + b[:, 3:4])
+    mask = (inside_r.view(n, 1, h, 1) & inside_c.view(n, 1, 1, w)).expand_as(images)
+    return images.masked_fill(mask, value)
+
+
+def shear_degrees(magnitude: torch.Tensor) -> torch.Tensor:
+    """TrivialAugment's shear magnitude (a tangent) in degrees, as torchvision converts it."""
+    return torch.rad2deg(torch.atan(magnitude.to(torch.float64)))

@@ -1,0 +1,290 @@
+"""Per-sample augmentation policies for a whole batch on the training device, drawn from the samples' keys.
+
+:class:`TrivialAugmentWide` and :class:`RandAugment` are torchvision's v2 policies (their op tables are read from
+torchvision itself, so the magnitudes are its magnitudes) with one difference that is the point: torchvision's
+transform applied to a batch applies *one* op with *one* magnitude to every image; these draw an op and a magnitude
+for each sample, as torchvision does when it runs once per image in a loader worker, and apply them to the whole
+batch at once with :mod:`~lightning_fastdata.loading.augment.ops`. :class:`RandomErasing` likewise erases one box
+per sample. Every draw is a function of ``(seed, epoch, index, repeat)``
+(:func:`~lightning_fastdata.loading.augment.keyed.uniforms`): the same on a CPU and a GPU, with any worker count,
+and after a resume.
+
+Each policy is a ``torch.nn.Module`` whose ``forward(images, keys, seed)`` returns the augmented batch; the
+DataModules call them (``device_transforms`` before normalisation on uint8, ``batch_transforms`` after it).
+:func:`to_batched` turns a user's torchvision object (``v2.TrivialAugmentWide()``, ``v2.RandAugment()``,
+``v2.RandomErasing()``) into its per-sample twin with the same arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torchvision.transforms import v2
+
+from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.augment import ops
+from lightning_fastdata.loading.augment.keyed import uniforms
+
+__all__ = ["KeyedTransform", "RandAugment", "RandomErasing", "TrivialAugmentWide", "to_batched"]
+
+
+class KeyedTransform(nn.Module):
+    """A batch transform whose randomness comes from the samples' keys: ``forward(images, keys, seed)``."""
+
+    #: A distinct stream of random numbers per policy (two policies in one pipeline draw independently).
+    stream = 0
+
+    def forward(self, images: torch.Tensor, keys: torch.Tensor, seed: int) -> torch.Tensor:  # pragma: no cover
+        """Return the augmented ``images``."""
+        raise NotImplementedError
+
+
+def _interpolation(value: Any) -> str:
+    mode = getattr(value, "value", value)
+    if mode not in ("nearest", "bilinear"):
+        raise InvalidValueError(f"interpolation should be 'nearest' or 'bilinear' on the device, got {value!r}.")
+    return str(mode)
+
+
+def _fill(value: Any) -> float | None:
+    if isinstance(value, dict):  # torchvision's per-type fill mapping
+        value = next(iter(value.values()), None)
+    if isinstance(value, (list, tuple)):
+        if len(set(value)) > 1:
+            raise InvalidValueError(f"fill should be one value for all channels on the device, got {value!r}.")
+        value = value[0] if value else None
+    return None if value is None else float(value)
+
+
+def _apply_op(name: str, images: torch.Tensor, magnitude: torch.Tensor, fill: float | None, mode: str) -> torch.Tensor:
+    """Torchvision's ``_apply_image_or_video_transform`` for one op, a magnitude per sample (float64, CPU)."""
+    n = images.shape[0]
+    zeros = torch.zeros(n, 2, dtype=torch.float64)
+    if name == "Identity":
+        return images
+    if name in ("ShearX", "ShearY"):
+        degrees = ops.shear_degrees(magnitude)
+        shear = torch.stack([degrees, torch.zeros_like(degrees)], 1)
+        return ops.affine(
+            images, torch.zeros(n), zeros, shear if name == "ShearX" else shear.flip(1), zeros, fill, mode
+        )
+    if name in ("TranslateX", "TranslateY"):
+        shift = torch.stack([torch.trunc(magnitude), torch.zeros_like(magnitude)], 1)
+        return ops.affine(
+            images, torch.zeros(n), shift if name == "TranslateX" else shift.flip(1), zeros, None, fill, mode
+        )
+    if name == "Rotate":
+        return ops.rotate(images, magnitude, fill, mode)
+    if name == "Brightness":
+        return ops.adjust_brightness(images, 1.0 + magnitude)
+    if name == "Color":
+        return ops.adjust_saturation(images, 1.0 + magnitude)
+    if name == "Contrast":
+        return ops.adjust_contrast(images, 1.0 + magnitude)
+    if name == "Sharpness":
+        return ops.adjust_sharpness(images, 1.0 + magnitude)
+    if name == "Posterize":
+        return ops.posterize(images, magnitude.to(torch.int64))
+    if name == "Solarize":
+        return ops.solarize(images, 255.0 * magnitude)
+    if name == "AutoContrast":
+        return ops.autocontrast(images)
+    if name == "Equalize":
+        return ops.equalize(images)
+    if name == "Invert":
+        return 255 - images
+    raise InvalidValueError(f"No batched op for {name!r}.")
+
+
+class _Policy(KeyedTransform):
+    """``num_ops`` ops in turn, each drawn per sample from ``space`` (torchvision's table for the policy)."""
+
+    space: dict[str, tuple[Callable[[int, int, int], torch.Tensor | None], bool]] = {}
+    num_ops = 1
+    num_magnitude_bins = 31
+    magnitude: int | None = None  # None: a random bin per sample (TrivialAugment); else this bin (RandAugment)
+
+    def __init__(self, interpolation: str, fill: Any) -> None:
+        super().__init__()
+        self.interpolation = _interpolation(interpolation)
+        self.fill = _fill(fill)
+
+    def params(self, keys: torch.Tensor, seed: int, height: int, width: int) -> list[tuple[list[str], torch.Tensor]]:
+        """Per op round: each sample's op name and signed magnitude (float64, CPU), as torchvision would draw them."""
+        names = list(self.space)
+        u = uniforms(seed, keys.cpu(), self.stream, 3 * self.num_ops)
+        rounds = []
+        for r in range(self.num_ops):
+            choice = (u[:, 3 * r] * len(names)).long().clamp_(max=len(names) - 1)
+            bins = (u[:, 3 * r + 1] * self.num_magnitude_bins).long().clamp_(max=self.num_magnitude_bins - 1)
+            if self.magnitude is not None:
+                bins.fill_(self.magnitude)
+            negative = u[:, 3 * r + 2] <= 0.5
+            magnitude = torch.zeros(len(keys), dtype=torch.float64)
+            for k, name in enumerate(names):
+                table, signed = self.space[name]
+                values = table(self.num_magnitude_bins, height, width)
+                pick = choice == k
+                if values is not None and bool(pick.any()):
+                    m = values.to(torch.float64)[bins[pick]]  # torchvision's float32 table, read as Python floats
+                    magnitude[pick] = torch.where(negative[pick], -m, m) if signed else m
+            rounds.append(([names[int(c)] for c in choice], magnitude))
+        return rounds
+
+    def forward(self, images: torch.Tensor, keys: torch.Tensor, seed: int) -> torch.Tensor:
+        """Apply each sample's drawn op(s) to the uint8 batch (grouped by op, one batched call per op)."""
+        if images.dtype != torch.uint8:
+            raise InvalidValueError(
+                f"{type(self).__name__} runs on uint8 batches (before normalisation), got {images.dtype}."
+            )
+        height, width = images.shape[-2:]
+        for op_names, magnitude in self.params(keys, seed, height, width):
+            out = images.clone()
+            for name in dict.fromkeys(op_names):
+                rows = torch.tensor([i for i, n in enumerate(op_names) if n == name], dtype=torch.int64)
+                idx = rows.to(images.device)
+                out[idx] = _apply_op(name, images[idx], magnitude[rows], self.fill, self.interpolation)
+            images = out
+        return images
+
+
+class TrivialAugmentWide(_Policy):
+    """torchvision's ``TrivialAugmentWide`` with an op and a magnitude drawn per sample, on the whole batch.
+
+    Args:
+        num_magnitude_bins: As torchvision's (31).
+        interpolation: ``"nearest"`` (default, as torchvision's) or ``"bilinear"``.
+        fill: Value outside a warped image; ``None`` is black.
+    """
+
+    space = v2.TrivialAugmentWide._AUGMENTATION_SPACE
+    stream = 0x7A1
+
+    def __init__(self, num_magnitude_bins: int = 31, interpolation: str = "nearest", fill: float | None = None) -> None:
+        super().__init__(interpolation, fill)
+        if num_magnitude_bins < 2:
+            raise InvalidValueError(f"num_magnitude_bins should be at least 2, got {num_magnitude_bins!r}.")
+        self.num_magnitude_bins = num_magnitude_bins
+
+
+class RandAugment(_Policy):
+    """torchvision's ``RandAugment``: ``num_ops`` ops per sample, each drawn per sample, at bin ``magnitude``.
+
+    Args:
+        num_ops: Ops applied in turn to each sample (2).
+        magnitude: The magnitude bin (9 of 31).
+        num_magnitude_bins: As torchvision's (31).
+        interpolation: ``"nearest"`` (default) or ``"bilinear"``.
+        fill: Value outside a warped image; ``None`` is black.
+    """
+
+    space = v2.RandAugment._AUGMENTATION_SPACE
+    stream = 0x7A2
+
+    def __init__(
+        self,
+        num_ops: int = 2,
+        magnitude: int = 9,
+        num_magnitude_bins: int = 31,
+        interpolation: str = "nearest",
+        fill: float | None = None,
+    ) -> None:
+        super().__init__(interpolation, fill)
+        if num_ops < 1 or not 0 <= magnitude < num_magnitude_bins:
+            raise InvalidValueError(
+                f"RandAugment needs num_ops >= 1 and 0 <= magnitude < num_magnitude_bins, got num_ops={num_ops!r}, "
+                f"magnitude={magnitude!r}, num_magnitude_bins={num_magnitude_bins!r}."
+            )
+        self.num_ops, self.magnitude, self.num_magnitude_bins = num_ops, magnitude, num_magnitude_bins
+
+
+class RandomErasing(KeyedTransform):
+    """torchvision's ``RandomErasing``, one box (or none) drawn per sample; on normalised float or uint8 batches.
+
+    The box is drawn as torchvision draws it: up to 10 tries of an area in ``scale`` and an aspect ratio in
+    ``ratio`` (log-uniform), the first that fits wins, none: nothing erased.
+
+    Args:
+        p: Probability that a sample is erased.
+        scale: Area range of the box, as a fraction of the image.
+        ratio: Aspect-ratio range of the box.
+        value: Fill value (0: the mean colour after normalisation, as torchvision's recipe applies it).
+    """
+
+    stream = 0x7A3
+    tries = 10
+
+    def __init__(
+        self,
+        p: float = 0.5,
+        scale: tuple[float, float] = (0.02, 0.33),
+        ratio: tuple[float, float] = (0.3, 3.3),
+        value: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if not 0 <= p <= 1:
+            raise InvalidValueError(f"p should be a probability in [0, 1], got {p!r}.")
+        if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
+            raise InvalidValueError(
+                f"scale should be in (0, 1] and ratio positive, got scale={scale!r}, ratio={ratio!r}."
+            )
+        if not isinstance(value, (int, float)):
+            raise InvalidValueError(
+                f"value should be one number on the device ('random' is not supported), got {value!r}."
+            )
+        self.p, self.scale, self.ratio, self.value = float(p), tuple(scale), tuple(ratio), float(value)
+
+    def boxes(self, keys: torch.Tensor, seed: int, height: int, width: int) -> torch.Tensor:
+        """Each sample's ``(top, left, height, width)``; height 0 where nothing is erased. CPU int64 ``N x 4``."""
+        n = len(keys)
+        u = uniforms(seed, keys.cpu(), self.stream, 1 + 4 * self.tries)
+        area = height * width
+        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        out = torch.zeros(n, 4, dtype=torch.int64)
+        done = u[:, 0] >= self.p  # not erased at all
+        for t in range(self.tries):
+            erase_area = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 1 + 4 * t])
+            aspect = torch.exp(lo + (hi - lo) * u[:, 2 + 4 * t])
+            h = torch.sqrt(erase_area * aspect).round().long()
+            w = torch.sqrt(erase_area / aspect).round().long()
+            fits = ~done & (h < height) & (w < width)
+            top = (u[:, 3 + 4 * t] * (height - h + 1)).long()
+            left = (u[:, 4 + 4 * t] * (width - w + 1)).long()
+            out[fits] = torch.stack([top, left, h, w], 1)[fits]
+            done |= fits
+        return out
+
+    def forward(self, images: torch.Tensor, keys: torch.Tensor, seed: int) -> torch.Tensor:
+        """Erase each sample's box."""
+        return ops.erase(images, self.boxes(keys, seed, *images.shape[-2:]), self.value)
+
+
+def to_batched(transform: Any) -> Any:
+    """A torchvision per-image policy as its per-sample batched twin (same arguments); anything else unchanged.
+
+    Raises:
+        ValueError: If the torchvision object uses what the batched op does not support (named).
+    """
+    if isinstance(transform, v2.TrivialAugmentWide):
+        return TrivialAugmentWide(transform.num_magnitude_bins, transform.interpolation, transform.fill)
+    if isinstance(transform, v2.RandAugment):
+        return RandAugment(
+            transform.num_ops,
+            transform.magnitude,
+            transform.num_magnitude_bins,
+            transform.interpolation,
+            transform.fill,
+        )
+    if isinstance(transform, v2.RandomErasing):
+        value = transform.value
+        if value is None or isinstance(value, str):
+            raise InvalidValueError("RandomErasing(value='random') has no batched twin; use a number (0 is the mean).")
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if len(set(values)) > 1:
+            raise InvalidValueError(f"RandomErasing's value should be one number on the device, got {value!r}.")
+        return RandomErasing(transform.p, tuple(transform.scale), tuple(transform.ratio), float(values[0]))
+    return transform

@@ -1,0 +1,177 @@
+"""The device ops and policies against torchvision's own, op by op; key-derived randomness; repeated augmentation."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.io import decode_jpeg, read_file
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+from lightning_fastdata.augment import RandAugment, RandomErasing, TrivialAugmentWide
+from lightning_fastdata.loading.augment import ops
+from lightning_fastdata.loading.augment.keyed import sample_seed, uniforms
+from lightning_fastdata.loading.augment.policies import to_batched
+from lightning_fastdata.loading.sampler import EpochSampler
+
+
+@pytest.fixture(scope="module")
+def batch(image_folder: Path) -> torch.Tensor:
+    """Twelve decoded photo-like JPEGs, 64 x 64 (square: rotations by 90 degrees are transposes)."""
+    files = sorted(image_folder.glob("*/*.jpg"))[:12]
+    return torch.stack([F.center_crop(decode_jpeg(read_file(str(p))), [64, 64]) for p in files])
+
+
+def each(fn, images: torch.Tensor, params: list) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return torch.stack([fn(img, p) for img, p in zip(images, params)])
+
+
+def test_colour_and_histogram_ops_equal_torchvision_bit_for_bit(batch: torch.Tensor) -> None:
+    n = len(batch)
+    factor = torch.linspace(0.01, 1.99, n)
+    f = factor.tolist()
+    assert torch.equal(ops.adjust_brightness(batch, factor), each(F.adjust_brightness, batch, f))
+    assert torch.equal(ops.adjust_saturation(batch, factor), each(F.adjust_saturation, batch, f))
+    assert torch.equal(ops.adjust_contrast(batch, factor), each(F.adjust_contrast, batch, f))
+    assert torch.equal(ops.adjust_sharpness(batch, factor), each(F.adjust_sharpness, batch, f))
+    bits = torch.arange(n) % 9
+    assert torch.equal(ops.posterize(batch, bits), each(F.posterize, batch, [int(b) for b in bits]))
+    threshold = torch.linspace(0, 255, n)
+    assert torch.equal(ops.solarize(batch, threshold), each(F.solarize, batch, threshold.tolist()))
+    assert torch.equal(ops.autocontrast(batch), torch.stack([F.autocontrast(i) for i in batch]))
+    assert torch.equal(ops.equalize(batch), torch.stack([F.equalize(i) for i in batch]))
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+def test_affine_ops_equal_torchvision(batch: torch.Tensor, interpolation: str) -> None:
+    """On a CPU the per-sample grids give torchvision's pixels exactly (on a GPU: see tests/test_cuda.py)."""
+    n = len(batch)
+    mode = v2.InterpolationMode(interpolation)
+    angle = torch.tensor([0.0, 4.5, -90.0, 90.0, 135.0, -30.0, 13.5, 180.0, 270.0, -135.0, 45.0, 1.0])[:n]
+    ours = ops.rotate(batch, angle, interpolation=interpolation)
+    assert torch.equal(ours, each(lambda i, a: F.rotate(i, a, interpolation=mode), batch, angle.tolist()))
+    shift = torch.tensor([[3.0, 0], [0, -7], [32, 0], [-32, 0], [0, 14], [1, 1]] * 2)[:n]
+    zeros = torch.zeros(n, 2)
+    ours = ops.affine(batch, torch.zeros(n), shift, zeros, interpolation=interpolation)
+    ref = each(lambda i, t: F.affine(i, 0.0, [int(t[0]), int(t[1])], 1.0, [0.0, 0.0], interpolation=mode), batch, shift)
+    assert torch.equal(ours, ref)
+    tangent = torch.linspace(-0.99, 0.99, n)
+    degrees = ops.shear_degrees(tangent)
+    shear = torch.stack([degrees, torch.zeros_like(degrees)], 1)
+    ours = ops.affine(batch, torch.zeros(n), zeros, shear, zeros, fill=128.0, interpolation=interpolation)
+    ref = each(
+        lambda i, m: F.affine(
+            i, 0.0, [0, 0], 1.0, [math.degrees(math.atan(m)), 0.0], interpolation=mode, fill=128.0, center=[0, 0]
+        ),
+        batch,
+        tangent.tolist(),
+    )
+    assert torch.equal(ours, ref)
+
+
+def test_erase_equals_torchvision(batch: torch.Tensor) -> None:
+    boxes = torch.tensor([[0, 0, 10, 20], [5, 5, 0, 0], [60, 60, 4, 4], [10, 20, 30, 40], [0, 0, 64, 64], [1, 2, 3, 4]])
+    images = batch[: len(boxes)]
+    ref = torch.stack(
+        [F.erase(i, *[int(v) for v in b], v=torch.tensor(7, dtype=torch.uint8)) for i, b in zip(images, boxes)]
+    )
+    assert torch.equal(ops.erase(images, boxes, 7), ref)
+
+
+def keys_of(n: int, epoch: int = 0) -> torch.Tensor:
+    return torch.stack([torch.full((n,), epoch), torch.arange(n), torch.zeros(n, dtype=torch.int64)], 1)
+
+
+@pytest.mark.parametrize("policy", [TrivialAugmentWide(), RandAugment(), TrivialAugmentWide(interpolation="bilinear")])
+def test_a_policy_applies_to_each_sample_what_torchvision_applies_with_its_drawn_op(
+    batch: torch.Tensor, policy: TrivialAugmentWide
+) -> None:
+    reference = v2.TrivialAugmentWide(interpolation=v2.InterpolationMode(policy.interpolation))
+    keys = keys_of(len(batch), epoch=3)
+    ours = policy(batch, keys, 0)
+    expected = batch.clone()
+    for names, magnitude in policy.params(keys, 0, 64, 64):
+        expected = torch.stack(
+            [
+                reference._apply_image_or_video_transform(img, name, float(m), policy.interpolation, {"others": None})
+                for img, name, m in zip(expected, names, magnitude)
+            ]
+        )
+    assert torch.equal(ours, expected)
+
+
+def test_policies_draw_every_op_and_both_signs_per_sample() -> None:
+    names, magnitude = TrivialAugmentWide().params(keys_of(4000), 0, 64, 64)[0]
+    assert set(names) == set(v2.TrivialAugmentWide._AUGMENTATION_SPACE)
+    rotations = magnitude[[i for i, n in enumerate(names) if n == "Rotate"]]
+    assert (rotations > 0).any() and (rotations < 0).any() and rotations.abs().max() <= 135
+    rounds = RandAugment(num_ops=2).params(keys_of(500), 0, 64, 64)
+    assert len(rounds) == 2 and rounds[0][0] != rounds[1][0]  # two independent draws per sample
+
+
+def test_a_samples_draw_depends_on_its_key_only() -> None:
+    keys = keys_of(64, epoch=2)
+    u = uniforms(5, keys, stream=1, count=4)
+    assert torch.equal(u[10:20], uniforms(5, keys[10:20], stream=1, count=4))  # not on its batch-mates
+    assert torch.equal(u[torch.randperm(64)].sort(0).values, u.sort(0).values)
+    assert not torch.equal(u, uniforms(5, keys_of(64, epoch=3), 1, 4))  # another epoch, other numbers
+    assert not torch.equal(u, uniforms(6, keys, 1, 4)) and not torch.equal(u, uniforms(5, keys, 2, 4))
+    many = uniforms(0, keys_of(20000), 0, 2)
+    assert abs(float(many.mean()) - 0.5) < 0.01 and abs(float(torch.corrcoef(many.T)[0, 1])) < 0.03
+    assert sample_seed(0, (1, 2, 0)) != sample_seed(0, (1, 2, 1)) and sample_seed(0, (1, 2)) < 2**63
+
+
+def test_random_erasing_draws_a_fitting_box_per_sample_or_none(batch: torch.Tensor) -> None:
+    keys = keys_of(2000)
+    boxes = RandomErasing(p=0.5).boxes(keys, 0, 64, 64)
+    erased = boxes[:, 2] > 0
+    assert 0.4 < float(erased.float().mean()) < 0.6
+    top, left, h, w = boxes[erased].unbind(1)
+    assert bool(((top + h <= 64) & (left + w <= 64) & (h < 64) & (w < 64)).all())
+    area = (h * w).double() / 64**2
+    assert 0.015 < float(area.min()) and float(area.max()) < 0.36
+    assert not bool((RandomErasing(p=0.0).boxes(keys, 0, 64, 64)[:, 2] > 0).any())
+    images = batch.float()
+    out = RandomErasing(p=1.0, value=0.0)(images, keys_of(len(images)), 0)
+    assert bool((out == 0).flatten(1).any(1).all())  # every sample lost a box
+
+
+def test_torchvisions_objects_become_their_per_sample_twins() -> None:
+    twin = to_batched(v2.TrivialAugmentWide(num_magnitude_bins=15, interpolation=v2.InterpolationMode.BILINEAR))
+    assert isinstance(twin, TrivialAugmentWide) and twin.num_magnitude_bins == 15 and twin.interpolation == "bilinear"
+    twin = to_batched(v2.RandAugment(num_ops=3, magnitude=5))
+    assert isinstance(twin, RandAugment) and (twin.num_ops, twin.magnitude) == (3, 5)
+    twin = to_batched(v2.RandomErasing(p=0.1, value=0))
+    assert isinstance(twin, RandomErasing) and twin.p == 0.1
+    with pytest.raises(ValueError, match="value='random'"):
+        to_batched(v2.RandomErasing(value="random"))
+    mixup = v2.MixUp(alpha=0.2)
+    assert to_batched(mixup) is mixup
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_repeated_augmentation_deals_each_sample_repeats_times_to_consecutive_ranks(world: int) -> None:
+    samplers = [EpochSampler(30, num_replicas=world, rank=r, seed=1, repeats=3) for r in range(world)]
+    shares = [list(s) for s in samplers]
+    assert all(len(share) == -(-30 // world) for share in shares)  # an epoch keeps its length
+    assert all(len(key) == 3 for share in shares for key in share)
+    interleaved = [k for pos in zip(*shares) for k in pos]  # rank order, as torchvision deals them
+    assert interleaved[:3] == [(0, interleaved[0][1], r) for r in range(3)]  # one sample's repeats side by side
+    assert len({(i, r) for _, i, r in interleaved}) == len(interleaved)  # no (sample, repeat) twice
+
+
+def test_repeated_augmentation_resumes_mid_epoch() -> None:
+    sampler = EpochSampler(40, seed=2, repeats=4)
+    sampler.set_epoch(1)
+    whole = list(sampler)
+    it = iter(sampler)
+    head = [next(it) for _ in range(13)]
+    state = sampler.state_dict()
+    resumed = EpochSampler(40, seed=2, repeats=4)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == whole
+    with pytest.raises(ValueError, match="repeats=4"):
+        EpochSampler(40, seed=2).load_state_dict(state)
