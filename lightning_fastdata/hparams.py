@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +34,11 @@ def save_init_hparams(obj: HyperparametersMixin) -> None:
     frame = inspect.currentframe()
     try:
         caller = frame.f_back if frame is not None else None
-        obj.save_hyperparameters(frame=caller)
+        with warnings.catch_warnings():
+            # Lightning's advice to ignore nn.Module arguments ("already saved during checkpointing") is for a
+            # LightningModule's submodules; a transform object given to a DataModule is not, and is saved as text
+            warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module` and is already saved")
+            obj.save_hyperparameters(frame=caller)
         cleaned = {k: _plain(v) for k, v in obj.hparams.items()}
         options = cleaned.get("storage_options")
         if isinstance(options, dict):

@@ -11,7 +11,7 @@ from torchvision.io import decode_jpeg, read_file
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from lightning_fastdata.augment import RandAugment, RandomErasing, TrivialAugmentWide
+from lightning_fastdata.augment import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide
 from lightning_fastdata.loading.augment import ops
 from lightning_fastdata.loading.augment.keyed import sample_seed, uniforms
 from lightning_fastdata.loading.augment.policies import to_batched
@@ -175,3 +175,27 @@ def test_repeated_augmentation_resumes_mid_epoch() -> None:
     assert head + list(resumed) == whole
     with pytest.raises(ValueError, match="repeats=4"):
         EpochSampler(40, seed=2).load_state_dict(state)
+
+
+def test_hue_equals_torchvision(batch: torch.Tensor) -> None:
+    shift = torch.linspace(-0.5, 0.5, len(batch))
+    assert torch.equal(ops.adjust_hue(batch, shift), each(F.adjust_hue, batch, shift.tolist()))
+
+
+def test_color_jitter_applies_each_samples_order_and_factors_as_torchvision(batch: torch.Tensor) -> None:
+    jitter = to_batched(v2.ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1))
+    assert isinstance(jitter, ColorJitter)
+    keys = keys_of(len(batch), epoch=1)
+    order, factors = jitter.params(keys, 0)
+    assert len({tuple(o) for o in order.tolist()}) > 1  # not one order for the whole batch
+    fns = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+    expected = []
+    for i, image in enumerate(batch):
+        for k in order[i].tolist():
+            image = fns[k](image, float(factors[k][i]))  # type: ignore[index]
+        expected.append(image)
+    assert torch.equal(jitter(batch, keys, 0), torch.stack(expected))
+    b = factors[0]
+    assert b is not None and 0.6 <= float(b.min()) and float(b.max()) <= 1.4
+    with pytest.raises(ValueError, match="hue values should be between"):
+        ColorJitter(hue=(-0.7, 0.2))

@@ -14,9 +14,14 @@ import torch
 from torch.nn.functional import conv2d, grid_sample
 from torchvision.transforms.v2 import functional as F
 
+# torchvision's own colour-space conversions (batch-generic already); pinned by the hue test in
+# tests/loading/test_augment.py, which compares adjust_hue with torchvision's public F.adjust_hue
+from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
+
 __all__ = [
     "adjust_brightness",
     "adjust_contrast",
+    "adjust_hue",
     "adjust_saturation",
     "adjust_sharpness",
     "affine",
@@ -62,6 +67,14 @@ def adjust_contrast(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """``F.adjust_contrast`` with a factor per sample (blend with each sample's mean grey level)."""
     mean = torch.mean(_gray(images), dim=(-3, -2, -1), keepdim=True)
     return _blend(images, mean, factor)
+
+
+def adjust_hue(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``F.adjust_hue`` with a hue shift (-0.5 to 0.5) per sample."""
+    hsv = _rgb_to_hsv(F.to_dtype(images, torch.float32, scale=True))
+    h, s, v = hsv.unbind(dim=-3)
+    h.add_(factor.to(images.device, torch.float64).to(torch.float32).view(-1, 1, 1)).remainder_(1.0)
+    return F.to_dtype(_hsv_to_rgb(torch.stack((h, s, v), dim=-3)), torch.uint8, scale=True)
 
 
 def adjust_sharpness(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -190,16 +203,16 @@ def _warp(images: torch.Tensor, theta: torch.Tensor, fill: float | None, mode: s
     return out.round_().to(torch.uint8)
 
 
-def erase(images: torch.Tensor, boxes: torch.Tensor, value: float = 0.0) -> torch.Tensor:
+def erase(images: torch.Tensor, boxes: torch.Tensor, value: float = 0.0, inplace: bool = False) -> torch.Tensor:
     """``F.erase``: set ``boxes`` (``N x 4`` ``(top, left, height, width)``; height 0: nothing) to ``value``."""
-    n, _, h, w = images.shape
-    b = boxes.to(device=images.device, dtype=torch.int64)
-    rows = torch.arange(h, device=images.device).view(1, h)
-    cols = torch.arange(w, device=images.device).view(1, w)
-    inside_r = (rows >= b[:, 0:1]) & (rows < b[:, 0:1] + b[:, 2:3])
-    inside_c = (cols >= b[:, 1:2]) & (cols < b[:, 1:2] + b[:, 3:4])
-    mask = (inside_r.view(n, 1, h, 1) & inside_c.view(n, 1, 1, w)).expand_as(images)
-    return images.masked_fill(mask, value)
+    b = boxes.to(device="cpu", dtype=torch.int64)
+    out = images if inplace else images.clone()
+    # one slice per erased box: the work is the erased area, not the batch (a mask over the whole batch cost 0.6 ms
+    # per image on a CPU); only a few samples have a box (p=0.1 in torchvision's recipe)
+    for i in torch.nonzero(b[:, 2] > 0).flatten().tolist():
+        top, left, h, w = b[i].tolist()
+        out[i, :, top : top + h, left : left + w] = value
+    return out
 
 
 def shear_degrees(magnitude: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.augment import ops
 from lightning_fastdata.loading.augment.keyed import uniforms
 
-__all__ = ["KeyedTransform", "RandAugment", "RandomErasing", "TrivialAugmentWide", "to_batched"]
+__all__ = ["ColorJitter", "KeyedTransform", "RandAugment", "RandomErasing", "TrivialAugmentWide", "to_batched"]
 
 
 class KeyedTransform(nn.Module):
@@ -202,6 +202,78 @@ class RandAugment(_Policy):
         self.num_ops, self.magnitude, self.num_magnitude_bins = num_ops, magnitude, num_magnitude_bins
 
 
+def _jitter_range(
+    value: float | tuple[float, float] | None, name: str, center: float, bound: float
+) -> tuple[float, float] | None:
+    """Torchvision's ``ColorJitter._check_input``: a number ``v`` means ``[center - v, center + v]``."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise InvalidValueError(f"If {name} is a single number, it must be non negative, got {value!r}.")
+        low, high = center - float(value), center + float(value)
+        if name != "hue":
+            low = max(low, 0.0)
+    else:
+        low, high = float(value[0]), float(value[1])
+    if not (-bound if name == "hue" else 0.0) <= low <= high <= (bound if name == "hue" else math.inf):
+        raise InvalidValueError(
+            f"{name} values should be between {(-bound, bound) if name == 'hue' else '0 and inf'}, got {value!r}."
+        )
+    return None if low == high == center else (low, high)
+
+
+class ColorJitter(KeyedTransform):
+    """torchvision's ``ColorJitter`` with its own order of the four adjustments and its own factors per sample.
+
+    Args:
+        brightness: How much to jitter brightness: a number ``b`` (factor in ``[max(0, 1 - b), 1 + b]``) or a range.
+        contrast: The same for contrast.
+        saturation: The same for saturation.
+        hue: A number ``h`` in ``[0, 0.5]`` (shift in ``[-h, h]``) or a range within ``[-0.5, 0.5]``.
+    """
+
+    stream = 0x7A4
+
+    def __init__(
+        self,
+        brightness: float | tuple[float, float] | None = None,
+        contrast: float | tuple[float, float] | None = None,
+        saturation: float | tuple[float, float] | None = None,
+        hue: float | tuple[float, float] | None = None,
+    ) -> None:
+        super().__init__()
+        self.brightness = _jitter_range(brightness, "brightness", 1.0, 0.0)
+        self.contrast = _jitter_range(contrast, "contrast", 1.0, 0.0)
+        self.saturation = _jitter_range(saturation, "saturation", 1.0, 0.0)
+        self.hue = _jitter_range(hue, "hue", 0.0, 0.5)
+
+    def params(self, keys: torch.Tensor, seed: int) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """Each sample's order of the four adjustments (``N x 4``) and their factors (``None``: not jittered)."""
+        u = uniforms(seed, keys.cpu(), self.stream, 8)
+        order = torch.argsort(u[:, :4], dim=1)  # a uniformly random permutation per sample
+        factors: list[torch.Tensor | None] = []
+        for k, span in enumerate((self.brightness, self.contrast, self.saturation, self.hue)):
+            factors.append(None if span is None else span[0] + (span[1] - span[0]) * u[:, 4 + k])
+        return order, factors
+
+    def forward(self, images: torch.Tensor, keys: torch.Tensor, seed: int) -> torch.Tensor:
+        """Apply each sample's adjustments in its order."""
+        if images.dtype != torch.uint8:
+            raise InvalidValueError(f"ColorJitter runs on uint8 batches (device_transforms), got {images.dtype}.")
+        order, factors = self.params(keys, seed)
+        fns = (ops.adjust_brightness, ops.adjust_contrast, ops.adjust_saturation, ops.adjust_hue)
+        for position in range(4):
+            out = images.clone()
+            for k, (fn, factor) in enumerate(zip(fns, factors)):
+                rows = torch.nonzero(order[:, position] == k).flatten()
+                if factor is not None and len(rows):
+                    idx = rows.to(images.device)
+                    out[idx] = fn(images[idx], factor[rows])
+            images = out
+        return images
+
+
 class RandomErasing(KeyedTransform):
     """torchvision's ``RandomErasing``, one box (or none) drawn per sample; on normalised float or uint8 batches.
 
@@ -213,6 +285,7 @@ class RandomErasing(KeyedTransform):
         scale: Area range of the box, as a fraction of the image.
         ratio: Aspect-ratio range of the box.
         value: Fill value (0: the mean colour after normalisation, as torchvision's recipe applies it).
+        inplace: Erase in the given batch instead of a copy (as torchvision's ``inplace``).
     """
 
     stream = 0x7A3
@@ -224,6 +297,7 @@ class RandomErasing(KeyedTransform):
         scale: tuple[float, float] = (0.02, 0.33),
         ratio: tuple[float, float] = (0.3, 3.3),
         value: float = 0.0,
+        inplace: bool = False,
     ) -> None:
         super().__init__()
         if not 0 <= p <= 1:
@@ -237,6 +311,7 @@ class RandomErasing(KeyedTransform):
                 f"value should be one number on the device ('random' is not supported), got {value!r}."
             )
         self.p, self.scale, self.ratio, self.value = float(p), tuple(scale), tuple(ratio), float(value)
+        self.inplace = bool(inplace)
 
     def boxes(self, keys: torch.Tensor, seed: int, height: int, width: int) -> torch.Tensor:
         """Each sample's ``(top, left, height, width)``; height 0 where nothing is erased. CPU int64 ``N x 4``."""
@@ -260,7 +335,7 @@ class RandomErasing(KeyedTransform):
 
     def forward(self, images: torch.Tensor, keys: torch.Tensor, seed: int) -> torch.Tensor:
         """Erase each sample's box."""
-        return ops.erase(images, self.boxes(keys, seed, *images.shape[-2:]), self.value)
+        return ops.erase(images, self.boxes(keys, seed, *images.shape[-2:]), self.value, self.inplace)
 
 
 def to_batched(transform: Any) -> Any:
@@ -279,6 +354,9 @@ def to_batched(transform: Any) -> Any:
             transform.interpolation,
             transform.fill,
         )
+    if isinstance(transform, v2.ColorJitter):
+        t = transform
+        return ColorJitter(t.brightness, t.contrast, t.saturation, t.hue)
     if isinstance(transform, v2.RandomErasing):
         value = transform.value
         if value is None or isinstance(value, str):
@@ -286,5 +364,6 @@ def to_batched(transform: Any) -> Any:
         values = value if isinstance(value, (list, tuple)) else [value]
         if len(set(values)) > 1:
             raise InvalidValueError(f"RandomErasing's value should be one number on the device, got {value!r}.")
-        return RandomErasing(transform.p, tuple(transform.scale), tuple(transform.ratio), float(values[0]))
+        t = transform
+        return RandomErasing(t.p, tuple(t.scale), tuple(t.ratio), float(values[0]), bool(t.inplace))
     return transform
