@@ -29,6 +29,10 @@ Suite ``cache`` (:mod:`lightning_fastdata.bench.cache`): the torchvision baselin
 augmentation in the workers and on the device (loader only: on a CPU-only machine the device crop is not
 timed), the one-core memcpy ceiling, and the cache build time per 1,000 images.
 
+Suite ``recipe`` (:mod:`lightning_fastdata.bench.recipe`): a training recipe (``--recipe CONFIG``; default torchvision's
+classification reference recipe) through torchvision's reference loader of it and through ours, with the policy in
+the workers and on the device, and the device ops' cost per batch on this CPU.
+
 Suite ``callback`` (:mod:`lightning_fastdata.bench.callback`): the step time of the same CPU training run with and
 without ``FastDataCallback`` (fast in-memory data, so any overhead of the callback shows).
 """
@@ -109,12 +113,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--suites",
         nargs="+",
-        choices=["folder", "hdf5", "cache", "callback", "scale", "s3"],
-        default=["folder", "hdf5", "cache", "callback"],
-        help="scale (not run by default: builds a 1.28M-file tree of hard links, ~5 min): index, worker memory, "
+        choices=["folder", "hdf5", "cache", "callback", "recipe", "scale", "s3"],
+        default=["folder", "hdf5", "cache", "callback", "recipe"],
+        help="recipe: a training recipe (--recipe) through torchvision's reference loader and ours, at the largest "
+        "--workers; "
+        + "scale (not run by default: builds a 1.28M-file tree of hard links, ~5 min): index, worker memory, "
         "cold reads; s3 (not run by default, ~8 min): the folder module on a local S3 server, direct and with "
         "--s3-delay-ms per request, vs the local folder, a per-item get_object loader and LitData (python -m "
         "lightning_fastdata.bench.s3 --help: its own data, 2 workers, batch 128)",
+    )
+    parser.add_argument(
+        "--recipe",
+        default="recipe_torchvision",
+        help="recipe suite: a LightningCLI config (file or shipped name) whose data arguments are the recipe "
+        "(train_transforms, device_transforms, batch_transforms, image_size, ...); default: torchvision's reference",
     )
     parser.add_argument("--s3-delay-ms", type=float, default=20.0, help="s3 suite: latency added per request")
     parser.add_argument(
@@ -220,6 +232,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 f"runs {min(runs):.1f}-{max(runs):.1f} ms)"
             )
         result["suites"]["snapshot"] = snap
+    if "recipe" in args.suites:
+        from lightning_fastdata.bench.recipe import load_recipe, recipe_suite
+
+        recipe, written = load_recipe(args.recipe)
+        workers = max(args.workers)
+        print(f"\nSuite recipe: {args.recipe} ({', '.join(f'{k}={v!r}' for k, v in written.items())})\n")
+        out = recipe_suite(args.root, recipe, args.batch_size, workers, args.repeats, args.min_seconds, ceiling["PIL"])
+        print_table(out["rows"])
+        result["suites"]["recipe"] = {**out, "recipe": args.recipe}
     if "scale" in args.suites:
         result["suites"]["scale"] = scale_suite(args)
     if "s3" in args.suites:

@@ -29,6 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample", type=int, default=256, help="files sampled")
     p.add_argument("--scratch-dir", default=None, help="where to build the sample's caches (default: TMPDIR)")
     p.add_argument("--write-config", default=None, help="write a LightningCLI YAML with the recommendation")
+    p.add_argument(
+        "--recipe",
+        default=None,
+        help="a LightningCLI config (file or shipped name, e.g. recipe_torchvision) whose data arguments are your "
+        "training recipe (train_transforms, device_transforms, batch_transforms, ...): every option is timed with "
+        "it, against torchvision's reference loader of it, and --write-config keeps it",
+    )
 
 
 def run(args: argparse.Namespace) -> DoctorReport:
@@ -55,6 +62,7 @@ def run(args: argparse.Namespace) -> DoctorReport:
         args.step_ms,
         args.sample,
         args.scratch_dir,
+        recipe=args.recipe,
     )
     if args.write_config:
         write_config(report, args.write_config)

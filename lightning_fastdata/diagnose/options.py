@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_fastdata.bench.recipe import reference_loader
 from lightning_fastdata.datamodules.cache import TensorCacheDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
@@ -99,12 +100,19 @@ def _sample_folder(sample: FolderSample, scratch: Path) -> Path:
     return root
 
 
-def _finish_configs(options: list[PreparedOption], files: int, image_size: int, batch_size: int) -> None:
+#: A recipe's DataModule arguments: ``(as objects, as written in its config)``; empty: RandomResizedCrop + flip.
+Recipe = tuple[dict[str, Any], dict[str, Any]]
+_NO_RECIPE: Recipe = ({}, {})
+
+
+def _finish_configs(
+    options: list[PreparedOption], files: int, image_size: int, batch_size: int, recipe: Recipe = _NO_RECIPE
+) -> None:
     for option in options:
         if not option.config:
             continue
         init = option.config["init_args"]
-        init.update(image_size=image_size, batch_size=batch_size, num_workers="auto")
+        init.update(image_size=image_size, batch_size=batch_size, num_workers="auto", **recipe[1])
         if (files >= INDEX_DIR_FILES or is_url(init.get("root", ""))) and "root" in init:
             init["index_dir"] = "cache/index"  # every rank lists the folder (bucket) in setup(): once per node
             if option.key.startswith("cache-"):
@@ -119,12 +127,16 @@ def folder_options(
     processes: int,
     batch_size: int,
     image_size: int,
+    recipe: Recipe = _NO_RECIPE,
 ) -> list[PreparedOption]:
-    """Build every option of an image folder for the sample (sets ``probe.memcpy_ceiling_1core``); simplest first."""
+    """Build every option of an image folder for the sample (sets ``probe.memcpy_ceiling_1core``); simplest first.
+
+    With a ``recipe``, every option trains with it, and the baseline is torchvision's reference loader of it.
+    """
     sample_root = str(_sample_folder(sample, scratch))
     good = len(sample.paths)
     batch = max(1, min(batch_size, good // 4))
-    kw: dict[str, Any] = dict(image_size=image_size, batch_size=batch, val_fraction=0.0)
+    kw: dict[str, Any] = dict(image_size=image_size, batch_size=batch, val_fraction=0.0, **recipe[0])
     side = max(image_size, round(image_size * 256 / 224))  # what a 224 crop of a 256 resize keeps
     in_bucket = is_url(root)
     name = root.rstrip("/").rsplit("/", 1)[-1] if in_bucket else os.path.basename(os.path.abspath(root))
@@ -132,9 +144,13 @@ def folder_options(
     options = [
         PreparedOption(
             BASELINE,
-            "torchvision ImageFolder (baseline)",
+            "torchvision reference loader of the recipe (baseline)"
+            if recipe[0]
+            else "torchvision ImageFolder (baseline)",
             0,
-            lambda w: baseline_loader(sample_root, image_size, batch, w),
+            (lambda w: reference_loader(sample_root, {**recipe[0], "image_size": image_size}, batch, w))
+            if recipe[0]
+            else (lambda w: baseline_loader(sample_root, image_size, batch, w)),
             probe.mean_kb,
             0.0,
             {},
@@ -230,22 +246,24 @@ def folder_options(
                 prepare=f"fastdata convert hdf5 --src {src} --dst cache/{file} {flags}",
             )
         )
-    _finish_configs(options, probe.files, image_size, batch_size)
+    _finish_configs(options, probe.files, image_size, batch_size, recipe)
     return options
 
 
-def hdf5_options(path: str, layout: HDF5Layout, batch_size: int, image_size: int) -> list[PreparedOption]:
-    """The one option of an HDF5 file: read it as it is."""
+def hdf5_options(
+    path: str, layout: HDF5Layout, batch_size: int, image_size: int, recipe: Recipe = _NO_RECIPE
+) -> list[PreparedOption]:
+    """The one option of an HDF5 file: read it as it is (with the ``recipe``, if any)."""
     n = len(layout.labels)
     batch = min(batch_size, max(1, n // 4))
     option = PreparedOption(
         "hdf5",
         f"HDF5DataModule ({layout.kind})",
         0,
-        functools.partial(_held, HDF5DataModule, path, {"image_size": image_size, "batch_size": batch}),
+        functools.partial(_held, HDF5DataModule, path, {"image_size": image_size, "batch_size": batch, **recipe[0]}),
         os.path.getsize(path) / n / 1e3,
         0.0,
         {"class_path": "lightning_fastdata.HDF5DataModule", "init_args": {"path": os.path.abspath(path)}},
     )
-    _finish_configs([option], n, image_size, batch_size)
+    _finish_configs([option], n, image_size, batch_size, recipe)
     return [option]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from lightning_fastdata.bench.recipe import load_recipe
 from lightning_fastdata.diagnose.bucket import probe_bucket
 from lightning_fastdata.diagnose.options import BASELINE, folder_options, hdf5_options
 from lightning_fastdata.diagnose.probe import permission_error, probe_folder, probe_hdf5
@@ -59,6 +60,7 @@ def doctor(
     sample: int = 256,
     scratch_dir: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    recipe: str | None = None,
 ) -> DoctorReport:
     """Measure ``path`` (an image folder, a bucket URL of one, or an HDF5 file) and recommend a DataModule.
 
@@ -77,6 +79,10 @@ def doctor(
             sample fetched into the scratch directory and every option timed from that copy; streaming from the
             bucket is capped at the node's estimated fetch rate, see :mod:`lightning_fastdata.diagnose.bucket`),
             or an HDF5 file.
+        recipe: A LightningCLI config (a file, or a shipped config's name such as ``recipe_torchvision``) whose data
+            arguments are your training recipe (``train_transforms``, ``device_transforms``, ``batch_transforms``,
+            ``repeated_augmentations``, ...): every option is timed with it, the baseline is torchvision's reference
+            loader of it, and the written config carries it. ``None``: RandomResizedCrop + flip.
         devices: Training processes per node (each rank gets ``usable CPUs / devices`` CPUs, and the timed runs
             are pinned to that many).
         batch_size: Batch size per rank.
@@ -111,19 +117,27 @@ def doctor(
     workers = resolve_num_workers("auto", devices, cpus)  # what each rank gets in training
     ram = _ram_gb()
     budget = Budget(seconds)
+    made, written = load_recipe(recipe) if recipe is not None else ({}, {})
+    made.pop("image_size", None)  # the crop measured is image_size's
+    written.pop("image_size", None)
+    recipe_kw = (made, written)
     with _scratch(scratch_dir) as scratch:
         try:
             if is_url(path):
                 probe, sample_files = probe_bucket(
                     path, storage_options, image_size, sample, scratch, workers * devices
                 )
-                prepared = folder_options(path, probe, sample_files, scratch, cpus.usable, batch_size, image_size)
+                prepared = folder_options(
+                    path, probe, sample_files, scratch, cpus.usable, batch_size, image_size, recipe_kw
+                )
             elif os.path.isdir(path):
                 probe, sample_files = probe_folder(path, image_size, sample)
-                prepared = folder_options(path, probe, sample_files, scratch, cpus.usable, batch_size, image_size)
+                prepared = folder_options(
+                    path, probe, sample_files, scratch, cpus.usable, batch_size, image_size, recipe_kw
+                )
             else:
                 probe, layout = probe_hdf5(path, image_size, sample)
-                prepared = hdf5_options(path, layout, batch_size, image_size)
+                prepared = hdf5_options(path, layout, batch_size, image_size, recipe_kw)
         except PermissionError as err:
             raise permission_error(path, err) from err
         budget.deadline += probe.scan_s  # the listing comes on top of the budget

@@ -97,3 +97,52 @@ def test_bench_builds_its_files_in_scratch_and_leaves_nothing_beside_the_data(tm
     main(["--root", str(user), "--scratch", str(scratch), *small])
     assert sorted(p.name for p in user.parent.iterdir()) == beside
     assert {"mine-raw256.h5", "mine-encoded.h5", "mine-seed.h5", "mine-cache256"} <= {p.name for p in scratch.iterdir()}
+
+
+@pytest.mark.timeout(300)
+def test_bench_recipe_suite_times_the_reference_loader_and_ours_with_a_users_config(tmp_path: Path) -> None:
+    config = tmp_path / "mine.yaml"
+    config.write_text(
+        """
+data:
+  class_path: lightning_fastdata.ImageFolderDataModule
+  init_args:
+    root: data/train
+    image_size: 40
+    device_transforms:
+      - class_path: lightning_fastdata.augment.RandAugment
+        init_args: {num_ops: 2, magnitude: 9}
+    batch_transforms:
+      - class_path: lightning_fastdata.augment.RandomErasing
+        init_args: {p: 0.25}
+      - class_path: torchvision.transforms.v2.MixUp
+        init_args: {alpha: 0.2}
+"""
+    )
+    result = main(
+        [
+            "--root", str(tmp_path / "bench"), "--num-classes", "2", "--per-class", "16", "--suites", "recipe",
+            "--recipe", str(config), "--workers", "2", "--batch-size", "8", "--repeats", "1", "--min-seconds", "0",
+        ]
+    )  # fmt: skip
+    suite = result["suites"]["recipe"]
+    names = [r["loader"] for r in suite["rows"]]
+    assert names[0] == "torchvision reference loader" and len(names) == 5
+    assert all(r["images_per_s"] > 0 and r["num_workers"] == 2 for r in suite["rows"])
+    assert suite["device_ops_ms_per_batch_cpu"] > 0
+
+
+def test_a_recipe_is_read_from_a_config_as_objects() -> None:
+    from torchvision.transforms import v2
+
+    from lightning_fastdata.augment import TrivialAugmentWide
+    from lightning_fastdata.bench.recipe import load_recipe, reference_loader
+
+    recipe, written = load_recipe("recipe_torchvision")
+    assert recipe["image_size"] == 176 and recipe["repeated_augmentations"] == 4
+    assert isinstance(recipe["device_transforms"][0], TrivialAugmentWide)
+    assert isinstance(recipe["batch_transforms"][1], v2.RandomChoice)
+    assert written["device_transforms"][0]["class_path"] == "lightning_fastdata.augment.TrivialAugmentWide"
+    with pytest.raises(Exception, match="nope"):
+        load_recipe("nope")
+    assert callable(reference_loader)

@@ -353,3 +353,27 @@ def test_a_tie_within_the_noise_goes_to_the_option_with_fewer_steps() -> None:
     assert best is clearly and why.startswith("the fastest option")
     # with a step time: the fewest steps that keeps up (both do at 500 ms per step of 64)
     assert choose_option([clearly, cache], 1.0, 64.0, 500.0, 64, 500.0)[0] is cache
+
+
+@pytest.mark.timeout(600)
+def test_doctor_measures_with_the_users_recipe_and_writes_it_into_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clean = make_image_folder(tmp_path / "clean", num_classes=3, per_class=6, size=(64, 48))
+    config = tmp_path / "fast.yaml"
+    report = main(
+        [str(clean), "--seconds", "2", "--batch-size", "4", "--image-size", "32", "--sample", "12",
+         "--recipe", "recipe_torchvision", "--write-config", str(config)]
+    )  # fmt: skip
+    assert report.options[0].name == "torchvision reference loader of the recipe (baseline)"
+    assert all(o.images_per_s > 0 for o in report.options)
+    written = yaml.safe_load(config.read_text())["data"]["init_args"]
+    assert written["device_transforms"][0]["class_path"] == "lightning_fastdata.augment.TrivialAugmentWide"
+    assert written["repeated_augmentations"] == 4 and written["image_size"] == 32
+    monkeypatch.chdir(tmp_path)
+    cli = run_cli(
+        ["fit", "--config", str(config), "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu",
+         "--trainer.devices", "1", "--trainer.precision", "32-true", "--model.arch", "resnet18",
+         "--data.init_args.num_workers", "0"]
+    )  # fmt: skip
+    assert cli.trainer.state.finished and cli.datamodule.repeated_augmentations == 4

@@ -38,6 +38,10 @@ class KeyedTransform(nn.Module):
     #: A distinct stream of random numbers per policy (two policies in one pipeline draw independently).
     stream = 0
 
+    def to_torchvision(self) -> nn.Module:  # pragma: no cover
+        """Torchvision's per-image transform this one batches (what a torchvision loader of the recipe runs)."""
+        raise NotImplementedError
+
     def forward(self, images: torch.Tensor, keys: torch.Tensor, seed: int) -> torch.Tensor:  # pragma: no cover
         """Return the augmented ``images``."""
         raise NotImplementedError
@@ -170,6 +174,10 @@ class TrivialAugmentWide(_Policy):
             raise InvalidValueError(f"num_magnitude_bins should be at least 2, got {num_magnitude_bins!r}.")
         self.num_magnitude_bins = num_magnitude_bins
 
+    def to_torchvision(self) -> nn.Module:
+        """``v2.TrivialAugmentWide`` with the same arguments."""
+        return v2.TrivialAugmentWide(self.num_magnitude_bins, v2.InterpolationMode(self.interpolation), self.fill)
+
 
 class RandAugment(_Policy):
     """torchvision's ``RandAugment``: ``num_ops`` ops per sample, each drawn per sample, at bin ``magnitude``.
@@ -200,6 +208,11 @@ class RandAugment(_Policy):
                 f"magnitude={magnitude!r}, num_magnitude_bins={num_magnitude_bins!r}."
             )
         self.num_ops, self.magnitude, self.num_magnitude_bins = num_ops, magnitude, num_magnitude_bins
+
+    def to_torchvision(self) -> nn.Module:
+        """``v2.RandAugment`` with the same arguments."""
+        mode = v2.InterpolationMode(self.interpolation)
+        return v2.RandAugment(self.num_ops, int(self.magnitude or 0), self.num_magnitude_bins, mode, self.fill)
 
 
 def _jitter_range(
@@ -247,6 +260,10 @@ class ColorJitter(KeyedTransform):
         self.contrast = _jitter_range(contrast, "contrast", 1.0, 0.0)
         self.saturation = _jitter_range(saturation, "saturation", 1.0, 0.0)
         self.hue = _jitter_range(hue, "hue", 0.0, 0.5)
+
+    def to_torchvision(self) -> nn.Module:
+        """``v2.ColorJitter`` with the same ranges."""
+        return v2.ColorJitter(self.brightness, self.contrast, self.saturation, self.hue)
 
     def params(self, keys: torch.Tensor, seed: int) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """Each sample's order of the four adjustments (``N x 4``) and their factors (``None``: not jittered)."""
@@ -312,6 +329,10 @@ class RandomErasing(KeyedTransform):
             )
         self.p, self.scale, self.ratio, self.value = float(p), tuple(scale), tuple(ratio), float(value)
         self.inplace = bool(inplace)
+
+    def to_torchvision(self) -> nn.Module:
+        """``v2.RandomErasing`` with the same arguments."""
+        return v2.RandomErasing(self.p, self.scale, self.ratio, self.value, self.inplace)
 
     def boxes(self, keys: torch.Tensor, seed: int, height: int, width: int) -> torch.Tensor:
         """Each sample's ``(top, left, height, width)``; height 0 where nothing is erased. CPU int64 ``N x 4``."""
