@@ -2,7 +2,7 @@
 # The GPU check: the CUDA tests and the GPU benchmark (lightning_fastdata/bench/gpu.py), from a clean checkout.
 #
 #   bash scripts/gpu-check.sh stage     # where there is a network: wheels and the libjpeg-turbo .debs into .gpu-stage/
-#   bash scripts/gpu-check.sh [--parts tests,fed,mechanisms,correctness,decode,scale] [--out DIR] [--data DIR]
+#   bash scripts/gpu-check.sh [--parts tests,fed,mechanisms,correctness,decode,recipe,scale] [--out DIR] [--data DIR]
 #                             [--images N] [--quick] [-- BENCH-ARGS]
 #
 # The run mode needs no network. It installs what .gpu-stage/ holds (if present) into /tmp, builds the ROI JPEG
@@ -27,7 +27,7 @@ if [ "${1:-}" = stage ]; then
   exit 0
 fi
 
-PARTS=tests,fed,mechanisms,correctness,decode,scale
+PARTS=tests,fed,mechanisms,correctness,decode,recipe,scale
 OUT=""
 DATA=/tmp/fastdata-gpu
 IMAGES=20000

@@ -127,3 +127,44 @@ def test_cuda_sigkilled_run_with_prefetch_resumes_at_the_exact_sample(image_fold
     killed_steps = records(tmp_path / "killed")
     assert [r["step"] for r in full] == list(range(12)) and resumed[0]["step"] == 6
     assert killed_steps[:6] + resumed == full
+
+
+def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = (a.double() - b.double()).pow(2).mean().item()
+    return float("inf") if mse == 0 else 10 * __import__("math").log10(255**2 / mse)
+
+
+@pytest.mark.timeout(300)
+def test_device_policies_on_cuda_draw_what_the_cpu_draws_and_match_its_pixels(image_folder: Path) -> None:
+    """The same keys give the same ops and magnitudes on the GPU (integer hashing); the integer ops give the CPU's
+    (torchvision's) pixels exactly, the blends within one level, the warps within 35 dB PSNR."""
+    from torchvision.io import decode_jpeg, read_file
+    from torchvision.transforms.v2 import functional as F
+
+    from lightning_fastdata.augment import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide
+    from lightning_fastdata.loading.augment import ops
+    from lightning_fastdata.loading.augment.keyed import uniforms
+
+    files = sorted(image_folder.glob("*/*.jpg"))[:16]
+    batch = torch.stack([F.center_crop(decode_jpeg(read_file(str(p))), [64, 64]) for p in files])
+    gpu = batch.cuda()
+    keys = torch.stack([torch.ones(16, dtype=torch.long), torch.arange(16), torch.zeros(16, dtype=torch.long)], 1)
+    assert torch.equal(uniforms(0, keys, 3, 5), uniforms(0, keys.cuda(), 3, 5).cpu())
+    n = len(batch)
+    exact = {
+        "posterize": lambda x: ops.posterize(x, torch.arange(n) % 9),
+        "solarize": lambda x: ops.solarize(x, torch.linspace(0, 255, n)),
+        "autocontrast": ops.autocontrast,
+        "equalize": ops.equalize,
+        "erase": lambda x: ops.erase(x, torch.tensor([[1, 2, 10, 12]] * n), 0),
+    }
+    for name, fn in exact.items():
+        assert torch.equal(fn(gpu).cpu(), fn(batch)), name
+    factor = torch.linspace(0.05, 1.95, n)
+    for fn in (ops.adjust_brightness, ops.adjust_saturation, ops.adjust_contrast, ops.adjust_sharpness):
+        diff = (fn(gpu, factor).cpu().int() - fn(batch, factor).int()).abs()
+        assert int(diff.max()) <= 1, fn.__name__
+    for policy in (TrivialAugmentWide(), RandAugment(), ColorJitter(0.4, 0.4, 0.4, 0.1)):
+        assert _psnr(policy(gpu, keys.cuda(), 0).cpu(), policy(batch, keys, 0)) >= 35, type(policy).__name__
+    erased = RandomErasing(p=1.0)(gpu.float(), keys.cuda(), 0)
+    assert torch.equal(erased.cpu(), RandomErasing(p=1.0)(batch.float(), keys, 0))

@@ -20,6 +20,10 @@ Parts (each adds its key to the JSON file, so a long check can be split over sev
 - ``correctness``: batches through the side-stream prefetch compared bit for bit with the plain path.
 - ``decode``: nvJPEG batch decode (+ random-resized crop: per image, and batched in one ``roi_align``) on the GPU
   vs our CPU path with the same workers.
+- ``recipe``: torchvision's reference recipe (the shipped ``recipe_torchvision``: 176 px, TrivialAugmentWide on the
+  device, RandomErasing, MixUp/CutMix, repeated augmentation) through the folder module: the model's rate on
+  device-resident batches of that size, the fed rate and its ratio (``--steps``: ImageNet-length epochs need >= 500),
+  and the device augmentation's cost per batch (policy, normalise, erase, mix), CUDA-event timed.
 - ``scale``: our folder module vs the torchvision baseline at 1, 2, 4, 8, 15 workers, next to the decode ceiling,
   each timed in its steady state within one pass (ours counted on the GPU, normalised, where there is one).
 
@@ -78,7 +82,7 @@ from lightning_fastdata.measure import (
 
 __all__ = ["PARTS", "Settings", "main", "run_parts"]  # Settings lives in gpu_fit, with the fit it configures
 
-PARTS = ("fed", "mechanisms", "correctness", "decode", "scale")
+PARTS = ("fed", "mechanisms", "correctness", "decode", "recipe", "scale")
 
 
 def _common(s: Settings) -> dict[str, Any]:
@@ -130,6 +134,52 @@ def fed(s: Settings) -> list[dict[str, Any]]:
             f"within epochs {row['steady_img_s']} img/s"
         )
     return rows
+
+
+def recipe(s: Settings) -> dict[str, Any]:
+    """The reference recipe's fed ratio on this GPU and its device augmentation's cost per batch."""
+    from dataclasses import replace
+
+    from lightning_fastdata.bench.recipe import load_recipe
+
+    made, _ = load_recipe("recipe_torchvision")
+    r = replace(s, image_size=min(s.image_size, int(made.pop("image_size"))))  # 176, or --quick's size
+    num_classes = len(BaselineData(r).classes)
+    synthetic = fit(r, SyntheticData(r, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
+    dm = ImageFolderDataModule(r.root, **_common(r), **made)
+    row = fit(r, dm, FastDataCallback(print_summary=False))
+    # the device half alone: batches as they leave the loader, on the device, through on_after_batch_transfer
+    device = torch.device("cuda" if cuda_available() else "cpu")
+    dm.setup("fit")
+    batches = [tuple(t.to(device) for t in b) for _, b in zip(range(12), dm.train_dataloader())]
+    times = []
+    for batch in batches:
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dm.on_after_batch_transfer(batch, 0)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            began = time.perf_counter()
+            dm.on_after_batch_transfer(batch, 0)
+            times.append(1000 * (time.perf_counter() - began))
+    ms = sorted(times[2:])[len(times[2:]) // 2]  # the median after two warm-up batches
+    out = {
+        "image_size": r.image_size,
+        "synthetic_img_s": synthetic,
+        **row,
+        "fed_ratio": row["img_s"] / synthetic,
+        "device_augment_ms_per_batch": ms,
+        "device_augment_device": device.type,
+        "batch_size": r.batch_size,
+    }
+    print(
+        f"gpu-check recipe: {row['img_s']:.0f} img/s fed, {synthetic:.0f} device-resident ({out['fed_ratio']:.2f}); "
+        f"device augmentation {ms:.2f} ms per batch of {r.batch_size} on the {device.type}"
+    )
+    return out
 
 
 def mechanisms(s: Settings) -> list[dict[str, Any]]:
@@ -322,7 +372,14 @@ def run_parts(s: Settings, parts: list[str], json_path: str | None) -> dict[str,
     result: dict[str, Any] = {}
     if json_path and Path(json_path).exists():
         result = json.loads(Path(json_path).read_text())
-    jobs = {"fed": fed, "mechanisms": mechanisms, "correctness": correctness, "decode": decode, "scale": scale}
+    jobs = {
+        "fed": fed,
+        "mechanisms": mechanisms,
+        "correctness": correctness,
+        "decode": decode,
+        "recipe": recipe,
+        "scale": scale,
+    }
     for part in parts:
         started = time.perf_counter()
         result.update(_header(s))

@@ -25,7 +25,8 @@ def test_gpu_check_script_runs_every_part_without_a_gpu(tmp_path: Path) -> None:
     assert "skipped" in (results / "cuda-tests.txt").read_text()  # the CUDA tests were collected, then skipped
     report = json.loads((results / "gpu.json").read_text())
     assert report["device"] == "cpu" and report["settings"]["arch"] == "resnet18"
-    assert set(report["seconds"]) == {"fed", "mechanisms", "correctness", "decode", "scale"}
+    assert set(report["seconds"]) == {"fed", "mechanisms", "correctness", "decode", "recipe", "scale"}
+    assert report["recipe"]["fed_ratio"] > 0 and report["recipe"]["device_augment_ms_per_batch"] > 0
     loaders = [row["loader"] for row in report["fed"]]
     assert loaders[:3] == ["synthetic (device-resident)", "torchvision ImageFolder (baseline)", "ImageFolderDataModule"]
     assert len(loaders) == 7 and loaders[-1] == "ImageFolderDataModule, 2 workers"  # the argument after --
@@ -56,3 +57,17 @@ def test_the_gpu_checks_fit_and_correctness_parts_on_a_cpu(image_folder: Path, t
     checked = gpu.correctness(s)
     assert checked["device"] == "cpu"
     assert all(v == {"batches": 3, "bit_identical": True} for k, v in checked.items() if k != "device")
+
+
+@pytest.mark.timeout(300)
+def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path) -> None:
+    """The recipe part: the reference recipe's fed ratio and its device augmentation's cost per batch."""
+    from lightning_fastdata.bench import gpu
+    from lightning_fastdata.bench.gpu_fit import Settings
+
+    s = Settings(str(image_folder), str(tmp_path), str(image_folder), arch="resnet18", image_size=32, batch_size=4)
+    s = Settings(**{**s.__dict__, "workers": 0, "steps": 2, "epochs": 2})
+    out = gpu.recipe(s)
+    assert out["image_size"] == 32 and out["device_augment_device"] == "cpu"
+    assert out["img_s"] > 0 and out["synthetic_img_s"] > 0 and out["device_augment_ms_per_batch"] > 0
+    assert out["fed_ratio"] == pytest.approx(out["img_s"] / out["synthetic_img_s"])
