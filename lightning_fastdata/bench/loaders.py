@@ -238,7 +238,18 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         recipe, written = load_recipe(args.recipe)
         workers = max(args.workers)
         print(f"\nSuite recipe: {args.recipe} ({', '.join(f'{k}={v!r}' for k, v in written.items())})\n")
-        out = recipe_suite(args.root, recipe, args.batch_size, workers, args.repeats, args.min_seconds, ceiling["PIL"])
+        index_dir = os.path.join(args.scratch, "entropy-index")
+        out = recipe_suite(
+            args.root,
+            recipe,
+            args.batch_size,
+            workers,
+            args.repeats,
+            args.min_seconds,
+            ceiling["PIL"],
+            print,
+            index_dir,
+        )
         print_table(out["rows"])
         result["suites"]["recipe"] = {**out, "recipe": args.recipe}
     if "scale" in args.suites:

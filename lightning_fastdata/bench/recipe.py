@@ -15,6 +15,8 @@ TrivialAugmentWide, RandomErasing 0.1, MixUp 0.2 or CutMix 1.0 per batch). Rows,
 - ``ours, policy on the device (loader only)``: the recipe as configured: the loader hands out uint8 crops and
   their keys; what the device then does is timed apart (ms per batch, here on this CPU with one thread; on a GPU by
   ``scripts/gpu-check.sh`` when one is lent);
+- ``ours, policy on the device, entropy_index=True (loader only)``: the same with each crop entropy-decoded alone
+  from the entropy index (built in the bench's scratch folder before timing; where the compiled decoder is);
 - ``ours, RandomResizedCrop + flip only``: no recipe (normalised on this CPU), for reference;
 - the ceiling: one core's full JPEG decode (PIL), times the workers.
 
@@ -40,6 +42,7 @@ from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.errors import UsageError
 from lightning_fastdata.loading.augment.batch import as_transform_list
 from lightning_fastdata.loading.augment.policies import KeyedTransform
+from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.measure import Candidate, count_images, count_normalised, measure, rows_for
 
 __all__ = ["RECIPE_ARGS", "load_recipe", "recipe_suite"]
@@ -122,8 +125,13 @@ def reference_loader(root: str, recipe: dict[str, Any], batch_size: int, workers
     )
 
 
-def ours(root: str, recipe: dict[str, Any], batch_size: int, workers: int, where: str) -> ImageFolderDataModule:
-    """Our DataModule with the recipe: ``where`` the policies run (``"device"``, ``"workers"``, ``"none"``)."""
+def ours(
+    root: str, recipe: dict[str, Any], batch_size: int, workers: int, where: str, **extra: Any
+) -> ImageFolderDataModule:
+    """Our DataModule with the recipe: ``where`` the policies run (``"device"``, ``"workers"``, ``"none"``).
+
+    ``extra``: more DataModule arguments (``index_dir`` and ``entropy_index``: its index is built before timing).
+    """
     kw = dict(recipe)
     if where == "workers":  # the device policies run per sample in the workers, after the user's own
         device = as_transform_list(kw.pop("device_transforms", None), "device_transforms")
@@ -133,8 +141,15 @@ def ours(root: str, recipe: dict[str, Any], batch_size: int, workers: int, where
     elif where == "none":
         kw = {"image_size": kw.get("image_size", 224)}
     dm = ImageFolderDataModule(
-        root, batch_size=batch_size, num_workers=workers, val_fraction=0.0, persistent_workers=workers > 0, **kw
+        root,
+        batch_size=batch_size,
+        num_workers=workers,
+        val_fraction=0.0,
+        persistent_workers=workers > 0,
+        **kw,
+        **extra,
     )
+    dm.prepare_data()
     dm.setup("fit")
     return dm
 
@@ -164,8 +179,13 @@ def recipe_suite(
     min_seconds: float,
     ceiling: float,
     log: Callable[[str], None] = print,
+    entropy_index_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Time the rows (see the module docstring); return ``{"rows": [...], "device_ops_ms_per_batch_cpu": ...}``."""
+    """Time the rows (see the module docstring); return ``{"rows": [...], "device_ops_ms_per_batch_cpu": ...}``.
+
+    With ``entropy_index_dir`` (where the compiled decoder is installed), one more row: the device recipe with
+    ``entropy_index=True``, its index built there before timing.
+    """
     b, w = batch_size, workers
     in_workers, on_device, plain = (ours(root, recipe, b, w, where) for where in ("workers", "device", "none"))
     candidates: list[Candidate] = [
@@ -179,6 +199,11 @@ def recipe_suite(
         ("ours, policy on the device (loader only)", on_device.train_dataloader, count_images),
         ("ours, RandomResizedCrop + flip only", plain.train_dataloader, count_normalised(plain)),
     ]
+    if entropy_index_dir is not None and entropy_index_available():
+        indexed = ours(root, recipe, b, w, "device", index_dir=entropy_index_dir, entropy_index=True)
+        candidates.insert(
+            4, ("ours, policy on the device, entropy_index=True (loader only)", indexed.train_dataloader, count_images)
+        )
     rows = rows_for(measure(candidates, repeats=repeats, min_seconds=min_seconds), w, ceiling)
     cost = device_cost(on_device)
     log(f"device ops per batch of {b} on this CPU (one thread): {cost:.1f} ms ({1000 * b / cost:.0f} images/s)")

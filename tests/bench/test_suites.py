@@ -127,7 +127,7 @@ data:
     )  # fmt: skip
     suite = result["suites"]["recipe"]
     names = [r["loader"] for r in suite["rows"]]
-    assert names[0] == "torchvision reference loader" and len(names) == 5
+    assert names[0] == "torchvision reference loader" and len(names) == 6  # with the entropy-index row
     assert all(r["images_per_s"] > 0 and r["num_workers"] == 2 for r in suite["rows"])
     assert suite["device_ops_ms_per_batch_cpu"] > 0
 

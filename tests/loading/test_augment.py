@@ -199,3 +199,17 @@ def test_color_jitter_applies_each_samples_order_and_factors_as_torchvision(batc
     assert b is not None and 0.6 <= float(b.min()) and float(b.max()) <= 1.4
     with pytest.raises(ValueError, match="hue values should be between"):
         ColorJitter(hue=(-0.7, 0.2))
+
+
+def test_repeated_augmentation_continues_an_epoch_on_another_world_size() -> None:
+    """2 ranks stopped after 6 keys each, continued on 1 rank: the epoch's (index, repeat) pairs, each once."""
+    two = [EpochSampler(30, num_replicas=2, rank=r, seed=4, repeats=3) for r in range(2)]
+    taken = [list(s)[:6] for s in two]
+    mask = two[0].consumed_mask([6, 6], epoch=0)
+    one = EpochSampler(30, seed=4, repeats=3)
+    one.continue_epoch(0, mask)
+    rest = list(one)
+    assert len(rest) == 30 - 12  # the epoch keeps its length: 30 samples in all
+    whole = list(EpochSampler(30, seed=4, repeats=3))
+    trained = [k[1:] for k in taken[0] + taken[1] + rest]
+    assert sorted(trained) == sorted(k[1:] for k in whole) and len(set(trained)) == 30
