@@ -6,6 +6,12 @@ torchvision's own ``TrivialAugmentWide``, ``RandAugment`` and ``RandomErasing`` 
 are turned into these.
 """
 
-from lightning_fastdata.loading.augment.policies import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide
+from lightning_fastdata.loading.augment.policies import (
+    ColorJitter,
+    KeyedTransform,
+    RandAugment,
+    RandomErasing,
+    TrivialAugmentWide,
+)
 
-__all__ = ["ColorJitter", "RandAugment", "RandomErasing", "TrivialAugmentWide"]
+__all__ = ["ColorJitter", "KeyedTransform", "RandAugment", "RandomErasing", "TrivialAugmentWide"]

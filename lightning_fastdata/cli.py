@@ -11,7 +11,6 @@ import argparse
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,45 +23,17 @@ from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.diagnose.main import add_arguments as add_doctor_arguments
 from lightning_fastdata.diagnose.main import run as run_doctor
-from lightning_fastdata.errors import PathNotFoundError, UsageError
+from lightning_fastdata.errors import UsageError
 from lightning_fastdata.hparams import without_secrets
 from lightning_fastdata.loading.workers import resolve_num_workers
 from lightning_fastdata.measure import compare_folder_loaders
 from lightning_fastdata.models import ImageClassifier
+from lightning_fastdata.recipe import CONFIG_DIR, ConfigNotFoundError, find_config, shipped_configs
 
 __all__ = ["CONFIG_DIR", "ConfigNotFoundError", "FastDataCLI", "find_config", "main", "run_cli"]
 
-#: The configs shipped with the package (the repository's ``configs/`` is a copy, tested equal).
-CONFIG_DIR = Path(__file__).parent / "configs"
 #: The model the demo trains when there is no GPU: small enough that training stays well under a minute.
 DEMO_CPU_ARCH = "mobilenet_v3_small"
-
-
-def shipped_configs() -> list[str]:
-    """Names of the configs that ship with the package (``demo``, ``imagefolder``, ...)."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-
-
-class ConfigNotFoundError(PathNotFoundError):
-    """A ``--config`` that is neither a file nor a shipped config's name."""
-
-
-def find_config(value: str) -> Path:
-    """``value`` as a config file: an existing path as it is, else a shipped config's name (``.yaml`` optional).
-
-    Raises:
-        ConfigNotFoundError: If it is neither (the message names the shipped configs).
-    """
-    path = Path(value)
-    if path.is_file():
-        return path
-    shipped = CONFIG_DIR / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
-    if path.parent == Path(".") and shipped.is_file():
-        return shipped
-    raise ConfigNotFoundError(
-        f"config {value!r} is not a file, nor one of the configs shipped with lightning_fastdata "
-        f"({', '.join(shipped_configs())}). Pass a YAML path or one of those names."
-    )
 
 
 def _with_configs_found(argv: list[str]) -> list[str]:

@@ -140,7 +140,7 @@ def recipe(s: Settings) -> dict[str, Any]:
     """The reference recipe's fed ratio on this GPU and its device augmentation's cost per batch."""
     from dataclasses import replace
 
-    from lightning_fastdata.bench.recipe import load_recipe
+    from lightning_fastdata.recipe import load_recipe
 
     made, _ = load_recipe("recipe_torchvision")
     r = replace(s, image_size=min(s.image_size, int(made.pop("image_size"))))  # 176, or --quick's size

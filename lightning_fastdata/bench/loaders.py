@@ -233,7 +233,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             )
         result["suites"]["snapshot"] = snap
     if "recipe" in args.suites:
-        from lightning_fastdata.bench.recipe import load_recipe, recipe_suite
+        from lightning_fastdata.bench.recipe import recipe_suite
+        from lightning_fastdata.recipe import load_recipe
 
         recipe, written = load_recipe(args.recipe)
         workers = max(args.workers)

@@ -25,104 +25,21 @@ TrivialAugmentWide, RandomErasing 0.1, MixUp 0.2 or CutMix 1.0 per batch). Rows,
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, default_collate
-from torchvision import datasets
 from torchvision.transforms import v2
 
-from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
-from lightning_fastdata.errors import UsageError
 from lightning_fastdata.loading.augment.batch import as_transform_list
-from lightning_fastdata.loading.augment.policies import KeyedTransform
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.measure import Candidate, count_images, count_normalised, measure, rows_for
+from lightning_fastdata.recipe import per_image, reference_loader
 
-__all__ = ["RECIPE_ARGS", "load_recipe", "recipe_suite"]
-
-#: The DataModule arguments that make a recipe (what ``--recipe CONFIG`` takes from the config's ``data``).
-RECIPE_ARGS = (
-    "train_transforms",
-    "device_transforms",
-    "batch_transforms",
-    "scale",
-    "ratio",
-    "repeated_augmentations",
-)
-
-
-def load_recipe(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The recipe arguments of a LightningCLI config: ``(instantiated, as written in the YAML)``.
-
-    ``path`` is a file or the name of a shipped config (``recipe_torchvision``). The config's ``image_size`` is in
-    both too (the crop the recipe trains at).
-
-    Raises:
-        UsageError: If the config cannot be read or its data arguments do not parse (naming the file).
-    """
-    import yaml
-    from jsonargparse import ArgumentParser
-
-    from lightning_fastdata.cli import find_config
-
-    config = find_config(path)
-    try:
-        init = ((yaml.safe_load(Path(config).read_text()) or {}).get("data") or {}).get("init_args") or {}
-        raw = {k: init[k] for k in (*RECIPE_ARGS, "image_size") if k in init}
-        parser = ArgumentParser(exit_on_error=False)
-        parser.add_class_arguments(FastDataModule, "data", instantiate=False)
-        # parse_object resolves class paths in what it is given: a copy, so `raw` stays as written
-        made = vars(parser.instantiate(parser.parse_object({"data": copy.deepcopy(raw)})).data)
-    except Exception as err:  # noqa: BLE001 - jsonargparse and yaml raise many kinds; the message names them
-        raise UsageError(f"Could not read the recipe in {config}: {err}") from err
-    return {k: made[k] for k in raw}, raw
-
-
-def _per_image(transforms: list[Any]) -> list[Any]:
-    return [t.to_torchvision() if isinstance(t, KeyedTransform) else t for t in transforms]
-
-
-def reference_loader(root: str, recipe: dict[str, Any], batch_size: int, workers: int) -> DataLoader:
-    """The recipe as torchvision's reference builds it: per-image transforms in the workers, mixing in collate."""
-    size = int(recipe.get("image_size", 224))
-    device = as_transform_list(recipe.get("device_transforms"), "device_transforms")
-    after = as_transform_list(recipe.get("batch_transforms"), "batch_transforms")
-    bilinear = v2.InterpolationMode.BILINEAR
-    preset = v2.Compose(
-        [
-            v2.RandomResizedCrop(size, scale=recipe.get("scale", (0.08, 1.0)), interpolation=bilinear, antialias=True),
-            v2.RandomHorizontalFlip(0.5),
-            *_per_image(device),
-            v2.PILToTensor(),
-            *as_transform_list(recipe.get("train_transforms"), "train_transforms"),
-            v2.ToDtype(torch.float, scale=True),
-            v2.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
-            *[t.to_torchvision() for t in after if isinstance(t, KeyedTransform)],
-            v2.ToPureTensor(),
-        ]
-    )
-    ds = datasets.ImageFolder(root, transform=preset)
-    mixing = [t for t in after if not isinstance(t, KeyedTransform)]
-    num_classes = len(ds.classes)
-
-    def collate(batch: Any) -> Any:
-        images, labels = default_collate(batch)
-        for t in mixing:
-            if labels.dim() == 1:
-                labels = torch.nn.functional.one_hot(labels, num_classes).float()
-            images, labels = t(images, labels)
-        return images, labels
-
-    return DataLoader(
-        ds, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0, collate_fn=collate
-    )
+__all__ = ["recipe_suite"]
 
 
 def ours(
@@ -136,7 +53,7 @@ def ours(
     if where == "workers":  # the device policies run per sample in the workers, after the user's own
         device = as_transform_list(kw.pop("device_transforms", None), "device_transforms")
         mine = as_transform_list(kw.pop("train_transforms", None), "train_transforms")
-        steps = mine + _per_image(device)
+        steps = mine + per_image(device)
         kw["train_transforms"] = v2.Compose(steps) if steps else None
     elif where == "none":
         kw = {"image_size": kw.get("image_size", 224)}

@@ -73,7 +73,7 @@ class AugmentedImageDataset(Dataset):
         transform: Applied to each sample after the crop (and flip): a uint8 ``3 x S x S`` tensor in, the same shape
             and dtype out (a ``torchvision.transforms.v2`` transform, a ``Compose``, any callable); its randomness
             comes from torch's generator seeded from the sample's key
-            (:class:`~lightning_fastdata.loading.augment.sample.SampleTransform`).
+            (``lightning_fastdata.loading.augment.sample.SampleTransform``).
 
     Raises:
         ValueError: On an impossible argument (:class:`~lightning_fastdata.datasets.settings.AugmentSettings`).

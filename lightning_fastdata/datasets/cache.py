@@ -90,7 +90,7 @@ class TensorCacheDataset(AugmentedImageDataset):
         seed: Seed of the per-sample augmentation.
         source: The fingerprint of the files the cache was built from (its manifest's): part of the identity a resume
             state checks (:meth:`make_identity`).
-        transform: A per-sample transform after the crop (see :class:`AugmentedImageDataset`); not with
+        transform: A per-sample transform after the crop (as the other datasets' ``transform``); not with
             ``augment_on="device"`` in training.
     """
 

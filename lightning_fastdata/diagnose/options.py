@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from lightning_fastdata.bench.recipe import reference_loader
 from lightning_fastdata.datamodules.cache import TensorCacheDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
@@ -29,6 +28,7 @@ from lightning_fastdata.loading.index.store import RACY_SECONDS
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.measure import baseline_loader, memcpy_ceiling
+from lightning_fastdata.recipe import reference_loader
 
 __all__ = ["BASELINE", "INDEX_DIR_FILES", "PreparedOption", "folder_options", "hdf5_options"]
 

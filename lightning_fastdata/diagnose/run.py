@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from lightning_fastdata.bench.recipe import load_recipe
 from lightning_fastdata.diagnose.bucket import probe_bucket
 from lightning_fastdata.diagnose.options import BASELINE, folder_options, hdf5_options
 from lightning_fastdata.diagnose.probe import permission_error, probe_folder, probe_hdf5
@@ -26,6 +25,7 @@ from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFound
 from lightning_fastdata.loading.jpeg.decode import pillow_simd_installed, roi_decode_available
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
+from lightning_fastdata.recipe import load_recipe
 
 __all__ = ["doctor"]
 

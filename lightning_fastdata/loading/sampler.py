@@ -74,7 +74,7 @@ class EpochSampler(DistributedSampler):
         self.length = length
         self.block_size = block_size
         self.repeats = repeats
-        #: Entries of one epoch's order: each sample ``repeats`` times, as ``index * repeats + repeat``.
+        #: How many entries one epoch's order has (each sample ``repeats`` times, as ``index * repeats + repeat``).
         self.slots = length * repeats
         self.yielded = 0  # keys handed out by the current iteration
         self._resume_at: int | None = None  # set by load_state_dict: where the next iteration starts

@@ -136,7 +136,7 @@ def test_a_recipe_is_read_from_a_config_as_objects() -> None:
     from torchvision.transforms import v2
 
     from lightning_fastdata.augment import TrivialAugmentWide
-    from lightning_fastdata.bench.recipe import load_recipe, reference_loader
+    from lightning_fastdata.recipe import load_recipe, reference_loader
 
     recipe, written = load_recipe("recipe_torchvision")
     assert recipe["image_size"] == 176 and recipe["repeated_augmentations"] == 4

@@ -371,6 +371,9 @@ def test_doctor_measures_with_the_users_recipe_and_writes_it_into_the_config(
     assert written["device_transforms"][0]["class_path"] == "lightning_fastdata.augment.TrivialAugmentWide"
     assert written["repeated_augmentations"] == 4 and written["image_size"] == 32
     monkeypatch.chdir(tmp_path)
+    chosen = next(o for o in report.options if o.name == report.recommendation)
+    if chosen.prepare:  # an HDF5 option: its file is made first, by the command the report prints
+        fastdata(shlex.split(chosen.prepare)[1:])
     cli = run_cli(
         ["fit", "--config", str(config), "--trainer.fast_dev_run", "true", "--trainer.accelerator", "cpu",
          "--trainer.devices", "1", "--trainer.precision", "32-true", "--model.arch", "resnet18",

@@ -1,0 +1,142 @@
+"""A training recipe, read from a config, and the loader torchvision's reference builds for it; the shipped configs.
+
+What ``fastdata bench --suites recipe``, ``fastdata doctor --recipe`` and the GPU check's ``recipe`` part share
+(so the tool tier's parts import it, not each other): :func:`load_recipe` turns a LightningCLI config's data
+arguments (``train_transforms``, ``device_transforms``, ``batch_transforms``, ...) into objects;
+:func:`reference_loader` is the same recipe as torchvision's ``references/classification`` runs it (the baseline
+of every recipe row); :func:`find_config` finds a config by path or shipped name.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, default_collate
+from torchvision import datasets
+from torchvision.transforms import v2
+
+from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.errors import PathNotFoundError, UsageError
+from lightning_fastdata.loading.augment.batch import as_transform_list
+from lightning_fastdata.loading.augment.policies import KeyedTransform
+
+__all__ = [
+    "CONFIG_DIR",
+    "RECIPE_ARGS",
+    "ConfigNotFoundError",
+    "find_config",
+    "load_recipe",
+    "per_image",
+    "reference_loader",
+    "shipped_configs",
+]
+
+#: The configs shipped with the package (the repository's ``configs/`` is a copy, tested equal).
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """Names of the configs that ship with the package (``demo``, ``imagefolder``, ...)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+class ConfigNotFoundError(PathNotFoundError):
+    """A ``--config`` that is neither a file nor a shipped config's name."""
+
+
+def find_config(value: str) -> Path:
+    """``value`` as a config file: an existing path as it is, else a shipped config's name (``.yaml`` optional).
+
+    Raises:
+        ConfigNotFoundError: If it is neither (the message names the shipped configs).
+    """
+    path = Path(value)
+    if path.is_file():
+        return path
+    shipped = CONFIG_DIR / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    if path.parent == Path(".") and shipped.is_file():
+        return shipped
+    raise ConfigNotFoundError(
+        f"config {value!r} is not a file, nor one of the configs shipped with lightning_fastdata "
+        f"({', '.join(shipped_configs())}). Pass a YAML path or one of those names."
+    )
+
+
+#: The DataModule arguments that make a recipe (what ``--recipe CONFIG`` takes from the config's ``data``).
+RECIPE_ARGS = (
+    "train_transforms",
+    "device_transforms",
+    "batch_transforms",
+    "scale",
+    "ratio",
+    "repeated_augmentations",
+)
+
+
+def load_recipe(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The recipe arguments of a LightningCLI config: ``(instantiated, as written in the YAML)``.
+
+    ``path`` is a file or the name of a shipped config (``recipe_torchvision``). The config's ``image_size`` is in
+    both too (the crop the recipe trains at).
+
+    Raises:
+        UsageError: If the config cannot be read or its data arguments do not parse (naming the file).
+    """
+    import yaml
+    from jsonargparse import ArgumentParser
+
+    config = find_config(path)
+    try:
+        init = ((yaml.safe_load(Path(config).read_text()) or {}).get("data") or {}).get("init_args") or {}
+        raw = {k: init[k] for k in (*RECIPE_ARGS, "image_size") if k in init}
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_class_arguments(FastDataModule, "data", instantiate=False)
+        # parse_object resolves class paths in what it is given: a copy, so `raw` stays as written
+        made = vars(parser.instantiate(parser.parse_object({"data": copy.deepcopy(raw)})).data)
+    except Exception as err:  # noqa: BLE001 - jsonargparse and yaml raise many kinds; the message names them
+        raise UsageError(f"Could not read the recipe in {config}: {err}") from err
+    return {k: made[k] for k in raw}, raw
+
+
+def per_image(transforms: list[Any]) -> list[Any]:
+    """Each of ``transforms`` as torchvision's per-image transform (our batched policies' twins; others as they are)."""
+    return [t.to_torchvision() if isinstance(t, KeyedTransform) else t for t in transforms]
+
+
+def reference_loader(root: str, recipe: dict[str, Any], batch_size: int, workers: int) -> DataLoader:
+    """The recipe as torchvision's reference builds it: per-image transforms in the workers, mixing in collate."""
+    size = int(recipe.get("image_size", 224))
+    device = as_transform_list(recipe.get("device_transforms"), "device_transforms")
+    after = as_transform_list(recipe.get("batch_transforms"), "batch_transforms")
+    bilinear = v2.InterpolationMode.BILINEAR
+    preset = v2.Compose(
+        [
+            v2.RandomResizedCrop(size, scale=recipe.get("scale", (0.08, 1.0)), interpolation=bilinear, antialias=True),
+            v2.RandomHorizontalFlip(0.5),
+            *per_image(device),
+            v2.PILToTensor(),
+            *as_transform_list(recipe.get("train_transforms"), "train_transforms"),
+            v2.ToDtype(torch.float, scale=True),
+            v2.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+            *[t.to_torchvision() for t in after if isinstance(t, KeyedTransform)],
+            v2.ToPureTensor(),
+        ]
+    )
+    ds = datasets.ImageFolder(root, transform=preset)
+    mixing = [t for t in after if not isinstance(t, KeyedTransform)]
+    num_classes = len(ds.classes)
+
+    def collate(batch: Any) -> Any:
+        images, labels = default_collate(batch)
+        for t in mixing:
+            if labels.dim() == 1:
+                labels = torch.nn.functional.one_hot(labels, num_classes).float()
+            images, labels = t(images, labels)
+        return images, labels
+
+    return DataLoader(
+        ds, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0, collate_fn=collate
+    )
