@@ -196,25 +196,23 @@ def test_sigkill_then_resume_from_the_last_checkpoint_on_disk(
     base = {"kind": "folder", "source": sources["folder"], "workers": 2, "devices": 1, "cache_dir": str(tmp_path / "c")}
     full = records(uninterrupted(base, tmp_path))
     base["prefetch"] = prefetch  # the GPU twin of this test is in test_cuda.py
-    ckpts = str(tmp_path / "ck")
-    # checkpoints every 3 steps; the process is SIGKILLed at the start of step 8 (last checkpoint: step 6)
-    run(
-        {
-            **base,
-            "max_steps": STEPS,
-            "record": str(tmp_path / "killed"),
-            "save_every": 3,
-            "ckpt_dir": ckpts,
-            "kill_at": 8,
-        },
-        expect_kill=True,
-    )
-    killed = records(tmp_path / "killed")
+    killed, resumed = killed_then_resumed(base, tmp_path, kill_at=8)
     assert [r["step"] for r in killed] == list(range(8))
-    run({**base, "max_steps": STEPS, "record": str(tmp_path / "resumed"), "ckpt_path": f"{ckpts}/last.ckpt"})
-    resumed = records(tmp_path / "resumed")
     assert resumed[0]["step"] == 6  # from the checkpoint on disk, not from where the process died
     assert killed[:6] + resumed == full
+
+
+def killed_then_resumed(
+    base: dict[str, Any], tmp_path: Path, kill_at: int, **resume: Any
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``base`` run with a checkpoint every 3 steps and SIGKILLed at the start of step ``kill_at``, then resumed
+    (with ``resume`` changed) from the last checkpoint on disk; both runs' records."""
+    ckpts = str(tmp_path / "ck")
+    killed_cfg = {**base, "max_steps": STEPS, "record": str(tmp_path / "killed"), "save_every": 3, "ckpt_dir": ckpts}
+    run({**killed_cfg, "kill_at": kill_at}, expect_kill=True)
+    resumed_cfg = {**base, "max_steps": STEPS, "record": str(tmp_path / "resumed"), **resume}
+    run({**resumed_cfg, "ckpt_path": f"{ckpts}/last.ckpt"})
+    return records(tmp_path / "killed"), records(tmp_path / "resumed")
 
 
 @pytest.mark.timeout(600)
@@ -227,22 +225,7 @@ def test_a_recipe_killed_and_resumed_with_other_workers_trains_the_same_pixels_a
     base["recipe"] = True
     full = records(uninterrupted(base, tmp_path))
     assert any(isinstance(r["labels"][0], list) for r in full)  # soft targets
-    ckpts = str(tmp_path / "ck")
-    run(
-        {
-            **base,
-            "max_steps": STEPS,
-            "record": str(tmp_path / "killed"),
-            "save_every": 3,
-            "ckpt_dir": ckpts,
-            "kill_at": 7,
-        },
-        expect_kill=True,
-    )
-    killed = records(tmp_path / "killed")
-    resumed_cfg = {**base, "workers": 0, "max_steps": STEPS, "record": str(tmp_path / "resumed")}
-    run({**resumed_cfg, "ckpt_path": f"{ckpts}/last.ckpt"})
-    resumed = records(tmp_path / "resumed")
+    killed, resumed = killed_then_resumed(base, tmp_path, kill_at=7, workers=0)
     assert resumed[0]["step"] == 6
     assert killed[:6] + resumed == full
 
