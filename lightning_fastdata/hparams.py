@@ -41,7 +41,7 @@ def save_init_hparams(obj: HyperparametersMixin) -> None:
             obj.save_hyperparameters(frame=caller)
         cleaned = {k: _plain(v) for k, v in obj.hparams.items()}
         options = cleaned.get("storage_options")
-        if isinstance(options, dict):
+        if isinstance(options, dict) and without_secrets(options) != options:
             cleaned["storage_options"] = without_secrets(options)
         if any(cleaned[k] is not v for k, v in obj.hparams.items()):
             # saved again, from the cleaned values: Lightning keeps a deep copy as hparams_initial, which its

@@ -140,6 +140,7 @@ def recipe(s: Settings) -> dict[str, Any]:
     """The reference recipe's fed ratio on this GPU and its device augmentation's cost per batch."""
     from dataclasses import replace
 
+    from lightning_fastdata.bench.recipe import device_cost
     from lightning_fastdata.recipe import load_recipe
 
     made, _ = load_recipe("recipe_torchvision")
@@ -151,21 +152,7 @@ def recipe(s: Settings) -> dict[str, Any]:
     # the device half alone: batches as they leave the loader, on the device, through on_after_batch_transfer
     device = torch.device("cuda" if cuda_available() else "cpu")
     dm.setup("fit")
-    batches = [tuple(t.to(device) for t in b) for _, b in zip(range(12), dm.train_dataloader())]
-    times = []
-    for batch in batches:
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dm.on_after_batch_transfer(batch, 0)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            dm.on_after_batch_transfer(batch, 0)
-            times.append(1000 * (time.perf_counter() - began))
-    ms = sorted(times[2:])[len(times[2:]) // 2]  # the median after two warm-up batches
+    ms = device_cost(dm, batches=10, device=device, warmup=2)
     out = {
         "image_size": r.image_size,
         "synthetic_img_s": synthetic,

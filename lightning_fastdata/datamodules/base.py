@@ -447,7 +447,7 @@ class FastDataModule(LightningDataModule):
         )
         if isinstance(dataset, AugmentedImageDataset):
             dataset.return_keys = train and bool(self.device_augment)
-        if isinstance(dataset, AugmentedImageDataset):  # the next batch's reads start early (from a bucket)
+            # the next batch's reads start early (from a bucket)
             ahead = train and workers > 0 and self.in_order and dataset.reads_ahead
             dataset.lookahead = BatchLookahead(sampler) if ahead else None
             dataset.epoch_samples = len(sampler)  # what max_corrupt_fraction is a fraction of

@@ -205,8 +205,9 @@ class AugmentedImageDataset(Dataset):
             raise IndexError(f"index {full[1]} is out of range for a dataset of {len(self)} images.")
         return full
 
-    def _plan(self, key: int | SampleKey) -> tuple[int, np.random.Generator | None]:
-        epoch, index, repeat = self._key(key)
+    def _plan(self, key: tuple[int, int, int]) -> tuple[int, np.random.Generator | None]:
+        """The index and the crop's generator of a full key (:meth:`_key`)."""
+        epoch, index, repeat = key
         # repeat 0 draws what a key without repeats always drew (a run with repeats=1 is unchanged)
         entropy = [self.seed, epoch, index] + ([repeat] if repeat else [])
         return index, (np.random.default_rng(entropy) if self.train else None)
@@ -261,7 +262,7 @@ class AugmentedImageDataset(Dataset):
     def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
         images, labels = self.__getitems__([key])[:2]
         if len(labels) == 0:
-            raise DataError(f"{self.describe(self._plan(key)[0])} is corrupt and was skipped (on_corrupt='skip').")
+            raise DataError(f"{self.describe(self._key(key)[1])} is corrupt and was skipped (on_corrupt='skip').")
         return images[0], int(labels[0])
 
     def _finish(self, images: torch.Tensor, slot: int, full_key: tuple[int, int, int]) -> None:

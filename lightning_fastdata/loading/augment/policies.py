@@ -18,7 +18,7 @@ DataModules call them (``device_transforms`` before normalisation on uint8, ``ba
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -104,6 +104,24 @@ def _apply_op(name: str, images: torch.Tensor, magnitude: torch.Tensor, fill: fl
     raise InvalidValueError(f"No batched op for {name!r}.")
 
 
+def _apply_grouped(
+    images: torch.Tensor, groups: Sequence[Any], apply: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor | None]
+) -> torch.Tensor:
+    """One op per group of samples: ``apply(group, images[rows], rows)`` for each group in ``groups`` (one per sample).
+
+    ``rows`` are the group's samples (CPU int64); ``apply`` returns their new images, or ``None`` to leave them.
+    Every group reads the input batch, not another group's output; the result is a new batch.
+    """
+    out = images.clone()
+    for group in dict.fromkeys(groups):
+        rows = torch.tensor([i for i, g in enumerate(groups) if g == group], dtype=torch.int64)
+        idx = rows.to(images.device)
+        new = apply(group, images[idx], rows)
+        if new is not None:
+            out[idx] = new
+    return out
+
+
 class _Policy(KeyedTransform):
     """``num_ops`` ops in turn, each drawn per sample from ``space`` (torchvision's table for the policy)."""
 
@@ -147,12 +165,11 @@ class _Policy(KeyedTransform):
             )
         height, width = images.shape[-2:]
         for op_names, magnitude in self.params(keys, seed, height, width):
-            out = images.clone()
-            for name in dict.fromkeys(op_names):
-                rows = torch.tensor([i for i, n in enumerate(op_names) if n == name], dtype=torch.int64)
-                idx = rows.to(images.device)
-                out[idx] = _apply_op(name, images[idx], magnitude[rows], self.fill, self.interpolation)
-            images = out
+
+            def apply(name: str, x: torch.Tensor, rows: torch.Tensor, m: torch.Tensor = magnitude) -> torch.Tensor:
+                return _apply_op(name, x, m[rows], self.fill, self.interpolation)
+
+            images = _apply_grouped(images, op_names, apply)
         return images
 
 
@@ -280,14 +297,13 @@ class ColorJitter(KeyedTransform):
             raise InvalidValueError(f"ColorJitter runs on uint8 batches (device_transforms), got {images.dtype}.")
         order, factors = self.params(keys, seed)
         fns = (ops.adjust_brightness, ops.adjust_contrast, ops.adjust_saturation, ops.adjust_hue)
+
+        def adjust(k: int, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+            factor = factors[k]
+            return None if factor is None else fns[k](x, factor[rows])
+
         for position in range(4):
-            out = images.clone()
-            for k, (fn, factor) in enumerate(zip(fns, factors)):
-                rows = torch.nonzero(order[:, position] == k).flatten()
-                if factor is not None and len(rows):
-                    idx = rows.to(images.device)
-                    out[idx] = fn(images[idx], factor[rows])
-            images = out
+            images = _apply_grouped(images, order[:, position].tolist(), adjust)
         return images
 
 
