@@ -30,9 +30,10 @@ setup(
     ext_modules=[
         Extension(
             "lightning_fastdata._ext._jpegroi",
-            ["lightning_fastdata/_ext/jpegroi.c", "lightning_fastdata/_ext/jpegindex.c"],
+            [f"lightning_fastdata/_ext/{name}.c" for name in ("jpegroi", "jpegindex", "imageops")],
+            depends=[f"lightning_fastdata/_ext/{name}.h" for name in ("jpegindex", "imageops")],
             libraries=["jpeg"],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O2", "-ffp-contract=off"],  # imageops.c: no fused multiply-add
             optional=True,
         )
     ],

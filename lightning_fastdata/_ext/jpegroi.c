@@ -14,6 +14,7 @@
 #include <jerror.h>
 
 #include "jpegindex.h"
+#include "imageops.h"
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -156,6 +157,12 @@ static PyMethodDef methods[] = {
      "entropy_index(data) -> bytes | None: bit offset and DC predictors at every MCU (jpegindex.c)"},
     {"crop_jpeg", crop_jpeg, METH_VARARGS,
      "crop_jpeg(data, index, row0, row1, col0, col1) -> bytes | None: a JPEG of those MCUs (jpegindex.c)"},
+    {"warp", warp, METH_VARARGS,
+     "warp(src, dst, n, c, h, w, bx, by, params, fill[, bilinear]) -> None: affine warp of uint8 images (imageops.c)"},
+    {"lookup", lookup, METH_VARARGS,
+     "lookup(src, dst, planes, plane, table, rows) -> None: each plane through a 256-entry table (imageops.c)"},
+    {"histogram", histogram, METH_VARARGS,
+     "histogram(src, counts, planes, plane) -> None: int64 counts of the 256 levels per plane (imageops.c)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegroi", "ROI JPEG decode (libjpeg-turbo).", -1, methods};

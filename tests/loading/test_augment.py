@@ -213,3 +213,54 @@ def test_repeated_augmentation_continues_an_epoch_on_another_world_size() -> Non
     whole = list(EpochSampler(30, seed=4, repeats=3))
     trained = [k[1:] for k in taken[0] + taken[1] + rest]
     assert sorted(trained) == sorted(k[1:] for k in whole) and len(set(trained)) == 30
+
+
+@pytest.mark.parametrize("size", [(64, 64), (48, 80), (45, 71)])
+@pytest.mark.parametrize(("interpolation", "fill"), [("nearest", None), ("nearest", 128), ("bilinear", None)])
+def test_worker_policies_apply_every_op_at_every_magnitude_as_torchvision(
+    batch: torch.Tensor, size: tuple[int, int], interpolation: str, fill: int | None
+) -> None:
+    """The worker path's faster kernels (C warps, a solarize table) give torchvision's pixels for every op, bin and
+    sign, on square, non-square and odd-sized images, nearest and bilinear, with and without a fill."""
+    from lightning_fastdata.loading.augment.fast import accelerate
+    from lightning_fastdata.loading.native import imageops_available
+
+    if not imageops_available():
+        pytest.skip("the compiled extension is not built: the worker path is torchvision's own code")
+    photo = F.center_crop(batch[3], list(size))
+    flat = torch.full_like(photo, 7)  # one level: autocontrast's and equalize's degenerate cases
+    channels_last = photo.permute(1, 2, 0).contiguous().permute(2, 0, 1)  # how the workers' crops lie in memory
+    cases = [(v2.TrivialAugmentWide, photo), (v2.RandAugment, photo), (v2.TrivialAugmentWide, flat)]
+    for cls, image in cases + [(v2.TrivialAugmentWide, channels_last)]:
+        reference = cls(interpolation=v2.InterpolationMode(interpolation), fill=fill)
+        fast = accelerate(reference)
+        assert type(fast) is not cls and isinstance(fast, cls) and type(reference) is cls  # a twin, user's untouched
+        fills = reference._fill
+        for name, (table, signed) in reference._AUGMENTATION_SPACE.items():
+            values = table(31, size[0], size[1])
+            mags = [0.0] if values is None else values.tolist()
+            for m in mags + ([-v for v in mags] if signed else []):
+                ours = fast._apply_image_or_video_transform(image, name, m, reference.interpolation, fills)
+                ref = reference._apply_image_or_video_transform(image, name, m, reference.interpolation, fills)
+                assert torch.equal(ours, ref), (cls.__name__, name, m)
+
+
+def test_worker_policies_draw_and_apply_what_torchvision_does_under_the_same_seed(batch: torch.Tensor) -> None:
+    """Whole policies, inside Compose and RandomApply, under the same torch seeds: the same images."""
+    from lightning_fastdata.loading.augment.fast import accelerate
+
+    pipelines = [
+        v2.TrivialAugmentWide(),
+        v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BILINEAR),
+        v2.Compose([v2.RandAugment(num_ops=3), v2.RandomApply([v2.AutoAugment()], p=0.7)]),
+        v2.AugMix(),
+    ]
+    for pipeline in pipelines:
+        fast = accelerate(pipeline)
+        for seed in range(40):
+            image = batch[seed % len(batch)]
+            torch.manual_seed(seed)
+            ref = pipeline(image)
+            torch.manual_seed(seed)
+            assert torch.equal(fast(image), ref), (type(pipeline).__name__, seed)
+    assert accelerate(v2.RandomHorizontalFlip()).__class__ is v2.RandomHorizontalFlip  # others as they are

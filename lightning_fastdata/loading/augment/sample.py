@@ -1,13 +1,14 @@
 """A user's per-sample transform, run in the loader workers with its randomness taken from the sample's key.
 
-The contract (the Training recipes page of the docs says the same): the transform receives one sample as a uint8
-``3 x S x S`` tensor (``S`` is the DataModule's ``image_size``; already decoded, cropped, resized and flipped) and
-returns a uint8 tensor of that same shape. It may be any callable: a ``torchvision.transforms.v2`` transform, a
-``Compose`` of them, a plain function. It may not change the size or the dtype (normalisation happens on the
-training device, after transfer), and its randomness must come from torch's global generator (what every
-torchvision transform uses), which is seeded from ``(seed, epoch, index, repeat)`` around each call and put back
-afterwards: the same sample gets the same pixels whatever the worker count, the world size, or a resume.
-Randomness from Python's ``random`` or numpy's global generator is not seeded (it would differ per worker).
+The contract (the Training recipes page of the docs says the same): the transform receives one sample as a
+contiguous uint8 ``3 x S x S`` tensor, its own copy (``S`` is the DataModule's ``image_size``; already decoded,
+cropped, resized and flipped), and returns a uint8 tensor of that same shape. It may be any callable: a
+``torchvision.transforms.v2`` transform, a ``Compose`` of them, a plain function. It may not change the size or the
+dtype (normalisation happens on the training device, after transfer), and its randomness must come from torch's
+global generator (what every torchvision transform uses), which is seeded from ``(seed, epoch, index, repeat)``
+around each call and put back afterwards: the same sample gets the same pixels whatever the worker count, the world
+size, or a resume. Randomness from Python's ``random`` or numpy's global generator is not seeded (it would differ
+per worker).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from lightning_fastdata.errors import InvalidTypeError
+from lightning_fastdata.loading.augment.fast import accelerate
 from lightning_fastdata.loading.augment.keyed import sample_seed
 
 __all__ = ["SampleTransform", "describe_transform"]
@@ -50,7 +52,7 @@ class SampleTransform:
                 f"{what} should be a callable (a torchvision.transforms.v2 transform, a Compose, a function), got "
                 f"{type(transform).__name__}."
             )
-        self.transform = transform
+        self.transform = accelerate(transform)  # torchvision's policies with faster kernels: the same pixels
         self.seed = int(seed)
         self.what = what
 

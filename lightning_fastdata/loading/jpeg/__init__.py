@@ -1,5 +1,5 @@
 """JPEG: decoding only what a crop needs.
 
-The decode paths, the entropy index, and the one adapter to the compiled extension
-(:mod:`~lightning_fastdata.loading.jpeg.native`).
+The decode paths and the entropy index; the compiled extension through its one adapter
+(:mod:`~lightning_fastdata.loading.native`).
 """

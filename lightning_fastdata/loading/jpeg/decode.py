@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from lightning_fastdata.errors import DataError, InvalidValueError
-from lightning_fastdata.loading.jpeg import native
+from lightning_fastdata.loading import native
 
 __all__ = [
     "Box",

@@ -36,10 +36,10 @@ import numpy as np
 from filelock import FileLock
 from tqdm import tqdm
 
+from lightning_fastdata.loading import native
 from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
 from lightning_fastdata.loading.index.files import FileIndex
-from lightning_fastdata.loading.jpeg import native
-from lightning_fastdata.loading.jpeg.native import entropy_index_available
+from lightning_fastdata.loading.native import entropy_index_available
 from lightning_fastdata.loading.storage.base import Storage
 from lightning_fastdata.loading.storage.source_reads import init_source_process, map_sources
 from lightning_fastdata.loading.workers import CpuBudget

@@ -1,0 +1,255 @@
+/* uint8 image kernels for the per-sample augmentation ops: the pixels of torchvision's ops on a CPU, faster.
+ *
+ * Images are N x C x H x W uint8 with any strides (given in bytes, for the source and the destination apart), so
+ * a crop stored channels-last is read and written where it lies, without a copy.
+ *
+ * warp: torchvision's F.affine / F.rotate (nearest, bilinear). torchvision builds a grid with a bmm of its base
+ * grid (pixel centres relative to the image centre, and 1) and the rescaled inverse affine, then samples the image
+ * converted to float with grid_sample(padding_mode="zeros", align_corners=False). Here, per output pixel and per
+ * coordinate, the same float32 arithmetic in the same order: g = (b_x * s0 + b_y * s1) + s2 (what that bmm
+ * computes on a CPU); nearest: the source pixel (g + 1) * (size / 2) - 0.5 rounded half to even, outside the image
+ * `fill`; bilinear: see bilinear_one. Compiled with -ffp-contract=off: only the multiply-adds written as fmaf are
+ * fused. The pure-torch version of the nearest arithmetic is ops._gather_nearest.
+ *
+ * lookup and histogram: a 256-entry table per channel, and the counts of the 256 levels per channel (the ops that
+ * map each level of a channel to one level: brightness, contrast, solarize, autocontrast, equalize).
+ *
+ * tests/loading/test_augment.py compares every op at every magnitude with torchvision's, bit for bit. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "imageops.h"
+
+typedef struct {
+    Py_ssize_t n, c, h, w;
+} shape4;
+
+typedef struct {
+    Py_ssize_t n, c, h, w;
+} strides4;
+
+/* The largest offset + 1 that strides reach in a shape (0 for an empty shape): what the buffer must hold. */
+static Py_ssize_t extent(shape4 s, strides4 t) {
+    if (s.n <= 0 || s.c <= 0 || s.h <= 0 || s.w <= 0) return 0;
+    if (t.n < 0 || t.c < 0 || t.h < 0 || t.w < 0) return -1;
+    return (s.n - 1) * t.n + (s.c - 1) * t.c + (s.h - 1) * t.h + (s.w - 1) * t.w + 1;
+}
+
+/* v rounded half to even, for |v| < 2^22 (the default rounding mode, as nearbyintf, which was a libm call per
+ * pixel): adding and subtracting 1.5 * 2^23 leaves no fraction bits (not folded away: no -ffast-math). */
+static inline float round_even(float v) {
+    const float t = v + 12582912.0f;
+    return t - 12582912.0f;
+}
+
+/* The nearest source pixel of grid coordinate g on an axis of `size` pixels, or -1 outside the image. */
+static inline Py_ssize_t nearest_pixel(float g, float half, Py_ssize_t size) {
+    const float v = (g + 1.0f) * half - 0.5f;
+    if (!(v > -1.0f && v < (float)size)) return -1; /* cannot round into the image (NaN too) */
+    const float r = round_even(v);
+    return (r >= 0.0f && r <= (float)(size - 1)) ? (Py_ssize_t)r : -1;
+}
+
+/* floor of v for v > -1 (no libm call). */
+static inline Py_ssize_t floor_above_minus_one(float v) {
+    Py_ssize_t i = (Py_ssize_t)v;
+    return ((float)i > v) ? i - 1 : i;
+}
+
+static void nearest_one(const uint8_t *src, strides4 ss, uint8_t *dst, strides4 ds, shape4 sh, const float *bx,
+                        const float *by, const float *s, uint8_t fill) {
+    const float half_w = (float)sh.w / 2.0f, half_h = (float)sh.h / 2.0f;
+    for (Py_ssize_t i = 0; i < sh.h; i++) {
+        const float ry_x = by[i] * s[1], ry_y = by[i] * s[4];
+        for (Py_ssize_t j = 0; j < sh.w; j++) {
+            float gx = bx[j] * s[0];
+            float gy = bx[j] * s[3];
+            gx = gx + ry_x;
+            gy = gy + ry_y;
+            gx = gx + s[2];
+            gy = gy + s[5];
+            const Py_ssize_t x = nearest_pixel(gx, half_w, sh.w), y = nearest_pixel(gy, half_h, sh.h);
+            uint8_t *out = dst + i * ds.h + j * ds.w;
+            if (x >= 0 && y >= 0) {
+                const uint8_t *in = src + y * ss.h + x * ss.w;
+                for (Py_ssize_t ch = 0; ch < sh.c; ch++) out[ch * ds.c] = in[ch * ss.c];
+            } else {
+                for (Py_ssize_t ch = 0; ch < sh.c; ch++) out[ch * ds.c] = fill;
+            }
+        }
+    }
+}
+
+/* grid_sample(mode="bilinear", padding_mode="zeros", align_corners=False) of one uint8 image, then rounded half to
+ * even as torchvision's uint8 output: torch's AVX2 kernel fuses the unnormalisation and the weighted sum into
+ * multiply-adds (fmaf here, with the products and their order of that kernel). The source is read from a planar
+ * copy with a border of zeros (`padded`, C x (h + 2) x (w + 2)), so that every neighbour of a source point inside
+ * (-1, size) is a valid read (zeros padding without a test per neighbour). Compiled twice: with FMA instructions
+ * for CPUs that have them, with libm's fmaf (slower, the same results) elsewhere. */
+__attribute__((target_clones("fma", "default")))
+static void bilinear_one(const uint8_t *src, strides4 ss, uint8_t *dst, strides4 ds, shape4 sh, uint8_t *padded,
+                         const float *bx, const float *by, const float *s) {
+    const Py_ssize_t h = sh.h, w = sh.w, pw = w + 2, pplane = (h + 2) * (w + 2);
+    const float half_w = (float)w / 2.0f, half_h = (float)h / 2.0f;
+    memset(padded, 0, (size_t)(sh.c * pplane));
+    for (Py_ssize_t ch = 0; ch < sh.c; ch++)
+        for (Py_ssize_t i = 0; i < h; i++) {
+            uint8_t *row = padded + ch * pplane + (i + 1) * pw + 1;
+            const uint8_t *in = src + ch * ss.c + i * ss.h;
+            if (ss.w == 1)
+                memcpy(row, in, (size_t)w);
+            else
+                for (Py_ssize_t j = 0; j < w; j++) row[j] = in[j * ss.w];
+        }
+    for (Py_ssize_t i = 0; i < h; i++) {
+        const float ry_x = by[i] * s[1], ry_y = by[i] * s[4];
+        for (Py_ssize_t j = 0; j < w; j++) {
+            float gx = bx[j] * s[0];
+            float gy = bx[j] * s[3];
+            gx = gx + ry_x;
+            gy = gy + ry_y;
+            gx = gx + s[2];
+            gy = gy + s[5];
+            const float x = fmaf(gx + 1.0f, half_w, -0.5f), y = fmaf(gy + 1.0f, half_h, -0.5f);
+            uint8_t *out = dst + i * ds.h + j * ds.w;
+            if (!(x > -1.0f && x < (float)w && y > -1.0f && y < (float)h)) { /* every neighbour outside (NaN too) */
+                for (Py_ssize_t ch = 0; ch < sh.c; ch++) out[ch * ds.c] = 0;
+                continue;
+            }
+            const Py_ssize_t x0 = floor_above_minus_one(x), y0 = floor_above_minus_one(y);
+            const float fw = x - (float)x0, fe = 1.0f - fw, fn = y - (float)y0, fs = 1.0f - fn;
+            const float nw = fs * fe, ne = fs * fw, sw = fn * fe, se = fn * fw;
+            const uint8_t *p = padded + (y0 + 1) * pw + (x0 + 1);
+            for (Py_ssize_t ch = 0; ch < sh.c; ch++, p += pplane) {
+                float acc = (float)p[0] * nw;
+                acc = fmaf((float)p[1], ne, acc);
+                acc = fmaf((float)p[pw], sw, acc);
+                acc = fmaf((float)p[pw + 1], se, acc);
+                const float r = round_even(acc);
+                out[ch * ds.c] = r <= 0.0f ? 0 : (r >= 255.0f ? 255 : (uint8_t)r);
+            }
+        }
+    }
+}
+
+/* warp(src, src_strides, dst, dst_strides, (n, c, h, w), bx, by, params, fill[, bilinear]) */
+PyObject *warp(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, bx, by, params;
+    shape4 sh;
+    strides4 ss, ds;
+    int fill, bilinear = 0;
+    if (!PyArg_ParseTuple(args, "y*(nnnn)w*(nnnn)(nnnn)y*y*y*i|p", &src, &ss.n, &ss.c, &ss.h, &ss.w, &dst, &ds.n, &ds.c,
+                          &ds.h, &ds.w, &sh.n, &sh.c, &sh.h, &sh.w, &bx, &by, &params, &fill, &bilinear))
+        return NULL;
+    const Py_ssize_t src_extent = extent(sh, ss), dst_extent = extent(sh, ds);
+    int ok = src_extent >= 0 && dst_extent >= 0 && src.len >= src_extent && dst.len >= dst_extent &&
+             bx.len >= sh.w * (Py_ssize_t)sizeof(float) && by.len >= sh.h * (Py_ssize_t)sizeof(float) &&
+             params.len >= sh.n * 6 * (Py_ssize_t)sizeof(float);
+    uint8_t *padded = NULL;
+    if (ok && bilinear && sh.n > 0) {
+        padded = malloc((size_t)(sh.c * (sh.h + 2) * (sh.w + 2)));
+        if (!padded) ok = -1;
+    }
+    if (ok == 1) {
+        const uint8_t *in = src.buf;
+        uint8_t *out = dst.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t k = 0; k < sh.n; k++) {
+            const float *theta = (const float *)params.buf + 6 * k;
+            if (bilinear)
+                bilinear_one(in + k * ss.n, ss, out + k * ds.n, ds, sh, padded, bx.buf, by.buf, theta);
+            else
+                nearest_one(in + k * ss.n, ss, out + k * ds.n, ds, sh, bx.buf, by.buf, theta, (uint8_t)fill);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    free(padded);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&bx);
+    PyBuffer_Release(&by);
+    PyBuffer_Release(&params);
+    if (ok == -1) return PyErr_NoMemory();
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "warp: buffers smaller than the shape and strides given");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* lookup(src, src_strides, dst, dst_strides, (c, h, w), table, rows): dst = table[channel % rows][src]. */
+PyObject *lookup(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, table;
+    shape4 sh = {1, 0, 0, 0};
+    strides4 ss = {0, 0, 0, 0}, ds = {0, 0, 0, 0};
+    Py_ssize_t rows;
+    if (!PyArg_ParseTuple(args, "y*(nnn)w*(nnn)(nnn)y*n", &src, &ss.c, &ss.h, &ss.w, &dst, &ds.c, &ds.h, &ds.w, &sh.c,
+                          &sh.h, &sh.w, &table, &rows))
+        return NULL;
+    const Py_ssize_t src_extent = extent(sh, ss), dst_extent = extent(sh, ds);
+    const int ok = rows > 0 && src_extent >= 0 && dst_extent >= 0 && src.len >= src_extent && dst.len >= dst_extent &&
+                   table.len >= rows * 256;
+    if (ok) {
+        const uint8_t *in = src.buf, *t = table.buf;
+        uint8_t *out = dst.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t ch = 0; ch < sh.c; ch++) {
+            const uint8_t *row = t + 256 * (ch % rows);
+            for (Py_ssize_t i = 0; i < sh.h; i++) {
+                const uint8_t *a = in + ch * ss.c + i * ss.h;
+                uint8_t *b = out + ch * ds.c + i * ds.h;
+                for (Py_ssize_t j = 0; j < sh.w; j++) b[j * ds.w] = row[a[j * ss.w]];
+            }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&table);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "lookup: buffers smaller than the shape and strides given");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* histogram(src, src_strides, (c, h, w), counts): counts[ch][v] (int64) = how many pixels of channel ch equal v. */
+PyObject *histogram(PyObject *self, PyObject *args) {
+    Py_buffer src, counts;
+    shape4 sh = {1, 0, 0, 0};
+    strides4 ss = {0, 0, 0, 0};
+    if (!PyArg_ParseTuple(args, "y*(nnn)(nnn)w*", &src, &ss.c, &ss.h, &ss.w, &sh.c, &sh.h, &sh.w, &counts)) return NULL;
+    const Py_ssize_t src_extent = extent(sh, ss);
+    const int ok = src_extent >= 0 && src.len >= src_extent && counts.len >= sh.c * 256 * (Py_ssize_t)sizeof(int64_t);
+    if (ok) {
+        const uint8_t *in = src.buf;
+        int64_t *out = counts.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t ch = 0; ch < sh.c; ch++) {
+            /* two partial histograms: neighbouring equal levels do not wait on one counter */
+            int64_t part[2][256] = {{0}};
+            for (Py_ssize_t i = 0; i < sh.h; i++) {
+                const uint8_t *a = in + ch * ss.c + i * ss.h;
+                Py_ssize_t j = 0;
+                for (; j + 2 <= sh.w; j += 2) {
+                    part[0][a[j * ss.w]]++;
+                    part[1][a[(j + 1) * ss.w]]++;
+                }
+                for (; j < sh.w; j++) part[0][a[j * ss.w]]++;
+            }
+            for (int v = 0; v < 256; v++) out[ch * 256 + v] = part[0][v] + part[1][v];
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&counts);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "histogram: buffers smaller than the shape and strides given");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
