@@ -217,13 +217,8 @@ class ImageFolderDataModule(FastDataModule):
         train_index, val_index = self.source.indexes(self.split)
         options = self.source.storage_options
         entropy = None
-        if self.entropy_index:
+        if self.entropy_index:  # None (warned, naming the folder and why): decoded without it, the same pixels
             entropy = load_entropy_index(self.source.index_dir, train_index)  # type: ignore[arg-type]
-            if entropy is None:
-                rank_zero_warn(
-                    "lightning_fastdata: entropy_index=True but no index of these files in index_dir: call "
-                    "prepare_data() first (the Trainer does); decoding without it."
-                )
         train = ImageFolderDataset(train_index, options, entropy, **self.split_kwargs(True))
         val = None if val_index is None else ImageFolderDataset(val_index, options, **self.split_kwargs(False))
         return train, val

@@ -183,3 +183,119 @@ def test_damaged_files_and_indexes_never_crash_and_a_damaged_index_is_refused() 
     assert torch.equal(
         crop(data, (30, 40, 100, 120), 48, False, bytes(damaged)), crop(data, (30, 40, 100, 120), 48, False, None)
     )
+
+
+def _built(tmp_path: Path) -> tuple[Path, object, Path]:
+    root = make_image_folder(tmp_path / "data", num_classes=2, per_class=6, size=(160, 120))
+    index = scan_image_folder(str(root))
+    build_entropy_index(index, LocalStorage(str(root)), tmp_path / "idx", processes=1, progress=False)
+    return root, index, entropy_index_folder(tmp_path / "idx", index)
+
+
+def _truncate(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+DAMAGES = {
+    "empty blob": lambda f: (f / "blob.bin").write_bytes(b""),
+    "truncated blob": lambda f: _truncate(f / "blob.bin", 100),
+    "empty offsets": lambda f: (f / "offsets.npy").write_bytes(b""),
+    "truncated offsets": lambda f: _truncate(f / "offsets.npy", 70),
+    "offsets past the blob": lambda f: np.save(f / "offsets.npy", np.load(f / "offsets.npy") * 3),
+    "offsets out of order": lambda f: np.save(f / "offsets.npy", np.load(f / "offsets.npy")[::-1].copy()),
+    "garbage meta": lambda f: (f / "meta.json").write_text("[1, 2"),
+    "meta not an object": lambda f: (f / "meta.json").write_text("[1, 2]"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_index_folder_is_named_once_decoded_without_and_rebuilt(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Truncated, empty or inconsistent index files never stop a run: one warning naming the folder and why, the
+    same batches as without an index, and prepare_data rebuilds it."""
+    from lightning_fastdata.loading.jpeg import entropy_index as module
+
+    root, index, folder = _built(tmp_path)
+    DAMAGES[damage](folder)
+    module._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="lightning_fastdata"):
+        assert load_entropy_index(tmp_path / "idx", index) is None  # type: ignore[arg-type]
+        assert load_entropy_index(tmp_path / "idx", index) is None  # type: ignore[arg-type]
+    warnings = [r.getMessage() for r in caplog.records if "cannot be used" in r.getMessage()]
+    assert len(warnings) == 1 and str(folder) in warnings[0], caplog.text
+    common = dict(image_size=64, batch_size=4, num_workers=0, val_fraction=0.0, seed=1)
+    damaged = ImageFolderDataModule(str(root), index_dir=str(tmp_path / "idx"), entropy_index=True, **common)
+    damaged.setup("fit")  # no prepare_data: the damaged folder is what setup finds
+    assert damaged.train_dataset.entropy_indexes is None
+    plain = ImageFolderDataModule(str(root), **common)
+    plain.setup("fit")
+    for (xa, ya), (xb, yb) in zip(plain.train_dataloader(), damaged.train_dataloader(), strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    damaged.prepare_data()  # rebuilds the damaged folder
+    assert load_entropy_index(tmp_path / "idx", index) is not None  # type: ignore[arg-type]
+
+
+def test_damaged_or_foreign_entries_are_decoded_without_the_index_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An entry cut short, with wrong MCU counts or MCU size, or another image's: the usual pixels, one warning
+    naming the file."""
+    data, other = jpeg((320, 240), 0, quality=90), jpeg((480, 200), 1, quality=90)
+    index = decode._jpegroi.entropy_index(data)
+    box = (40, 50, 120, 150)
+    expected = crop(data, box, 96, False, None)
+    wrong_counts = bytearray(index)
+    wrong_counts[4:6] = (7).to_bytes(2, "little")  # MCUs per row
+    wrong_size = bytearray(index)
+    wrong_size[8:10] = (8).to_bytes(2, "little")  # MCU width 8 instead of 16
+    cases = [b"", index[:5], index[:-10], bytes(wrong_counts), bytes(wrong_size), decode._jpegroi.entropy_index(other)]
+    for entry in cases:
+        decode._STALE_WARNED.clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="lightning_fastdata"):
+            out = torch.empty(3, 96, 96, dtype=torch.uint8)
+            decode.decode_resized_crop(data, out, lambda w, h: box, name="cat/0001.jpg", entropy_index=entry)
+        assert torch.equal(out, expected)
+        assert "cat/0001.jpg" in caplog.text and "does not match" in caplog.text
+
+
+def test_an_unwritable_index_dir_warns_once_and_training_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """index_dir that cannot be created (a file is in the way), or whose lock cannot be taken: a warning, an
+    existing whole index used, else none; never an OSError out of prepare_data."""
+    from lightning_fastdata.loading.jpeg import entropy_index as module
+
+    root, index, folder = _built(tmp_path)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    module._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="lightning_fastdata"):
+        got = build_entropy_index(index, LocalStorage(str(root)), blocked / "idx", processes=1, progress=False)  # type: ignore[arg-type]
+    assert got is None and "cannot write the entropy index" in caplog.text and "training without it" in caplog.text
+    lock = Path(f"{folder}.lock")
+    lock.unlink()
+    lock.mkdir()  # the lock cannot be taken (as in a read-only index_dir)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lightning_fastdata"):
+        got = build_entropy_index(index, LocalStorage(str(root)), tmp_path / "idx", processes=1, progress=False)  # type: ignore[arg-type]
+    assert got is not None and len(got) == len(index) and "using the index already there" in caplog.text  # type: ignore[arg-type]
+    common = dict(image_size=64, batch_size=4, val_fraction=0.0, num_workers=0)
+    dm = ImageFolderDataModule(str(root), index_dir=str(blocked / "idx"), entropy_index=True, **common)
+    dm.prepare_data()  # neither the file list nor the entropy index can be kept: warned, not raised
+    dm.setup("fit")
+    assert dm.train_dataset.entropy_indexes is None and len(list(dm.train_dataloader())) == 3
+
+
+def test_leftovers_of_killed_builds_are_removed_by_the_next_build(tmp_path: Path) -> None:
+    root, index, folder = _built(tmp_path)
+    for leftover in (f"{folder.name}.partial-999999", f"{folder.name}.stale-999998"):
+        (folder.parent / leftover).mkdir()
+        (folder.parent / leftover / "blob.bin").write_bytes(b"x" * 100)
+    (folder / "meta.json").unlink()  # so that the next call builds
+    build_entropy_index(index, LocalStorage(str(root)), tmp_path / "idx", processes=1, progress=False)  # type: ignore[arg-type]
+    assert sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(folder.name)) == [
+        folder.name,
+        f"{folder.name}.lock",
+    ]

@@ -260,14 +260,19 @@ def _mcu_span(start: int, length: int, mcu: int, count: int, slack: int) -> tupl
 
 
 def _decode_indexed(
-    data: bytes, index: bytes, box: Box, size: tuple[int, int], scale: int, fast_idct: bool
+    data: bytes, index: bytes, box: Box, size: tuple[int, int], scale: int, fast_idct: bool, name: str
 ) -> torch.Tensor | None:
     """The crop decoded from a small JPEG of its MCUs alone (see :mod:`lightning_fastdata.loading.jpeg.entropy_index`).
 
     ``None`` where that is not possible (the file's DC table lacks a code, or the crop spans the whole image), or
-    where the index was built from other bytes (the file changed: logged once); the caller then decodes the file.
+    where the index does not match the file (built from other bytes, or damaged: warned once per process, naming
+    ``name``); the caller then decodes the file as it would without an index: the same pixels.
     """
-    per_row, rows, mcu_w, mcu_h = _INDEX_GEOMETRY.unpack_from(index, 4)
+    geometry = _index_geometry(index)
+    if geometry is None:
+        _warn_bad_index(name, "its length or geometry is not an index's")
+        return None
+    per_row, rows, mcu_w, mcu_h = geometry
     top, left, h, w = box
     r0, r1 = _mcu_span(top, h, mcu_h, rows, 2 * scale)
     c0, c1 = _mcu_span(left, w, mcu_w, per_row, 2 * scale)
@@ -276,25 +281,49 @@ def _decode_indexed(
     try:
         small = _jpegroi.crop_jpeg(data, index, r0, r1, c0, c1)
     except KeyError:
-        _warn_stale_index()
+        _warn_bad_index(name, "it was built from other bytes: the file changed since, or the index is damaged")
+        return None
+    except ValueError as err:  # MCU counts or offsets that are not this image's
+        _warn_bad_index(name, str(err))
         return None
     if small is None:
         return None
     sub = (min(c1 * mcu_w, size[0]) - c0 * mcu_w, min(r1 * mcu_h, size[1]) - r0 * mcu_h)
     shifted = (top - r0 * mcu_h, left - c0 * mcu_w, h, w)
-    return _decode_roi(small, _scaled_box(shifted, sub, scale), fast_idct, scale_num=8 // scale)
+    try:
+        return _decode_roi(small, _scaled_box(shifted, sub, scale), fast_idct, scale_num=8 // scale)
+    except ValueError as err:  # an MCU size that is not this image's: the box falls outside the small JPEG
+        _warn_bad_index(name, str(err))
+        return None
 
 
 _INDEX_GEOMETRY = struct.Struct("<4H")
+#: An index's header and entry sizes (``_ext/jpegindex.c``: HEADER_BYTES, ENTRY_BYTES).
+_INDEX_HEADER, _INDEX_ENTRY = 32, 10
 _STALE_WARNED: list[bool] = []
 
 
-def _warn_stale_index() -> None:
+def _index_geometry(index: bytes) -> tuple[int, int, int, int] | None:
+    """``(MCUs per row, MCU rows, MCU width, MCU height)`` of an index whose length agrees with them, else ``None``."""
+    if len(index) < _INDEX_HEADER:
+        return None
+    per_row, rows, mcu_w, mcu_h = _INDEX_GEOMETRY.unpack_from(index, 4)
+    if per_row < 1 or rows < 1 or mcu_w not in (8, 16, 32) or mcu_h not in (8, 16, 32):
+        return None
+    if len(index) != _INDEX_HEADER + (per_row * rows + 1) * _INDEX_ENTRY:
+        return None
+    return per_row, rows, mcu_w, mcu_h
+
+
+def _warn_bad_index(name: str, why: str) -> None:
     if not _STALE_WARNED:
         _STALE_WARNED.append(True)
         log.warning(
-            "An image's entropy index was built from other bytes (the file changed since): it is decoded without "
-            "it. Rebuild the index (delete it, or let the DataModule's prepare_data check it) to get the speed back."
+            "lightning_fastdata: the entropy index entry of %r does not match the file (%s): it is decoded "
+            "without it, the same pixels at the usual speed (warned once per process). prepare_data() rebuilds an "
+            "index whose file list changed; to rebuild it now, delete the index's entropy-* folder in index_dir.",
+            os.fsdecode(name),
+            why,
         )
 
 
@@ -304,6 +333,7 @@ def _decode_crop(
     out_hw: tuple[int, int],
     exact: bool = False,
     entropy_index: bytes | None = None,
+    name: str = "<bytes>",
 ) -> torch.Tensor:
     """Pick the cheapest decoder for this crop; return the crop as ``3 x h x w`` uint8 (any strides).
 
@@ -323,7 +353,7 @@ def _decode_crop(
         scale = 1 if exact else _draft_scale(box, out_hw)
         if color_space in _ROI_COLOR_SPACES:  # the crop's rows and columns, at 1 / scale in the DCT domain
             if entropy_index is not None:
-                crop = _decode_indexed(data, entropy_index, box, (width, height), scale, not exact)
+                crop = _decode_indexed(data, entropy_index, box, (width, height), scale, not exact, name)
                 if crop is not None:
                     return crop
             return _decode_roi(data, _scaled_box(box, (width, height), scale), not exact, scale_num=8 // scale)
@@ -372,7 +402,7 @@ def decode_resized_crop(
             message names ``name``. Other errors (a bug, not the file) propagate unchanged.
     """
     try:
-        crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])), exact, entropy_index)
+        crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])), exact, entropy_index, name)
     except OSError as err:  # only errors about the image data are OSError here (see _decode_crop)
         why = _IN_MEMORY_FILE.sub("", str(err))  # PIL names our in-memory copy, not the user's file
         raise DataError(

@@ -36,6 +36,7 @@ import numpy as np
 from filelock import FileLock
 from tqdm import tqdm
 
+from lightning_fastdata.errors import UsageError
 from lightning_fastdata.loading import native
 from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
 from lightning_fastdata.loading.index.files import FileIndex
@@ -117,24 +118,66 @@ class EntropyIndexes:
 
 
 def _valid(folder: Path, index: FileIndex) -> str | None:
-    """Why ``folder`` cannot serve ``index`` (``None``: it can)."""
+    """Why ``folder`` cannot serve ``index`` (``None``: it can): missing, of another file list, or damaged."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
     except FileNotFoundError:
-        return "no index yet"
+        return NO_INDEX
     except (OSError, ValueError) as err:
         return f"its meta.json is unreadable ({err})"
+    if not isinstance(meta, dict):
+        return "its meta.json is not an index's"
     if meta.get("format") != FORMAT:
         return f"it is of format {meta.get('format')!r}, this version reads {FORMAT}"
     if meta.get("fingerprint") != _fingerprint(index) or meta.get("count") != len(index):
         return "the file list changed since it was built"
+    try:
+        offsets = np.load(folder / "offsets.npy", mmap_mode="r")
+    except (OSError, ValueError, EOFError) as err:
+        return f"its offsets.npy is unreadable ({err})"
+    if offsets.shape != (len(index) + 1,) or offsets.dtype.kind != "i":
+        return f"its offsets.npy holds {offsets.shape} {offsets.dtype}, not one offset per file and one more"
+    if int(offsets[0]) != 0 or bool((np.diff(offsets) < 0).any()):
+        return "its offsets are out of order"
+    try:
+        blob_bytes = (folder / "blob.bin").stat().st_size
+    except OSError:
+        blob_bytes = 0
+    if blob_bytes < int(offsets[-1]):
+        return f"its blob.bin holds {blob_bytes:,} of its {int(offsets[-1]):,} bytes (truncated)"
     return None
 
 
+#: What :func:`_valid` says of a folder with no index in it.
+NO_INDEX = "no index yet"
+_WARNED: set[str] = set()
+
+
+def _warn_once(folder: Path, message: str) -> None:
+    """Warn ``message`` about ``folder`` once per process (the first word on a folder is the one users see)."""
+    key = os.fspath(folder)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning(message)
+
+
 def load_entropy_index(index_dir: str | os.PathLike[str], index: FileIndex) -> EntropyIndexes | None:
-    """The entropy indexes of ``index``'s files kept in ``index_dir``, or ``None`` if there are none of this list."""
+    """The entropy indexes of ``index``'s files kept in ``index_dir``, or ``None`` if there are none of this list.
+
+    A folder that cannot serve the list (none yet, another file list, damaged: truncated or empty files, offsets out
+    of order) gives ``None`` and one warning that names it and why: the files are then decoded without it (the
+    same pixels, slower), and the DataModule's ``prepare_data`` rebuilds it.
+    """
     folder = entropy_index_folder(index_dir, index)
-    return EntropyIndexes(folder) if _valid(folder, index) is None else None
+    why = _valid(folder, index)
+    if why is None:
+        return EntropyIndexes(folder)
+    _warn_once(
+        folder,
+        f"lightning_fastdata: the entropy index {folder} cannot be used ({why}): decoding without it (the same "
+        "pixels, slower). The DataModule's prepare_data() builds or rebuilds it (the Trainer calls it).",
+    )
+    return None
 
 
 def build_entropy_index(
@@ -143,12 +186,15 @@ def build_entropy_index(
     index_dir: str | os.PathLike[str],
     processes: int | None = None,
     progress: bool = True,
-) -> EntropyIndexes:
+) -> EntropyIndexes | None:
     """Build (or reuse) the entropy indexes of every file in ``index``, kept in ``index_dir``.
 
-    Reused while it indexes the same file list; otherwise every file is read once, in ``processes`` processes
-    (default: the CPUs this process may use), and the folder is replaced atomically. Safe to call from several
-    processes at once (a file lock; the second reuses the first's result).
+    Reused while it indexes the same file list and is whole; otherwise (none, another file list, damaged) every
+    file is read once, in ``processes`` processes (default: the CPUs this process may use), and the folder is
+    replaced atomically. Safe to call from several processes at once (a file lock; the second reuses the first's
+    result); what killed builds left is removed. Where ``index_dir`` cannot be written (read-only, full, not a
+    folder) it warns once and returns the index already there if it is whole, else ``None``: training goes on
+    without it.
 
     Args:
         index: The files, in the order the dataset uses.
@@ -158,7 +204,7 @@ def build_entropy_index(
         progress: Show a progress bar.
 
     Raises:
-        OSError: If a file cannot be read (a ``DataError`` that names it).
+        DataError: If a file cannot be read (naming it); StorageError: if a bucket does not answer.
         RuntimeError: If this install has no compiled JPEG decoder.
     """
     if not entropy_index_available():
@@ -166,17 +212,45 @@ def build_entropy_index(
             "The entropy index needs the compiled JPEG decoder, which this install lacks (no libjpeg-turbo "
             "headers when it was built): install libjpeg62-turbo-dev (or libjpeg-turbo8-dev) and reinstall."
         )
-    Path(index_dir).mkdir(parents=True, exist_ok=True)
     folder = entropy_index_folder(index_dir, index)
-    with FileLock(f"{folder}.lock"):
-        why = _valid(folder, index)
-        if why is None:
-            log.info("lightning_fastdata: reused the entropy index %s (%d files).", folder, len(index))
-            return EntropyIndexes(folder)
-        start = time.perf_counter()
-        print(f"lightning_fastdata: building the entropy index of {len(index):,} files in {folder} ({why})")
-        partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
+    try:
+        Path(index_dir).mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{folder}.lock"):
+            return _build_locked(index, storage, folder, processes, progress)
+    except UsageError:
+        raise  # the data itself (a file that cannot be read, a bucket that does not answer): the user must know
+    except OSError as err:  # index_dir read-only, full, or not a folder: train on without writing the index
+        usable = load_entropy_index(index_dir, index) if _valid(folder, index) is None else None
+        _warn_once(
+            folder,
+            f"lightning_fastdata: cannot write the entropy index in {os.fspath(index_dir)!r} ({err}): "
+            + ("using the index already there." if usable else "training without it (the same pixels, slower).")
+            + " Give index_dir a writable folder with room for ~7% of the JPEG bytes to build it.",
+        )
+        return usable
+
+
+def _remove_dead_builds(folder: Path) -> None:
+    """Delete what killed builds of ``folder`` left (``.partial-<pid>``, ``.stale-<pid>``); call under its lock."""
+    for leftover in folder.parent.glob(f"{folder.name}.partial-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in folder.parent.glob(f"{folder.name}.stale-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _build_locked(
+    index: FileIndex, storage: Storage, folder: Path, processes: int | None, progress: bool
+) -> EntropyIndexes:
+    """:func:`build_entropy_index` holding the folder's lock (no other build of it runs: leftovers are dead)."""
+    _remove_dead_builds(folder)
+    why = _valid(folder, index)
+    if why is None:
+        log.info("lightning_fastdata: reused the entropy index %s (%d files).", folder, len(index))
+        return EntropyIndexes(folder)
+    start = time.perf_counter()
+    print(f"lightning_fastdata: building the entropy index of {len(index):,} files in {folder} ({why})")
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    try:
         partial.mkdir()
         offsets = np.zeros(len(index) + 1, dtype=np.int64)
         processes = processes or CpuBudget.detect().usable
@@ -195,14 +269,16 @@ def build_entropy_index(
         meta = {"format": FORMAT, "count": len(index), "fingerprint": _fingerprint(index), "indexed": indexed}
         atomic_write_text(partial / "meta.json", json.dumps(meta))
         replace_folder(partial, folder)  # an index of another file list is moved aside, then deleted
-        took = time.perf_counter() - start
-        log.info(
-            "lightning_fastdata: built the entropy index of %d files in %s (%.1f s, %.1f MB; %d without one: not "
-            "a baseline JPEG it can serve).",
-            len(index),
-            folder,
-            took,
-            int(offsets[-1]) / 1e6,
-            len(index) - indexed,
-        )
-        return EntropyIndexes(folder)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)  # gone after the rename; a failed build's half is removed
+    took = time.perf_counter() - start
+    log.info(
+        "lightning_fastdata: built the entropy index of %d files in %s (%.1f s, %.1f MB; %d without one: not "
+        "a baseline JPEG it can serve).",
+        len(index),
+        folder,
+        took,
+        int(offsets[-1]) / 1e6,
+        len(index) - indexed,
+    )
+    return EntropyIndexes(folder)
