@@ -32,6 +32,9 @@ typedef struct {
     Py_ssize_t n, c, h, w;
 } strides4;
 
+/* Bytes after a padded copy: a 4-byte gather at its last pixel stays inside the allocation. */
+#define PAD_SLACK 16
+
 /* The largest offset + 1 that strides reach in a shape (0 for an empty shape): what the buffer must hold. */
 static Py_ssize_t extent(shape4 s, strides4 t) {
     if (s.n <= 0 || s.c <= 0 || s.h <= 0 || s.w <= 0) return 0;
@@ -87,15 +90,11 @@ static void nearest_one(const uint8_t *src, strides4 ss, uint8_t *dst, strides4 
 /* grid_sample(mode="bilinear", padding_mode="zeros", align_corners=False) of one uint8 image, then rounded half to
  * even as torchvision's uint8 output: torch's AVX2 kernel fuses the unnormalisation and the weighted sum into
  * multiply-adds (fmaf here, with the products and their order of that kernel). The source is read from a planar
- * copy with a border of zeros (`padded`, C x (h + 2) x (w + 2)), so that every neighbour of a source point inside
- * (-1, size) is a valid read (zeros padding without a test per neighbour). Compiled twice: with FMA instructions
- * for CPUs that have them, with libm's fmaf (slower, the same results) elsewhere. */
-__attribute__((target_clones("fma", "default")))
-static void bilinear_one(const uint8_t *src, strides4 ss, uint8_t *dst, strides4 ds, shape4 sh, uint8_t *padded,
-                         const float *bx, const float *by, const float *s) {
+ * copy with a border of zeros (`padded`, C x (h + 2) x (w + 2), and slack), so that every neighbour of a source
+ * point inside (-1, size) is a valid read (zeros padding without a test per neighbour). */
+static void pad_planar(const uint8_t *src, strides4 ss, shape4 sh, uint8_t *padded) {
     const Py_ssize_t h = sh.h, w = sh.w, pw = w + 2, pplane = (h + 2) * (w + 2);
-    const float half_w = (float)w / 2.0f, half_h = (float)h / 2.0f;
-    memset(padded, 0, (size_t)(sh.c * pplane));
+    memset(padded, 0, (size_t)(sh.c * pplane + PAD_SLACK));
     for (Py_ssize_t ch = 0; ch < sh.c; ch++)
         for (Py_ssize_t i = 0; i < h; i++) {
             uint8_t *row = padded + ch * pplane + (i + 1) * pw + 1;
@@ -105,35 +104,129 @@ static void bilinear_one(const uint8_t *src, strides4 ss, uint8_t *dst, strides4
             else
                 for (Py_ssize_t j = 0; j < w; j++) row[j] = in[j * ss.w];
         }
-    for (Py_ssize_t i = 0; i < h; i++) {
-        const float ry_x = by[i] * s[1], ry_y = by[i] * s[4];
-        for (Py_ssize_t j = 0; j < w; j++) {
-            float gx = bx[j] * s[0];
-            float gy = bx[j] * s[3];
-            gx = gx + ry_x;
-            gy = gy + ry_y;
-            gx = gx + s[2];
-            gy = gy + s[5];
-            const float x = fmaf(gx + 1.0f, half_w, -0.5f), y = fmaf(gy + 1.0f, half_h, -0.5f);
-            uint8_t *out = dst + i * ds.h + j * ds.w;
-            if (!(x > -1.0f && x < (float)w && y > -1.0f && y < (float)h)) { /* every neighbour outside (NaN too) */
-                for (Py_ssize_t ch = 0; ch < sh.c; ch++) out[ch * ds.c] = 0;
-                continue;
-            }
-            const Py_ssize_t x0 = floor_above_minus_one(x), y0 = floor_above_minus_one(y);
-            const float fw = x - (float)x0, fe = 1.0f - fw, fn = y - (float)y0, fs = 1.0f - fn;
-            const float nw = fs * fe, ne = fs * fw, sw = fn * fe, se = fn * fw;
-            const uint8_t *p = padded + (y0 + 1) * pw + (x0 + 1);
-            for (Py_ssize_t ch = 0; ch < sh.c; ch++, p += pplane) {
-                float acc = (float)p[0] * nw;
-                acc = fmaf((float)p[1], ne, acc);
-                acc = fmaf((float)p[pw], sw, acc);
-                acc = fmaf((float)p[pw + 1], se, acc);
-                const float r = round_even(acc);
-                out[ch * ds.c] = r <= 0.0f ? 0 : (r >= 255.0f ? 255 : (uint8_t)r);
-            }
+}
+
+/* Output pixels j0 .. w-1 of row i, one at a time. Compiled twice: with FMA instructions for CPUs that have them,
+ * with libm's fmaf (slower, the same results) elsewhere. */
+__attribute__((target_clones("fma", "default")))
+static void bilinear_row(const uint8_t *padded, uint8_t *dst, strides4 ds, shape4 sh, Py_ssize_t i, Py_ssize_t j0,
+                         const float *bx, const float *by, const float *s) {
+    const Py_ssize_t h = sh.h, w = sh.w, pw = w + 2, pplane = (h + 2) * (w + 2);
+    const float half_w = (float)w / 2.0f, half_h = (float)h / 2.0f;
+    const float ry_x = by[i] * s[1], ry_y = by[i] * s[4];
+    for (Py_ssize_t j = j0; j < w; j++) {
+        float gx = bx[j] * s[0];
+        float gy = bx[j] * s[3];
+        gx = gx + ry_x;
+        gy = gy + ry_y;
+        gx = gx + s[2];
+        gy = gy + s[5];
+        const float x = fmaf(gx + 1.0f, half_w, -0.5f), y = fmaf(gy + 1.0f, half_h, -0.5f);
+        uint8_t *out = dst + i * ds.h + j * ds.w;
+        if (!(x > -1.0f && x < (float)w && y > -1.0f && y < (float)h)) { /* every neighbour outside (NaN too) */
+            for (Py_ssize_t ch = 0; ch < sh.c; ch++) out[ch * ds.c] = 0;
+            continue;
+        }
+        const Py_ssize_t x0 = floor_above_minus_one(x), y0 = floor_above_minus_one(y);
+        const float fw = x - (float)x0, fe = 1.0f - fw, fn = y - (float)y0, fs = 1.0f - fn;
+        const float nw = fs * fe, ne = fs * fw, sw = fn * fe, se = fn * fw;
+        const uint8_t *p = padded + (y0 + 1) * pw + (x0 + 1);
+        for (Py_ssize_t ch = 0; ch < sh.c; ch++, p += pplane) {
+            float acc = (float)p[0] * nw;
+            acc = fmaf((float)p[1], ne, acc);
+            acc = fmaf((float)p[pw], sw, acc);
+            acc = fmaf((float)p[pw + 1], se, acc);
+            const float r = round_even(acc);
+            out[ch * ds.c] = r <= 0.0f ? 0 : (r >= 255.0f ? 255 : (uint8_t)r);
         }
     }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+
+/* The same arithmetic, eight output pixels at a time (AVX2 + FMA: the same IEEE operations lane by lane, so the same
+ * results as bilinear_row); the row's last w % 8 pixels by bilinear_row. */
+__attribute__((target("avx2,fma")))
+static void bilinear_avx2(const uint8_t *padded, uint8_t *dst, strides4 ds, shape4 sh, const float *bx,
+                          const float *by, const float *s) {
+    const Py_ssize_t h = sh.h, w = sh.w, pw = w + 2, pplane = (h + 2) * (w + 2);
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(), top = _mm256_set1_ps(255.0f);
+    const __m256 half_w = _mm256_set1_ps((float)w / 2.0f), half_h = _mm256_set1_ps((float)h / 2.0f);
+    const __m256 minus_half = _mm256_set1_ps(-0.5f), minus_one = _mm256_set1_ps(-1.0f);
+    const __m256 wf = _mm256_set1_ps((float)w), hf = _mm256_set1_ps((float)h);
+    const __m256 s0 = _mm256_set1_ps(s[0]), s2 = _mm256_set1_ps(s[2]), s3 = _mm256_set1_ps(s[3]),
+                 s5 = _mm256_set1_ps(s[5]);
+    const __m256i byte = _mm256_set1_epi32(0xFF), vpw = _mm256_set1_epi32((int)pw), vone = _mm256_set1_epi32(1);
+    const Py_ssize_t vec_end = w - w % 8;
+    int32_t lanes[8];
+    for (Py_ssize_t i = 0; i < h; i++) {
+        const __m256 ry_x = _mm256_set1_ps(by[i] * s[1]), ry_y = _mm256_set1_ps(by[i] * s[4]);
+        for (Py_ssize_t j = 0; j < vec_end; j += 8) {
+            const __m256 vbx = _mm256_loadu_ps(bx + j);
+            const __m256 gx = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(vbx, s0), ry_x), s2);
+            const __m256 gy = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(vbx, s3), ry_y), s5);
+            __m256 x = _mm256_fmadd_ps(_mm256_add_ps(gx, one), half_w, minus_half);
+            __m256 y = _mm256_fmadd_ps(_mm256_add_ps(gy, one), half_h, minus_half);
+            const __m256 inside = _mm256_and_ps(
+                _mm256_and_ps(_mm256_cmp_ps(x, minus_one, _CMP_GT_OQ), _mm256_cmp_ps(x, wf, _CMP_LT_OQ)),
+                _mm256_and_ps(_mm256_cmp_ps(y, minus_one, _CMP_GT_OQ), _mm256_cmp_ps(y, hf, _CMP_LT_OQ)));
+            x = _mm256_and_ps(x, inside); /* lanes outside read pixel (0, 0) of the padding; their result is 0 */
+            y = _mm256_and_ps(y, inside);
+            const __m256 x0 = _mm256_floor_ps(x), y0 = _mm256_floor_ps(y);
+            const __m256 fw = _mm256_sub_ps(x, x0), fe = _mm256_sub_ps(one, fw);
+            const __m256 fn = _mm256_sub_ps(y, y0), fs = _mm256_sub_ps(one, fn);
+            const __m256 nw = _mm256_mul_ps(fs, fe), ne = _mm256_mul_ps(fs, fw);
+            const __m256 sw = _mm256_mul_ps(fn, fe), se = _mm256_mul_ps(fn, fw);
+            const __m256i index = _mm256_add_epi32(
+                _mm256_mullo_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(y0), vone), vpw),
+                _mm256_add_epi32(_mm256_cvttps_epi32(x0), vone));
+            const __m256i keep = _mm256_castps_si256(inside);
+            for (Py_ssize_t ch = 0; ch < sh.c; ch++) {
+                const uint8_t *plane = padded + ch * pplane;
+                const __m256i upper = _mm256_i32gather_epi32((const int *)plane, index, 1);
+                const __m256i lower = _mm256_i32gather_epi32((const int *)(plane + pw), index, 1);
+                const __m256 a = _mm256_cvtepi32_ps(_mm256_and_si256(upper, byte));
+                const __m256 b = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(upper, 8), byte));
+                const __m256 c = _mm256_cvtepi32_ps(_mm256_and_si256(lower, byte));
+                const __m256 d = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(lower, 8), byte));
+                __m256 acc = _mm256_mul_ps(a, nw);
+                acc = _mm256_fmadd_ps(b, ne, acc);
+                acc = _mm256_fmadd_ps(c, sw, acc);
+                acc = _mm256_fmadd_ps(d, se, acc);
+                acc = _mm256_round_ps(acc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                acc = _mm256_min_ps(_mm256_max_ps(acc, zero), top);
+                _mm256_storeu_si256((__m256i *)lanes, _mm256_and_si256(_mm256_cvttps_epi32(acc), keep));
+                uint8_t *out = dst + ch * ds.c + i * ds.h + j * ds.w;
+                for (int k = 0; k < 8; k++) out[k * ds.w] = (uint8_t)lanes[k];
+            }
+        }
+        if (vec_end < w) bilinear_row(padded, dst, ds, sh, i, vec_end, bx, by, s);
+    }
+}
+#endif
+
+static void bilinear_one(const uint8_t *src, strides4 ss, uint8_t *dst, strides4 ds, shape4 sh, uint8_t *padded,
+                         const float *bx, const float *by, const float *s, int avx2) {
+    pad_planar(src, ss, sh, padded);
+#ifdef HAVE_AVX2_PATH
+    if (avx2) {
+        bilinear_avx2(padded, dst, ds, sh, bx, by, s);
+        return;
+    }
+#endif
+    (void)avx2;
+    for (Py_ssize_t i = 0; i < sh.h; i++) bilinear_row(padded, dst, ds, sh, i, 0, bx, by, s);
+}
+
+static int cpu_has_avx2_fma(void) {
+#ifdef HAVE_AVX2_PATH
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
 }
 
 /* warp(src, src_strides, dst, dst_strides, (n, c, h, w), bx, by, params, fill[, bilinear]) */
@@ -151,17 +244,18 @@ PyObject *warp(PyObject *self, PyObject *args) {
              params.len >= sh.n * 6 * (Py_ssize_t)sizeof(float);
     uint8_t *padded = NULL;
     if (ok && bilinear && sh.n > 0) {
-        padded = malloc((size_t)(sh.c * (sh.h + 2) * (sh.w + 2)));
+        padded = malloc((size_t)(sh.c * (sh.h + 2) * (sh.w + 2) + PAD_SLACK));
         if (!padded) ok = -1;
     }
     if (ok == 1) {
         const uint8_t *in = src.buf;
         uint8_t *out = dst.buf;
+        const int avx2 = bilinear && cpu_has_avx2_fma() && !getenv("LIGHTNING_FASTDATA_NO_AVX2");
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t k = 0; k < sh.n; k++) {
             const float *theta = (const float *)params.buf + 6 * k;
             if (bilinear)
-                bilinear_one(in + k * ss.n, ss, out + k * ds.n, ds, sh, padded, bx.buf, by.buf, theta);
+                bilinear_one(in + k * ss.n, ss, out + k * ds.n, ds, sh, padded, bx.buf, by.buf, theta, avx2);
             else
                 nearest_one(in + k * ss.n, ss, out + k * ds.n, ds, sh, bx.buf, by.buf, theta, (uint8_t)fill);
         }
@@ -249,6 +343,60 @@ PyObject *histogram(PyObject *self, PyObject *args) {
     PyBuffer_Release(&counts);
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "histogram: buffers smaller than the shape and strides given");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Three planes of n bytes to n triples, and back: a crop into and out of a channels-last batch slot. Written so that
+ * the compiler vectorises them (with byte shuffles: a clone for CPUs with AVX2, ~10x faster than the plain one). */
+__attribute__((target_clones("avx2", "default")))
+static void interleave3(const uint8_t *restrict a, uint8_t *restrict b, Py_ssize_t n) {
+    const uint8_t *a0 = a, *a1 = a + n, *a2 = a + 2 * n;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        b[3 * j] = a0[j];
+        b[3 * j + 1] = a1[j];
+        b[3 * j + 2] = a2[j];
+    }
+}
+
+__attribute__((target_clones("avx2", "default")))
+static void deinterleave3(const uint8_t *restrict a, uint8_t *restrict b, Py_ssize_t n) {
+    uint8_t *b0 = b, *b1 = b + n, *b2 = b + 2 * n;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        b0[j] = a[3 * j];
+        b1[j] = a[3 * j + 1];
+        b2[j] = a[3 * j + 2];
+    }
+}
+
+/* transpose(src, dst, rows, cols): dst (cols x rows) = the transpose of src (rows x cols), bytes; a C x H x W image
+ * to H x W x C (rows = C) and back (cols = C). src and dst must not overlap. */
+PyObject *transpose(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    Py_ssize_t rows, cols;
+    if (!PyArg_ParseTuple(args, "y*w*nn", &src, &dst, &rows, &cols)) return NULL;
+    const int ok = rows >= 0 && cols >= 0 && src.len >= rows * cols && dst.len >= rows * cols;
+    if (ok) {
+        const uint8_t *a = src.buf;
+        uint8_t *b = dst.buf;
+        Py_BEGIN_ALLOW_THREADS
+        if (rows == 3)
+            interleave3(a, b, cols);
+        else if (cols == 3)
+            deinterleave3(a, b, rows);
+        else if (rows <= cols)
+            for (Py_ssize_t j = 0; j < cols; j++) /* few rows (channels): write each output row in order */
+                for (Py_ssize_t i = 0; i < rows; i++) b[j * rows + i] = a[i * cols + j];
+        else
+            for (Py_ssize_t i = 0; i < rows; i++) /* few columns: read each input row in order */
+                for (Py_ssize_t j = 0; j < cols; j++) b[j * rows + i] = a[i * cols + j];
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "transpose: buffers smaller than rows x cols");
         return NULL;
     }
     Py_RETURN_NONE;

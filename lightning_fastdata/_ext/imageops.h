@@ -7,5 +7,6 @@
 PyObject *warp(PyObject *self, PyObject *args);
 PyObject *lookup(PyObject *self, PyObject *args);
 PyObject *histogram(PyObject *self, PyObject *args);
+PyObject *transpose(PyObject *self, PyObject *args);
 
 #endif

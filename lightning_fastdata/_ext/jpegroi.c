@@ -163,6 +163,8 @@ static PyMethodDef methods[] = {
      "lookup(src, dst, planes, plane, table, rows) -> None: each plane through a 256-entry table (imageops.c)"},
     {"histogram", histogram, METH_VARARGS,
      "histogram(src, counts, planes, plane) -> None: int64 counts of the 256 levels per plane (imageops.c)"},
+    {"transpose", transpose, METH_VARARGS,
+     "transpose(src, dst, rows, cols) -> None: dst = the transpose of the bytes src (imageops.c)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegroi", "ROI JPEG decode (libjpeg-turbo).", -1, methods};

@@ -216,12 +216,23 @@ def test_repeated_augmentation_continues_an_epoch_on_another_world_size() -> Non
 
 
 @pytest.mark.parametrize("size", [(64, 64), (48, 80), (45, 71)])
-@pytest.mark.parametrize(("interpolation", "fill"), [("nearest", None), ("nearest", 128), ("bilinear", None)])
+@pytest.mark.parametrize(
+    ("interpolation", "fill", "avx2"),
+    [("nearest", None, True), ("nearest", 128, True), ("bilinear", None, True), ("bilinear", None, False)],
+)
 def test_worker_policies_apply_every_op_at_every_magnitude_as_torchvision(
-    batch: torch.Tensor, size: tuple[int, int], interpolation: str, fill: int | None
+    batch: torch.Tensor,
+    size: tuple[int, int],
+    interpolation: str,
+    fill: int | None,
+    avx2: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The worker path's faster kernels (C warps, a solarize table) give torchvision's pixels for every op, bin and
-    sign, on square, non-square and odd-sized images, nearest and bilinear, with and without a fill."""
+    """The worker path's faster kernels (C warps, level tables) give torchvision's pixels for every op, bin and sign,
+    on square, non-square and odd-sized images (the AVX2 warp's scalar tail), nearest and bilinear, with and without
+    a fill, and with the AVX2 bilinear warp switched off (the one-pixel-at-a-time code other CPUs run)."""
+    if not avx2:
+        monkeypatch.setenv("LIGHTNING_FASTDATA_NO_AVX2", "1")
     from lightning_fastdata.loading.augment.fast import accelerate
     from lightning_fastdata.loading.native import imageops_available
 

@@ -18,7 +18,9 @@ tensor, where a faster kernel gives the same pixels:
 Every other case (sharpness and saturation, a fill per channel, a fill with bilinear warps, other interpolations,
 PIL images, videos, tensors on a GPU, an install without the compiled extension) is torchvision's own code.
 ``tests/loading/test_augment.py`` compares each op at every magnitude bin and sign, and whole policies under the
-same seeds, with torchvision's, bit for bit.
+same seeds, with torchvision's, bit for bit (the bilinear warp runs eight pixels at a time with AVX2 and FMA where
+the CPU has them, else one at a time with the same arithmetic; ``LIGHTNING_FASTDATA_NO_AVX2=1`` forces the latter,
+which the tests compare too).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_m
 
 from lightning_fastdata.loading import native
 
-__all__ = ["AugMix", "AutoAugment", "RandAugment", "TrivialAugmentWide", "accelerate", "warp_images"]
+__all__ = ["AugMix", "AutoAugment", "RandAugment", "TrivialAugmentWide", "accelerate", "copy_image", "warp_images"]
 
 
 @lru_cache(maxsize=64)
@@ -140,6 +142,38 @@ def _histograms(image: torch.Tensor) -> np.ndarray:
         native.jpegroi.histogram(memory, strides, tuple(src.shape), counts)
         return counts
     return np.stack([np.bincount(p.ravel(), minlength=256) for p in image.contiguous().numpy()])
+
+
+_IDENTITY = torch.arange(256, dtype=torch.uint8)
+
+
+def copy_image(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for uint8 CPU ``C x H x W`` tensors of any layouts, in one pass in C where installed."""
+    if (
+        native.imageops_available()
+        and dst.dtype == src.dtype == torch.uint8
+        and dst.device.type == src.device.type == "cpu"
+        and dst.dim() == 3
+        and dst.shape == src.shape
+    ):
+        c, h, w = src.shape
+        planar, interleaved = (h * w, w, 1), (1, w * c, c)
+        kinds = (tuple(src.stride()), tuple(dst.stride()))
+        assert native.jpegroi is not None
+        if kinds == (planar, interleaved):  # out of the transform into a channels-last batch slot
+            native.jpegroi.transpose(src.numpy(), dst.permute(1, 2, 0).numpy(), c, h * w)
+            return
+        if kinds == (interleaved, planar):  # out of the slot, for the transform
+            native.jpegroi.transpose(src.permute(1, 2, 0).numpy(), dst.numpy(), h * w, c)
+            return
+        src, src_memory, src_strides = _memory(src)
+        dst_dense, dst_memory, dst_strides = _memory(dst)
+        if dst_dense.data_ptr() == dst.data_ptr() and dst_strides == tuple(dst.stride()):  # dst written where it is
+            native.jpegroi.lookup(
+                src_memory, src_strides, dst_memory, dst_strides, tuple(src.shape), _IDENTITY.numpy(), 1
+            )
+            return
+    dst.copy_(src)
 
 
 def _equalize_table(image: torch.Tensor) -> torch.Tensor:

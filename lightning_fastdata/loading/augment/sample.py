@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from lightning_fastdata.errors import InvalidTypeError
-from lightning_fastdata.loading.augment.fast import accelerate
+from lightning_fastdata.loading.augment.fast import accelerate, copy_image
 from lightning_fastdata.loading.augment.keyed import sample_seed
 
 __all__ = ["SampleTransform", "describe_transform"]
@@ -76,3 +76,13 @@ class SampleTransform:
                 "image_size, scale and ratio instead); batch ops such as MixUp/CutMix go in batch_transforms."
             )
         return out
+
+    def apply_into(self, image: torch.Tensor, key: Sequence[int]) -> None:
+        """Transform ``image`` in place (any strides: a slot of a channels-last batch).
+
+        The transform gets a contiguous copy; the copies in and out are one pass each in C where the compiled
+        kernels are installed (torch's permuted uint8 copies cost 0.15-0.25 ms each per 176 px crop).
+        """
+        planar = torch.empty(image.shape, dtype=image.dtype)
+        copy_image(planar, image)
+        copy_image(image, self(planar, key))
