@@ -54,7 +54,14 @@ def _train(root: Path, val: Path, exact: bool, seed: int, epochs: int) -> dict[s
 
     pl.seed_everything(seed, verbose=False)
     dm = ImageFolderDataModule(
-        str(root), str(val), image_size=112, batch_size=32, num_workers=2, seed=seed, exact_decode=exact
+        str(root),
+        str(val),
+        image_size=112,
+        batch_size=32,
+        num_workers=2,
+        seed=seed,
+        exact_decode=exact,
+        entropy_index=False,
     )
     model = ImageClassifier(CLASSES, arch="resnet18", lr=2e-3)
     trainer = cpu_trainer(epochs=epochs, num_sanity_val_steps=0)

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff format --check lightning_fastdata tests benchmarks setup.py
 .venv/bin/mypy
 bash scripts/docs.sh
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"

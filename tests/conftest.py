@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,19 @@ def _fork_server() -> Iterator[None]:
     """Stop the fork server (``helpers/zygote.py``) that process-level tests share, if one was started."""
     yield
     SERVER.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The per-user cache folder (default entropy indexes) in the session's temp folder, never the home's."""
+    path = tmp_path_factory.mktemp("user-cache")
+    before = os.environ.get("LIGHTNING_FASTDATA_CACHE")
+    os.environ["LIGHTNING_FASTDATA_CACHE"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("LIGHTNING_FASTDATA_CACHE", None)
+    else:
+        os.environ["LIGHTNING_FASTDATA_CACHE"] = before
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,11 @@ def _common(s: Settings) -> dict[str, Any]:
     return dict(image_size=s.image_size, batch_size=s.batch_size, num_workers=s.workers, val_fraction=0.0)
 
 
+def _folder(s: Settings) -> dict[str, Any]:
+    """The folder module's arguments: the plain decode, the same in every run (no entropy index from a cache)."""
+    return dict(_common(s), entropy_index=False)
+
+
 def _cache(s: Settings, augment_on: str = "workers", cls: type = TensorCacheDataModule) -> TensorCacheDataModule:
     cache_dir = str(Path(s.scratch) / f"cache{s.cache_size}")
     return cls(
@@ -114,14 +119,14 @@ def fed(s: Settings) -> list[dict[str, Any]]:
     synthetic = fit(s, SyntheticData(s, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
     loaders: list[tuple[str, Any, pl.Callback | None]] = [
         ("torchvision ImageFolder (baseline)", lambda: BaselineData(s), DataWaitMonitor(print_summary=False)),
-        ("ImageFolderDataModule", lambda: ImageFolderDataModule(s.root, **_common(s)), None),
+        ("ImageFolderDataModule", lambda: ImageFolderDataModule(s.root, **_folder(s)), None),
         ("TensorCacheDataModule raw, augment in workers", lambda: _cache(s, "workers"), None),
         ("TensorCacheDataModule raw, augment on device", lambda: _cache(s, "device"), None),
         ("HDF5DataModule raw", lambda: _hdf5(s), None),
     ]
     loaders = [x for x in loaders if not s.fed_loaders or x[0] in s.fed_loaders]
     for w in s.folder_workers:  # the folder module with fewer workers: cores left to the training process
-        folder = dict(_common(s), num_workers=w)
+        folder = dict(_folder(s), num_workers=w)
         loaders.append(
             (f"ImageFolderDataModule, {w} workers", lambda f=folder: ImageFolderDataModule(s.root, **f), None)
         )
@@ -216,7 +221,7 @@ def correctness(s: Settings) -> dict[str, Any]:
     device = "cuda" if cuda_available() else "cpu"
     out: dict[str, Any] = {"device": device}
     makers: list[tuple[str, Any]] = [
-        ("ImageFolderDataModule", lambda: ImageFolderDataModule(s.root, **_common(s))),
+        ("ImageFolderDataModule", lambda: ImageFolderDataModule(s.root, **_folder(s))),
         ("TensorCacheDataModule raw, augment in workers", lambda: _cache(s, "workers")),
         ("TensorCacheDataModule raw, augment on device", lambda: _cache(s, "device")),
     ]
@@ -237,7 +242,7 @@ def correctness(s: Settings) -> dict[str, Any]:
 
 def decode(s: Settings) -> dict[str, Any]:
     """Batch decode with nvJPEG (+ random-resized crop and flip) on the GPU vs our CPU path's loader rate."""
-    dm = ImageFolderDataModule(s.root, **_common(s))
+    dm = ImageFolderDataModule(s.root, **_folder(s))
     dm.setup("fit")
     cpu_rate = time_loader(dm.train_dataloader, count_images, min_seconds=5.0)
     out: dict[str, Any] = {"cpu_path_img_s": round(cpu_rate, 1), "workers": s.workers}

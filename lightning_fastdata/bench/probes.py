@@ -83,7 +83,13 @@ def worker_pss(which: str, root: str, epochs: str, batches: str) -> dict[str, An
         loader = baseline_loader(root, 64, 64, 2)
     else:
         dm = ImageFolderDataModule(
-            root, val_fraction=0.0, image_size=64, batch_size=64, num_workers=2, persistent_workers=True
+            root,
+            val_fraction=0.0,
+            image_size=64,
+            batch_size=64,
+            num_workers=2,
+            persistent_workers=True,
+            entropy_index=False,  # the plain decode, the same in every run (no index taken up from a cache)
         )
         dm.setup("fit")
         loader = dm.train_dataloader()

@@ -50,6 +50,7 @@ def ours(
     ``extra``: more DataModule arguments (``index_dir`` and ``entropy_index``: its index is built before timing).
     """
     kw = dict(recipe)
+    extra.setdefault("entropy_index", False)  # the plain decode unless the row asks for the index
     if where == "workers":  # the device policies run per sample in the workers, after the user's own
         device = as_transform_list(kw.pop("device_transforms", None), "device_transforms")
         mine = as_transform_list(kw.pop("train_transforms", None), "train_transforms")

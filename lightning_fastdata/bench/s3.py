@@ -241,6 +241,7 @@ def _module(root: str, args: argparse.Namespace, storage_options: dict[str, Any]
         image_size=args.size,
         batch_size=args.batch_size,
         num_workers=args.workers,
+        entropy_index=False,  # the bucket's reads as they are, the same in every run
     )
     dm.setup("fit")
     return dm

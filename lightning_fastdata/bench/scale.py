@@ -205,7 +205,7 @@ def cold_read_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     kw = dict(image_size=args.image_size, batch_size=args.batch_size, num_workers=2, val_fraction=0.0)
 
     def folder(block: int | None) -> Any:
-        dm = ImageFolderDataModule(args.root, block_shuffle=block, **kw)
+        dm = ImageFolderDataModule(args.root, block_shuffle=block, entropy_index=False, **kw)
         dm.setup("fit")
         return dm.train_dataloader()
 
@@ -272,7 +272,7 @@ def compact_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         convert_folder_to_hdf5(args.root, compact, max_side=256, quality=90)
     cache_dir = str(scratch_path(args, "cache256"))
     kw = dict(image_size=args.image_size, batch_size=args.batch_size, num_workers=2, val_fraction=0.0)
-    folder = ImageFolderDataModule(args.root, **kw)
+    folder = ImageFolderDataModule(args.root, entropy_index=False, **kw)
     modules: dict[str, tuple[Any, list[str]]] = {
         "ImageFolderDataModule (original JPEGs)": (folder, sorted(glob.glob(os.path.join(args.root, "*", "*")))),
         "HDF5DataModule encoded (original JPEGs)": (HDF5DataModule(str(h5["encoded"]), **kw), [str(h5["encoded"])]),

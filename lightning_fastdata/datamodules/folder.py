@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -18,9 +18,13 @@ from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.index.files import FileIndex, contains_path
 from lightning_fastdata.loading.jpeg.entropy_index import (
+    EntropyIndexes,
+    PendingEntropyIndex,
     build_entropy_index,
+    default_index_dir,
     entropy_index_available,
     load_entropy_index,
+    start_background_build,
 )
 from lightning_fastdata.loading.storage.base import Storage, is_url
 from lightning_fastdata.loading.storage.bucket_index import DEFAULT_INDEX_TTL
@@ -154,11 +158,15 @@ class ImageFolderDataModule(FastDataModule):
             (:class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`).
             ``None``: the environment's (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, roles).
         index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused before the bucket is listed again.
-        entropy_index: Build an entropy index of the training JPEGs in ``index_dir`` (``prepare_data`` reads every
-            file once; reused while the file list is the same) and decode each crop from its own bits alone:
-            the same pixels, ~0.15 ms less per 500 x 375 image at 224 px
-            (:mod:`~lightning_fastdata.loading.jpeg.entropy_index`; ~7% of the JPEG bytes on disk). Needs
-            ``index_dir``. Worth it from a few epochs.
+        entropy_index: Decode each JPEG crop from its own bits alone, with an entropy index of the training files
+            (:mod:`~lightning_fastdata.loading.jpeg.entropy_index`): the same pixels, ~0.15 ms less per 500 x 375
+            image at 224 px; ~7% of the JPEG bytes on disk, in ``index_dir``, else in the per-user cache folder
+            (``$LIGHTNING_FASTDATA_CACHE``, ``$XDG_CACHE_HOME/lightning-fastdata`` or
+            ``~/.cache/lightning-fastdata``). ``"auto"`` (default): used when it is there; if it is not,
+            ``prepare_data`` starts building it in the background at the lowest CPU priority and training starts
+            at once, every loader process taking it up when it is whole (no pass before the first step; off
+            where the compiled decoder is missing). ``True``: ``prepare_data`` builds it before training (every
+            file read once, all cores). ``False``: never.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).
 
@@ -174,22 +182,21 @@ class ImageFolderDataModule(FastDataModule):
         index_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
         index_ttl: float = DEFAULT_INDEX_TTL,
-        entropy_index: bool = False,
+        entropy_index: bool | Literal["auto"] = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         save_init_hparams(self)
-        if entropy_index and index_dir is None:
-            raise InvalidValueError(
-                "entropy_index=True needs index_dir: a folder of ours (node-local, never inside the data) to keep "
-                "the index in, e.g. index_dir='/local/nvme/fastdata-index'."
-            )
-        if entropy_index and not entropy_index_available():
+        if entropy_index not in (True, False, "auto"):
+            raise InvalidValueError(f"entropy_index should be True, False or 'auto', got {entropy_index!r}.")
+        if entropy_index is True and not entropy_index_available():
             raise InvalidValueError(
                 "entropy_index=True needs the compiled JPEG decoder, which this install lacks (it was built without "
                 "libjpeg-turbo's headers): install libjpeg62-turbo-dev or libjpeg-turbo8-dev and reinstall."
             )
-        self.entropy_index = bool(entropy_index)
+        #: True (built in prepare_data), "auto" (built in the background, taken up when whole) or False
+        self.entropy_index: bool | str = entropy_index if entropy_index_available() else False
+        self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
         self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl)
         self.classes = self.source.classes
 
@@ -205,7 +212,11 @@ class ImageFolderDataModule(FastDataModule):
                 self.source.index(self.source.val_root)
         if self.entropy_index:
             train_index, _ = self.source.indexes(self.split)
-            build_entropy_index(train_index, self.source.storages[self.source.root], self.source.index_dir)  # type: ignore[arg-type]
+            storage = self.source.storages[self.source.root]
+            if self.entropy_index is True:
+                build_entropy_index(train_index, storage, self.entropy_dir)
+            else:  # "auto": training does not wait for it
+                start_background_build(train_index, storage, self.entropy_dir)
 
     @property
     def num_classes(self) -> int:
@@ -216,9 +227,11 @@ class ImageFolderDataModule(FastDataModule):
         """Scan the folder(s) once and build the train and validation datasets."""
         train_index, val_index = self.source.indexes(self.split)
         options = self.source.storage_options
-        entropy = None
-        if self.entropy_index:  # None (warned, naming the folder and why): decoded without it, the same pixels
-            entropy = load_entropy_index(self.source.index_dir, train_index)  # type: ignore[arg-type]
+        entropy: EntropyIndexes | PendingEntropyIndex | None = None
+        if self.entropy_index is True:  # None (warned, naming the folder and why): decoded without it, same pixels
+            entropy = load_entropy_index(self.entropy_dir, train_index)
+        elif self.entropy_index == "auto":  # taken up when whole (the same pixels before and after)
+            entropy = PendingEntropyIndex(self.entropy_dir, train_index)
         train = ImageFolderDataset(train_index, options, entropy, **self.split_kwargs(True))
         val = None if val_index is None else ImageFolderDataset(val_index, options, **self.split_kwargs(False))
         return train, val

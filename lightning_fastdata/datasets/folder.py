@@ -14,7 +14,7 @@ from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, segment_hashes
-from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes
+from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes, PendingEntropyIndex
 from lightning_fastdata.loading.storage.registry import open_storage
 
 __all__ = ["ImageFolderDataset"]
@@ -42,7 +42,9 @@ class ImageFolderDataset(AugmentedImageDataset):
             environment's (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
         entropy_indexes: The entropy indexes of these files, in this order
             (:func:`~lightning_fastdata.loading.jpeg.entropy_index.build_entropy_index`): JPEG crops are then
-            entropy-decoded alone, the same pixels with less work. ``None``: decoded from the top of each image.
+            entropy-decoded alone, the same pixels with less work; a
+            :class:`~lightning_fastdata.loading.jpeg.entropy_index.PendingEntropyIndex` is used once its
+            background build is whole. ``None``: decoded from the top of each image.
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`
             (``train``, ``image_size``, ``scale``, ``ratio``, ``crop_fraction``, ``seed``, ``on_corrupt``:
             ``"raise"`` names a corrupt file, ``"skip"`` logs it, leaves it out of its batch and counts it).
@@ -56,7 +58,7 @@ class ImageFolderDataset(AugmentedImageDataset):
         self,
         root: str | FileIndex,
         storage_options: dict[str, Any] | None = None,
-        entropy_indexes: EntropyIndexes | None = None,
+        entropy_indexes: EntropyIndexes | PendingEntropyIndex | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -144,9 +145,9 @@ def test_built_index_is_kept_in_index_dir_reused_and_rebuilt_when_the_files_chan
 def test_datamodule_batches_are_the_same_with_the_index_through_worker_processes(tmp_path: Path) -> None:
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=12, size=(160, 120))
     common = dict(image_size=64, batch_size=8, num_workers=2, val_fraction=0.25, seed=3)
-    with pytest.raises(ValueError, match="index_dir"):
-        ImageFolderDataModule(str(root), entropy_index=True, **common)
-    plain = ImageFolderDataModule(str(root), **common)
+    with pytest.raises(ValueError, match="True, False or 'auto'"):
+        ImageFolderDataModule(str(root), entropy_index="yes", **common)  # type: ignore[arg-type]
+    plain = ImageFolderDataModule(str(root), entropy_index=False, **common)
     fast = ImageFolderDataModule(str(root), index_dir=str(tmp_path / "idx"), entropy_index=True, **common)
     fast.prepare_data()
     assert list((tmp_path / "idx").glob("entropy-*/meta.json"))
@@ -299,3 +300,110 @@ def test_leftovers_of_killed_builds_are_removed_by_the_next_build(tmp_path: Path
         folder.name,
         f"{folder.name}.lock",
     ]
+
+
+def _wait_for(path: Path, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert path.exists(), path
+
+
+def test_auto_builds_in_the_background_in_the_user_cache_and_is_taken_up_with_the_same_pixels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default, entropy_index="auto": prepare_data returns at once, the index is built in the per-user cache
+    folder by a background process, and the dataset takes it up when whole: the same batches before, after and
+    without it."""
+    from lightning_fastdata.loading.jpeg.entropy_index import PendingEntropyIndex, default_index_dir
+
+    monkeypatch.setenv("LIGHTNING_FASTDATA_CACHE", str(tmp_path / "cache"))
+    assert default_index_dir() == tmp_path / "cache" / "entropy-index"
+    root = make_image_folder(tmp_path / "data", num_classes=2, per_class=12, size=(160, 120))
+    common = dict(image_size=64, batch_size=8, num_workers=0, val_fraction=0.0, seed=3)
+    auto = ImageFolderDataModule(str(root), **common)
+    assert auto.entropy_index == "auto"  # the default
+    started = time.monotonic()
+    auto.prepare_data()
+    assert time.monotonic() - started < 5  # no pass over the files before the first step
+    auto.setup("fit")
+    pending = auto.train_dataset.entropy_indexes
+    assert isinstance(pending, PendingEntropyIndex) and pending.folder.parent == default_index_dir()
+    plain = ImageFolderDataModule(str(root), entropy_index=False, **common)
+    plain.setup("fit")
+    expected = list(plain.train_dataloader())
+    before = list(auto.train_dataloader())
+    _wait_for(pending.folder / "meta.json")
+    pending._next = 0.0  # look now rather than in 20 s
+    assert auto.train_dataset.entropy_index_of(0) is not None  # taken up
+    after = list(auto.train_dataloader())
+    for batches in (before, after):
+        for (xa, ya), (xb, yb) in zip(expected, batches, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert not list(pending.folder.parent.glob("*.partial-*"))
+
+
+def test_builders_of_one_index_build_it_once_and_an_unwritable_cache_only_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from lightning_fastdata.loading.jpeg import entropy_index as module
+
+    root = make_image_folder(tmp_path / "data", num_classes=2, per_class=10, size=(160, 120))
+    index = scan_image_folder(str(root))
+    builders = [module.start_background_build(index, LocalStorage(str(root)), tmp_path / "idx") for _ in range(2)]
+    for process in builders:
+        process.join(120)
+        assert process.exitcode == 0
+    folder = entropy_index_folder(tmp_path / "idx", index)
+    stamp = (folder / "meta.json").stat().st_mtime_ns
+    assert module.start_background_build(index, LocalStorage(str(root)), tmp_path / "idx") is None  # whole: nothing
+    assert (folder / "meta.json").stat().st_mtime_ns == stamp and load_entropy_index(tmp_path / "idx", index)
+    (tmp_path / "a-file").write_text("x")
+    monkeypatch.setenv("LIGHTNING_FASTDATA_CACHE", str(tmp_path / "a-file"))
+    module._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="lightning_fastdata"):
+        assert module.start_background_build(index, LocalStorage(str(root)), module.default_index_dir()) is None
+    assert "cannot keep an entropy index" in caplog.text
+    dm = ImageFolderDataModule(str(root), entropy_index="auto", image_size=64, val_fraction=0.0, num_workers=0)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert len(list(dm.train_dataloader())) > 0
+
+
+class _CountingStorage(LocalStorage):
+    """A folder whose reads are counted, and which fails (as a killed build stops) after ``fail_after`` files."""
+
+    def __init__(self, root: str, fail_after: int | None = None) -> None:
+        super().__init__(root)
+        self.read = 0
+        self.fail_after = fail_after
+
+    def read_many(self, relpaths):  # type: ignore[no-untyped-def]
+        out = []
+        for data in super().read_many(relpaths):
+            if self.fail_after is not None and self.read >= self.fail_after:
+                raise RuntimeError("killed")
+            self.read += 1
+            out.append(data)
+        return out
+
+
+def test_a_killed_build_resumes_at_its_last_whole_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning_fastdata.loading.jpeg import entropy_index as module
+
+    monkeypatch.setattr(module, "PIECE_FILES", 4)
+    root = make_image_folder(tmp_path / "data", num_classes=2, per_class=9, size=(96, 72))
+    index = scan_image_folder(str(root))
+    killed = _CountingStorage(str(root), fail_after=10)
+    with pytest.raises(RuntimeError, match="killed"):
+        build_entropy_index(index, killed, tmp_path / "idx", processes=0, progress=False)
+    folder = entropy_index_folder(tmp_path / "idx", index)
+    building = folder.with_name(f"{folder.name}.building")
+    assert not (folder / "meta.json").exists() and len(list(building.glob("*.npy"))) == 2
+    again = _CountingStorage(str(root))
+    built = build_entropy_index(index, again, tmp_path / "idx", processes=0, progress=False)
+    assert again.read == len(index) - 8  # the two whole pieces of 4 were kept
+    fresh = build_entropy_index(index, LocalStorage(str(root)), tmp_path / "fresh", processes=1, progress=False)
+    assert built is not None and fresh is not None
+    assert [built.get(i) for i in range(len(index))] == [fresh.get(i) for i in range(len(index))]
+    assert not building.exists()

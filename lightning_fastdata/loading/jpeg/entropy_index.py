@@ -22,6 +22,7 @@ the entries of the images it decodes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -38,16 +39,19 @@ from tqdm import tqdm
 
 from lightning_fastdata.errors import UsageError
 from lightning_fastdata.loading import native
-from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
+from lightning_fastdata.loading.atomic import atomic_path, atomic_write_bytes, atomic_write_text, replace_folder
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.native import entropy_index_available
 from lightning_fastdata.loading.storage.base import Storage
-from lightning_fastdata.loading.storage.source_reads import init_source_process, map_sources
+from lightning_fastdata.loading.storage.source_reads import CHUNK, init_source_process, map_sources
 from lightning_fastdata.loading.workers import CpuBudget
 
 __all__ = [
     "FORMAT",
     "EntropyIndexes",
+    "PendingEntropyIndex",
+    "default_index_dir",
+    "start_background_build",
     "build_entropy_index",
     "entropy_index_available",
     "entropy_index_folder",
@@ -238,39 +242,98 @@ def _remove_dead_builds(folder: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
+#: Files per piece of a build kept in ``<folder>.building``: a killed build resumes after its last whole piece.
+PIECE_FILES = 4096
+
+
+def _resume_point(work: Path, index: FileIndex) -> int:
+    """How many files of ``index`` the pieces in ``work`` already hold (0: start afresh, ``work`` emptied)."""
+    stamp = f"{FORMAT} {len(index)} {_fingerprint(index)}"
+    try:
+        same = (work / "list").read_text() == stamp
+    except OSError:
+        same = False
+    if not same:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        atomic_write_text(work / "list", stamp)
+        return 0
+    done = 0
+    while True:  # the pieces in order, each whole: its lengths (written last) agree with its bytes
+        lengths_path, blob_path = work / f"{done:012d}.npy", work / f"{done:012d}.bin"
+        try:
+            lengths = np.load(lengths_path)
+            whole = blob_path.stat().st_size == int(lengths.sum()) and len(lengths) > 0
+        except (OSError, ValueError, EOFError):
+            whole = False
+        if not whole:
+            for stale in work.glob("*.npy"):  # a piece after a gap or half written: redone
+                if int(stale.stem) >= done:
+                    stale.unlink(missing_ok=True)
+            return done
+        done += len(lengths)
+
+
 def _build_locked(
     index: FileIndex, storage: Storage, folder: Path, processes: int | None, progress: bool
 ) -> EntropyIndexes:
-    """:func:`build_entropy_index` holding the folder's lock (no other build of it runs: leftovers are dead)."""
+    """:func:`build_entropy_index` holding the folder's lock (no other build of it runs: leftovers are dead).
+
+    The entries are kept in pieces of ``PIECE_FILES`` (4,096) files in ``<folder>.building`` as they are made: a build
+    that is killed (the background builder ends with its training process) resumes at its last whole piece. The
+    pieces are then joined into the index folder, which replaces the old one in one rename.
+    """
     _remove_dead_builds(folder)
     why = _valid(folder, index)
     if why is None:
         log.info("lightning_fastdata: reused the entropy index %s (%d files).", folder, len(index))
         return EntropyIndexes(folder)
     start = time.perf_counter()
-    print(f"lightning_fastdata: building the entropy index of {len(index):,} files in {folder} ({why})")
+    work = folder.with_name(f"{folder.name}.building")
+    first = _resume_point(work, index)
+    resumed = f"; resuming after {first:,} files indexed before" if first else ""
+    say = print if progress else log.info  # a background build says it in the log only
+    say(f"lightning_fastdata: building the entropy index of {len(index):,} files in {folder} ({why}{resumed})")
+    context = get_context("fork" if os.name == "posix" else "spawn")
+    pool_cm: Any = (
+        contextlib.nullcontext(_InProcess())
+        if processes == 0
+        else context.Pool(processes or CpuBudget.detect().usable, initializer=init_source_process)
+    )
+    with pool_cm as pool:
+        bar = tqdm(total=len(index), initial=first, desc="entropy index", unit="img", disable=not progress)
+        piece: list[bytes] = []
+        for entry in map_sources(pool, storage, index, _index_one, start=first, chunk=min(CHUNK, PIECE_FILES)):
+            piece.append(entry)
+            bar.update()
+            if len(piece) == PIECE_FILES or first + len(piece) == len(index):
+                atomic_write_bytes(work / f"{first:012d}.bin", b"".join(piece), fsync=False)
+                with atomic_path(work / f"{first:012d}.npy", fsync=False) as tmp, open(tmp, "wb") as f:
+                    np.save(f, np.array([len(e) for e in piece], dtype=np.int64))
+                first += len(piece)
+                piece = []
+        bar.close()
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     try:
         partial.mkdir()
-        offsets = np.zeros(len(index) + 1, dtype=np.int64)
-        processes = processes or CpuBudget.detect().usable
-        context = get_context("fork" if os.name == "posix" else "spawn")
-        with open(partial / "blob.bin", "wb") as blob, context.Pool(processes, initializer=init_source_process) as pool:
-            bar = tqdm(total=len(index), desc="entropy index", unit="img", disable=not progress or len(index) == 0)
-            for i, entry in enumerate(map_sources(pool, storage, index, _index_one)):
-                blob.write(entry)
-                offsets[i + 1] = offsets[i] + len(entry)
-                bar.update()
-            bar.close()
+        lengths = [np.zeros(1, dtype=np.int64)]
+        with open(partial / "blob.bin", "wb") as blob:
+            for lengths_path in sorted(work.glob("*.npy")):
+                lengths.append(np.load(lengths_path))
+                blob.write((work / f"{lengths_path.stem}.bin").read_bytes())
             blob.flush()
             os.fsync(blob.fileno())
+        offsets = np.cumsum(np.concatenate(lengths))
+        if len(offsets) != len(index) + 1:  # the pieces do not cover the list: never publish such an index
+            raise OSError(f"the pieces in {work} hold {len(offsets) - 1} of {len(index)} files")
         np.save(partial / "offsets.npy", offsets)
         indexed = int(np.count_nonzero(np.diff(offsets)))
         meta = {"format": FORMAT, "count": len(index), "fingerprint": _fingerprint(index), "indexed": indexed}
         atomic_write_text(partial / "meta.json", json.dumps(meta))
         replace_folder(partial, folder)  # an index of another file list is moved aside, then deleted
+        shutil.rmtree(work, ignore_errors=True)
     finally:
-        shutil.rmtree(partial, ignore_errors=True)  # gone after the rename; a failed build's half is removed
+        shutil.rmtree(partial, ignore_errors=True)  # gone after the rename; a failed join's half is removed
     took = time.perf_counter() - start
     log.info(
         "lightning_fastdata: built the entropy index of %d files in %s (%.1f s, %.1f MB; %d without one: not "
@@ -282,3 +345,116 @@ def _build_locked(
         len(index) - indexed,
     )
     return EntropyIndexes(folder)
+
+
+class _InProcess:
+    """A "pool" that maps in this process (a background build: one process, at low priority, no children)."""
+
+    imap = staticmethod(map)
+
+
+def default_index_dir() -> Path:
+    """Where entropy indexes are kept when no ``index_dir`` is given: a per-user cache folder, never the data's.
+
+    ``$LIGHTNING_FASTDATA_CACHE``, else ``$XDG_CACHE_HOME/lightning-fastdata``, else
+    ``~/.cache/lightning-fastdata`` (the convention of torch hub and Hugging Face); the indexes go in its
+    ``entropy-index`` folder.
+    """
+    base = os.environ.get("LIGHTNING_FASTDATA_CACHE")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "lightning-fastdata")
+    return Path(base) / "entropy-index"
+
+
+#: Free space an index_dir must keep after a background build (a cache must never fill a disk).
+MIN_FREE_BYTES = 2 * 1024**3
+
+
+def start_background_build(index: FileIndex, storage: Storage, index_dir: str | os.PathLike[str]) -> Any:
+    """Build the entropy index of ``index`` in a background process at the lowest CPU priority; return at once.
+
+    Training starts without the index and every process adopts it when it is complete
+    (:class:`PendingEntropyIndex`): its crops are the same pixels with or without it, so the switch may come at any
+    step. The builder holds the folder's lock (another rank's or run's builder leaves it be), reads every file once
+    with one process at ``nice 19`` (it takes what the loader leaves idle: a few percent of a saturated CPU), and
+    ends with the training process. It does nothing where the index is already whole, or where ``index_dir``
+    cannot be written or has less than ``MIN_FREE_BYTES`` (2 GB) free (warned once). Returns the process, or ``None``.
+    """
+    folder = entropy_index_folder(index_dir, index)
+    if _valid(folder, index) is None:
+        return None
+    try:
+        Path(index_dir).mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(index_dir).free
+    except OSError as err:
+        _warn_once(
+            folder,
+            f"lightning_fastdata: cannot keep an entropy index in {os.fspath(index_dir)!r} ({err}): "
+            "training without it (the same pixels, slower). Set index_dir (or LIGHTNING_FASTDATA_CACHE) to a "
+            "writable folder, or entropy_index=False.",
+        )
+        return None
+    if free < MIN_FREE_BYTES:
+        _warn_once(
+            folder,
+            f"lightning_fastdata: {os.fspath(index_dir)!r} has {free / 1e9:.1f} GB free: no entropy "
+            "index is built there (it would take ~7% of the JPEG bytes). Training goes on without it; free "
+            "some space or set index_dir.",
+        )
+        return None
+    context: Any = get_context("fork" if os.name == "posix" else "spawn")
+    process = context.Process(target=_background_main, args=(index, storage, folder), daemon=True)
+    process.start()
+    return process
+
+
+def _background_main(index: FileIndex, storage: Storage, folder: Path) -> None:
+    """The background builder's process: lowest priority, the folder's lock or nothing, one file at a time."""
+    with contextlib.suppress(OSError):
+        os.nice(19)
+    init_source_process()
+    lock = FileLock(f"{folder}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Exception:  # noqa: BLE001 - another builder holds it (Timeout), or the lock cannot be made: let it be
+        return
+    try:
+        _build_locked(index, storage, folder, processes=0, progress=False)
+    except Exception as err:  # noqa: BLE001 - a cache that could not be built must never disturb training
+        log.warning("lightning_fastdata: the background entropy index build of %s stopped (%s).", folder, err)
+    finally:
+        lock.release()
+
+
+class PendingEntropyIndex:
+    """An entropy index being built elsewhere: :meth:`get` answers ``None`` until it is whole, then its entries.
+
+    Each process (every loader worker has its own copy) looks for the finished folder at most every
+    ``every`` seconds (a ``stat``; the file list's fingerprint once when it appears). Picklable.
+    """
+
+    def __init__(self, index_dir: str | os.PathLike[str], index: FileIndex, every: float = 20.0) -> None:
+        self.folder = entropy_index_folder(index_dir, index)
+        self.index = index
+        self.every = every
+        self._found: EntropyIndexes | None = None
+        self._next = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_found": None, "_next": 0.0}
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def get(self, i: int) -> bytes | None:
+        """File ``i``'s index once the folder is whole, else ``None`` (decoded without: the same pixels)."""
+        if self._found is None:
+            now = time.monotonic()
+            if now < self._next:
+                return None
+            self._next = now + self.every
+            if not (self.folder / "meta.json").exists() or _valid(self.folder, self.index) is not None:
+                return None
+            self._found = EntropyIndexes(self.folder)
+        return self._found.get(i)
