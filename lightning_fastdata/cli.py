@@ -10,129 +10,51 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from typing import Any
 
-import torch
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from typing_extensions import override
-
-from lightning_fastdata.bench import main as bench_main
-from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
-from lightning_fastdata.demos import ensure_demo_data
-from lightning_fastdata.diagnose.main import add_arguments as add_doctor_arguments
-from lightning_fastdata.diagnose.main import run as run_doctor
+from lightning_fastdata.diagnose.arguments import add_arguments as add_doctor_arguments
 from lightning_fastdata.errors import UsageError
-from lightning_fastdata.hparams import without_secrets
-from lightning_fastdata.loading.workers import resolve_num_workers
-from lightning_fastdata.measure import compare_folder_loaders
-from lightning_fastdata.models import ImageClassifier
-from lightning_fastdata.recipe import CONFIG_DIR, ConfigNotFoundError, find_config, shipped_configs
+from lightning_fastdata.shipped import CONFIG_DIR, ConfigNotFoundError, find_config, shipped_configs
 
-__all__ = ["CONFIG_DIR", "ConfigNotFoundError", "FastDataCLI", "find_config", "main", "run_cli"]
+__all__ = ["CONFIG_DIR", "ConfigNotFoundError", "find_config", "main", "run_cli"]  # + FastDataCLI, on use
 
 #: The model the demo trains when there is no GPU: small enough that training stays well under a minute.
 DEMO_CPU_ARCH = "mobilenet_v3_small"
 
 
-def _with_configs_found(argv: list[str]) -> list[str]:
-    """``argv`` with each ``--config NAME`` (or ``--config=NAME``) replaced by the file it names."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--config" and i + 1 < len(out):
-            out[i + 1] = str(find_config(out[i + 1]))
-        elif arg.startswith("--config="):
-            out[i] = "--config=" + str(find_config(arg.split("=", 1)[1]))
-    return out
-
-
-def _usage_error(err: BaseException) -> UsageError | None:
-    """The error our validation raised on purpose in ``err``'s cause chain, if any (see :mod:`..errors`)."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        if isinstance(current, UsageError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-class SecretFreeSaveConfigCallback(SaveConfigCallback):
-    """LightningCLI's ``config.yaml`` writer, with every ``storage_options`` stripped of its secrets first.
-
-    The saved config is what a run leaves beside its logs and checkpoints; credentials come back from the
-    environment (or the command line) when it is run again (:func:`~lightning_fastdata.hparams.without_secrets`).
-    """
-
-    def __init__(self, parser: Any, config: Any, *args: Any, **kwargs: Any) -> None:
-        config = config.clone()
-        for key in list(config.keys()):
-            if key.rsplit(".", 1)[-1] == "storage_options" and isinstance(config[key], dict):
-                config[key] = without_secrets(config[key])
-        super().__init__(parser, config, *args, **kwargs)
-
-
-class FastDataCLI(LightningCLI):
-    """LightningCLI with ``model.num_classes`` linked from the DataModule's ``num_classes``.
-
-    When a value fails the package's own validation (a :class:`~lightning_fastdata.errors.UsageError`: a missing
-    folder, an impossible argument), the command exits with that message alone (``error: ...``), not jsonargparse's
-    listing of every Union subtype and argument around it; any other error keeps its traceback.
-    """
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Link the class count so configs never repeat it."""
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-
-    @override
-    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse ``args``: ``fastdata`` always passes them (its own parser split the command line first)."""
-        self.config = parser.parse_args(args)
-
-    @override
-    def instantiate_classes(self) -> None:
-        """Build the classes; our validation errors become one clear message (exit status 1)."""
-        try:
-            super().instantiate_classes()
-        except Exception as err:
-            ours = _usage_error(err)
-            if ours is None:
-                raise
-            raise SystemExit(f"fastdata {self.subcommand or ''}: error: {ours}".replace("  ", " ")) from ours
-
-
-def run_cli(args: list[str] | None = None) -> FastDataCLI:
-    """Run LightningCLI over :class:`ImageClassifier` and any :class:`FastDataModule` subclass.
+def run_cli(args: list[str] | None = None) -> Any:
+    """Run LightningCLI: :func:`lightning_fastdata.lightning_cli.run_cli`, imported on first use.
 
     ``args``: ``[subcommand, options...]`` (default: the command line after the program name). ``--config`` may
-    name a shipped config (``--config imagefolder``). ``sys.argv`` is never changed (a DDP launcher that
-    re-runs it resolves the same names).
-
-    Raises:
-        ConfigNotFoundError: If a ``--config`` is neither a file nor a shipped config.
+    name a shipped config (``--config imagefolder``).
     """
-    argv = _with_configs_found(sys.argv[1:] if args is None else args)
-    with warnings.catch_warnings():
-        # Lightning's CombinedLoader builds a torch pytree ``LeafSpec`` for every batch, which torch >= 2.10
-        # deprecates: not the user's code nor ours, and nothing they could change. Only in our command.
-        warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
-        return FastDataCLI(
-            ImageClassifier,
-            FastDataModule,
-            subclass_mode_data=True,
-            save_config_callback=SecretFreeSaveConfigCallback,
-            save_config_kwargs={"overwrite": True},
-            args=argv,
-        )
+    from lightning_fastdata.lightning_cli import run_cli as run
+
+    return run(args)
+
+
+def __getattr__(name: str) -> Any:
+    """``FastDataCLI`` and ``SecretFreeSaveConfigCallback`` from :mod:`lightning_fastdata.lightning_cli`, on use."""
+    if name in ("FastDataCLI", "SecretFreeSaveConfigCallback"):
+        from lightning_fastdata import lightning_cli
+
+        return getattr(lightning_cli, name)
+    raise AttributeError(f"module 'lightning_fastdata.cli' has no attribute {name!r}")
 
 
 def _make_data(args: argparse.Namespace, rest: list[str]) -> None:
+    from lightning_fastdata.demos import ensure_demo_data
+
     ensure_demo_data(args.root, args.num_classes, args.per_class, args.processes, use_existing=False)
 
 
 def _demo(args: argparse.Namespace, rest: list[str]) -> None:
+    import torch
+
+    from lightning_fastdata.demos import ensure_demo_data
+    from lightning_fastdata.loading.workers import resolve_num_workers
+    from lightning_fastdata.measure import compare_folder_loaders
+
     config = find_config(args.config)
     root = ensure_demo_data(args.root, args.num_classes, args.per_class)
     comparison = None
@@ -161,6 +83,12 @@ def _demo(args: argparse.Namespace, rest: list[str]) -> None:
         print(comparison)
 
 
+def _doctor(args: argparse.Namespace, rest: list[str]) -> None:
+    from lightning_fastdata.diagnose.main import run as run_doctor
+
+    run_doctor(args)
+
+
 def _config(args: argparse.Namespace, rest: list[str]) -> None:
     if args.name is None:
         for name in shipped_configs():
@@ -172,6 +100,8 @@ def _config(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def _convert(args: argparse.Namespace, rest: list[str]) -> None:
+    from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
+
     dst = convert_folder_to_hdf5(
         args.src,
         args.dst,
@@ -283,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: fastdata doctor data/train --devices 8 --step-ms 120 --write-config fast.yaml",
     )
     add_doctor_arguments(doctor)
-    doctor.set_defaults(handler=lambda args, rest: run_doctor(args))
+    doctor.set_defaults(handler=_doctor)
     return parser
 
 
@@ -299,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "bench":
+            from lightning_fastdata.bench import main as bench_main
+
             bench_main(rest)
         elif args.command in _PASS_THROUGH:
             run_cli([args.command, *rest])

@@ -19,9 +19,10 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.errors import PathNotFoundError, UsageError
+from lightning_fastdata.errors import UsageError
 from lightning_fastdata.loading.augment.batch import as_transform_list
 from lightning_fastdata.loading.augment.policies import KeyedTransform
+from lightning_fastdata.shipped import CONFIG_DIR, ConfigNotFoundError, find_config, shipped_configs
 
 __all__ = [
     "CONFIG_DIR",
@@ -33,37 +34,6 @@ __all__ = [
     "reference_loader",
     "shipped_configs",
 ]
-
-#: The configs shipped with the package (the repository's ``configs/`` is a copy, tested equal).
-CONFIG_DIR = Path(__file__).parent / "configs"
-
-
-def shipped_configs() -> list[str]:
-    """Names of the configs that ship with the package (``demo``, ``imagefolder``, ...)."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-
-
-class ConfigNotFoundError(PathNotFoundError):
-    """A ``--config`` that is neither a file nor a shipped config's name."""
-
-
-def find_config(value: str) -> Path:
-    """``value`` as a config file: an existing path as it is, else a shipped config's name (``.yaml`` optional).
-
-    Raises:
-        ConfigNotFoundError: If it is neither (the message names the shipped configs).
-    """
-    path = Path(value)
-    if path.is_file():
-        return path
-    shipped = CONFIG_DIR / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
-    if path.parent == Path(".") and shipped.is_file():
-        return shipped
-    raise ConfigNotFoundError(
-        f"config {value!r} is not a file, nor one of the configs shipped with lightning_fastdata "
-        f"({', '.join(shipped_configs())}). Pass a YAML path or one of those names."
-    )
-
 
 #: The DataModule arguments that make a recipe (what ``--recipe CONFIG`` takes from the config's ``data``).
 RECIPE_ARGS = (

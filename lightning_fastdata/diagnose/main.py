@@ -5,37 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from lightning_fastdata.diagnose.report import DoctorReport, check_config_path, format_report, write_config
-from lightning_fastdata.diagnose.run import doctor
+from lightning_fastdata.diagnose.arguments import add_arguments
 from lightning_fastdata.errors import UsageError
-from lightning_fastdata.loading.storage.base import is_url
+
+if TYPE_CHECKING:
+    from lightning_fastdata.diagnose.report import DoctorReport
 
 __all__ = ["add_arguments", "main", "run"]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the doctor's arguments to ``p`` (``fastdata doctor``'s subparser, or :func:`main`'s own parser)."""
-    p.add_argument(
-        "path",
-        help="image folder (root/<class>/<image>), a bucket URL of one (s3://bucket/train; credentials and endpoint "
-        "from the standard AWS environment), or an HDF5 file",
-    )
-    p.add_argument("--devices", type=int, default=1, help="training processes per node")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--seconds", type=float, default=60.0, help="time budget of the measurements")
-    p.add_argument("--step-ms", type=float, default=None, help="your model's step time without data wait")
-    p.add_argument("--sample", type=int, default=256, help="files sampled")
-    p.add_argument("--scratch-dir", default=None, help="where to build the sample's caches (default: TMPDIR)")
-    p.add_argument("--write-config", default=None, help="write a LightningCLI YAML with the recommendation")
-    p.add_argument(
-        "--recipe",
-        default=None,
-        help="a LightningCLI config (file or shipped name, e.g. recipe_torchvision) whose data arguments are your "
-        "training recipe (train_transforms, device_transforms, batch_transforms, ...): every option is timed with "
-        "it, against torchvision's reference loader of it, and --write-config keeps it",
-    )
 
 
 def run(args: argparse.Namespace) -> DoctorReport:
@@ -44,6 +22,11 @@ def run(args: argparse.Namespace) -> DoctorReport:
     Raises:
         UsageError: If the data, the scratch directory or an argument is unusable (the message says what to do).
     """
+    # the measuring parts load torch: imported here, so that the parser (and --help) loads nothing heavy
+    from lightning_fastdata.diagnose.report import check_config_path, format_report, write_config
+    from lightning_fastdata.diagnose.run import doctor
+    from lightning_fastdata.loading.storage.base import is_url
+
     if args.write_config:
         check_config_path(args.path, args.write_config)  # before a minute of measuring, not after
     if os.path.exists(args.path) or is_url(args.path):

@@ -1,0 +1,114 @@
+"""LightningCLI for ``fastdata fit`` (``validate``, ``test``, ``predict``).
+
+Our DataModules and model, secret-free configs, and our validation errors as one line. Imported only when such a
+command runs (it loads torch and Lightning), so that ``fastdata --help`` and the other commands answer at once.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from typing_extensions import override
+
+from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.errors import UsageError
+from lightning_fastdata.hparams import without_secrets
+from lightning_fastdata.models import ImageClassifier
+from lightning_fastdata.shipped import find_config
+
+__all__ = ["FastDataCLI", "SecretFreeSaveConfigCallback", "run_cli"]
+
+
+def _with_configs_found(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--config NAME`` (or ``--config=NAME``) replaced by the file it names."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            out[i + 1] = str(find_config(out[i + 1]))
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + str(find_config(arg.split("=", 1)[1]))
+    return out
+
+
+def _usage_error(err: BaseException) -> UsageError | None:
+    """The error our validation raised on purpose in ``err``'s cause chain, if any (see :mod:`..errors`)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UsageError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+class SecretFreeSaveConfigCallback(SaveConfigCallback):
+    """LightningCLI's ``config.yaml`` writer, with every ``storage_options`` stripped of its secrets first.
+
+    The saved config is what a run leaves beside its logs and checkpoints; credentials come back from the
+    environment (or the command line) when it is run again (:func:`~lightning_fastdata.hparams.without_secrets`).
+    """
+
+    def __init__(self, parser: Any, config: Any, *args: Any, **kwargs: Any) -> None:
+        config = config.clone()
+        for key in list(config.keys()):
+            if key.rsplit(".", 1)[-1] == "storage_options" and isinstance(config[key], dict):
+                config[key] = without_secrets(config[key])
+        super().__init__(parser, config, *args, **kwargs)
+
+
+class FastDataCLI(LightningCLI):
+    """LightningCLI with ``model.num_classes`` linked from the DataModule's ``num_classes``.
+
+    When a value fails the package's own validation (a :class:`~lightning_fastdata.errors.UsageError`: a missing
+    folder, an impossible argument), the command exits with that message alone (``error: ...``), not jsonargparse's
+    listing of every Union subtype and argument around it; any other error keeps its traceback.
+    """
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Link the class count so configs never repeat it."""
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+
+    @override
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse ``args``: ``fastdata`` always passes them (its own parser split the command line first)."""
+        self.config = parser.parse_args(args)
+
+    @override
+    def instantiate_classes(self) -> None:
+        """Build the classes; our validation errors become one clear message (exit status 1)."""
+        try:
+            super().instantiate_classes()
+        except Exception as err:
+            ours = _usage_error(err)
+            if ours is None:
+                raise
+            raise SystemExit(f"fastdata {self.subcommand or ''}: error: {ours}".replace("  ", " ")) from ours
+
+
+def run_cli(args: list[str] | None = None) -> FastDataCLI:
+    """Run LightningCLI over :class:`ImageClassifier` and any :class:`FastDataModule` subclass.
+
+    ``args``: ``[subcommand, options...]`` (default: the command line after the program name). ``--config`` may
+    name a shipped config (``--config imagefolder``). ``sys.argv`` is never changed (a DDP launcher that
+    re-runs it resolves the same names).
+
+    Raises:
+        ConfigNotFoundError: If a ``--config`` is neither a file nor a shipped config.
+    """
+    argv = _with_configs_found(sys.argv[1:] if args is None else args)
+    with warnings.catch_warnings():
+        # Lightning's CombinedLoader builds a torch pytree ``LeafSpec`` for every batch, which torch >= 2.10
+        # deprecates: not the user's code nor ours, and nothing they could change. Only in our command.
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
+        return FastDataCLI(
+            ImageClassifier,
+            FastDataModule,
+            subclass_mode_data=True,
+            save_config_callback=SecretFreeSaveConfigCallback,
+            save_config_kwargs={"overwrite": True},
+            args=argv,
+        )
