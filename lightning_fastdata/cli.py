@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -77,7 +78,12 @@ def _demo(args: argparse.Namespace, rest: list[str]) -> None:
         print(f"fastdata demo: no GPU, so it trains a {DEMO_CPU_ARCH} (the config's model on a GPU) ...")
         rest = ["--model.arch", DEMO_CPU_ARCH, *rest]
     start = time.perf_counter()
-    run_cli(["fit", "--config", str(config), "--data.init_args.root", str(root), *rest])
+    with tempfile.TemporaryDirectory(prefix="fastdata-demo-") as scratch:
+        # the run's saved config (and anything else the Trainer writes) goes to a temporary folder: the demo leaves
+        # only its data behind (--trainer.default_root_dir DIR keeps them in DIR)
+        if not any(a.startswith("--trainer.default_root_dir") for a in rest):
+            rest = ["--trainer.default_root_dir", scratch, *rest]
+        run_cli(["fit", "--config", str(config), "--data.init_args.root", str(root), *rest])
     print(f"fastdata demo: trained for {time.perf_counter() - start:.0f} s.")
     if comparison:
         print(comparison)

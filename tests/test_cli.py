@@ -110,6 +110,7 @@ def test_demo_measures_both_loaders_then_trains_from_any_directory(tmp_path: Pat
     assert f"trains a {DEMO_CPU_ARCH}" in out.stdout
     for noise in ("set_vital", "LeafSpec", "Traceback"):
         assert noise not in out.stderr, out.stderr[-3000:]
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["data"]  # no lightning_logs/ or config left behind
 
 
 def test_repository_configs_are_the_shipped_configs() -> None:
