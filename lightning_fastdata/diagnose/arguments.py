@@ -28,6 +28,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scratch-dir", default=None, help="where to build the sample's caches (default: TMPDIR)")
     p.add_argument("--write-config", default=None, help="write a LightningCLI YAML with the recommendation")
     p.add_argument(
+        "--val-root",
+        default=None,
+        help="your validation folder (or URL, or HDF5 file), kept in the written config; default: a 'val', 'valid' "
+        "or 'validation' folder beside PATH with the same classes, if there is one, else a split of PATH",
+    )
+    p.add_argument(
+        "--index-dir",
+        default=None,
+        help="a node-local folder of yours for file lists and entropy indexes, kept in the written config "
+        "(default there: cache/index where one is needed)",
+    )
+    p.add_argument(
         "--recipe",
         default=None,
         help="a LightningCLI config (file or shipped name, e.g. recipe_torchvision) whose data arguments are your "

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> DoctorReport:
         UsageError: If the data, the scratch directory or an argument is unusable (the message says what to do).
     """
     # the measuring parts load torch: imported here, so that the parser (and --help) loads nothing heavy
-    from lightning_fastdata.diagnose.report import check_config_path, format_report, write_config
+    from lightning_fastdata.diagnose.report import check_config_path, format_report, sibling_validation, write_config
     from lightning_fastdata.diagnose.run import doctor
     from lightning_fastdata.loading.storage.base import is_url
 
@@ -48,7 +48,10 @@ def run(args: argparse.Namespace) -> DoctorReport:
         recipe=args.recipe,
     )
     if args.write_config:
-        write_config(report, args.write_config)
+        val_root = getattr(args, "val_root", None) or sibling_validation(args.path)
+        if val_root is not None and not getattr(args, "val_root", None):
+            print(f"fastdata doctor: found the validation folder {val_root} beside the data: kept.", file=sys.stderr)
+        write_config(report, args.write_config, val_root=val_root, index_dir=getattr(args, "index_dir", None))
         print(f"fastdata doctor: wrote {args.write_config}", file=sys.stderr)
     print(format_report(report, args.image_size, args.step_ms, args.write_config))
     return report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,7 +13,16 @@ from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_write_text
 from lightning_fastdata.loading.index.files import contains_path
 
-__all__ = ["DoctorReport", "Option", "as_dict", "check_config_path", "duration", "format_report", "write_config"]
+__all__ = [
+    "DoctorReport",
+    "Option",
+    "as_dict",
+    "check_config_path",
+    "duration",
+    "format_report",
+    "sibling_validation",
+    "write_config",
+]
 
 
 @dataclass
@@ -195,8 +205,29 @@ def check_config_path(data: str, config: str) -> None:
         )
 
 
-def write_config(report: DoctorReport, path: str) -> Path:
+def sibling_validation(path: str) -> str | None:
+    """A ``val``, ``valid`` or ``validation`` folder beside the local folder ``path`` with the same class folders."""
+    if not os.path.isdir(path):
+        return None
+    classes = sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
+    parent = os.path.dirname(os.path.abspath(path))
+    for name in ("val", "valid", "validation"):
+        candidate = os.path.join(parent, name)
+        if os.path.abspath(candidate) == os.path.abspath(path) or not os.path.isdir(candidate):
+            continue
+        theirs = sorted(e.name for e in os.scandir(candidate) if e.is_dir() and not e.name.startswith("."))
+        if classes and theirs == classes:
+            return os.path.join(os.path.dirname(path.rstrip(os.sep)) or ".", name)
+    return None
+
+
+def write_config(report: DoctorReport, path: str, val_root: str | None = None, index_dir: str | None = None) -> Path:
     """A LightningCLI YAML with the recommended DataModule, runnable with ``fastdata fit --config PATH``.
+
+    ``val_root`` (the user's validation folder, URL or HDF5 file) and ``index_dir`` (their folder for file lists
+    and entropy indexes) are kept in it: the recommended option reads the same validation data as the user's run
+    (an HDF5 option converts it too, in its first-once command) and keeps its indexes where the user said. The
+    header says what was kept. Never secrets: a bucket's credentials stay in the environment.
 
     Raises:
         ValueError: If ``path`` is inside the data.
@@ -204,6 +235,29 @@ def write_config(report: DoctorReport, path: str) -> Path:
     import yaml
 
     option = report.chosen
+    data = copy.deepcopy(option.config)
+    init = data["init_args"]
+    kept: list[str] = []
+    prepare = option.prepare
+    if val_root is not None:
+        if data["class_path"].endswith("HDF5DataModule"):
+            if prepare:  # the training file is converted from the folder: the validation one is, the same way
+                train_h5 = str(init["path"])
+                val_h5 = train_h5[: -len(".h5")] + "-val.h5" if train_h5.endswith(".h5") else train_h5 + "-val"
+                init["val_path"] = val_h5
+                prepare += " && " + prepare.replace(f"--src {report.path}", f"--src {val_root}").replace(
+                    f"--dst {train_h5}", f"--dst {val_h5}"
+                )
+            else:
+                init["val_path"] = val_root
+        else:
+            init["val_root"] = val_root
+        init.pop("val_fraction", None)
+        kept.append(f"validation data {val_root}")
+    if index_dir is not None:
+        if "index_dir" in init or init.get("entropy_index"):
+            init["index_dir"] = index_dir
+        kept.append(f"index_dir {index_dir}")
     config = {
         "seed_everything": 0,
         "trainer": {
@@ -213,16 +267,18 @@ def write_config(report: DoctorReport, path: str) -> Path:
             "callbacks": [{"class_path": "lightning_fastdata.FastDataCallback"}],
         },
         "model": {"arch": "resnet50", "channels_last": True},
-        "data": option.config,
+        "data": data,
     }
     header = (
         f"# Written by `fastdata doctor {report.path}`: {report.recommendation}, "
         f"{option.images_per_s:.0f} images/s per rank measured on a sample of {report.sampled}.\n"
         f"# Why: {report.reason}.\n"
     )
-    if option.prepare:
-        header += f"# First, once: {option.prepare}\n"
-    if option.config["init_args"].get("verify_source") == "folders":
+    if kept:
+        header += f"# Kept from your setup: {'; '.join(kept)}.\n"
+    if prepare:
+        header += f"# First, once: {prepare}\n"
+    if init.get("verify_source") == "folders":
         header += (
             "# verify_source: folders checks the cache against the file list and its folders' mtimes at each run, "
             "not every file;\n# after rewriting images in place (same names), run once with verify_source: files.\n"

@@ -103,6 +103,30 @@ def test_doctor_reports_measures_and_recommends_without_touching_the_data(
     assert (f"# First, once: {option.prepare}" in config.read_text()) == bool(option.prepare)
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_the_written_config_keeps_the_validation_folder_and_index_dir(tmp_path: Path) -> None:
+    """`fastdata doctor data/train --write-config` with data/val beside it: the config validates on data/val (it
+    trained on a 10% split of train before), keeps --index-dir, says what it kept, and builds with fastdata fit."""
+    data = tmp_path / "data"
+    make_image_folder(data / "train", num_classes=2, per_class=10, size=(160, 120))
+    make_image_folder(data / "val", num_classes=2, per_class=3, size=(160, 120), seed=1)
+    config, idx = tmp_path / "fast.yaml", str(tmp_path / "idx")
+    args = ["--seconds", "3", "--sample", "12", "--batch-size", "4", "--image-size", "64", "--index-dir", idx]
+    main([str(data / "train"), *args, "--write-config", str(config)])
+    text = config.read_text()
+    init = yaml.safe_load(text)["data"]["init_args"]
+    assert "# Kept from your setup: validation data" in text and "val_fraction" not in init
+    if "val_path" in init:  # an HDF5 option: the validation folder is converted too, in the first-once command
+        assert init["val_path"].endswith("-val.h5") and f"--src {data / 'val'}" in text
+    else:
+        assert init["val_root"] == str(data / "val")
+    assert init.get("index_dir", idx) == idx
+    if "val_root" in init:  # the config is what `fastdata fit` reads: every key a DataModule argument
+        cli = run_cli(["fit", "--config", str(config), "--trainer.fast_dev_run", "1", "--trainer.accelerator", "cpu"])
+        assert cli.datamodule.val_dataset is not None and len(cli.datamodule.val_dataset) == 6
+
+
 class _Sleepy(torch.utils.data.Dataset):
     """Each sample takes at least ``seconds`` (a sleep), so no honest images/s can exceed ``1 / seconds``."""
 
