@@ -275,3 +275,25 @@ def test_help_and_the_argparse_commands_load_no_torch() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
     assert "batch size per training process" in out.stdout  # help text on every doctor option
+
+
+def test_a_typo_in_a_config_or_an_option_names_it_and_the_closest_valid_key(
+    image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One line with the closest valid key, exit status 2 (jsonargparse printed ~62 lines of usage)."""
+    config = tmp_path / "typo.yaml"
+    config.write_text(
+        "trainer:\n  max_epochs: 1\ndata:\n  class_path: lightning_fastdata.ImageFolderDataModule\n"
+        f"  init_args:\n    root: {image_folder}\n    batchsize: 4\n"
+    )
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", str(config)])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "'batchsize' is not an argument of lightning_fastdata.ImageFolderDataModule" in err
+    assert "did you mean 'batch_size'" in err
+    config.write_text(config.read_text().replace("batchsize", "batch_size"))
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", str(config), "--trainer.max_epochz", "2"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "did you mean 'trainer.max_epochs'" in err and len(err.splitlines()) == 1
