@@ -42,6 +42,18 @@ static Py_ssize_t extent(shape4 s, strides4 t) {
     return (s.n - 1) * t.n + (s.c - 1) * t.c + (s.h - 1) * t.h + (s.w - 1) * t.w + 1;
 }
 
+/* The end of every entry point: release its buffers; return None, or raise MemoryError (ok < 0) or
+ * ValueError(message) (ok == 0: buffers smaller than the shape the caller gave, the caller's bug). */
+static PyObject *finish(int ok, const char *message, Py_buffer *buffers[], int count) {
+    for (int k = 0; k < count; k++) PyBuffer_Release(buffers[k]);
+    if (ok < 0) return PyErr_NoMemory();
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, message);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* v rounded half to even, for |v| < 2^22 (the default rounding mode, as nearbyintf, which was a libm call per
  * pixel): adding and subtracting 1.5 * 2^23 leaves no fraction bits (not folded away: no -ffast-math). */
 static inline float round_even(float v) {
@@ -262,17 +274,8 @@ PyObject *warp(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
     free(padded);
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&bx);
-    PyBuffer_Release(&by);
-    PyBuffer_Release(&params);
-    if (ok == -1) return PyErr_NoMemory();
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "warp: buffers smaller than the shape and strides given");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    Py_buffer *buffers[] = {&src, &dst, &bx, &by, &params};
+    return finish(ok, "warp: buffers smaller than the shape and strides given", buffers, 5);
 }
 
 /* lookup(src, src_strides, dst, dst_strides, (c, h, w), table, rows): dst = table[channel % rows][src]. */
@@ -301,14 +304,8 @@ PyObject *lookup(PyObject *self, PyObject *args) {
         }
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&table);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "lookup: buffers smaller than the shape and strides given");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    Py_buffer *buffers[] = {&src, &dst, &table};
+    return finish(ok, "lookup: buffers smaller than the shape and strides given", buffers, 3);
 }
 
 /* histogram(src, src_strides, (c, h, w), counts): counts[ch][v] (int64) = how many pixels of channel ch equal v. */
@@ -339,13 +336,8 @@ PyObject *histogram(PyObject *self, PyObject *args) {
         }
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&counts);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "histogram: buffers smaller than the shape and strides given");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    Py_buffer *buffers[] = {&src, &counts};
+    return finish(ok, "histogram: buffers smaller than the shape and strides given", buffers, 2);
 }
 
 /* Three planes of n bytes to n triples, and back: a crop into and out of a channels-last batch slot. Written so that
@@ -393,11 +385,6 @@ PyObject *transpose(PyObject *self, PyObject *args) {
                 for (Py_ssize_t j = 0; j < cols; j++) b[j * rows + i] = a[i * cols + j];
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "transpose: buffers smaller than rows x cols");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    Py_buffer *buffers[] = {&src, &dst};
+    return finish(ok, "transpose: buffers smaller than rows x cols", buffers, 2);
 }

@@ -275,3 +275,25 @@ def test_worker_policies_draw_and_apply_what_torchvision_does_under_the_same_see
             torch.manual_seed(seed)
             assert torch.equal(fast(image), ref), (type(pipeline).__name__, seed)
     assert accelerate(v2.RandomHorizontalFlip()).__class__ is v2.RandomHorizontalFlip  # others as they are
+
+
+def test_the_image_kernels_refuse_buffers_smaller_than_the_shape_they_are_given() -> None:
+    """The C entry points check every buffer against the shape and strides before touching memory."""
+    import numpy as np
+
+    from lightning_fastdata.loading.native import imageops_available, jpegroi
+
+    if not imageops_available():
+        pytest.skip("the compiled extension is not built")
+    small, big = np.zeros(10, np.uint8), np.zeros(4 * 8 * 8 * 3, np.uint8)
+    grid, params = np.zeros(8, np.float32), np.zeros(6, np.float32)
+    with pytest.raises(ValueError, match="warp"):
+        jpegroi.warp(small, (192, 64, 8, 1), big, (192, 64, 8, 1), (1, 3, 8, 8), grid, grid, params, 0, True)
+    with pytest.raises(ValueError, match="warp"):  # strides that reach past the buffer
+        jpegroi.warp(big, (192, 640, 8, 1), big, (192, 64, 8, 1), (1, 3, 8, 8), grid, grid, params, 0)
+    with pytest.raises(ValueError, match="lookup"):
+        jpegroi.lookup(big, (64, 8, 1), small, (64, 8, 1), (3, 8, 8), np.zeros(256, np.uint8), 1)
+    with pytest.raises(ValueError, match="histogram"):
+        jpegroi.histogram(big, (64, 8, 1), (3, 8, 8), np.zeros(10, np.int64))
+    with pytest.raises(ValueError, match="transpose"):
+        jpegroi.transpose(small, big, 3, 64)
