@@ -165,8 +165,9 @@ class ImageFolderDataModule(FastDataModule):
             ``~/.cache/lightning-fastdata``). ``"auto"`` (default): used when it is there; if it is not,
             ``prepare_data`` starts building it in the background at the lowest CPU priority and training starts
             at once, every loader process taking it up when it is whole (no pass before the first step; off
-            where the compiled decoder is missing). ``True``: ``prepare_data`` builds it before training (every
-            file read once, all cores). ``False``: never.
+            where the compiled decoder is missing; for a bucket root only an index already built is used: a
+            second read of every object is not done unasked). ``True``: ``prepare_data`` builds it before
+            training (every file read once, all cores). ``False``: never.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).
 
@@ -215,8 +216,10 @@ class ImageFolderDataModule(FastDataModule):
             storage = self.source.storages[self.source.root]
             if self.entropy_index is True:
                 build_entropy_index(train_index, storage, self.entropy_dir)
-            else:  # "auto": training does not wait for it
+            elif not is_url(self.source.root):  # "auto": training does not wait for it
                 start_background_build(train_index, storage, self.entropy_dir)
+            # a bucket with "auto": an index already built is used, none is built unasked (a second read of every
+            # object is the user's egress bill and request count); entropy_index=True builds it
 
     @property
     def num_classes(self) -> int:

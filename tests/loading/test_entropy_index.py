@@ -407,3 +407,24 @@ def test_a_killed_build_resumes_at_its_last_whole_piece(tmp_path: Path, monkeypa
     assert built is not None and fresh is not None
     assert [built.get(i) for i in range(len(index))] == [fresh.get(i) for i in range(len(index))]
     assert not building.exists()
+
+
+def test_auto_builds_nothing_unasked_for_a_bucket_and_true_builds_it(
+    s3: object, s3_image_folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bucket root with the default: no background read of every object (egress); entropy_index=True builds the
+    index from the bucket, and then the default uses it."""
+    from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes
+
+    monkeypatch.setenv("LIGHTNING_FASTDATA_CACHE", str(tmp_path / "cache"))
+    common = dict(storage_options=s3.storage_options(), image_size=32, val_fraction=0.0, num_workers=0)  # type: ignore[attr-defined]
+    auto = ImageFolderDataModule(s3_image_folder, **common)
+    auto.prepare_data()
+    time.sleep(1.0)
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("meta.json"))
+    built = ImageFolderDataModule(s3_image_folder, entropy_index=True, **common)
+    built.prepare_data()
+    auto.setup("fit")
+    pending = auto.train_dataset.entropy_indexes
+    assert pending is not None and pending.get(0) is not None  # the index built from the bucket, taken up
+    assert isinstance(pending._found, EntropyIndexes)  # type: ignore[union-attr]
