@@ -8,6 +8,7 @@ files): ``--config imagefolder`` finds the shipped ``imagefolder.yaml`` from any
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -246,6 +247,9 @@ def main(argv: list[str] | None = None) -> None:
             args.handler(args, rest)
     except UsageError as err:
         raise SystemExit(f"fastdata {args.command}: error: {err}") from err
+    except BrokenPipeError:  # the reader went away (`fastdata config | head`): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        raise SystemExit(141) from None
 
 
 if __name__ == "__main__":

@@ -297,3 +297,11 @@ def test_a_typo_in_a_config_or_an_option_names_it_and_the_closest_valid_key(
         main(["fit", "--config", str(config), "--trainer.max_epochz", "2"])
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and "did you mean 'trainer.max_epochs'" in err and len(err.splitlines()) == 1
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`fastdata config | head -1`: no BrokenPipeError traceback (`true` reads nothing: the pipe is always gone)."""
+    fastdata = Path(sys.executable).with_name("fastdata")
+    for reader in ("head -1", "true"):
+        out = subprocess.run(f"'{fastdata}' config | {reader}", shell=True, capture_output=True, text=True, timeout=60)
+        assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
