@@ -39,8 +39,8 @@ if __name__ == "__main__":
     kw = dict(image_size=16, batch_size=4, num_workers=0, val_fraction=0, index_dir=index_dir)
     if kind == "cache":
         dm = TensorCacheDataModule(root, cache_dir, cache_size=24, build_processes=1, **kw)
-    else:
-        dm = ImageFolderDataModule(root, **kw)
+    else:  # the file lists' lookups alone (the default entropy index would list the files once more)
+        dm = ImageFolderDataModule(root, entropy_index=False, **kw)
     dm.prepare_data_per_node = per_node == "1"
     trainer = cpu_trainer(strategy="ddp", devices=1, num_nodes=2, max_steps=2, epochs=-1)
     trainer.fit(ImageClassifier(num_classes=dm.num_classes), dm)
