@@ -428,3 +428,14 @@ def test_auto_builds_nothing_unasked_for_a_bucket_and_true_builds_it(
     pending = auto.train_dataset.entropy_indexes
     assert pending is not None and pending.get(0) is not None  # the index built from the bucket, taken up
     assert isinstance(pending._found, EntropyIndexes)  # type: ignore[union-attr]
+
+
+def test_the_same_relative_root_in_two_projects_gets_two_index_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folders = []
+    for project in ("a", "b"):
+        make_image_folder(tmp_path / project / "data", num_classes=1, per_class=2, size=(64, 48), seed=len(project))
+        monkeypatch.chdir(tmp_path / project)
+        folders.append(entropy_index_folder(tmp_path / "cache", scan_image_folder("data")))
+    assert folders[0] != folders[1]

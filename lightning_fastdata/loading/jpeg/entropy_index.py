@@ -42,7 +42,7 @@ from lightning_fastdata.loading import native
 from lightning_fastdata.loading.atomic import atomic_path, atomic_write_bytes, atomic_write_text, replace_folder
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.native import entropy_index_available
-from lightning_fastdata.loading.storage.base import Storage
+from lightning_fastdata.loading.storage.base import Storage, is_url
 from lightning_fastdata.loading.storage.source_reads import CHUNK, init_source_process, map_sources
 from lightning_fastdata.loading.workers import CpuBudget
 
@@ -66,9 +66,17 @@ FORMAT = 2
 _jpegroi: Any = native.jpegroi  # optional (no libjpeg-turbo headers at install): None
 
 
+def _root(index: FileIndex) -> str:
+    """The list's root as one name everywhere: a URL as it is, a folder as its absolute path.
+
+    ``data/train`` given relative from two projects must not share an entry of the user cache.
+    """
+    return index.root if is_url(index.root) else os.path.abspath(index.root)
+
+
 def _fingerprint(index: FileIndex) -> str:
     """The identity of a file list: its root and every relative path, in order."""
-    digest = hashlib.sha256(os.fsencode(index.root) + b"\0")
+    digest = hashlib.sha256(os.fsencode(_root(index)) + b"\0")
     digest.update(np.ascontiguousarray(index.path_bytes).tobytes())
     digest.update(np.ascontiguousarray(index.offsets, dtype=np.int64).tobytes())
     return digest.hexdigest()
@@ -76,7 +84,7 @@ def _fingerprint(index: FileIndex) -> str:
 
 def entropy_index_folder(index_dir: str | os.PathLike[str], index: FileIndex) -> Path:
     """Where :func:`build_entropy_index` keeps the indexes of ``index``'s files (one folder per data root)."""
-    return Path(index_dir) / f"entropy-{hashlib.sha256(os.fsencode(index.root)).hexdigest()[:16]}"
+    return Path(index_dir) / f"entropy-{hashlib.sha256(os.fsencode(_root(index))).hexdigest()[:16]}"
 
 
 def _index_one(data: bytes, url: str) -> bytes:
