@@ -105,7 +105,9 @@ def test_doctor_reports_measures_and_recommends_without_touching_the_data(
 
 @pytest.mark.timeout(300)
 @pytest.mark.slow
-def test_the_written_config_keeps_the_validation_folder_and_index_dir(tmp_path: Path) -> None:
+def test_the_written_config_keeps_the_validation_folder_and_index_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`fastdata doctor data/train --write-config` with data/val beside it: the config validates on data/val (it
     trained on a 10% split of train before), keeps --index-dir, says what it kept, and builds with fastdata fit."""
     data = tmp_path / "data"
@@ -123,6 +125,7 @@ def test_the_written_config_keeps_the_validation_folder_and_index_dir(tmp_path: 
         assert init["val_root"] == str(data / "val")
     assert init.get("index_dir", idx) == idx
     if "val_root" in init:  # the config is what `fastdata fit` reads: every key a DataModule argument
+        monkeypatch.chdir(tmp_path)  # its relative paths (a cache's cache/...) are the training directory's
         cli = run_cli(["fit", "--config", str(config), "--trainer.fast_dev_run", "1", "--trainer.accelerator", "cpu"])
         assert cli.datamodule.val_dataset is not None and len(cli.datamodule.val_dataset) == 6
 
