@@ -61,6 +61,13 @@ static inline float round_even(float v) {
     return t - 12582912.0f;
 }
 
+/* The grid coordinates (x, y) of the output pixel at base-grid column b_x in a row whose b_y terms are ry_x, ry_y:
+ * (b_x * s0 + b_y * s1) + s2 per coordinate, one rounding per operation (what torchvision's bmm computes on a CPU). */
+static inline void grid_point(float b_x, float ry_x, float ry_y, const float *s, float *gx, float *gy) {
+    *gx = b_x * s[0] + ry_x + s[2];
+    *gy = b_x * s[3] + ry_y + s[5];
+}
+
 /* The nearest source pixel of grid coordinate g on an axis of `size` pixels, or -1 outside the image. */
 static inline Py_ssize_t nearest_pixel(float g, float half, Py_ssize_t size) {
     const float v = (g + 1.0f) * half - 0.5f;
@@ -81,12 +88,8 @@ static void nearest_one(const uint8_t *src, strides4 ss, uint8_t *dst, strides4 
     for (Py_ssize_t i = 0; i < sh.h; i++) {
         const float ry_x = by[i] * s[1], ry_y = by[i] * s[4];
         for (Py_ssize_t j = 0; j < sh.w; j++) {
-            float gx = bx[j] * s[0];
-            float gy = bx[j] * s[3];
-            gx = gx + ry_x;
-            gy = gy + ry_y;
-            gx = gx + s[2];
-            gy = gy + s[5];
+            float gx, gy;
+            grid_point(bx[j], ry_x, ry_y, s, &gx, &gy);
             const Py_ssize_t x = nearest_pixel(gx, half_w, sh.w), y = nearest_pixel(gy, half_h, sh.h);
             uint8_t *out = dst + i * ds.h + j * ds.w;
             if (x >= 0 && y >= 0) {
@@ -127,12 +130,8 @@ static void bilinear_row(const uint8_t *padded, uint8_t *dst, strides4 ds, shape
     const float half_w = (float)w / 2.0f, half_h = (float)h / 2.0f;
     const float ry_x = by[i] * s[1], ry_y = by[i] * s[4];
     for (Py_ssize_t j = j0; j < w; j++) {
-        float gx = bx[j] * s[0];
-        float gy = bx[j] * s[3];
-        gx = gx + ry_x;
-        gy = gy + ry_y;
-        gx = gx + s[2];
-        gy = gy + s[5];
+        float gx, gy;
+        grid_point(bx[j], ry_x, ry_y, s, &gx, &gy);
         const float x = fmaf(gx + 1.0f, half_w, -0.5f), y = fmaf(gy + 1.0f, half_h, -0.5f);
         uint8_t *out = dst + i * ds.h + j * ds.w;
         if (!(x > -1.0f && x < (float)w && y > -1.0f && y < (float)h)) { /* every neighbour outside (NaN too) */
