@@ -11,7 +11,7 @@ from typing import Any
 from lightning_fastdata.diagnose.probe import PERCENTILES, DataProbe
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_write_text
-from lightning_fastdata.loading.index.files import contains_path
+from lightning_fastdata.loading.index.files import contains_path, find_classes
 
 __all__ = [
     "DoctorReport",
@@ -207,16 +207,18 @@ def check_config_path(data: str, config: str) -> None:
 
 def sibling_validation(path: str) -> str | None:
     """A ``val``, ``valid`` or ``validation`` folder beside the local folder ``path`` with the same class folders."""
-    if not os.path.isdir(path):
-        return None
-    classes = sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
+
+    def classes(folder: str) -> tuple[str, ...] | None:
+        try:
+            return find_classes(folder)  # the classes the DataModule will see
+        except FileNotFoundError:
+            return None
+
+    mine = classes(path)
     parent = os.path.dirname(os.path.abspath(path))
     for name in ("val", "valid", "validation"):
         candidate = os.path.join(parent, name)
-        if os.path.abspath(candidate) == os.path.abspath(path) or not os.path.isdir(candidate):
-            continue
-        theirs = sorted(e.name for e in os.scandir(candidate) if e.is_dir() and not e.name.startswith("."))
-        if classes and theirs == classes:
+        if mine and os.path.abspath(candidate) != os.path.abspath(path) and classes(candidate) == mine:
             return os.path.join(os.path.dirname(path.rstrip(os.sep)) or ".", name)
     return None
 

@@ -439,3 +439,28 @@ def test_the_same_relative_root_in_two_projects_gets_two_index_folders(
         monkeypatch.chdir(tmp_path / project)
         folders.append(entropy_index_folder(tmp_path / "cache", scan_image_folder("data")))
     assert folders[0] != folders[1]
+
+
+def test_a_pending_index_checks_a_folder_against_the_list_only_when_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loader workers look every 20 s; an older index of another list sitting there is fingerprinted once, not
+    at every look, and the rebuilt one is taken up when its meta.json changes."""
+    from lightning_fastdata.loading.jpeg import entropy_index as module
+
+    root = make_image_folder(tmp_path / "data", num_classes=2, per_class=4, size=(96, 72))
+    old = scan_image_folder(str(root))
+    build_entropy_index(old, LocalStorage(str(root)), tmp_path / "idx", processes=1, progress=False)
+    (root / "class_000" / "img_extra.jpg").write_bytes(jpeg((64, 48)))
+    grown = scan_image_folder(str(root))
+    checks: list[int] = []
+    real_valid = module._valid
+    monkeypatch.setattr(module, "_valid", lambda folder, index: checks.append(1) or real_valid(folder, index))
+    pending = module.PendingEntropyIndex(tmp_path / "idx", grown)
+    for _ in range(3):
+        pending._next = 0.0
+        assert pending.get(0) is None
+    assert len(checks) == 1  # the other list's index, checked once
+    build_entropy_index(grown, LocalStorage(str(root)), tmp_path / "idx", processes=1, progress=False)
+    pending._next = 0.0
+    assert pending.get(0) is not None

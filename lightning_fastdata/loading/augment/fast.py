@@ -144,11 +144,8 @@ def _histograms(image: torch.Tensor) -> np.ndarray:
     return np.stack([np.bincount(p.ravel(), minlength=256) for p in image.contiguous().numpy()])
 
 
-_IDENTITY = torch.arange(256, dtype=torch.uint8)
-
-
 def copy_image(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)`` for uint8 CPU ``C x H x W`` tensors of any layouts, in one pass in C where installed."""
+    """``dst.copy_(src)`` for uint8 CPU ``C x H x W`` tensors; planar to channels-last and back in C where installed."""
     if (
         native.imageops_available()
         and dst.dtype == src.dtype == torch.uint8
@@ -166,14 +163,7 @@ def copy_image(dst: torch.Tensor, src: torch.Tensor) -> None:
         if kinds == (interleaved, planar):  # out of the slot, for the transform
             native.jpegroi.transpose(src.permute(1, 2, 0).numpy(), dst.numpy(), h * w, c)
             return
-        src, src_memory, src_strides = _memory(src)
-        dst_dense, dst_memory, dst_strides = _memory(dst)
-        if dst_dense.data_ptr() == dst.data_ptr() and dst_strides == tuple(dst.stride()):  # dst written where it is
-            native.jpegroi.lookup(
-                src_memory, src_strides, dst_memory, dst_strides, tuple(src.shape), _IDENTITY.numpy(), 1
-            )
-            return
-    dst.copy_(src)
+    dst.copy_(src)  # any other layouts: torch's copy
 
 
 def _equalize_table(image: torch.Tensor) -> torch.Tensor:

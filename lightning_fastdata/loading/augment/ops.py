@@ -187,10 +187,12 @@ def _warp(images: torch.Tensor, theta: torch.Tensor, fill: float | None, mode: s
         raise ValueError(f"interpolation should be 'nearest' or 'bilinear' on tensors, got {mode!r}.")
     n, c, h, w = images.shape
     dev = images.device
+    scaled = theta.transpose(1, 2).div(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=dev))
+    if mode == "nearest" and dev.type == "cpu" and native.imageops_available():  # the same arithmetic in C
+        return warp_images(images, scaled, None if fill is None else int(round(float(fill))), bilinear=False)
     # torchvision's base grid: pixel centres relative to the image centre, and 1
     bx = torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, steps=w, device=dev)
     by = torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=dev)
-    scaled = theta.transpose(1, 2).div(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=dev))
     if mode == "nearest":
         return _gather_nearest(images, bx, by, scaled, fill)
     base = torch.empty(1, h, w, 3, dtype=torch.float32, device=dev)
@@ -220,11 +222,10 @@ def _gather_nearest(
     kernel), and the uint8 pixels are gathered directly: the same pixels as torchvision's on a CPU (tested op by op
     against it), 5-10x faster per image, and the same pixels on every device (no ``bmm`` or ``grid_sample``
     kernel of the device involved). A pixel whose source lies outside the image gets ``fill`` (``None``: black).
+    On a CPU with the compiled kernels, :func:`_warp` runs the same arithmetic in C (``_ext/imageops.c``) instead.
     """
     n, c, h, w = images.shape
     outside = 0 if fill is None else int(round(float(fill)))
-    if images.device.type == "cpu" and native.imageops_available():  # the same arithmetic in C (_ext/imageops.c)
-        return warp_images(images, scaled, None if fill is None else outside, bilinear=False)
     rows, cols = by.view(1, h, 1), bx.view(1, 1, w)
 
     def source(k: int, size: int) -> torch.Tensor:

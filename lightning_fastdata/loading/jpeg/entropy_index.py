@@ -232,7 +232,7 @@ def build_entropy_index(
     except UsageError:
         raise  # the data itself (a file that cannot be read, a bucket that does not answer): the user must know
     except OSError as err:  # index_dir read-only, full, or not a folder: train on without writing the index
-        usable = load_entropy_index(index_dir, index) if _valid(folder, index) is None else None
+        usable = EntropyIndexes(folder) if _valid(folder, index) is None else None
         _warn_once(
             folder,
             f"lightning_fastdata: cannot write the entropy index in {os.fspath(index_dir)!r} ({err}): "
@@ -244,10 +244,9 @@ def build_entropy_index(
 
 def _remove_dead_builds(folder: Path) -> None:
     """Delete what killed builds of ``folder`` left (``.partial-<pid>``, ``.stale-<pid>``); call under its lock."""
-    for leftover in folder.parent.glob(f"{folder.name}.partial-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    for leftover in folder.parent.glob(f"{folder.name}.stale-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+    for kind in ("partial", "stale"):
+        for leftover in folder.parent.glob(f"{folder.name}.{kind}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 #: Files per piece of a build kept in ``<folder>.building``: a killed build resumes after its last whole piece.
@@ -439,7 +438,9 @@ class PendingEntropyIndex:
     """An entropy index being built elsewhere: :meth:`get` answers ``None`` until it is whole, then its entries.
 
     Each process (every loader worker has its own copy) looks for the finished folder at most every
-    ``every`` seconds (a ``stat``; the file list's fingerprint once when it appears). Picklable.
+    ``every`` seconds (a ``stat`` of its ``meta.json``); the folder is checked against the file list (the list's
+    fingerprint) only when that file is new or changed, not at every look (an older index of another list may sit
+    there while the new one is built). Picklable.
     """
 
     def __init__(self, index_dir: str | os.PathLike[str], index: FileIndex, every: float = 20.0) -> None:
@@ -448,9 +449,10 @@ class PendingEntropyIndex:
         self.every = every
         self._found: EntropyIndexes | None = None
         self._next = 0.0
+        self._checked: int | None = None  # the meta.json (mtime in ns) last found not to serve the list
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_found": None, "_next": 0.0}
+        return {**self.__dict__, "_found": None, "_next": 0.0, "_checked": None}
 
     def __len__(self) -> int:
         return len(self.index)
@@ -462,7 +464,14 @@ class PendingEntropyIndex:
             if now < self._next:
                 return None
             self._next = now + self.every
-            if not (self.folder / "meta.json").exists() or _valid(self.folder, self.index) is not None:
+            try:
+                stamp = (self.folder / "meta.json").stat().st_mtime_ns
+            except OSError:
+                return None  # not built yet
+            if stamp == self._checked:
+                return None
+            if _valid(self.folder, self.index) is not None:
+                self._checked = stamp
                 return None
             self._found = EntropyIndexes(self.folder)
         return self._found.get(i)
