@@ -7,6 +7,7 @@
 PyObject *warp(PyObject *self, PyObject *args);
 PyObject *lookup(PyObject *self, PyObject *args);
 PyObject *histogram(PyObject *self, PyObject *args);
+PyObject *sharpen(PyObject *self, PyObject *args);
 PyObject *transpose(PyObject *self, PyObject *args);
 
 #endif

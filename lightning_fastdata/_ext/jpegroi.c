@@ -158,11 +158,16 @@ static PyMethodDef methods[] = {
     {"crop_jpeg", crop_jpeg, METH_VARARGS,
      "crop_jpeg(data, index, row0, row1, col0, col1) -> bytes | None: a JPEG of those MCUs (jpegindex.c)"},
     {"warp", warp, METH_VARARGS,
-     "warp(src, dst, n, c, h, w, bx, by, params, fill[, bilinear]) -> None: affine warp of uint8 images (imageops.c)"},
+     "warp(src, src_strides, dst, dst_strides, (n, c, h, w), bx, by, params, fill[, bilinear]) -> None: affine warp "
+     "of uint8 images (imageops.c)"},
     {"lookup", lookup, METH_VARARGS,
-     "lookup(src, dst, planes, plane, table, rows) -> None: each plane through a 256-entry table (imageops.c)"},
+     "lookup(src, src_strides, dst, dst_strides, (c, h, w), table, rows) -> None: each channel through a 256-entry "
+     "table (imageops.c)"},
     {"histogram", histogram, METH_VARARGS,
-     "histogram(src, counts, planes, plane) -> None: int64 counts of the 256 levels per plane (imageops.c)"},
+     "histogram(src, src_strides, (c, h, w), counts) -> None: int64 counts of the 256 levels per channel (imageops.c)"},
+    {"sharpen", sharpen, METH_VARARGS,
+     "sharpen(src, src_strides, dst, dst_strides, (c, h, w), alpha) -> None: torchvision's adjust_sharpness, "
+     "alpha = 1 - factor (imageops.c)"},
     {"transpose", transpose, METH_VARARGS,
      "transpose(src, dst, rows, cols) -> None: dst = the transpose of the bytes src (imageops.c)"},
     {NULL, NULL, 0, NULL}};

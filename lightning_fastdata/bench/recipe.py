@@ -15,8 +15,9 @@ TrivialAugmentWide, RandomErasing 0.1, MixUp 0.2 or CutMix 1.0 per batch). Rows,
 - ``ours, policy on the device (loader only)``: the recipe as configured: the loader hands out uint8 crops and
   their keys; what the device then does is timed apart (ms per batch, here on this CPU with one thread; on a GPU by
   ``scripts/gpu-check.sh`` when one is lent);
-- ``ours, policy on the device, entropy_index=True (loader only)``: the same with each crop entropy-decoded alone
-  from the entropy index (built in the bench's scratch folder before timing; where the compiled decoder is);
+- ``ours, policy in workers / on the device, entropy_index=True (loader only)``: the same with each crop
+  entropy-decoded alone from the entropy index (built in the bench's scratch folder before timing; where the
+  compiled decoder is): what the default ``entropy_index="auto"`` gives once its background build is done;
 - ``ours, RandomResizedCrop + flip only``: no recipe (normalised on this CPU), for reference;
 - the ceiling: one core's full JPEG decode (PIL), times the workers.
 
@@ -117,8 +118,8 @@ def recipe_suite(
 ) -> dict[str, Any]:
     """Time the rows (see the module docstring); return ``{"rows": [...], "device_ops_ms_per_batch_cpu": ...}``.
 
-    With ``entropy_index_dir`` (where the compiled decoder is installed), one more row: the device recipe with
-    ``entropy_index=True``, its index built there before timing.
+    With ``entropy_index_dir`` (where the compiled decoder is installed), two more rows: the workers and device
+    recipes with ``entropy_index=True``, its index built there before timing.
     """
     b, w = batch_size, workers
     in_workers, on_device, plain = (ours(root, recipe, b, w, where) for where in ("workers", "device", "none"))
@@ -137,6 +138,15 @@ def recipe_suite(
         indexed = ours(root, recipe, b, w, "device", index_dir=entropy_index_dir, entropy_index=True)
         candidates.insert(
             4, ("ours, policy on the device, entropy_index=True (loader only)", indexed.train_dataloader, count_images)
+        )
+        indexed_workers = ours(root, recipe, b, w, "workers", index_dir=entropy_index_dir, entropy_index=True)
+        candidates.insert(
+            3,
+            (
+                "ours, policy in workers, entropy_index=True (loader only)",
+                indexed_workers.train_dataloader,
+                count_images,
+            ),
         )
     rows = rows_for(measure(candidates, repeats=repeats, min_seconds=min_seconds), w, ceiling)
     cost = device_cost(on_device)

@@ -12,7 +12,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from lightning_fastdata.augment import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide
-from lightning_fastdata.loading.augment import ops
+from lightning_fastdata.loading.augment import keyed, ops
 from lightning_fastdata.loading.augment.keyed import sample_seed, uniforms
 from lightning_fastdata.loading.augment.policies import to_batched
 from lightning_fastdata.loading.sampler import EpochSampler
@@ -122,6 +122,15 @@ def test_a_samples_draw_depends_on_its_key_only() -> None:
     many = uniforms(0, keys_of(20000), 0, 2)
     assert abs(float(many.mean()) - 0.5) < 0.01 and abs(float(torch.corrcoef(many.T)[0, 1])) < 0.03
     assert sample_seed(0, (1, 2, 0)) != sample_seed(0, (1, 2, 1)) and sample_seed(0, (1, 2)) < 2**63
+
+
+def test_a_samples_seed_is_the_batched_hash_of_its_key() -> None:
+    """The per-sample seed (Python ints, the workers' path) is the tensor hash's number for the same key."""
+    for seed, key, stream in [(0, (0, 0, 0), 0), (2**40 + 7, (3, 1281166, 2), 0x7F1), (-5, (2**33, 9), 3)]:
+        parts = [seed, *key, stream]
+        as_tensors = [torch.tensor([[p]]) for p in parts]
+        lo, hi = int(keyed._chain(as_tensors)), int(keyed._chain([*as_tensors, torch.tensor([[1]])]))
+        assert sample_seed(seed, key, stream) == ((hi & 0x7FFFFFFF) << 32) | lo
 
 
 def test_random_erasing_draws_a_fitting_box_per_sample_or_none(batch: torch.Tensor) -> None:
@@ -297,3 +306,32 @@ def test_the_image_kernels_refuse_buffers_smaller_than_the_shape_they_are_given(
         jpegroi.histogram(big, (64, 8, 1), (3, 8, 8), np.zeros(10, np.int64))
     with pytest.raises(ValueError, match="transpose"):
         jpegroi.transpose(small, big, 3, 64)
+    with pytest.raises(ValueError, match="sharpen"):
+        jpegroi.sharpen(big, (64, 8, 1), small, (64, 8, 1), (3, 8, 8), 0.5)
+
+
+def test_the_sharpness_kernel_gives_torchvisions_bytes_and_leaves_it_the_blends_it_cannot_promise(
+    batch: torch.Tensor,
+) -> None:
+    """C sharpen: TrivialAugment's factors on photos, a channels-last view and a 3 x 3 image, against torchvision;
+    the factors whose float32 blend could round differently fused and unfused go to torchvision's own code."""
+    import numpy as np
+
+    from lightning_fastdata.loading.augment import fast
+    from lightning_fastdata.loading.native import imageops_available
+
+    if not imageops_available():
+        pytest.skip("the compiled extension is not built")
+    photo = F.center_crop(batch[5], [61, 47])
+    images = [photo, photo.permute(1, 2, 0).contiguous().permute(2, 0, 1), photo[:, :3, :3].contiguous()]
+    ran = 0
+    for m in torch.linspace(0.0, 0.99, 31).tolist():
+        for factor in (1.0 + m, 1.0 - m):
+            for image in images:
+                ours = fast._sharpen(image, factor)
+                if ours is not None:
+                    ran += 1
+                    assert torch.equal(ours, F.adjust_sharpness(image, factor)), factor
+    assert ran >= 0.8 * 62 * len(images)  # most factors run in C
+    assert not fast._blend_is_exact(float(np.float32(-0.55)))  # one that does not: 147 of its pairs differ
+    assert fast._sharpen(photo, 1.55) is None and fast._sharpen(photo[:, :2], 1.5) is None  # 2-pixel rows too

@@ -190,6 +190,36 @@ def _autocontrast_table(image: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.clip((levels - minimum) / inv_scale, 0, 255).astype(np.uint8))
 
 
+@lru_cache(maxsize=256)
+def _blend_is_exact(alpha: float) -> bool:
+    """Whether ``v + alpha * (b - v)`` (float32, clamped, truncated to uint8) is the same fused and unfused.
+
+    For every ``v`` and ``b`` in 0..255: then the C sharpen's bytes are torchvision's whatever way torch evaluates
+    its blend (for most of TrivialAugment's magnitudes; the others are left to torchvision).
+    """
+    a = np.float32(alpha)
+    v = np.arange(256, dtype=np.float32)[:, None]
+    d = np.arange(256, dtype=np.float32)[None, :] - v
+    unfused = v + (a * d).astype(np.float32)
+    fused = (v.astype(np.float64) + np.float64(a) * d.astype(np.float64)).astype(np.float32)
+    return bool(np.array_equal(np.clip(unfused, 0, 255).astype(np.uint8), np.clip(fused, 0, 255).astype(np.uint8)))
+
+
+def _sharpen(image: torch.Tensor, factor: float) -> torch.Tensor | None:
+    """Torchvision's ``adjust_sharpness_image`` of a uint8 image by ``_ext/imageops.c``, ``None`` where it can't."""
+    c, h, w = image.shape
+    alpha = 1.0 - factor
+    if not native.imageops_available() or factor < 0 or c not in (1, 3) or h <= 2 or w <= 2:
+        return None  # torchvision's own code: its errors, its tiny-image shortcut
+    if not _blend_is_exact(float(np.float32(alpha))):
+        return None
+    assert native.jpegroi is not None
+    src, src_memory, src_strides = _memory(image)
+    out, out_memory, out_strides = _memory(torch.empty_like(src))
+    native.jpegroi.sharpen(src_memory, src_strides, out_memory, out_strides, tuple(src.shape), alpha)
+    return out
+
+
 def _fast_op(image: torch.Tensor, name: str, magnitude: float, interpolation: Any, fill: Any) -> torch.Tensor | None:
     """The op's result by a faster kernel, or ``None`` where torchvision's own code should run."""
     # the ops that map each level of a channel to one level: torchvision's own op applied to the 256 levels is the
@@ -210,6 +240,8 @@ def _fast_op(image: torch.Tensor, name: str, magnitude: float, interpolation: An
         return _lookup(image, _autocontrast_table(image))
     if name == "Equalize":
         return _lookup(image, _equalize_table(image))
+    if name == "Sharpness":
+        return _sharpen(image, 1.0 + magnitude)
     if name not in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate") or not native.imageops_available():
         return None
     mode = getattr(interpolation, "value", interpolation)

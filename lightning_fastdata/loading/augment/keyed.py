@@ -47,12 +47,31 @@ def _chain(values: Sequence[torch.Tensor | int]) -> torch.Tensor | int:
     return h
 
 
+def _hash32_int(x: int) -> int:
+    """:func:`_hash32` for a Python int: its products need no splitting (about 4x faster per sample)."""
+    x &= _MASK
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _MASK
+    return x ^ (x >> 16)
+
+
+def _chain_int(values: Sequence[int]) -> int:
+    """:func:`_chain` for Python ints (the same numbers)."""
+    h = 0x9E3779B9
+    for v in values:
+        h = _hash32_int(h ^ _hash32_int(v & _MASK))
+        h = _hash32_int(h ^ ((v >> 32) & _MASK))
+    return h
+
+
 def sample_seed(seed: int, key: Sequence[int], stream: int = 0) -> int:
     """A 63-bit seed for one sample: a function of ``seed``, its key (``(epoch, index[, repeat])``) and ``stream``."""
     parts = [int(seed), *(int(k) for k in key), int(stream)]
-    lo = _chain(parts)
-    hi = _chain([*parts, 1])
-    return ((int(hi) & 0x7FFFFFFF) << 32) | int(lo)
+    lo = _chain_int(parts)
+    hi = _chain_int([*parts, 1])
+    return ((hi & 0x7FFFFFFF) << 32) | lo
 
 
 def batch_seed(seed: int, keys: torch.Tensor, stream: int = 0) -> int:
