@@ -141,6 +141,31 @@ def test_readme_is_short_and_points_to_the_site() -> None:
     assert os.path.exists(REPO / "docs" / "benchmark.png")
 
 
+def test_published_figures_are_the_latest_results(tmp_path: Path) -> None:
+    """The README's and the guides' figures are the results files' (benchmarks/figures.py), and a page whose figure
+    is not is caught; the pages type no measured ratio by hand."""
+    from benchmarks import figures
+
+    assert figures.check() == [], "run: python -m benchmarks.figures --write"
+    stale = tmp_path / "page.md"
+    stale.write_text(
+        "x <!--fig:folder.vs_baseline-->9.9x<!--/fig--> y\n<!--figures:s3-table-->\nold\n<!--/figures-->\n"
+    )
+    found = figures.check([str(stale)])
+    assert len(found) == 2 and "folder.vs_baseline is '9.9x'" in found[0] and "s3-table" in found[1]
+    with pytest.raises(KeyError, match="no figure 'nosuch'"):
+        figures.render("<!--fig:nosuch-->1x<!--/fig-->")
+    typed = []
+    for page in figures.PAGES:
+        text = (REPO / page).read_text()
+        text = re.sub(
+            r"<!--fig:[\w.-]+-->.*?<!--/fig-->|<!--figures:[\w.-]+-->.*?<!--/figures-->", "", text, flags=re.S
+        )
+        text = re.sub(r"```.*?```", "", text, flags=re.S)  # program output shown as such
+        typed += [f"{page}: {m.group(0)}" for m in re.finditer(r"\b(\d+\.\d+|[1-9]\d+)x\b", text)]
+    assert not typed, "measured ratios typed by hand (name them in benchmarks/figures.py): " + ", ".join(typed)
+
+
 def test_every_public_name_documents_its_arguments() -> None:
     import dataclasses
     import inspect

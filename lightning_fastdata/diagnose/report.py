@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lightning_fastdata.diagnose.probe import PERCENTILES, DataProbe
 from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.hparams import without_secrets
 from lightning_fastdata.loading.atomic import atomic_write_text
 from lightning_fastdata.loading.index.files import contains_path, find_classes
 
@@ -223,13 +225,20 @@ def sibling_validation(path: str) -> str | None:
     return None
 
 
-def write_config(report: DoctorReport, path: str, val_root: str | None = None, index_dir: str | None = None) -> Path:
+def write_config(
+    report: DoctorReport,
+    path: str,
+    val_root: str | None = None,
+    index_dir: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Path:
     """A LightningCLI YAML with the recommended DataModule, runnable with ``fastdata fit --config PATH``.
 
     ``val_root`` (the user's validation folder, URL or HDF5 file) and ``index_dir`` (their folder for file lists
     and entropy indexes) are kept in it: the recommended option reads the same validation data as the user's run
-    (an HDF5 option converts it too, in its first-once command) and keeps its indexes where the user said. The
-    header says what was kept. Never secrets: a bucket's credentials stay in the environment.
+    (an HDF5 option converts it too, in its first-once command) and keeps its indexes where the user said. For a
+    bucket, ``storage_options`` (what the doctor was given) are kept without their secrets: the header names the
+    keys left out and where they come from instead (the environment). The header says what was kept.
 
     Raises:
         ValueError: If ``path`` is inside the data.
@@ -260,6 +269,21 @@ def write_config(report: DoctorReport, path: str, val_root: str | None = None, i
         if "index_dir" in init or init.get("entropy_index"):
             init["index_dir"] = index_dir
         kept.append(f"index_dir {index_dir}")
+    credentials = ""
+    if report.kind == "bucket":
+        given = dict(storage_options or {})
+        public = without_secrets(given)
+        if public:
+            init["storage_options"] = public
+            kept.append(f"storage_options {', '.join(sorted(public))}")
+        secret = sorted(set(given) - set(public))
+        credentials = (
+            f"# Left out: {', '.join(secret)} (secrets are never written); give them through the environment "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or an instance role.\n"
+            if secret
+            else "# The bucket's credentials (and endpoint, unless kept above) come from the environment "
+            "(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...), as when this was measured.\n"
+        )
     config = {
         "seed_everything": 0,
         "trainer": {
@@ -278,6 +302,7 @@ def write_config(report: DoctorReport, path: str, val_root: str | None = None, i
     )
     if kept:
         header += f"# Kept from your setup: {'; '.join(kept)}.\n"
+    header += credentials
     if prepare:
         header += f"# First, once: {prepare}\n"
     if init.get("verify_source") == "folders":

@@ -45,10 +45,16 @@ def test_doctor_on_a_bucket_times_every_option_and_writes_configs_on_the_url(
     assert streamed.expected_per_s <= streamed.images_per_s
     assert streamed.config["init_args"]["index_dir"] == "cache/index"
     assert any(o.prepare.startswith(f"fastdata convert hdf5 --src {s3_image_folder} ") for o in report.options)
-    config = write_config(report, str(tmp_path / "fast.yaml"))
+    config = write_config(report, str(tmp_path / "fast.yaml"), storage_options=s3.storage_options())
     text = config.read_text()
     assert s3.secret_access_key not in text and s3_image_folder in text
-    assert yaml.safe_load(text)["data"]["init_args"]
+    init = yaml.safe_load(text)["data"]["init_args"]
+    public = {k: v for k, v in s3.storage_options().items() if "secret" not in k}
+    assert init["storage_options"] == public and "endpoint" in public  # the endpoint kept, by its key
+    assert "# Left out: secret_access_key (secrets are never written)" in text
+    assert "storage_options " in text.split("# Kept from your setup: ")[1].splitlines()[0]
+    plain = write_config(report, str(tmp_path / "env.yaml")).read_text()  # configured by the environment
+    assert "come from the environment" in plain and "storage_options" not in plain
     assert not list(tmp_path.glob("fastdata-doctor-*"))  # the scratch directory is removed
 
 

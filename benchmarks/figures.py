@@ -1,0 +1,310 @@
+"""One source for every published figure: the README's and the docs' numbers, taken from ``benchmarks/results``.
+
+A page names a figure instead of typing it, between markers that render as nothing:
+
+- inline: ``<!--fig:folder.vs_baseline-->3.0x<!--/fig-->`` (the text between is the figure, as it renders);
+- a whole block (a table with its caption): ``<!--figures:folder-table-->`` ... ``<!--/figures-->``.
+
+``python -m benchmarks.figures --write`` rewrites every marked figure and block from the results files;
+``python -m benchmarks.figures`` (``--check``) lists the ones that differ and exits 1 (tests/test_docs.py runs it, so
+a page cannot publish a figure that is not the latest result's). A new run: write its JSON over the results file
+the figure names (``fastdata bench ... --json benchmarks/results/latest.json``), then ``--write``.
+
+Each figure carries its results file, so its machine and date are the file's (the ``date`` field the benchmark
+writes, else the date git last changed the file); a block's caption states both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+#: The pages whose figures come from here (and which may hold no ratio typed by hand: tests/test_docs.py).
+PAGES = (
+    "README.md",
+    "docs/index.md",
+    "docs/imagefolder.md",
+    "docs/recipes.md",
+    "docs/object-storage.md",
+    "docs/troubleshooting.md",
+    "docs/get-started.md",
+)
+
+__all__ = ["BLOCKS", "FIGURES", "PAGES", "check", "render", "write"]
+
+
+@cache
+def result(name: str) -> dict[str, Any]:
+    """A results file of ``benchmarks/results`` (``name`` without ``.json``), parsed."""
+    data: dict[str, Any] = json.loads((RESULTS / f"{name}.json").read_text())
+    return data
+
+
+@cache
+def date_of(name: str) -> str:
+    """When a results file was measured: its ``date`` field, else the day git last changed it (YYYY-MM-DD)."""
+    written = result(name).get("date")
+    if written:
+        return str(written)
+    out = subprocess.run(
+        ["git", "log", "-1", "--format=%cs", "--", str(RESULTS / f"{name}.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if not out:
+        raise ValueError(f"benchmarks/results/{name}.json has no 'date' field and is not committed: add the date.")
+    return out
+
+
+def machine(name: str) -> str:
+    """The machine a results file was measured on, as the captions say it: ``a 2-core x86_64 VM``."""
+    parts = [p.strip() for p in str(result(name)["machine"]).split(",")]
+    cpus = next((p.split()[0] for p in parts if p.endswith("CPUs")), "?")
+    return f"a {cpus}-core {parts[0]} VM"
+
+
+def row(name: str, loader: str, workers: int = 2, suite: str | None = None) -> dict[str, Any]:
+    """The row of ``loader`` with ``workers`` in a results file (in ``suite`` for ``fastdata bench`` files)."""
+    data = result(name)
+    rows = data["rows"] if suite is None else data["suites"][suite]
+    if isinstance(rows, dict):
+        rows = rows["rows"]
+    for r in rows:
+        if r["loader"] == loader and r.get("num_workers", workers) == workers:
+            return dict(r)
+    raise KeyError(f"benchmarks/results/{name}.json has no row {loader!r} with {workers} workers")
+
+
+def times(value: float) -> str:
+    """A ratio as the pages print it: ``3.04`` -> ``3.0x``, ``17.6`` -> ``18x``, ``0.94`` -> ``0.94x``."""
+    if value >= 10:
+        return f"{value:.0f}x"
+    if value < 1:
+        return f"{value:.2f}x"
+    return f"{value:.1f}x"
+
+
+def times2(value: float) -> str:
+    """A ratio with two decimals (``1.30x``): where the pages compare close figures."""
+    return f"{value:.2f}x"
+
+
+def count(value: float) -> str:
+    """Images per second as the pages print them: ``2662.4`` -> ``2,662``."""
+    return f"{value:,.0f}"
+
+
+def _folder(loader: str) -> dict[str, Any]:
+    return row("latest", loader, 2, "folder")
+
+
+def _recipe(loader: str, name: str = "recipe") -> dict[str, Any]:
+    return row(name, loader, 2, "recipe")
+
+
+def _s3(loader: str) -> dict[str, Any]:
+    return row("s3-folder-pinned-4", loader, 2)
+
+
+def _s3_vs(ours: str, other: str) -> float:
+    return float(_s3(ours)["images_per_s"] / _s3(other)["images_per_s"])
+
+
+_FOLDER, _INDEXED = "ImageFolderDataModule", "ImageFolderDataModule (entropy_index=True)"
+_S3_LOCAL, _S3_DIRECT = "ImageFolderDataModule (local)", "ImageFolderDataModule (s3, direct)"
+_WORKERS, _DEVICE = "ours, policy in workers (loader only)", "ours, policy on the device (loader only)"
+
+#: Every named figure: a function of the results files giving the text the pages show.
+FIGURES: dict[str, Callable[[], str]] = {
+    "folder.date": lambda: date_of("latest"),
+    "folder.vs_baseline": lambda: times(_folder(_FOLDER)["vs_baseline"]),
+    "folder.ceiling": lambda: times(_folder(_FOLDER)["pct_of_decode_ceiling"] / 100),
+    "folder.index_vs_baseline": lambda: times(_folder(_INDEXED)["vs_baseline"]),
+    "folder.index_ceiling": lambda: times2(_folder(_INDEXED)["pct_of_decode_ceiling"] / 100),
+    "folder.index_vs_plain": lambda: times2(_folder(_INDEXED)["images_per_s"] / _folder(_FOLDER)["images_per_s"]),
+    "folder.index_img_s": lambda: count(_folder(_INDEXED)["images_per_s"]),
+    "folder.img_s": lambda: count(_folder(_FOLDER)["images_per_s"]),
+    "cache.workers_vs_baseline": lambda: times(
+        row("latest", "TensorCacheDataModule, augment in workers", 2, "cache")["vs_baseline"]
+    ),
+    "cache.device_vs_baseline": lambda: times(
+        row("latest", "TensorCacheDataModule, augment on device (loader only)", 2, "cache")["vs_baseline"]
+    ),
+    "scale.scan_vs_imagefolder": lambda: times(
+        next(r for r in result("scale")["suites"]["scale"]["scan"] if r["what"].startswith("scan_image_folder"))[
+            "vs_torchvision"
+        ]
+    ),
+    "recipe.date": lambda: date_of("recipe"),
+    "recipe.workers": lambda: times(_recipe(_WORKERS)["vs_baseline"]),
+    "recipe.workers_cpu": lambda: times(
+        _recipe("ours, policy in workers (+ normalise, erase, mix on this CPU)")["vs_baseline"]
+    ),
+    "recipe.device": lambda: times(_recipe(_DEVICE)["vs_baseline"]),
+    "recipe.large.workers": lambda: times(_recipe(_WORKERS, "recipe-large-jpegs")["vs_baseline"]),
+    "recipe.large.device": lambda: times(_recipe(_DEVICE, "recipe-large-jpegs")["vs_baseline"]),
+    "recipe.large.date": lambda: date_of("recipe-large-jpegs"),
+    "s3.date": lambda: date_of("s3-folder-pinned-4"),
+    "s3.direct_vs_local": lambda: times(_s3_vs(_S3_DIRECT, _S3_LOCAL)),
+    "s3.delay_vs_local": lambda: times(_s3_vs("ImageFolderDataModule (s3, +20 ms/request)", _S3_LOCAL)),
+    "s3.vs_per_item": lambda: times(_s3_vs(_S3_DIRECT, "per-item get_object + PIL + torchvision (s3, direct)")),
+    "s3.vs_litdata": lambda: times(_s3_vs(_S3_DIRECT, "LitData (s3, direct, cache < data)")),
+}
+
+
+def _recipe_with_index() -> str:
+    """The recipe's device row with the entropy index, where the run had one."""
+    return times2(_recipe("ours, policy on the device, entropy_index=True (loader only)")["vs_baseline"])
+
+
+FIGURES["recipe.device_index"] = _recipe_with_index
+
+
+def _folder_table() -> str:
+    """The README's and the docs home's table: the folder and cache suites of ``latest.json``."""
+    data = result("latest")
+    base = _folder("baseline (torchvision ImageFolder)")
+    cache_rows = [
+        ("`TensorCacheDataModule`, augmentation in the workers", "TensorCacheDataModule, augment in workers"),
+        (
+            "`TensorCacheDataModule`, augmentation on the GPU (loader only)",
+            "TensorCacheDataModule, augment on device (loader only)",
+        ),
+    ]
+    lines = [
+        f"`fastdata bench` on {machine('latest')}, no GPU ({date_of('latest')}; "
+        f"{data['data']['files']:,} photo-like 500x375 JPEGs, 2 workers, batch 64, RandomResizedCrop "
+        f"{data['data']['image_size']} + flip, each loader against the torchvision baseline measured in the same "
+        "run; `benchmarks/results/latest.json`):",
+        "",
+        "| loader | images/s | vs `torchvision.datasets.ImageFolder` + `DataLoader` |",
+        "|---|---:|---:|",
+        f"| torchvision `ImageFolder` + classic transforms (baseline) | {count(base['images_per_s'])} | 1.00x |",
+    ]
+    for label, loader in [
+        ("`ImageFolderDataModule` (entropy index not built yet)", _FOLDER),
+        ("`ImageFolderDataModule`, entropy index built", _INDEXED),
+    ]:
+        r = _folder(loader)
+        lines.append(f"| {label} | {count(r['images_per_s'])} | {times(r['vs_baseline'])} |")
+    for label, loader in cache_rows:
+        r = row("latest", loader, 2, "cache")
+        lines.append(f"| {label} | {count(r['images_per_s'])} | {times(r['vs_baseline'])} |")
+    return "\n".join(lines)
+
+
+def _s3_table() -> str:
+    """The README's object-storage table: ``s3-folder-pinned-4.json``."""
+    name = "s3-folder-pinned-4"
+    data = result(name)
+    local, direct = _s3(_S3_LOCAL), _s3(_S3_DIRECT)
+    per_item, litdata = (
+        _s3("per-item get_object + PIL + torchvision (s3, direct)"),
+        _s3("LitData (s3, direct, cache < data)"),
+    )
+    delayed = _s3_vs("ImageFolderDataModule (s3, +20 ms/request)", _S3_LOCAL)
+    return "\n".join(
+        [
+            f"`fastdata bench --suites s3 --s3-pin` on {machine(name)} ({date_of(name)}; "
+            f"{data['images']:,} photo-like JPEGs in a local SeaweedFS S3 server on one core, the loader on the "
+            "other, 2 workers; `benchmarks/results/s3-folder-pinned-4.json`):",
+            "",
+            "| loader (same run) | images/s | ours from the bucket vs it |",
+            "|---|---:|---:|",
+            f"| `ImageFolderDataModule`, local folder | {count(local['images_per_s'])} | "
+            f"{times(direct['images_per_s'] / local['images_per_s'])} ({times(delayed)} with 20 ms per request) |",
+            f"| per-item `get_object` + PIL + torchvision, from the bucket | {count(per_item['images_per_s'])} | "
+            f"{times(direct['images_per_s'] / per_item['images_per_s'])} |",
+            f"| LitData 0.2.76 streaming the same bucket | {count(litdata['images_per_s'])} | "
+            f"{times(direct['images_per_s'] / litdata['images_per_s'])} |",
+        ]
+    )
+
+
+#: Every named block: a function of the results files giving its Markdown.
+BLOCKS: dict[str, Callable[[], str]] = {"folder-table": _folder_table, "s3-table": _s3_table}
+
+_INLINE = re.compile(r"<!--fig:([\w.-]+)-->(.*?)<!--/fig-->", re.S)
+_BLOCK = re.compile(r"(<!--figures:([\w.-]+)-->\n)(.*?)(\n<!--/figures-->)", re.S)
+
+
+def render(text: str, where: str = "a page") -> str:
+    """``text`` with every marked figure and block set to the latest results.
+
+    Raises:
+        KeyError: A marker names a figure or block that does not exist (the message names the page).
+    """
+
+    def inline(m: re.Match[str]) -> str:
+        if m.group(1) not in FIGURES:
+            raise KeyError(f"{where}: no figure {m.group(1)!r}; the figures are {', '.join(sorted(FIGURES))}")
+        return f"<!--fig:{m.group(1)}-->{FIGURES[m.group(1)]()}<!--/fig-->"
+
+    def block(m: re.Match[str]) -> str:
+        if m.group(2) not in BLOCKS:
+            raise KeyError(f"{where}: no block {m.group(2)!r}; the blocks are {', '.join(sorted(BLOCKS))}")
+        return f"{m.group(1)}{BLOCKS[m.group(2)]()}{m.group(4)}"
+
+    return _INLINE.sub(inline, _BLOCK.sub(block, text))
+
+
+def check(pages: Iterable[str] = PAGES) -> list[str]:
+    """One line per marked figure or block of ``pages`` that is not the latest result's (empty: all current)."""
+    stale = []
+    for page in pages:
+        text = (REPO / page).read_text()
+        want = render(text, page)
+        if want == text:
+            continue
+        got_inline = {(m.start(), m.group(1), m.group(2)) for m in _INLINE.finditer(text)}
+        for _, name, value in sorted(got_inline):
+            if value != FIGURES[name]():
+                stale.append(f"{page}: {name} is {value!r}, the latest result gives {FIGURES[name]()!r}")
+        for m in _BLOCK.finditer(text):
+            if m.group(3) != BLOCKS[m.group(2)]():
+                stale.append(f"{page}: the block {m.group(2)!r} is not the latest result's")
+    return stale
+
+
+def write(pages: Iterable[str] = PAGES) -> list[str]:
+    """Rewrite the marked figures and blocks of ``pages``; return the pages changed."""
+    changed = []
+    for page in pages:
+        path = REPO / page
+        text = path.read_text()
+        new = render(text, page)
+        if new != text:
+            path.write_text(new)
+            changed.append(page)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the pages' figures from the results files")
+    parser.add_argument("--check", action="store_true", help="list the figures that differ; exit 1 if any (default)")
+    args = parser.parse_args(argv)
+    if args.write:
+        for page in write():
+            print(f"updated {page}")
+        return 0
+    stale = check()
+    for line in stale:
+        print(line)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
