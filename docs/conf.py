@@ -52,6 +52,8 @@ html_title = "lightning-fastdata"
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
-    "secondary_sidebar_items": ["page-toc"],
+    "show_nav_level": 2,
+    "secondary_sidebar_items": [],  # no right-hand column: the article gets its width (code lines unclipped)
 }
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["wide.css"]  # the article as wide as the window allows: code lines are not clipped

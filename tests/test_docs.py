@@ -133,6 +133,22 @@ def test_shell_commands_exist() -> None:
     assert _check_command("fastdata nosuch") and _check_command("bash scripts/nosuch.sh")  # the check can fail
 
 
+#: The longest code line the site shows whole at a 1280 px window (scripts/docs_clipping.py measured it in Chromium).
+CODE_WIDTH = 100
+
+
+def test_code_blocks_fit_the_page() -> None:
+    """No code line longer than the site shows without a scroll bar (its end would be hidden)."""
+    long = [
+        f"{page.name}: {line[:60]!r}... ({len(line)} characters)"
+        for page in PAGES
+        for m in re.finditer(r"```[^\n]*\n(.*?)\n```", page.read_text(), re.S)
+        for line in m.group(1).splitlines()
+        if len(line) > CODE_WIDTH
+    ]
+    assert not long, f"code lines over {CODE_WIDTH} characters (wrap them):\n" + "\n".join(long)
+
+
 def test_readme_is_short_and_points_to_the_site() -> None:
     readme = (REPO / "README.md").read_text()
     assert len(readme.splitlines()) <= 150

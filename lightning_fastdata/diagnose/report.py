@@ -101,7 +101,7 @@ class DoctorReport(DataProbe):
     def table(self) -> str:
         """The options as a Markdown table."""
         lines = [
-            "| option | images/s per rank | vs baseline | whole data set, per rank | KB per image | size | build |",
+            "| option | images/s per rank | vs baseline | whole set, per rank | KB per image | size | build |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for o in self.options:
@@ -158,10 +158,10 @@ def format_report(r: DoctorReport, image_size: int, step_ms: float | None, confi
         )
         lines += [f"    unreadable: {p}" for p in r.unreadable[:10]]
     lines += [
-        f"  machine: {r.usable_cpus} usable CPUs, {r.gpus} GPU(s); {r.devices} device(s): {share} CPU(s) per rank, "
-        f"num_workers='auto' = {r.workers_per_rank} (timed on the rank's share)",
-        f"    RAM {r.ram_gb:.0f} GB; free disk for a cache {r.scratch_free_gb:.0f} GB; /dev/shm {r.shm_gb:.1f} GB; "
-        f"ROI JPEG decoder {'yes' if r.roi_decoder else 'no'}; pillow-simd {'yes' if r.pillow_simd else 'no'}",
+        f"  machine: {r.usable_cpus} usable CPUs, {r.gpus} GPU(s); {r.devices} device(s): {share} CPU(s) per rank",
+        f"    num_workers='auto' = {r.workers_per_rank} (timed on the rank's share); ROI JPEG decoder "
+        f"{'yes' if r.roi_decoder else 'no'}; pillow-simd {'yes' if r.pillow_simd else 'no'}",
+        f"    RAM {r.ram_gb:.0f} GB; free disk for a cache {r.scratch_free_gb:.0f} GB; /dev/shm {r.shm_gb:.1f} GB",
         (
             f"  bucket: one process fetched the sample at {r.read_mb_s_warm:.0f} MB/s (concurrent requests); one "
             f"request at a time {r.request_ms:.0f} ms each; the node's {r.devices * max(1, r.workers_per_rank)} loader "
@@ -170,7 +170,7 @@ def format_report(r: DoctorReport, image_size: int, step_ms: float | None, confi
             if r.kind == "bucket"
             else f"  storage: {r.read_mb_s_warm:.0f} MB/s warm, {r.read_mb_s_cold:.0f} MB/s after eviction"
         )
-        + f"; ceilings (1 core): decode {r.decode_ceiling_1core:.0f} img/s, "
+        + f"\n    ceilings (1 core): decode {r.decode_ceiling_1core:.0f} img/s, "
         f"memcpy {r.memcpy_ceiling_1core:.0f} img/s\n",
         r.table(),
         f"\nWorkers per rank, {r.recommendation}: "
