@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers.fork_client import SERVER
 
 from lightning_fastdata import convert_folder_to_hdf5
@@ -116,6 +117,14 @@ def test_demo_measures_both_loaders_then_trains_from_any_directory(tmp_path: Pat
 def test_repository_configs_are_the_shipped_configs() -> None:
     shipped = {p.name: p.read_bytes() for p in CONFIG_DIR.glob("*.yaml")}
     assert shipped == {p.name: p.read_bytes() for p in CONFIGS}
+
+
+def test_every_shipped_config_tells_one_callback_story() -> None:
+    """The README and the guides train with FastDataCallback: so does every shipped config (not a mix of callbacks)."""
+    for path in CONFIGS:
+        callbacks = (yaml.safe_load(path.read_text()).get("trainer") or {}).get("callbacks") or []
+        ours = [c["class_path"] for c in callbacks if c["class_path"].startswith("lightning_fastdata.")]
+        assert ours == ["lightning_fastdata.FastDataCallback"], (path.name, ours)
 
 
 def test_config_names_resolve_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
