@@ -32,28 +32,23 @@ RESULTS = REPO / "benchmarks" / "results"
 #: The pages whose figures come from here (and which may hold no ratio typed by hand: tests/test_docs.py).
 PAGES = (
     "README.md",
-    "docs/index.md",
-    "docs/imagefolder.md",
-    "docs/recipes.md",
-    "docs/object-storage.md",
-    "docs/troubleshooting.md",
-    "docs/get-started.md",
+    *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md") if p.name not in ("benchmarks.md", "changelog.md")),
 )
 
 __all__ = ["BLOCKS", "FIGURES", "PAGES", "check", "render", "write"]
 
 
 @cache
-def result(name: str) -> dict[str, Any]:
-    """A results file of ``benchmarks/results`` (``name`` without ``.json``), parsed."""
-    data: dict[str, Any] = json.loads((RESULTS / f"{name}.json").read_text())
-    return data
+def result(name: str) -> Any:
+    """A results file of ``benchmarks/results`` (``name`` without ``.json``), parsed (an object, or a list of rows)."""
+    return json.loads((RESULTS / f"{name}.json").read_text())
 
 
 @cache
 def date_of(name: str) -> str:
     """When a results file was measured: its ``date`` field, else the day git last changed it (YYYY-MM-DD)."""
-    written = result(name).get("date")
+    data = result(name)
+    written = data.get("date") if isinstance(data, dict) else None
     if written:
         return str(written)
     out = subprocess.run(
@@ -71,7 +66,9 @@ def date_of(name: str) -> str:
 def machine(name: str) -> str:
     """The machine a results file was measured on, as the captions say it: ``a 2-core x86_64 VM``."""
     parts = [p.strip() for p in str(result(name)["machine"]).split(",")]
-    cpus = next((p.split()[0] for p in parts if p.endswith("CPUs")), "?")
+    cpus = next((p.split()[0] for p in parts if p.endswith("CPUs")), None)
+    if cpus is None:  # written in words already ("2-core VM, no GPU")
+        return f"a {parts[0]}"
     return f"a {cpus}-core {parts[0]} VM"
 
 
@@ -233,8 +230,139 @@ def _s3_table() -> str:
     )
 
 
+def _formats(loader: str) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = result("scale-formats")
+    return next(r for r in rows if r["loader"] == loader)
+
+
+def _mechanism(variant: str) -> float:
+    return float(next(r for r in result("gpu")["mechanisms"] if r["variant"] == variant)["vs_all_on"])
+
+
+def _fed(loader: str) -> float:
+    return float(next(r for r in result("gpu")["fed"] if r["loader"] == loader)["fed_ratio"])
+
+
+_JPEG_CACHE, _RAW_CACHE = "TensorCacheDataModule storage='jpeg' (256, q90)", "TensorCacheDataModule (256 px uint8)"
+_ORIGINALS = "ImageFolderDataModule (original JPEGs)"
+
+FIGURES.update(
+    {
+        "formats.jpeg_cache_vs_baseline": lambda: times(_formats(_JPEG_CACHE)["vs_baseline"]),
+        "formats.raw_cache_vs_baseline": lambda: f"{_formats(_RAW_CACHE)['vs_baseline']:.1f}x",
+        "formats.raw_vs_compact_size": lambda: times(
+            _formats(_RAW_CACHE)["kb_per_image"] / _formats(_JPEG_CACHE)["kb_per_image"]
+        ),
+        "formats.raw_vs_compact_speed": lambda: times(
+            _formats(_RAW_CACHE)["images_per_s"] / _formats(_JPEG_CACHE)["images_per_s"]
+        ),
+        "formats.compact_vs_originals": lambda: times(
+            _formats(_JPEG_CACHE)["images_per_s"] / _formats(_ORIGINALS)["images_per_s"]
+        ),
+        "formats.date": lambda: date_of("scale-formats"),
+        "gpu.date": lambda: date_of("gpu"),
+        "gpu.pinned_gain": lambda: f"+{100 * (1 / _mechanism('pageable memory (pin_memory=False)') - 1):.0f}%",
+        "gpu.device_normalise_gain": lambda: times(1 / _mechanism("normalise on the host (float32 over PCIe)")),
+        "gpu.channels_last_gain": lambda: times2(1 / _mechanism("contiguous NCHW (channels_last off)")),
+        "gpu.folder_fed": lambda: f"{_fed('ImageFolderDataModule'):.2f}",
+        "gpu.cache_fed": lambda: f"{_fed('TensorCacheDataModule raw, augment in workers'):.2f}",
+    }
+)
+
+
+def _scan_table() -> str:
+    """scale.md's listing table: ``scale.json``'s scan rows."""
+    labels = {
+        "torchvision ImageFolder(root)": "torchvision `ImageFolder(root)`",
+        "scan_image_folder (ImageFolderDataModule.setup)": "`scan_image_folder` (what `setup()` runs)",
+        "index_dir, first run (scan + write)": "`index_dir`, first run (scan + write)",
+        "index_dir, reuse (stat each folder)": "`index_dir`, reuse (one `stat` per folder)",
+    }
+    rows = result("scale")["suites"]["scale"]["scan"]
+    lines = [
+        f"| what ({rows[0]['files']:,} files, warm metadata, fresh process each; {machine('scale')}, "
+        f"{date_of('scale')}) | seconds | vs torchvision | MB resident |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        ratio = f"{r['vs_torchvision']:.2f}x"
+        lines.append(f"| {labels.get(r['what'], r['what'])} | {r['seconds']:.2f} | {ratio} | {r['mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def _staleness_table() -> str:
+    """scale.md's cache-check table: ``scale-staleness.json``."""
+    data = result("scale-staleness")
+    labels = {
+        "files": '`verify_source="files"` (default: one `stat` per file)',
+        "folders": '`verify_source="folders"` (one `stat` per folder, a hash of the index)',
+    }
+    first = data["rows"][0]
+    lines = [
+        f"| check of a current cache ({first['files']:,} files in {first['folders']:,} folders; "
+        f"{date_of('scale-staleness')}) | seconds | vs every file |",
+        "|---|---:|---:|",
+    ]
+    for r in data["rows"]:
+        seconds = f"{r['seconds']:.2f}" if r["seconds"] >= 1 else f"{r['seconds']:.3f}"
+        lines.append(f"| {labels[r['verify_source']]} | {seconds} | {r['vs_files']:.3f}x |")
+    return "\n".join(lines)
+
+
+def _formats_table() -> str:
+    """scale.md's formats table: ``scale-formats.json``."""
+    rows: list[dict[str, Any]] = result("scale-formats")
+    labels = {
+        "HDF5DataModule compact (--max-side 256, q90)": "HDF5DataModule compact (`--max-side 256 --quality 90`)",
+    }
+    lines = [
+        f"| loader ({date_of('scale-formats')}) | KB per image | ImageNet GB | images/s | vs baseline |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        label = labels.get(r["loader"], r["loader"]).replace("storage='jpeg'", '`storage="jpeg"`')
+        lines.append(
+            f"| {label} | {r['kb_per_image']:.0f} | {r['imagenet_gb']:.0f} | {count(r['images_per_s'])} | "
+            f"{r['vs_baseline']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def _cold_table() -> str:
+    """scale.md's cold-read table: ``scale.json``'s cold_reads rows."""
+    rows = result("scale")["suites"]["scale"]["cold_reads"]
+    lines = [
+        f"| loader ({date_of('scale')}) | warm img/s | cold img/s | cold/warm | MB read per image | "
+        "MB on disk per image |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['loader']} | {count(r['warm_images_per_s'])} | {count(r['cold_images_per_s'])} | "
+            f"{r['cold_vs_warm']:.2f} | {r['mb_read_per_image']:.3f} | {r['mb_on_disk_per_image']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def _raw_cold_share() -> str:
+    """The raw formats' cold rate as a share of their warm rate, lowest to highest (``65-79%``)."""
+    rows = result("scale")["suites"]["scale"]["cold_reads"]
+    shares = [r["cold_vs_warm"] for r in rows if "raw" in r["loader"] or r["loader"].startswith("TensorCache")]
+    return f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%"
+
+
+FIGURES["scale.raw_cold_share"] = _raw_cold_share
+
+
 #: Every named block: a function of the results files giving its Markdown.
-BLOCKS: dict[str, Callable[[], str]] = {"folder-table": _folder_table, "s3-table": _s3_table}
+BLOCKS: dict[str, Callable[[], str]] = {
+    "folder-table": _folder_table,
+    "s3-table": _s3_table,
+    "scale-scan-table": _scan_table,
+    "scale-staleness-table": _staleness_table,
+    "scale-formats-table": _formats_table,
+    "scale-cold-table": _cold_table,
+}
 
 _INLINE = re.compile(r"<!--fig:([\w.-]+)-->(.*?)<!--/fig-->", re.S)
 _BLOCK = re.compile(r"(<!--figures:([\w.-]+)-->\n)(.*?)(\n<!--/figures-->)", re.S)

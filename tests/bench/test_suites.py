@@ -127,7 +127,8 @@ data:
     )  # fmt: skip
     suite = result["suites"]["recipe"]
     names = [r["loader"] for r in suite["rows"]]
-    assert names[0] == "torchvision reference loader" and len(names) == 6  # with the entropy-index row
+    assert names[0] == "torchvision reference loader" and len(names) == 7  # with the two entropy-index rows
+    assert "ours, policy in workers, entropy_index=True (loader only)" in names
     assert all(r["images_per_s"] > 0 and r["num_workers"] == 2 for r in suite["rows"])
     assert suite["device_ops_ms_per_batch_cpu"] > 0
 
