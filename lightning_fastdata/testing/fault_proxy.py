@@ -65,6 +65,7 @@ def _proxy_main(
                     time.sleep(seconds)
             if status == 503:
                 reply = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                self._record(path, 503)
                 self.send_response(503)
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(reply)))
@@ -84,7 +85,7 @@ def _proxy_main(
                 except (OSError, http.client.HTTPException):
                     local.conn = None
                     raise
-                status = resp.status
+                self._record(path, resp.status)
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in hop:
@@ -101,6 +102,9 @@ def _proxy_main(
                     self.close_connection = True
                 elif self.command != "HEAD":
                     self.wfile.write(data)
+
+        def _record(self, path: str, status: int) -> None:
+            # before the answer is sent: a client that has its answer finds the request in the log
             with lock, open(log, "a") as fh:
                 fh.write(f"{self.command} {path} {status} {self.headers.get('Range', '-').replace(' ', '')}\n")
 
@@ -132,7 +136,7 @@ class FaultProxy:
     pid: int = 0
 
     def requests(self) -> list[tuple[str, str, int]]:
-        """``(method, path, status)`` of every request answered so far (path is ``/bucket/key``)."""
+        """``(method, path, status)`` of every request answered so far (logged as its answer starts)."""
         return [(m, p, s) for m, p, s, _ in self.requests_with_ranges()]
 
     def requests_with_ranges(self) -> list[tuple[str, str, int, str]]:
