@@ -167,6 +167,11 @@ def _recipe_with_index() -> str:
 
 
 FIGURES["recipe.device_index"] = _recipe_with_index
+_WORKERS_INDEXED = "ours, policy in workers, entropy_index=True (loader only)"
+_DEVICE_INDEXED = "ours, policy on the device, entropy_index=True (loader only)"
+FIGURES["recipe.workers_index"] = lambda: times(_recipe(_WORKERS_INDEXED)["vs_baseline"])
+FIGURES["recipe.large.workers_index"] = lambda: times(_recipe(_WORKERS_INDEXED, "recipe-large-jpegs")["vs_baseline"])
+FIGURES["recipe.large.device_index"] = lambda: times(_recipe(_DEVICE_INDEXED, "recipe-large-jpegs")["vs_baseline"])
 
 
 def _folder_table() -> str:

@@ -48,6 +48,7 @@ import os
 import platform
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         f"decode_jpeg {ceiling['decode_jpeg']:.0f} img/s"
     )
     result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),  # what the docs' figures say beside each number (benchmarks/figures.py)
         "machine": machine,
         "data": {"root": args.root, "files": len(files), "mean_kb": mean_kb, "image_size": args.image_size},
         "decode_ceiling_1core": ceiling,
