@@ -103,6 +103,12 @@ def count(value: float) -> str:
     return f"{value:,.0f}"
 
 
+def _decoder_gain() -> str:
+    """torchvision's ``decode_jpeg`` against PIL, one core's full decode of the folder suite's photos (``+7%``)."""
+    ceiling = result("latest")["decode_ceiling_1core"]
+    return f"{100 * (ceiling['decode_jpeg'] / ceiling['PIL'] - 1):+.0f}%"
+
+
 def _folder(loader: str) -> dict[str, Any]:
     return row("latest", loader, 2, "folder")
 
@@ -133,6 +139,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "folder.index_vs_plain": lambda: times2(_folder(_INDEXED)["images_per_s"] / _folder(_FOLDER)["images_per_s"]),
     "folder.index_img_s": lambda: count(_folder(_INDEXED)["images_per_s"]),
     "folder.img_s": lambda: count(_folder(_FOLDER)["images_per_s"]),
+    "folder.decode_jpeg_vs_pil": lambda: _decoder_gain(),
     "cache.workers_vs_baseline": lambda: times(
         row("latest", "TensorCacheDataModule, augment in workers", 2, "cache")["vs_baseline"]
     ),
@@ -269,10 +276,22 @@ FIGURES.update(
         "gpu.pinned_gain": lambda: f"+{100 * (1 / _mechanism('pageable memory (pin_memory=False)') - 1):.0f}%",
         "gpu.device_normalise_gain": lambda: times(1 / _mechanism("normalise on the host (float32 over PCIe)")),
         "gpu.channels_last_gain": lambda: times2(1 / _mechanism("contiguous NCHW (channels_last off)")),
+        "gpu.prefetch_on": lambda: count(
+            next(r for r in result("gpu")["mechanisms"] if r["variant"] == "all on")["img_s"]
+        ),
+        "gpu.prefetch_off": lambda: count(
+            next(r for r in result("gpu")["mechanisms"] if r["variant"] == "prefetch off (Lightning's copy)")["img_s"]
+        ),
         "gpu.folder_fed": lambda: f"{_fed('ImageFolderDataModule'):.2f}",
         "gpu.cache_fed": lambda: f"{_fed('TensorCacheDataModule raw, augment in workers'):.2f}",
     }
 )
+
+
+def _table(header: list[str], rows: Iterable[list[str]]) -> str:
+    """A Markdown table: the first column left-aligned, the others right-aligned (numbers)."""
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
 
 
 def _scan_table() -> str:
@@ -284,15 +303,16 @@ def _scan_table() -> str:
         "index_dir, reuse (stat each folder)": "`index_dir`, reuse (one `stat` per folder)",
     }
     rows = result("scale")["suites"]["scale"]["scan"]
-    lines = [
-        f"| what ({rows[0]['files']:,} files, warm metadata, fresh process each; {machine('scale')}, "
-        f"{date_of('scale')}) | seconds | vs torchvision | MB resident |",
-        "|---|---:|---:|---:|",
-    ]
-    for r in rows:
-        ratio = f"{r['vs_torchvision']:.2f}x"
-        lines.append(f"| {labels.get(r['what'], r['what'])} | {r['seconds']:.2f} | {ratio} | {r['mb']:.0f} |")
-    return "\n".join(lines)
+    what = (
+        f"what ({rows[0]['files']:,} files, warm metadata, fresh process each; {machine('scale')}, {date_of('scale')})"
+    )
+    return _table(
+        [what, "seconds", "vs torchvision", "MB resident"],
+        (
+            [labels.get(r["what"], r["what"]), f"{r['seconds']:.2f}", f"{r['vs_torchvision']:.2f}x", f"{r['mb']:.0f}"]
+            for r in rows
+        ),
+    )
 
 
 def _staleness_table() -> str:
@@ -303,15 +323,19 @@ def _staleness_table() -> str:
         "folders": '`verify_source="folders"` (one `stat` per folder, a hash of the index)',
     }
     first = data["rows"][0]
-    lines = [
-        f"| check of a current cache ({first['files']:,} files in {first['folders']:,} folders; "
-        f"{date_of('scale-staleness')}) | seconds | vs every file |",
-        "|---|---:|---:|",
-    ]
-    for r in data["rows"]:
-        seconds = f"{r['seconds']:.2f}" if r["seconds"] >= 1 else f"{r['seconds']:.3f}"
-        lines.append(f"| {labels[r['verify_source']]} | {seconds} | {r['vs_files']:.3f}x |")
-    return "\n".join(lines)
+    when = date_of("scale-staleness")
+    what = f"check of a current cache ({first['files']:,} files in {first['folders']:,} folders; {when})"
+    return _table(
+        [what, "seconds", "vs every file"],
+        (
+            [
+                labels[r["verify_source"]],
+                f"{r['seconds']:.2f}" if r["seconds"] >= 1 else f"{r['seconds']:.3f}",
+                f"{r['vs_files']:.3f}x",
+            ]
+            for r in data["rows"]
+        ),
+    )
 
 
 def _formats_table() -> str:
@@ -320,33 +344,39 @@ def _formats_table() -> str:
     labels = {
         "HDF5DataModule compact (--max-side 256, q90)": "HDF5DataModule compact (`--max-side 256 --quality 90`)",
     }
-    lines = [
-        f"| loader ({date_of('scale-formats')}) | KB per image | ImageNet GB | images/s | vs baseline |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        label = labels.get(r["loader"], r["loader"]).replace("storage='jpeg'", '`storage="jpeg"`')
-        lines.append(
-            f"| {label} | {r['kb_per_image']:.0f} | {r['imagenet_gb']:.0f} | {count(r['images_per_s'])} | "
-            f"{r['vs_baseline']:.2f}x |"
-        )
-    return "\n".join(lines)
+    return _table(
+        [f"loader ({date_of('scale-formats')})", "KB per image", "ImageNet GB", "images/s", "vs baseline"],
+        (
+            [
+                labels.get(r["loader"], r["loader"]).replace("storage='jpeg'", '`storage="jpeg"`'),
+                f"{r['kb_per_image']:.0f}",
+                f"{r['imagenet_gb']:.0f}",
+                count(r["images_per_s"]),
+                f"{r['vs_baseline']:.2f}x",
+            ]
+            for r in rows
+        ),
+    )
 
 
 def _cold_table() -> str:
     """scale.md's cold-read table: ``scale.json``'s cold_reads rows."""
     rows = result("scale")["suites"]["scale"]["cold_reads"]
-    lines = [
-        f"| loader ({date_of('scale')}) | warm img/s | cold img/s | cold/warm | MB read per image | "
-        "MB on disk per image |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['loader']} | {count(r['warm_images_per_s'])} | {count(r['cold_images_per_s'])} | "
-            f"{r['cold_vs_warm']:.2f} | {r['mb_read_per_image']:.3f} | {r['mb_on_disk_per_image']:.3f} |"
-        )
-    return "\n".join(lines)
+    header = [f"loader ({date_of('scale')})", "warm img/s", "cold img/s", "cold/warm", "MB read per image"]
+    return _table(
+        [*header, "MB on disk per image"],
+        (
+            [
+                r["loader"],
+                count(r["warm_images_per_s"]),
+                count(r["cold_images_per_s"]),
+                f"{r['cold_vs_warm']:.2f}",
+                f"{r['mb_read_per_image']:.3f}",
+                f"{r['mb_on_disk_per_image']:.3f}",
+            ]
+            for r in rows
+        ),
+    )
 
 
 def _raw_cold_share() -> str:
