@@ -16,7 +16,7 @@ from typing import Any
 
 from lightning_fastdata.diagnose.arguments import add_arguments as add_doctor_arguments
 from lightning_fastdata.errors import UsageError
-from lightning_fastdata.shipped import CONFIG_DIR, ConfigNotFoundError, find_config, shipped_configs
+from lightning_fastdata.shipped import CONFIG_DIR, ConfigNotFoundError, config_summary, find_config, shipped_configs
 
 __all__ = ["CONFIG_DIR", "ConfigNotFoundError", "find_config", "main", "run_cli"]  # + FastDataCLI, on use
 
@@ -98,9 +98,10 @@ def _doctor(args: argparse.Namespace, rest: list[str]) -> None:
 
 def _config(args: argparse.Namespace, rest: list[str]) -> None:
     if args.name is None:
-        for name in shipped_configs():
-            first = (CONFIG_DIR / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ")
-            print(f"{name:16s} {first}")
+        names = shipped_configs()
+        width = max(map(len, names))
+        for name in names:
+            print(f"{name:{width}s}  {config_summary(name)}")
         print(f"\n(in {CONFIG_DIR}; `fastdata fit --config NAME` uses one from any directory)")
         return
     print(find_config(args.name).read_text(), end="")

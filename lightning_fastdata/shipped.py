@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lightning_fastdata.errors import PathNotFoundError
 
-__all__ = ["CONFIG_DIR", "ConfigNotFoundError", "find_config", "shipped_configs"]
+__all__ = ["CONFIG_DIR", "ConfigNotFoundError", "config_summary", "find_config", "shipped_configs"]
 
 #: The configs shipped with the package (the repository's ``configs/`` is a copy, tested equal).
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -18,6 +18,13 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 def shipped_configs() -> list[str]:
     """Names of the configs that ship with the package (``demo``, ``imagefolder``, ...)."""
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def config_summary(name: str) -> str:
+    """A shipped config's one-sentence summary: its first comment line, up to the end of its first sentence."""
+    first = (CONFIG_DIR / f"{name}.yaml").read_text().splitlines()[0].lstrip("# ").strip()
+    end = first.find(". ")
+    return first if end < 0 else first[: end + 1]
 
 
 class ConfigNotFoundError(PathNotFoundError):

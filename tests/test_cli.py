@@ -145,6 +145,8 @@ def test_fastdata_config_lists_and_prints_the_shipped_configs(capsys: pytest.Cap
     main(["config"])
     listed = capsys.readouterr().out
     assert all(f"{name} " in listed for name in ("demo", "imagefolder", "hdf5", "cache", "callback_resume"))
+    rows = [line for line in listed.splitlines() if line and not line.startswith("(")]
+    assert len(rows) == len(CONFIGS) and all(len(r) <= 100 and r.endswith(".") for r in rows), rows  # whole sentences
     main(["config", "hdf5"])
     assert capsys.readouterr().out == (CONFIG_DIR / "hdf5.yaml").read_text()
 
