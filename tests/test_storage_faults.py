@@ -80,6 +80,8 @@ def test_a_five_second_server_outage_mid_epoch_is_a_pause_with_the_same_samples(
             if outage.is_alive():
                 outage.join()
     assert took > 5, f"the epoch took {took:.1f} s: the outage did not overlap its reads"
+    assert server.process is not None and len(server.process.grpc_sockets) == 5
+    assert not [p for p in server.process.grpc_sockets if p.exists()]  # weed's /tmp sockets gone, after a SIGKILL too
     assert len(got) == len(undisturbed)
     for (x, y), (ux, uy) in zip(got, undisturbed, strict=True):
         assert torch.equal(y, uy) and torch.equal(x, ux)

@@ -145,6 +145,8 @@ def local_s3_server(
     args += [f"-filer.localSocket={folder / 'filer.sock'}", f"-s3.localSocket={folder / 's3.sock'}"]
     args += [f"-s3.config={config}", f"-bucket={bucket}"]
     process = _ServerProcess(args, {**os.environ, "TMPDIR": str(folder / "tmp")}, folder / "weed.log")
+    # weed also opens a unix socket per gRPC port at a fixed /tmp path (no flag moves it): removed at the end
+    process.grpc_sockets = [Path(f"/tmp/seaweedfs-{name}-grpc-{ports[2 * k + 1]}.sock") for k, name in enumerate(names)]
     process.start()
     server = LocalS3(
         f"http://127.0.0.1:{ports[6]}", access_key_id, secret_access_key, bucket, process.proc.pid, process
@@ -161,6 +163,7 @@ class _ServerProcess:
 
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
         self.args, self.env, self.log_path = args, env, log_path
+        self.grpc_sockets: list[Path] = []
         self.proc: subprocess.Popen[bytes]
         self.closed = False
         self.lock = threading.Lock()
@@ -176,6 +179,9 @@ class _ServerProcess:
         with self.lock:
             self.closed = True
             self.stop()
+            for sock in self.grpc_sockets:  # ours: the ports were free when the server started
+                if sock.is_socket():
+                    sock.unlink()
 
     def _start(self) -> None:
         with open(self.log_path, "a") as log:
