@@ -151,6 +151,7 @@ FIGURES: dict[str, Callable[[], str]] = {
             "vs_torchvision"
         ]
     ),
+    "scale.date": lambda: date_of("scale"),
     "recipe.date": lambda: date_of("recipe"),
     "recipe.workers": lambda: times(_recipe(_WORKERS)["vs_baseline"]),
     "recipe.workers_cpu": lambda: times(
