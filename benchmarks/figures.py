@@ -103,14 +103,20 @@ def count(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def _decoder_gain() -> str:
-    """torchvision's ``decode_jpeg`` against PIL, one core's full decode of the folder suite's photos (``+7%``)."""
-    ceiling = result("latest")["decode_ceiling_1core"]
-    return f"{100 * (ceiling['decode_jpeg'] / ceiling['PIL'] - 1):+.0f}%"
+def _find(rows: Iterable[dict[str, Any]], key: str, value: str) -> dict[str, Any]:
+    """The row whose ``key`` is ``value`` (a results file's rows are named by their loader, variant or what)."""
+    for r in rows:
+        if r[key] == value:
+            return r
+    raise KeyError(f"no row with {key} {value!r} in the results")
 
 
 def _folder(loader: str) -> dict[str, Any]:
     return row("latest", loader, 2, "folder")
+
+
+def _cache(loader: str) -> dict[str, Any]:
+    return row("latest", loader, 2, "cache")
 
 
 def _recipe(loader: str, name: str = "recipe") -> dict[str, Any]:
@@ -125,9 +131,49 @@ def _s3_vs(ours: str, other: str) -> float:
     return float(_s3(ours)["images_per_s"] / _s3(other)["images_per_s"])
 
 
+def _scale(part: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = result("scale")["suites"]["scale"][part]
+    return rows
+
+
+def _formats(loader: str) -> dict[str, Any]:
+    return _find(result("scale-formats"), "loader", loader)
+
+
+def _mechanism(variant: str) -> dict[str, Any]:
+    return _find(result("gpu")["mechanisms"], "variant", variant)
+
+
+def _fed(loader: str) -> float:
+    return float(_find(result("gpu")["fed"], "loader", loader)["fed_ratio"])
+
+
+def _decoder_gain() -> str:
+    """torchvision's ``decode_jpeg`` against PIL, one core's full decode of the folder suite's photos (``+7%``)."""
+    ceiling = result("latest")["decode_ceiling_1core"]
+    return f"{100 * (ceiling['decode_jpeg'] / ceiling['PIL'] - 1):+.0f}%"
+
+
+def _raw_cold_share() -> str:
+    """The raw formats' cold rate as a share of their warm rate, lowest to highest (``65-79%``)."""
+    rows = _scale("cold_reads")
+    shares = [r["cold_vs_warm"] for r in rows if "raw" in r["loader"] or r["loader"].startswith("TensorCache")]
+    return f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%"
+
+
 _FOLDER, _INDEXED = "ImageFolderDataModule", "ImageFolderDataModule (entropy_index=True)"
+_CACHE_WORKERS = "TensorCacheDataModule, augment in workers"
+_CACHE_DEVICE = "TensorCacheDataModule, augment on device (loader only)"
 _S3_LOCAL, _S3_DIRECT = "ImageFolderDataModule (local)", "ImageFolderDataModule (s3, direct)"
+_S3_DELAYED = "ImageFolderDataModule (s3, +20 ms/request)"
+_S3_PER_ITEM = "per-item get_object + PIL + torchvision (s3, direct)"
+_S3_LITDATA = "LitData (s3, direct, cache < data)"
 _WORKERS, _DEVICE = "ours, policy in workers (loader only)", "ours, policy on the device (loader only)"
+_WORKERS_INDEXED = "ours, policy in workers, entropy_index=True (loader only)"
+_DEVICE_INDEXED = "ours, policy on the device, entropy_index=True (loader only)"
+_LARGE = "recipe-large-jpegs"
+_JPEG_CACHE, _RAW_CACHE = "TensorCacheDataModule storage='jpeg' (256, q90)", "TensorCacheDataModule (256 px uint8)"
+_ORIGINALS = "ImageFolderDataModule (original JPEGs)"
 
 #: Every named figure: a function of the results files giving the text the pages show.
 FIGURES: dict[str, Callable[[], str]] = {
@@ -139,160 +185,112 @@ FIGURES: dict[str, Callable[[], str]] = {
     "folder.index_vs_plain": lambda: times2(_folder(_INDEXED)["images_per_s"] / _folder(_FOLDER)["images_per_s"]),
     "folder.index_img_s": lambda: count(_folder(_INDEXED)["images_per_s"]),
     "folder.img_s": lambda: count(_folder(_FOLDER)["images_per_s"]),
-    "folder.decode_jpeg_vs_pil": lambda: _decoder_gain(),
-    "cache.workers_vs_baseline": lambda: times(
-        row("latest", "TensorCacheDataModule, augment in workers", 2, "cache")["vs_baseline"]
-    ),
-    "cache.device_vs_baseline": lambda: times(
-        row("latest", "TensorCacheDataModule, augment on device (loader only)", 2, "cache")["vs_baseline"]
-    ),
+    "folder.decode_jpeg_vs_pil": _decoder_gain,
+    "cache.workers_vs_baseline": lambda: times(_cache(_CACHE_WORKERS)["vs_baseline"]),
+    "cache.device_vs_baseline": lambda: times(_cache(_CACHE_DEVICE)["vs_baseline"]),
     "scale.scan_vs_imagefolder": lambda: times(
-        next(r for r in result("scale")["suites"]["scale"]["scan"] if r["what"].startswith("scan_image_folder"))[
-            "vs_torchvision"
-        ]
+        _find(_scale("scan"), "what", "scan_image_folder (ImageFolderDataModule.setup)")["vs_torchvision"]
     ),
     "scale.date": lambda: date_of("scale"),
+    "scale.raw_cold_share": _raw_cold_share,
     "recipe.date": lambda: date_of("recipe"),
     "recipe.workers": lambda: times(_recipe(_WORKERS)["vs_baseline"]),
     "recipe.workers_cpu": lambda: times(
         _recipe("ours, policy in workers (+ normalise, erase, mix on this CPU)")["vs_baseline"]
     ),
+    "recipe.workers_index": lambda: times(_recipe(_WORKERS_INDEXED)["vs_baseline"]),
     "recipe.device": lambda: times(_recipe(_DEVICE)["vs_baseline"]),
-    "recipe.large.workers": lambda: times(_recipe(_WORKERS, "recipe-large-jpegs")["vs_baseline"]),
-    "recipe.large.device": lambda: times(_recipe(_DEVICE, "recipe-large-jpegs")["vs_baseline"]),
-    "recipe.large.date": lambda: date_of("recipe-large-jpegs"),
+    "recipe.device_index": lambda: times2(_recipe(_DEVICE_INDEXED)["vs_baseline"]),
+    "recipe.large.workers": lambda: times(_recipe(_WORKERS, _LARGE)["vs_baseline"]),
+    "recipe.large.workers_index": lambda: times(_recipe(_WORKERS_INDEXED, _LARGE)["vs_baseline"]),
+    "recipe.large.device": lambda: times(_recipe(_DEVICE, _LARGE)["vs_baseline"]),
+    "recipe.large.device_index": lambda: times(_recipe(_DEVICE_INDEXED, _LARGE)["vs_baseline"]),
+    "recipe.large.date": lambda: date_of(_LARGE),
     "s3.date": lambda: date_of("s3-folder-pinned-4"),
     "s3.direct_vs_local": lambda: times(_s3_vs(_S3_DIRECT, _S3_LOCAL)),
-    "s3.delay_vs_local": lambda: times(_s3_vs("ImageFolderDataModule (s3, +20 ms/request)", _S3_LOCAL)),
-    "s3.vs_per_item": lambda: times(_s3_vs(_S3_DIRECT, "per-item get_object + PIL + torchvision (s3, direct)")),
-    "s3.vs_litdata": lambda: times(_s3_vs(_S3_DIRECT, "LitData (s3, direct, cache < data)")),
+    "s3.delay_vs_local": lambda: times(_s3_vs(_S3_DELAYED, _S3_LOCAL)),
+    "s3.vs_per_item": lambda: times(_s3_vs(_S3_DIRECT, _S3_PER_ITEM)),
+    "s3.vs_litdata": lambda: times(_s3_vs(_S3_DIRECT, _S3_LITDATA)),
+    "formats.jpeg_cache_vs_baseline": lambda: times(_formats(_JPEG_CACHE)["vs_baseline"]),
+    "formats.raw_cache_vs_baseline": lambda: f"{_formats(_RAW_CACHE)['vs_baseline']:.1f}x",
+    "formats.raw_vs_compact_size": lambda: times(
+        _formats(_RAW_CACHE)["kb_per_image"] / _formats(_JPEG_CACHE)["kb_per_image"]
+    ),
+    "formats.raw_vs_compact_speed": lambda: times(
+        _formats(_RAW_CACHE)["images_per_s"] / _formats(_JPEG_CACHE)["images_per_s"]
+    ),
+    "formats.compact_vs_originals": lambda: times(
+        _formats(_JPEG_CACHE)["images_per_s"] / _formats(_ORIGINALS)["images_per_s"]
+    ),
+    "formats.date": lambda: date_of("scale-formats"),
+    "gpu.date": lambda: date_of("gpu"),
+    "gpu.pinned_gain": lambda: f"+{100 * (1 / _mechanism('pageable memory (pin_memory=False)')['vs_all_on'] - 1):.0f}%",
+    "gpu.device_normalise_gain": lambda: times(
+        1 / _mechanism("normalise on the host (float32 over PCIe)")["vs_all_on"]
+    ),
+    "gpu.channels_last_gain": lambda: times2(1 / _mechanism("contiguous NCHW (channels_last off)")["vs_all_on"]),
+    "gpu.prefetch_on": lambda: count(_mechanism("all on")["img_s"]),
+    "gpu.prefetch_off": lambda: count(_mechanism("prefetch off (Lightning's copy)")["img_s"]),
+    "gpu.folder_fed": lambda: f"{_fed('ImageFolderDataModule'):.2f}",
+    "gpu.cache_fed": lambda: f"{_fed('TensorCacheDataModule raw, augment in workers'):.2f}",
 }
-
-
-def _recipe_with_index() -> str:
-    """The recipe's device row with the entropy index, where the run had one."""
-    return times2(_recipe("ours, policy on the device, entropy_index=True (loader only)")["vs_baseline"])
-
-
-FIGURES["recipe.device_index"] = _recipe_with_index
-_WORKERS_INDEXED = "ours, policy in workers, entropy_index=True (loader only)"
-_DEVICE_INDEXED = "ours, policy on the device, entropy_index=True (loader only)"
-FIGURES["recipe.workers_index"] = lambda: times(_recipe(_WORKERS_INDEXED)["vs_baseline"])
-FIGURES["recipe.large.workers_index"] = lambda: times(_recipe(_WORKERS_INDEXED, "recipe-large-jpegs")["vs_baseline"])
-FIGURES["recipe.large.device_index"] = lambda: times(_recipe(_DEVICE_INDEXED, "recipe-large-jpegs")["vs_baseline"])
-
-
-def _folder_table() -> str:
-    """The README's and the docs home's table: the folder and cache suites of ``latest.json``."""
-    data = result("latest")
-    base = _folder("baseline (torchvision ImageFolder)")
-    cache_rows = [
-        ("`TensorCacheDataModule`, augmentation in the workers", "TensorCacheDataModule, augment in workers"),
-        (
-            "`TensorCacheDataModule`, augmentation on the GPU (loader only)",
-            "TensorCacheDataModule, augment on device (loader only)",
-        ),
-    ]
-    lines = [
-        f"`fastdata bench` on {machine('latest')}, no GPU ({date_of('latest')}; "
-        f"{data['data']['files']:,} photo-like 500x375 JPEGs, 2 workers, batch 64, RandomResizedCrop "
-        f"{data['data']['image_size']} + flip, each loader against the torchvision baseline measured in the same "
-        "run; `benchmarks/results/latest.json`):",
-        "",
-        "| loader | images/s | vs `torchvision.datasets.ImageFolder` + `DataLoader` |",
-        "|---|---:|---:|",
-        f"| torchvision `ImageFolder` + classic transforms (baseline) | {count(base['images_per_s'])} | 1.00x |",
-    ]
-    for label, loader in [
-        ("`ImageFolderDataModule` (entropy index not built yet)", _FOLDER),
-        ("`ImageFolderDataModule`, entropy index built", _INDEXED),
-    ]:
-        r = _folder(loader)
-        lines.append(f"| {label} | {count(r['images_per_s'])} | {times(r['vs_baseline'])} |")
-    for label, loader in cache_rows:
-        r = row("latest", loader, 2, "cache")
-        lines.append(f"| {label} | {count(r['images_per_s'])} | {times(r['vs_baseline'])} |")
-    return "\n".join(lines)
-
-
-def _s3_table() -> str:
-    """The README's object-storage table: ``s3-folder-pinned-4.json``."""
-    name = "s3-folder-pinned-4"
-    data = result(name)
-    local, direct = _s3(_S3_LOCAL), _s3(_S3_DIRECT)
-    per_item, litdata = (
-        _s3("per-item get_object + PIL + torchvision (s3, direct)"),
-        _s3("LitData (s3, direct, cache < data)"),
-    )
-    delayed = _s3_vs("ImageFolderDataModule (s3, +20 ms/request)", _S3_LOCAL)
-    return "\n".join(
-        [
-            f"`fastdata bench --suites s3 --s3-pin` on {machine(name)} ({date_of(name)}; "
-            f"{data['images']:,} photo-like JPEGs in a local SeaweedFS S3 server on one core, the loader on the "
-            "other, 2 workers; `benchmarks/results/s3-folder-pinned-4.json`):",
-            "",
-            "| loader (same run) | images/s | ours from the bucket vs it |",
-            "|---|---:|---:|",
-            f"| `ImageFolderDataModule`, local folder | {count(local['images_per_s'])} | "
-            f"{times(direct['images_per_s'] / local['images_per_s'])} ({times(delayed)} with 20 ms per request) |",
-            f"| per-item `get_object` + PIL + torchvision, from the bucket | {count(per_item['images_per_s'])} | "
-            f"{times(direct['images_per_s'] / per_item['images_per_s'])} |",
-            f"| LitData 0.2.76 streaming the same bucket | {count(litdata['images_per_s'])} | "
-            f"{times(direct['images_per_s'] / litdata['images_per_s'])} |",
-        ]
-    )
-
-
-def _formats(loader: str) -> dict[str, Any]:
-    rows: list[dict[str, Any]] = result("scale-formats")
-    return next(r for r in rows if r["loader"] == loader)
-
-
-def _mechanism(variant: str) -> float:
-    return float(next(r for r in result("gpu")["mechanisms"] if r["variant"] == variant)["vs_all_on"])
-
-
-def _fed(loader: str) -> float:
-    return float(next(r for r in result("gpu")["fed"] if r["loader"] == loader)["fed_ratio"])
-
-
-_JPEG_CACHE, _RAW_CACHE = "TensorCacheDataModule storage='jpeg' (256, q90)", "TensorCacheDataModule (256 px uint8)"
-_ORIGINALS = "ImageFolderDataModule (original JPEGs)"
-
-FIGURES.update(
-    {
-        "formats.jpeg_cache_vs_baseline": lambda: times(_formats(_JPEG_CACHE)["vs_baseline"]),
-        "formats.raw_cache_vs_baseline": lambda: f"{_formats(_RAW_CACHE)['vs_baseline']:.1f}x",
-        "formats.raw_vs_compact_size": lambda: times(
-            _formats(_RAW_CACHE)["kb_per_image"] / _formats(_JPEG_CACHE)["kb_per_image"]
-        ),
-        "formats.raw_vs_compact_speed": lambda: times(
-            _formats(_RAW_CACHE)["images_per_s"] / _formats(_JPEG_CACHE)["images_per_s"]
-        ),
-        "formats.compact_vs_originals": lambda: times(
-            _formats(_JPEG_CACHE)["images_per_s"] / _formats(_ORIGINALS)["images_per_s"]
-        ),
-        "formats.date": lambda: date_of("scale-formats"),
-        "gpu.date": lambda: date_of("gpu"),
-        "gpu.pinned_gain": lambda: f"+{100 * (1 / _mechanism('pageable memory (pin_memory=False)') - 1):.0f}%",
-        "gpu.device_normalise_gain": lambda: times(1 / _mechanism("normalise on the host (float32 over PCIe)")),
-        "gpu.channels_last_gain": lambda: times2(1 / _mechanism("contiguous NCHW (channels_last off)")),
-        "gpu.prefetch_on": lambda: count(
-            next(r for r in result("gpu")["mechanisms"] if r["variant"] == "all on")["img_s"]
-        ),
-        "gpu.prefetch_off": lambda: count(
-            next(r for r in result("gpu")["mechanisms"] if r["variant"] == "prefetch off (Lightning's copy)")["img_s"]
-        ),
-        "gpu.folder_fed": lambda: f"{_fed('ImageFolderDataModule'):.2f}",
-        "gpu.cache_fed": lambda: f"{_fed('TensorCacheDataModule raw, augment in workers'):.2f}",
-    }
-)
 
 
 def _table(header: list[str], rows: Iterable[list[str]]) -> str:
     """A Markdown table: the first column left-aligned, the others right-aligned (numbers)."""
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
+def _folder_table() -> str:
+    """The README's and the docs home's table: the folder and cache suites of ``latest.json``."""
+    data = result("latest")
+    rows = [
+        ("torchvision `ImageFolder` + classic transforms (baseline)", _folder("baseline (torchvision ImageFolder)")),
+        ("`ImageFolderDataModule` (entropy index not built yet)", _folder(_FOLDER)),
+        ("`ImageFolderDataModule`, entropy index built", _folder(_INDEXED)),
+        ("`TensorCacheDataModule`, augmentation in the workers", _cache(_CACHE_WORKERS)),
+        ("`TensorCacheDataModule`, augmentation on the GPU (loader only)", _cache(_CACHE_DEVICE)),
+    ]
+    caption = (
+        f"`fastdata bench` on {machine('latest')}, no GPU ({date_of('latest')}; "
+        f"{data['data']['files']:,} photo-like 500x375 JPEGs, 2 workers, batch 64, RandomResizedCrop "
+        f"{data['data']['image_size']} + flip, each loader against the torchvision baseline measured in the same "
+        "run; `benchmarks/results/latest.json`):"
+    )
+    table = _table(
+        ["loader", "images/s", "vs `torchvision.datasets.ImageFolder` + `DataLoader`"],
+        (
+            [label, count(r["images_per_s"]), "1.00x" if k == 0 else times(r["vs_baseline"])]
+            for k, (label, r) in enumerate(rows)
+        ),
+    )
+    return f"{caption}\n\n{table}"
+
+
+def _s3_table() -> str:
+    """The README's object-storage table: ``s3-folder-pinned-4.json``."""
+    name = "s3-folder-pinned-4"
+    direct = _s3(_S3_DIRECT)["images_per_s"]
+    local = f"{times(_s3_vs(_S3_DIRECT, _S3_LOCAL))} ({times(_s3_vs(_S3_DELAYED, _S3_LOCAL))} with 20 ms per request)"
+    rows: list[tuple[str, str, str | None]] = [
+        ("`ImageFolderDataModule`, local folder", _S3_LOCAL, local),
+        ("per-item `get_object` + PIL + torchvision, from the bucket", _S3_PER_ITEM, None),
+        ("LitData 0.2.76 streaming the same bucket", _S3_LITDATA, None),
+    ]
+    caption = (
+        f"`fastdata bench --suites s3 --s3-pin` on {machine(name)} ({date_of(name)}; "
+        f"{result(name)['images']:,} photo-like JPEGs in a local SeaweedFS S3 server on one core, the loader on the "
+        "other, 2 workers; `benchmarks/results/s3-folder-pinned-4.json`):"
+    )
+    table = _table(
+        ["loader (same run)", "images/s", "ours from the bucket vs it"],
+        (
+            [label, count(_s3(loader)["images_per_s"]), ratio or times(direct / _s3(loader)["images_per_s"])]
+            for label, loader, ratio in rows
+        ),
+    )
+    return f"{caption}\n\n{table}"
 
 
 def _scan_table() -> str:
@@ -303,7 +301,7 @@ def _scan_table() -> str:
         "index_dir, first run (scan + write)": "`index_dir`, first run (scan + write)",
         "index_dir, reuse (stat each folder)": "`index_dir`, reuse (one `stat` per folder)",
     }
-    rows = result("scale")["suites"]["scale"]["scan"]
+    rows = _scale("scan")
     what = (
         f"what ({rows[0]['files']:,} files, warm metadata, fresh process each; {machine('scale')}, {date_of('scale')})"
     )
@@ -362,7 +360,7 @@ def _formats_table() -> str:
 
 def _cold_table() -> str:
     """scale.md's cold-read table: ``scale.json``'s cold_reads rows."""
-    rows = result("scale")["suites"]["scale"]["cold_reads"]
+    rows = _scale("cold_reads")
     header = [f"loader ({date_of('scale')})", "warm img/s", "cold img/s", "cold/warm", "MB read per image"]
     return _table(
         [*header, "MB on disk per image"],
@@ -378,16 +376,6 @@ def _cold_table() -> str:
             for r in rows
         ),
     )
-
-
-def _raw_cold_share() -> str:
-    """The raw formats' cold rate as a share of their warm rate, lowest to highest (``65-79%``)."""
-    rows = result("scale")["suites"]["scale"]["cold_reads"]
-    shares = [r["cold_vs_warm"] for r in rows if "raw" in r["loader"] or r["loader"].startswith("TensorCache")]
-    return f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%"
-
-
-FIGURES["scale.raw_cold_share"] = _raw_cold_share
 
 
 #: Every named block: a function of the results files giving its Markdown.
