@@ -357,13 +357,15 @@ PyObject *histogram(PyObject *self, PyObject *args) {
     return finish(ok, "histogram: buffers smaller than the shape and strides given", buffers, 2);
 }
 
-/* sharpen(src, src_strides, dst, dst_strides, (c, h, w), alpha): torchvision's adjust_sharpness of a uint8 image
- * with alpha = 1 - sharpness_factor. Its blur is conv2d with the kernel (1 1 1; 1 5 1; 1 1 1) / 13 in float32,
- * rounded: the exact value is an integer S / 13, never within 1/26 of a half, far more than float32's error over
- * nine terms, so the rounded blur is exactly (2 S + 13) / 26 in integers, whatever the order of the sum. The blend
- * of an interior pixel is v + alpha * (blur - v) in float32, clamped and truncated; the border is left as it is.
- * fast.py calls this only for the alphas where that blend gives the same bytes fused and unfused (checked over all
- * 65,536 pairs), so the result does not depend on how torch evaluates it either. */
+/* One sharpened pixel: v, its 3x3 sum with the centre counted 5 times, alpha = 1 - factor (see sharpen). */
+static inline uint8_t sharpen_pixel(int32_t sum, int32_t v, float alpha) {
+    const int32_t blur = (2 * sum + 13) / 26;
+    float mix = (float)v + alpha * (float)(blur - v);
+    mix = mix < 0.0f ? 0.0f : mix;
+    mix = mix > 255.0f ? 255.0f : mix;
+    return (uint8_t)(int32_t)mix;
+}
+
 /* One interior row, planar (unit strides): written so that the compiler vectorises it (a clone for AVX2 CPUs). */
 __attribute__((target_clones("avx2", "default")))
 static void sharpen_row(const uint8_t *restrict up, const uint8_t *restrict a, const uint8_t *restrict down,
@@ -371,14 +373,17 @@ static void sharpen_row(const uint8_t *restrict up, const uint8_t *restrict a, c
     for (Py_ssize_t j = 1; j < w - 1; j++) {
         const int32_t sum = up[j - 1] + up[j] + up[j + 1] + a[j - 1] + 5 * a[j] + a[j + 1] + down[j - 1] + down[j] +
                             down[j + 1];
-        const int32_t v = a[j], blur = (2 * sum + 13) / 26;
-        float mix = (float)v + alpha * (float)(blur - v);
-        mix = mix < 0.0f ? 0.0f : mix;
-        mix = mix > 255.0f ? 255.0f : mix;
-        b[j] = (uint8_t)(int32_t)mix;
+        b[j] = sharpen_pixel(sum, a[j], alpha);
     }
 }
 
+/* sharpen(src, src_strides, dst, dst_strides, (c, h, w), alpha): torchvision's adjust_sharpness of a uint8 image
+ * with alpha = 1 - sharpness_factor. Its blur is conv2d with the kernel (1 1 1; 1 5 1; 1 1 1) / 13 in float32,
+ * rounded: the exact value is an integer S / 13, never within 1/26 of a half, far more than float32's error over
+ * nine terms, so the rounded blur is exactly (2 S + 13) / 26 in integers, whatever the order of the sum. The blend
+ * of an interior pixel is v + alpha * (blur - v) in float32, clamped and truncated; the border is left as it is.
+ * fast.py calls this only for the alphas where that blend gives the same bytes fused and unfused (checked over all
+ * 65,536 pairs), so the result does not depend on how torch evaluates it either. */
 PyObject *sharpen(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
     shape4 sh = {1, 0, 0, 0};
@@ -408,12 +413,10 @@ PyObject *sharpen(PyObject *self, PyObject *args) {
                     b[sh.w - 1] = a[sh.w - 1];
                     continue;
                 }
-                for (Py_ssize_t j = 1; j < sh.w - 1; j++) {
+                for (Py_ssize_t j = 1; j < sh.w - 1; j++) { /* any strides: a channels-last view */
                     const Py_ssize_t l = (j - 1) * ss.w, m = j * ss.w, r = (j + 1) * ss.w;
-                    const int sum = up[l] + up[m] + up[r] + a[l] + 5 * a[m] + a[r] + down[l] + down[m] + down[r];
-                    const int v = a[m], blur = (2 * sum + 13) / 26;
-                    const float mix = (float)v + alpha * (float)(blur - v);
-                    b[j * ds.w] = mix <= 0.0f ? 0 : (mix >= 255.0f ? 255 : (uint8_t)mix);
+                    const int32_t sum = up[l] + up[m] + up[r] + a[l] + 5 * a[m] + a[r] + down[l] + down[m] + down[r];
+                    b[j * ds.w] = sharpen_pixel(sum, a[m], alpha);
                 }
                 if (sh.w > 1) b[(sh.w - 1) * ds.w] = a[(sh.w - 1) * ss.w];
             }
