@@ -14,7 +14,8 @@ that no int64 product overflows (torch has no unsigned 64-bit arithmetic on ever
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -38,17 +39,8 @@ def _hash32(x: torch.Tensor | int) -> torch.Tensor | int:
     return x ^ (x >> 16)
 
 
-def _chain(values: Sequence[torch.Tensor | int]) -> torch.Tensor | int:
-    h: torch.Tensor | int = 0x9E3779B9
-    for v in values:
-        # fold 64-bit inputs (an epoch, a large seed) in two halves
-        h = _hash32(h ^ _hash32(v & _MASK))
-        h = _hash32(h ^ ((v >> 32) & _MASK))
-    return h
-
-
 def _hash32_int(x: int) -> int:
-    """:func:`_hash32` for a Python int: its products need no splitting (about 4x faster per sample)."""
+    """:func:`_hash32` for a Python int: its products need no splitting (a per-sample seed in half the time)."""
     x &= _MASK
     x ^= x >> 16
     x = (x * 0x7FEB352D) & _MASK
@@ -57,20 +49,21 @@ def _hash32_int(x: int) -> int:
     return x ^ (x >> 16)
 
 
-def _chain_int(values: Sequence[int]) -> int:
-    """:func:`_chain` for Python ints (the same numbers)."""
+def _chain(values: Sequence[Any], hash32: Callable[[Any], Any] = _hash32) -> Any:
+    """The hash of ``values`` (tensors or ints; ``hash32``: :func:`_hash32`, or :func:`_hash32_int` for ints)."""
     h = 0x9E3779B9
     for v in values:
-        h = _hash32_int(h ^ _hash32_int(v & _MASK))
-        h = _hash32_int(h ^ ((v >> 32) & _MASK))
+        # fold 64-bit inputs (an epoch, a large seed) in two halves
+        h = hash32(h ^ hash32(v & _MASK))
+        h = hash32(h ^ ((v >> 32) & _MASK))
     return h
 
 
 def sample_seed(seed: int, key: Sequence[int], stream: int = 0) -> int:
     """A 63-bit seed for one sample: a function of ``seed``, its key (``(epoch, index[, repeat])``) and ``stream``."""
     parts = [int(seed), *(int(k) for k in key), int(stream)]
-    lo = _chain_int(parts)
-    hi = _chain_int([*parts, 1])
+    lo = _chain(parts, _hash32_int)
+    hi = _chain([*parts, 1], _hash32_int)
     return ((hi & 0x7FFFFFFF) << 32) | lo
 
 
