@@ -144,9 +144,9 @@ def local_s3_server(
         args += [f"-{name}.port={ports[2 * k]}", f"-{name}.port.grpc={ports[2 * k + 1]}"]
     args += [f"-filer.localSocket={folder / 'filer.sock'}", f"-s3.localSocket={folder / 's3.sock'}"]
     args += [f"-s3.config={config}", f"-bucket={bucket}"]
-    process = _ServerProcess(args, {**os.environ, "TMPDIR": str(folder / "tmp")}, folder / "weed.log")
     # weed also opens a unix socket per gRPC port at a fixed /tmp path (no flag moves it): removed at the end
-    process.grpc_sockets = [Path(f"/tmp/seaweedfs-{name}-grpc-{ports[2 * k + 1]}.sock") for k, name in enumerate(names)]
+    sockets = [Path(f"/tmp/seaweedfs-{name}-grpc-{ports[2 * k + 1]}.sock") for k, name in enumerate(names)]
+    process = _ServerProcess(args, {**os.environ, "TMPDIR": str(folder / "tmp")}, folder / "weed.log", sockets)
     process.start()
     server = LocalS3(
         f"http://127.0.0.1:{ports[6]}", access_key_id, secret_access_key, bucket, process.proc.pid, process
@@ -161,9 +161,8 @@ def local_s3_server(
 class _ServerProcess:
     """The ``weed`` process group of a :class:`LocalS3`: started, stopped, started again with the same arguments."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.args, self.env, self.log_path = args, env, log_path
-        self.grpc_sockets: list[Path] = []
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, grpc_sockets: list[Path]) -> None:
+        self.args, self.env, self.log_path, self.grpc_sockets = args, env, log_path, grpc_sockets
         self.proc: subprocess.Popen[bytes]
         self.closed = False
         self.lock = threading.Lock()
