@@ -123,6 +123,7 @@ def recipe_suite(
     """
     b, w = batch_size, workers
     in_workers, on_device, plain = (ours(root, recipe, b, w, where) for where in ("workers", "device", "none"))
+    indexing = entropy_index_dir is not None and entropy_index_available()
     candidates: list[Candidate] = [
         ("torchvision reference loader", lambda: reference_loader(root, recipe, b, w), count_images),
         (
@@ -130,24 +131,18 @@ def recipe_suite(
             in_workers.train_dataloader,
             count_normalised(in_workers),
         ),
-        ("ours, policy in workers (loader only)", in_workers.train_dataloader, count_images),
-        ("ours, policy on the device (loader only)", on_device.train_dataloader, count_images),
-        ("ours, RandomResizedCrop + flip only", plain.train_dataloader, count_normalised(plain)),
     ]
-    if entropy_index_dir is not None and entropy_index_available():
-        indexed = ours(root, recipe, b, w, "device", index_dir=entropy_index_dir, entropy_index=True)
-        candidates.insert(
-            4, ("ours, policy on the device, entropy_index=True (loader only)", indexed.train_dataloader, count_images)
-        )
-        indexed_workers = ours(root, recipe, b, w, "workers", index_dir=entropy_index_dir, entropy_index=True)
-        candidates.insert(
-            3,
-            (
-                "ours, policy in workers, entropy_index=True (loader only)",
-                indexed_workers.train_dataloader,
-                count_images,
-            ),
-        )
+    for where, dm, policy in (
+        ("workers", in_workers, "policy in workers"),
+        ("device", on_device, "policy on the device"),
+    ):
+        candidates.append((f"ours, {policy} (loader only)", dm.train_dataloader, count_images))
+        if indexing:  # the same with the entropy index, built in entropy_index_dir by the first of these
+            indexed = ours(root, recipe, b, w, where, index_dir=entropy_index_dir, entropy_index=True)
+            candidates.append(
+                (f"ours, {policy}, entropy_index=True (loader only)", indexed.train_dataloader, count_images)
+            )
+    candidates.append(("ours, RandomResizedCrop + flip only", plain.train_dataloader, count_normalised(plain)))
     rows = rows_for(measure(candidates, repeats=repeats, min_seconds=min_seconds), w, ceiling)
     cost = device_cost(on_device)
     log(f"device ops per batch of {b} on this CPU (one thread): {cost:.1f} ms ({1000 * b / cost:.0f} images/s)")
