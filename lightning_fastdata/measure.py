@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -150,6 +151,19 @@ def ours_module(
     dm.prepare_data()
     dm.setup("fit")
     return dm
+
+
+def machine() -> str:
+    """The machine and versions a benchmark ran with, in one line (every results file carries it)."""
+    import PIL
+
+    from lightning_fastdata.loading.jpeg.decode import pillow_simd_installed, roi_decode_available
+
+    return (
+        f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, {'pillow-simd' if pillow_simd_installed() else 'Pillow'} {PIL.__version__}, "
+        f"ROI JPEG decoder {'on' if roi_decode_available() else 'off'}"
+    )
 
 
 def decode_ceiling(files: list[str]) -> dict[str, float]:

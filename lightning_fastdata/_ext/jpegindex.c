@@ -1,16 +1,22 @@
 /* Entropy index for baseline JPEGs: decode a crop without entropy-decoding the rest of the image.
  *
- * A baseline JPEG without restart markers is one Huffman-coded bit stream: to reach a crop, libjpeg decodes
- * every MCU before the crop's last one. entropy_index() walks the stream once and records, at the start of
- * every MCU, the bit offset (in the stream with its 0xFF00 stuffing removed) and each component's DC predictor.
+ * A baseline JPEG is one Huffman-coded bit stream: to reach a crop, libjpeg decodes every MCU before the crop's
+ * last one. entropy_index() walks the stream once and records, at the start of every K-th MCU of each MCU row
+ * (and at the stream's end), the bit offset (in the stream with its 0xFF00 stuffing and restart markers removed)
+ * and each component's DC predictor. K is chosen per image so that the index stays within a fraction of the
+ * file's bytes (10 bytes an entry: one per MCU would be ~7% of a photo's bytes, 13% of a small quality-75 one).
  * crop_jpeg() then assembles a small, valid JPEG of a rectangle of MCUs: the same header with the rectangle's
  * size, a restart interval of one MCU row, and per row the original bits of its MCUs, where only the first DC
- * difference of each component is re-encoded (after a restart the predictor is zero). Its coefficients are the
- * original's, so decoding it gives the original's pixels wherever the rectangle has a margin of one MCU.
+ * difference of each component is re-encoded (after a restart the predictor is zero). It reaches the row's first
+ * and last MCU from the entry before each by Huffman-parsing at most K-1 MCUs (no coefficients kept). Its
+ * coefficients are the original's, so decoding it gives the original's pixels wherever the rectangle has a margin
+ * of one MCU.
  *
  * Supported: 8-bit baseline/extended sequential Huffman JPEGs, one interleaved scan of all components (or one
- * component with 1x1 sampling), no restart markers. Anything else returns None and the caller decodes as before;
- * so does a DC value the file's own DC table cannot encode (optimised tables may lack a category).
+ * component with 1x1 sampling), without restart markers or with a restart interval of whole MCU rows (then no
+ * row of a crop crosses one: each interval starts byte-aligned with zero predictors, which the walk follows).
+ * Anything else returns None and the caller decodes as before; so does a DC value the file's own DC table cannot
+ * encode (optimised tables may lack a category).
  * No libjpeg here: only the marker parser and a Huffman decoder; the pixels come from libjpeg (jpegroi.c). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -39,6 +45,7 @@ typedef struct {
     int width, height, ncomp;
     int h[MAX_COMP], v[MAX_COMP], dc_tbl[MAX_COMP], ac_tbl[MAX_COMP]; /* in scan order */
     int mcu_w, mcu_h, mcus_per_row, mcu_rows;
+    int restart; /* the restart interval in MCUs (0: none); a multiple of mcus_per_row */
     size_t sof_dims;   /* offset of the SOF's height field */
     size_t sos_start;  /* offset of the SOS marker */
     size_t data_start; /* first byte of the entropy-coded data */
@@ -50,8 +57,9 @@ typedef struct {
     int16_t dc[MAX_COMP];
 } entry;
 
-#define HEADER_BYTES 32 /* "FDX2", MCUs per row, MCU rows, MCU width, height (u16), file length (u32), the file's
-                         * hash (u64), the entries' hash (u64): a damaged index is refused like another file's */
+#define HEADER_BYTES 32 /* "FDX3", MCUs per row, MCU rows (u16), MCU width, height (u8), K: MCUs per entry (u16),
+                         * file length (u32), the file's hash (u64), the entries' hash (u64): a damaged index is
+                         * refused like another file's */
 
 /* A fast 64-bit hash of the whole file: an index is used only with the very bytes it was built from. */
 static inline uint64_t mix64(uint64_t x) {
@@ -158,7 +166,8 @@ static int parse(const uint8_t *d, size_t n, jinfo *j) {
                 k += 17 + (size_t)total;
             }
         } else if (m == 0xDD) {
-            if (slen < 2 || ((s[0] << 8) | s[1]) != 0) return -1; /* restart markers: not indexed */
+            if (slen < 2) return -1;
+            j->restart = (s[0] << 8) | s[1];
         } else if (m == 0xDA) {
             if (!have_sof || slen < 1) return -1;
             int ns = s[0];
@@ -185,6 +194,7 @@ static int parse(const uint8_t *d, size_t n, jinfo *j) {
             j->mcu_h = 8 * vmax;
             j->mcus_per_row = (j->width + j->mcu_w - 1) / j->mcu_w;
             j->mcu_rows = (j->height + j->mcu_h - 1) / j->mcu_h;
+            if (j->restart % j->mcus_per_row) return -1; /* a restart inside an MCU row: not indexed */
             j->sos_start = pos - 2;
             j->data_start = pos + len;
             return 0;
@@ -194,7 +204,8 @@ static int parse(const uint8_t *d, size_t n, jinfo *j) {
     return -1;
 }
 
-/* The entropy-coded data without its 0xFF00 stuffing, up to the first marker, then PAD zero bytes. */
+/* The entropy-coded data without its 0xFF00 stuffing and its restart markers (each interval stays byte-aligned),
+ * up to the first other marker, then PAD zero bytes. */
 static uint8_t *unstuff(const uint8_t *d, size_t n, size_t start, size_t *out_len) {
     uint8_t *u = (uint8_t *)malloc(n - start + PAD);
     if (u == NULL) return NULL;
@@ -205,7 +216,12 @@ static uint8_t *unstuff(const uint8_t *d, size_t n, size_t start, size_t *out_le
         memcpy(u + o, d + i, stop - i);
         o += stop - i;
         i = stop;
-        if (ff == NULL || i + 1 >= n || d[i + 1] != 0x00) break;
+        if (ff == NULL || i + 1 >= n) break;
+        if (d[i + 1] >= 0xD0 && d[i + 1] <= 0xD7) { /* RSTn: dropped */
+            i += 2;
+            continue;
+        }
+        if (d[i + 1] != 0x00) break;
         u[o++] = 0xFF;
         i += 2;
     }
@@ -271,28 +287,70 @@ static void put_u16(uint8_t *o, int v) {
 
 static int get_u16(const uint8_t *o) { return o[0] | (o[1] << 8); }
 
+/* Entries of one MCU row with one every k MCUs, and the bytes of a whole index. */
+static size_t per_row(int mcus_per_row, int k) { return ((size_t)mcus_per_row + (size_t)k - 1) / (size_t)k; }
+
+static size_t index_bytes(const jinfo *j, int k) {
+    return HEADER_BYTES + ((size_t)j->mcu_rows * per_row(j->mcus_per_row, k) + 1) * ENTRY_BYTES;
+}
+
+/* One MCU's blocks Huffman-parsed (nothing kept but the DC predictors); -1 past the stream or on a bad code. */
+static inline int skip_mcu(const jinfo *j, const uint8_t *u, uint64_t *p, int *dc, uint64_t limit) {
+    for (int c = 0; c < j->ncomp; c++)
+        for (int b = 0; b < j->h[c] * j->v[c]; b++) {
+            int diff;
+            if (skip_block(j, c, u, p, &diff) || *p > limit) return -1;
+            dc[c] += diff;
+        }
+    return 0;
+}
+
+/* The hash of an index's entries and of its geometry (MCUs per row, rows, MCU size, K): a K changed to another
+ * with as many entries per row would misplace every entry, so it is refused like a damaged entry. */
+static uint64_t entries_hash(const uint8_t *ix, size_t ixlen) {
+    uint64_t geometry;
+    memcpy(&geometry, ix + 4, 8);
+    return file_hash(ix + HEADER_BYTES, ixlen - HEADER_BYTES) ^ mix64(geometry + 0x9E3779B97F4A7C15ull);
+}
+
+/* entropy_index(data, max_fraction=0.015, every=0) -> bytes | None. every > 0: an entry every that many MCUs of a
+ * row; 0: the fewest MCUs per entry that keep the index within max_fraction of len(data) (at least one entry per
+ * MCU row, whatever that costs). */
 PyObject *entropy_index(PyObject *self, PyObject *args) {
     Py_buffer data;
-    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    double max_fraction = 0.015;
+    int every = 0;
+    if (!PyArg_ParseTuple(args, "y*|di", &data, &max_fraction, &every)) return NULL;
+    if (every < 0 || !(max_fraction > 0)) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_ValueError, "entropy_index: every must be >= 0 and max_fraction > 0");
+        return NULL;
+    }
     const uint8_t *d = (const uint8_t *)data.buf;
     size_t n = (size_t)data.len;
     jinfo j;
     uint8_t *u = NULL, *out = NULL;
-    size_t ulen = 0, total = 0;
+    size_t ulen = 0, size = 0;
     int ok = 0, nomem = 0;
     Py_BEGIN_ALLOW_THREADS
     if (parse(d, n, &j) == 0 && (u = unstuff(d, n, j.data_start, &ulen)) != NULL) {
-        total = (size_t)j.mcus_per_row * (size_t)j.mcu_rows;
+        int k = every ? every : 1;
+        if (!every)
+            while (k < j.mcus_per_row && (double)index_bytes(&j, k) > max_fraction * (double)n) k++;
+        if (k > j.mcus_per_row) k = j.mcus_per_row;
+        size_t total = (size_t)j.mcus_per_row * (size_t)j.mcu_rows, epr = per_row(j.mcus_per_row, k);
         uint64_t limit = (uint64_t)ulen * 8;
-        out = (uint8_t *)malloc(HEADER_BYTES + (total + 1) * ENTRY_BYTES);
+        size = index_bytes(&j, k);
+        out = (uint8_t *)malloc(size);
         if (out == NULL) {
             nomem = 1;
-        } else if (limit < ((uint64_t)1 << 32) && n < ((size_t)1 << 32)) {
-            memcpy(out, "FDX2", 4);
+        } else if (limit < ((uint64_t)1 << 32) && n < ((size_t)1 << 32) && k < 65536) {
+            memcpy(out, "FDX3", 4);
             put_u16(out + 4, j.mcus_per_row);
             put_u16(out + 6, j.mcu_rows);
-            put_u16(out + 8, j.mcu_w);
-            put_u16(out + 10, j.mcu_h);
+            out[8] = (uint8_t)j.mcu_w;
+            out[9] = (uint8_t)j.mcu_h;
+            put_u16(out + 10, k);
             uint32_t len32 = (uint32_t)n;
             uint64_t hash = file_hash(d, n);
             memcpy(out + 12, &len32, 4);
@@ -301,28 +359,26 @@ PyObject *entropy_index(PyObject *self, PyObject *args) {
             int dc[MAX_COMP] = {0, 0, 0};
             ok = 1;
             for (size_t m = 0; m <= total && ok; m++) {
-                uint8_t *e = out + HEADER_BYTES + m * ENTRY_BYTES;
-                uint32_t bp = (uint32_t)p;
-                memcpy(e, &bp, 4);
-                for (int c = 0; c < MAX_COMP; c++) {
-                    int16_t v = (int16_t)(c < j.ncomp ? dc[c] : 0);
-                    memcpy(e + 4 + 2 * c, &v, 2);
+                if (j.restart && m && m < total && m % (size_t)j.restart == 0) {
+                    p = (p + 7) & ~(uint64_t)7; /* a new interval: byte-aligned, predictors zero */
+                    dc[0] = dc[1] = dc[2] = 0;
                 }
-                if (m == total) break;
-                for (int c = 0; c < j.ncomp && ok; c++)
-                    for (int b = 0; b < j.h[c] * j.v[c]; b++) {
-                        int diff;
-                        if (skip_block(&j, c, u, &p, &diff) || p > limit) {
-                            ok = 0;
-                            break;
-                        }
-                        dc[c] += diff;
+                size_t row = m / (size_t)j.mcus_per_row, col = m % (size_t)j.mcus_per_row;
+                if (m == total || col % (size_t)k == 0) {
+                    uint8_t *e = out + HEADER_BYTES + (m == total ? j.mcu_rows * epr : row * epr + col / k) * ENTRY_BYTES;
+                    uint32_t bp = (uint32_t)p;
+                    memcpy(e, &bp, 4);
+                    for (int c = 0; c < MAX_COMP; c++) {
+                        int16_t v = (int16_t)(c < j.ncomp ? dc[c] : 0);
+                        memcpy(e + 4 + 2 * c, &v, 2);
                     }
+                }
+                if (m < total && skip_mcu(&j, u, &p, dc, limit)) ok = 0;
             }
         }
     }
     if (ok) {
-        uint64_t entries = file_hash(out + HEADER_BYTES, (total + 1) * ENTRY_BYTES);
+        uint64_t entries = entries_hash(out, size);
         memcpy(out + 24, &entries, 8);
     }
     free(u);
@@ -333,7 +389,7 @@ PyObject *entropy_index(PyObject *self, PyObject *args) {
         free(out);
         Py_RETURN_NONE;
     }
-    PyObject *result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)(HEADER_BYTES + (total + 1) * ENTRY_BYTES));
+    PyObject *result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)size);
     free(out);
     return result;
 }
@@ -418,8 +474,35 @@ static int same_file(const uint8_t *ix, size_t ixlen, const uint8_t *d, size_t n
     memcpy(&len32, ix + 12, 4);
     memcpy(&hash, ix + 16, 8);
     memcpy(&entries, ix + 24, 8);
-    return len32 == (uint32_t)n && hash == file_hash(d, n) &&
-           entries == file_hash(ix + HEADER_BYTES, ixlen - HEADER_BYTES);
+    return len32 == (uint32_t)n && hash == file_hash(d, n) && entries == entries_hash(ix, ixlen);
+}
+
+/* Where MCU col of row r starts (bit offset) and the DC predictors there: from the entry at or before it, parsing
+ * the MCUs in between; from (*p, dc) instead when from_col (the MCU *p is at) is nearer. -1: the stream ends. */
+static int reach(const jinfo *j, const uint8_t *ix, int k, int r, int col, uint64_t limit, const uint8_t *u,
+                 int from_col, uint64_t *p, int *dc) {
+    size_t epr = per_row(j->mcus_per_row, k);
+    int start = (col / k) * k;
+    if (col == j->mcus_per_row && !j->restart) { /* the row's end: the next row's first entry (or the last) */
+        start = col;
+        entry e;
+        read_entry(ix, (size_t)(r + 1) * epr, &e);
+        *p = e.bitpos;
+        return *p > limit ? -1 : 0;
+    }
+    if (col == j->mcus_per_row) start = ((col - 1) / k) * k; /* with restarts the next entry lies past padding */
+    if (from_col < 0 || from_col < start) {
+        entry e;
+        read_entry(ix, (size_t)r * epr + (size_t)(start / k), &e);
+        *p = e.bitpos;
+        for (int c = 0; c < MAX_COMP; c++) dc[c] = e.dc[c];
+    } else {
+        start = from_col;
+    }
+    if (*p > limit) return -1;
+    for (int m = start; m < col; m++)
+        if (skip_mcu(j, u, p, dc, limit)) return -1;
+    return 0;
 }
 
 /* crop_jpeg(data, index, row0, row1, col0, col1) -> bytes | None: the MCUs [row0, row1) x [col0, col1). */
@@ -432,36 +515,47 @@ PyObject *crop_jpeg(PyObject *self, PyObject *args) {
     jinfo j;
     uint8_t *u = NULL;
     size_t ulen = 0;
+    uint64_t *spans = NULL; /* per row: start, end */
+    int *dcs = NULL;        /* per row: the predictors at its first MCU */
     bitwriter w = {NULL, 0, 0, 0};
+    int k = index.len >= HEADER_BYTES ? get_u16(ix + 10) : 0;
     int status = 0; /* 0 ok, 1 not possible (None), 2 bad arguments, 3 no memory, 4 another file's index */
     Py_BEGIN_ALLOW_THREADS
     if (parse(d, n, &j) != 0) {
         status = 1;
-    } else if (index.len < HEADER_BYTES || memcmp(ix, "FDX2", 4) != 0) {
+    } else if (index.len < HEADER_BYTES || memcmp(ix, "FDX3", 4) != 0) {
         status = 2;
     } else if (!same_file(ix, (size_t)index.len, d, n)) {
         status = 4;
-    } else if (get_u16(ix + 4) != j.mcus_per_row || get_u16(ix + 6) != j.mcu_rows ||
-               (size_t)index.len != HEADER_BYTES + ((size_t)j.mcus_per_row * j.mcu_rows + 1) * ENTRY_BYTES ||
+    } else if (get_u16(ix + 4) != j.mcus_per_row || get_u16(ix + 6) != j.mcu_rows || ix[8] != j.mcu_w ||
+               ix[9] != j.mcu_h || k < 1 || k > j.mcus_per_row || (size_t)index.len != index_bytes(&j, k) ||
                r0 < 0 || r0 >= r1 || r1 > j.mcu_rows || c0 < 0 || c0 >= c1 || c1 > j.mcus_per_row) {
         status = 2;
-    } else if ((u = unstuff(d, n, j.data_start, &ulen)) == NULL) {
+    } else if ((u = unstuff(d, n, j.data_start, &ulen)) == NULL ||
+               (spans = (uint64_t *)malloc(2 * sizeof(uint64_t) * (size_t)(r1 - r0))) == NULL ||
+               (dcs = (int *)malloc(MAX_COMP * sizeof(int) * (size_t)(r1 - r0))) == NULL) {
         status = 3;
     } else {
-        size_t mpr = (size_t)j.mcus_per_row, bits = 0;
-        entry a, b;
-        for (int r = r0; r < r1; r++) {
-            read_entry(ix, r * mpr + c0, &a);
-            read_entry(ix, r * mpr + c1, &b);
-            if (b.bitpos < a.bitpos || b.bitpos > ulen * 8) status = 2;
-            else bits += b.bitpos - a.bitpos;
+        uint64_t limit = (uint64_t)ulen * 8;
+        size_t bits = 0;
+        for (int r = r0; r < r1 && status == 0; r++) {
+            uint64_t *span = spans + 2 * (r - r0);
+            int *dc = dcs + MAX_COMP * (r - r0), end_dc[MAX_COMP];
+            if (reach(&j, ix, k, r, c0, limit, u, -1, &span[0], dc)) {
+                status = 1;
+                break;
+            }
+            span[1] = span[0];
+            memcpy(end_dc, dc, sizeof end_dc);
+            if (reach(&j, ix, k, r, c1, limit, u, c0, &span[1], end_dc) || span[1] < span[0]) status = 1;
+            else bits += span[1] - span[0];
         }
         size_t cap = j.data_start + 6 + 2 * (bits / 8 + (size_t)(r1 - r0) * 16) + 64;
         if (status == 0 && (w.o = (uint8_t *)malloc(cap)) == NULL) status = 3;
         if (status == 0) {
             int height = (r1 * j.mcu_h < j.height ? r1 * j.mcu_h : j.height) - r0 * j.mcu_h;
             int width = (c1 * j.mcu_w < j.width ? c1 * j.mcu_w : j.width) - c0 * j.mcu_w;
-            memcpy(w.o, d, j.sos_start);
+            memcpy(w.o, d, j.sos_start); /* a DRI of the original's is overridden by ours, written after it */
             w.o[j.sof_dims] = (uint8_t)(height >> 8);
             w.o[j.sof_dims + 1] = (uint8_t)height;
             w.o[j.sof_dims + 2] = (uint8_t)(width >> 8);
@@ -473,9 +567,8 @@ PyObject *crop_jpeg(PyObject *self, PyObject *args) {
             memcpy(w.o + w.n, d + j.sos_start, j.data_start - j.sos_start);
             w.n += j.data_start - j.sos_start;
             for (int r = r0; r < r1 && status == 0; r++) {
-                read_entry(ix, r * mpr + c0, &a);
-                read_entry(ix, r * mpr + c1, &b);
-                uint64_t p = a.bitpos;
+                uint64_t p = spans[2 * (r - r0)], end = spans[2 * (r - r0) + 1];
+                const int *dc = dcs + MAX_COMP * (r - r0);
                 /* The row's first MCU: each component's first DC difference re-encoded against a zero predictor
                  * (a restart resets it); everything else copied bit for bit. */
                 for (int c = 0; c < j.ncomp && status == 0; c++) {
@@ -493,7 +586,7 @@ PyObject *crop_jpeg(PyObject *self, PyObject *args) {
                                 diff = extend((uint32_t)(peek64(u, p) >> (64 - s)), s);
                                 p += (uint64_t)s;
                             }
-                            int value = a.dc[c] + diff, mag = value < 0 ? -value : value, cat = 0;
+                            int value = dc[c] + diff, mag = value < 0 ? -value : value, cat = 0;
                             while (mag >> cat) cat++;
                             if (cat > 11 || !dct->size[cat]) {
                                 status = 1; /* this file's DC table has no code for it */
@@ -503,25 +596,25 @@ PyObject *crop_jpeg(PyObject *self, PyObject *args) {
                             put_bits(&w, (uint32_t)(value < 0 ? value - 1 : value), cat);
                             q = p; /* the AC coefficients follow, copied */
                             const htable *ac = &j.ac[j.ac_tbl[c]];
-                            for (int k = 1; k < 64; k++) {
+                            for (int kk = 1; kk < 64; kk++) {
                                 int rs = decode_sym(ac, u, &p);
                                 if (rs < 0) {
                                     status = 1;
                                     break;
                                 }
                                 if (rs & 15) {
-                                    k += rs >> 4;
+                                    kk += rs >> 4;
                                     p += (uint64_t)(rs & 15);
                                 } else {
                                     if ((rs >> 4) != 15) break;
-                                    k += 15;
+                                    kk += 15;
                                 }
                             }
                         } else {
                             int ignored;
                             if (skip_block(&j, c, u, &p, &ignored)) status = 1;
                         }
-                        if (status || p > b.bitpos) {
+                        if (status || p > end) {
                             status = 1;
                             break;
                         }
@@ -529,7 +622,7 @@ PyObject *crop_jpeg(PyObject *self, PyObject *args) {
                     }
                 }
                 if (status) break;
-                copy_bits(&w, u, p, b.bitpos);
+                copy_bits(&w, u, p, end);
                 pad_ones(&w);
                 if (r + 1 < r1) {
                     w.o[w.n++] = 0xFF;
@@ -541,6 +634,8 @@ PyObject *crop_jpeg(PyObject *self, PyObject *args) {
         }
     }
     free(u);
+    free(spans);
+    free(dcs);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&index);

@@ -33,6 +33,10 @@ Suite ``recipe`` (:mod:`lightning_fastdata.bench.recipe`): a training recipe (``
 classification reference recipe) through torchvision's reference loader of it and through ours, with the policy in
 the workers and on the device, and the device ops' cost per batch on this CPU.
 
+Suite ``matrix`` (:mod:`lightning_fastdata.bench.matrix`): the folder module without an entropy index, with a dense one
+and with the default one, on eight kinds of JPEG (sizes, qualities, 4:4:4, flat content, restart markers), next to
+each kind's full-decode ceiling; and each index's bytes.
+
 Suite ``callback`` (:mod:`lightning_fastdata.bench.callback`): the step time of the same CPU training run with and
 without ``FastDataCallback`` (fast in-memory data, so any overhead of the callback shows).
 """
@@ -45,21 +49,17 @@ import functools
 import glob
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from lightning_fastdata.bench.cache import cache_suite
 from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
 from lightning_fastdata.bench.hdf5 import hdf5_suite
 from lightning_fastdata.bench.scale import scale_suite
 from lightning_fastdata.demos import ensure_demo_data
-from lightning_fastdata.loading.jpeg.decode import pillow_simd_installed, roi_decode_available
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.measure import (
     Candidate,
@@ -72,6 +72,7 @@ from lightning_fastdata.measure import (
     print_table,
     rows_for,
 )
+from lightning_fastdata.measure import machine as measured_on
 
 __all__ = ["folder_suite", "main", "plot"]
 
@@ -114,14 +115,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--suites",
         nargs="+",
-        choices=["folder", "hdf5", "cache", "callback", "recipe", "scale", "s3"],
+        choices=["folder", "hdf5", "cache", "callback", "recipe", "scale", "s3", "matrix"],
         default=["folder", "hdf5", "cache", "callback", "recipe"],
         help="recipe: a training recipe (--recipe) through torchvision's reference loader and ours, at the largest "
         "--workers; "
         + "scale (not run by default: builds a 1.28M-file tree of hard links, ~5 min): index, worker memory, "
         "cold reads; s3 (not run by default, ~8 min): the folder module on a local S3 server, direct and with "
         "--s3-delay-ms per request, vs the local folder, a per-item get_object loader and LitData (python -m "
-        "lightning_fastdata.bench.s3 --help: its own data, 2 workers, batch 128)",
+        "lightning_fastdata.bench.s3 --help: its own data, 2 workers, batch 128); matrix (not run by default, "
+        "~10 min): the entropy index on eight kinds of JPEG (python -m lightning_fastdata.bench.matrix "
+        "--help), at the largest --workers",
     )
     parser.add_argument(
         "--recipe",
@@ -164,19 +167,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    import PIL
-
     ensure_demo_data(args.root, args.num_classes, args.per_class)
     files = sorted(glob.glob(os.path.join(args.root, "*", "*")))
     mean_kb = statistics.mean(os.path.getsize(f) for f in files) / 1e3
     ceiling_runs = [decode_ceiling(files) for _ in range(args.repeats)]
     ceiling = {k: statistics.median(run[k] for run in ceiling_runs) for k in ("PIL", "decode_jpeg")}
-    cpus = len(os.sched_getaffinity(0))
-    machine = (
-        f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, torch {torch.__version__}, "
-        f"{'pillow-simd' if pillow_simd_installed() else 'Pillow'} {PIL.__version__}, "
-        f"ROI JPEG decoder {'on' if roi_decode_available() else 'off'}"
-    )
+    machine = measured_on()
     print(f"\nData: {len(files)} JPEGs in {args.root}, mean {mean_kb:.0f} KB")
     print(
         f"Output: {args.image_size}px, batch {args.batch_size}, "
@@ -257,6 +253,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         result["suites"]["recipe"] = {**out, "recipe": args.recipe}
     if "scale" in args.suites:
         result["suites"]["scale"] = scale_suite(args)
+    if "matrix" in args.suites:
+        from lightning_fastdata.bench.matrix import KINDS, matrix_suite, print_matrix
+
+        wide = {"kinds": list(KINDS), "files": 256, "workers": max(args.workers)}
+        matrix_args = argparse.Namespace(**{**vars(args), **wide})
+        print("\nSuite matrix: the entropy index on kinds of JPEG (ratios: to the full-decode ceiling)\n")
+        result["suites"]["matrix"] = matrix_suite(matrix_args)
+        print()
+        print_matrix(result["suites"]["matrix"])
     if "s3" in args.suites:
         from lightning_fastdata.bench.s3 import main as s3_main
 

@@ -147,3 +147,32 @@ def test_a_recipe_is_read_from_a_config_as_objects() -> None:
     with pytest.raises(Exception, match="nope"):
         load_recipe("nope")
     assert callable(reference_loader)
+
+
+def test_the_jpeg_matrix_measures_each_kind_with_and_without_the_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m lightning_fastdata.bench.matrix``: each kind generated as asked (size, restart markers), its
+    three loaders and ceiling measured, and each index's share of the bytes: the dense one 4x the default's or
+    more, the default's within its 1.5%."""
+    from PIL import Image
+
+    from lightning_fastdata.bench import matrix
+
+    kinds = ["photo 256x192 q75", "photo 640x480 q90 restarts"]
+    out = tmp_path / "matrix.json"
+    result = matrix.main(
+        ["--kinds", *kinds, "--files", "12", "--workers", "0", "--batch-size", "2", "--image-size", "32",
+         "--repeats", "1", "--min-seconds", "0", "--scratch", str(tmp_path / "s"), "--json", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    printed = capsys.readouterr().out
+    assert [r["kind"] for r in result["kinds"]] == kinds and "| photo 640x480 q90 restarts |" in printed
+    restarts = next((tmp_path / "s" / "data").glob("*restarts/class_0/*.jpg"))
+    with Image.open(restarts) as image:
+        assert image.size == (640, 480) and image.info.get("dri") or b"\xff\xdd" in restarts.read_bytes()
+    for kind in result["kinds"]:
+        assert kind["files"] == 12 and kind["ceiling_img_s"] > 0
+        assert [r["images_per_s"] > 0 for r in kind["rows"]] == [True, True, True]
+        share = kind["index_share"]
+        assert 0 < share["sparse"] <= 0.015 and share["dense"] > 4 * share["sparse"]

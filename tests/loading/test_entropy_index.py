@@ -59,6 +59,8 @@ def boxes(width: int, height: int, rng: np.random.Generator) -> list[tuple[int, 
         ("4:2:2", jpeg((300, 201), 3, quality=90, subsampling=1)),
         ("grey", jpeg((211, 150), 4, quality=90, mode="L")),
         ("optimised Huffman tables", jpeg((320, 240), 5, quality=90, optimize=True)),
+        ("a restart interval of one MCU row", jpeg((500, 375), 6, quality=90, restart_marker_rows=1)),
+        ("a restart interval of two MCU rows", jpeg((333, 251), 7, quality=75, restart_marker_rows=2)),
     ],
 )
 def test_crops_from_the_index_are_the_usual_decodes_pixels(kind: str, data: bytes) -> None:
@@ -71,12 +73,51 @@ def test_crops_from_the_index_are_the_usual_decodes_pixels(kind: str, data: byte
             want = crop(data, box, size, exact, None)
             got = crop(data, box, size, exact, index)
             assert torch.equal(got, want), (kind, box, size, exact)
-        per_row, rows, mcu_w, mcu_h = decode._INDEX_GEOMETRY.unpack_from(index, 4)
+        per_row, rows, mcu_w, mcu_h = decode._index_geometry(index)  # type: ignore[misc]
         r0, r1 = decode._mcu_span(box[0], box[2], mcu_h, rows, 2)
         c0, c1 = decode._mcu_span(box[1], box[3], mcu_w, per_row, 2)
         partial = (r1 - r0) * (c1 - c0) < rows * per_row
         used += partial and decode._jpegroi.crop_jpeg(data, index, r0, r1, c0, c1) is not None
     assert used >= 10, f"the index path was taken for only {used} crops of {kind}"  # not all fell back
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_an_entry_every_k_mcus_gives_the_same_pixels_for_every_k(restarts: int) -> None:
+    """Sparse entries: a crop's rows are reached from the entry before their first and last MCU, for any K."""
+    data = jpeg((333, 251), 8, quality=90, restart_marker_rows=restarts)
+    width, height, _ = decode._jpegroi.header(data)
+    per_row = -(-width // 16)
+    rng = np.random.default_rng(1)
+    crops = [decode.random_resized_crop_box(rng, width, height) for _ in range(12)] + [(0, 0, 40, width)]
+    want = [crop(data, box, 64, False, None) for box in crops]
+    sizes = []
+    for every in (1, 2, 3, 5, per_row - 1, per_row):
+        index = decode._jpegroi.entropy_index(data, 0.015, every)
+        assert index is not None and index[10] == every
+        sizes.append(len(index))
+        for box, pixels in zip(crops, want, strict=True):
+            assert torch.equal(crop(data, box, 64, False, index), pixels), (every, box)
+        assert decode._jpegroi.crop_jpeg(data, index, 2, 5, 3, per_row) is not None  # to the row's end
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] > 10 * sizes[-1]
+
+
+def test_the_index_keeps_within_its_share_of_the_files_bytes() -> None:
+    """One entry per MCU was 7-16% of these files; K is chosen per file to stay within INDEX_FRACTION (1.5%)."""
+    from lightning_fastdata.loading.jpeg.entropy_index import INDEX_FRACTION, _index_one
+
+    for data in (
+        jpeg((500, 375), 0, quality=90),
+        jpeg((320, 240), 1, quality=75),
+        jpeg((1000, 750), 2, quality=95),
+        jpeg((400, 300), 3, quality=90, subsampling=0),
+    ):
+        dense = decode._jpegroi.entropy_index(data, 1.0, 1)
+        index = _index_one(data, "x.jpg")
+        assert dense is not None and len(dense) > 0.05 * len(data)
+        assert len(index) <= INDEX_FRACTION * len(data) and index[10] > 1
+        assert len(index) > INDEX_FRACTION / 2 * len(data)  # the fewest MCUs per entry within it, not more
+    with pytest.raises(ValueError, match="every"):
+        decode._jpegroi.entropy_index(jpeg((64, 48)), 0.015, -1)
 
 
 def test_the_assembled_jpeg_holds_the_crop_alone() -> None:
@@ -94,7 +135,7 @@ def test_the_assembled_jpeg_holds_the_crop_alone() -> None:
 
 def test_files_the_index_cannot_serve_have_none_and_decode_as_before() -> None:
     progressive = jpeg((200, 150), 0, quality=90, progressive=True)
-    restarts = jpeg((200, 150), 1, quality=90, restart_marker_rows=1)
+    restarts = jpeg((200, 150), 1, quality=90, restart_marker_blocks=5)  # intervals that end inside MCU rows
     png = io.BytesIO()
     Image.new("RGB", (40, 30), (1, 2, 3)).save(png, "PNG")
     for data in (progressive, restarts, png.getvalue(), b"\xff\xd8\xff\xe0 not really a jpeg"):
@@ -184,6 +225,11 @@ def test_damaged_files_and_indexes_never_crash_and_a_damaged_index_is_refused() 
     assert torch.equal(
         crop(data, (30, 40, 100, 120), 48, False, bytes(damaged)), crop(data, (30, 40, 100, 120), 48, False, None)
     )
+    wide = jpeg((500, 375), 1, quality=90)  # 32 MCUs a row: K = 11 and K = 12 both give 3 entries a row
+    moved = bytearray(decode._jpegroi.entropy_index(wide, 0.015, 11) or b"")
+    moved[10] = 12  # every entry would be read at another MCU: refused (the hash covers the geometry)
+    with pytest.raises(KeyError):
+        decode._jpegroi.crop_jpeg(wide, bytes(moved), 1, 5, 13, 30)
 
 
 def _built(tmp_path: Path) -> tuple[Path, object, Path]:
@@ -249,7 +295,7 @@ def test_damaged_or_foreign_entries_are_decoded_without_the_index_with_one_warni
     wrong_counts = bytearray(index)
     wrong_counts[4:6] = (7).to_bytes(2, "little")  # MCUs per row
     wrong_size = bytearray(index)
-    wrong_size[8:10] = (8).to_bytes(2, "little")  # MCU width 8 instead of 16
+    wrong_size[8] = 8  # MCU width 8 instead of 16
     cases = [b"", index[:5], index[:-10], bytes(wrong_counts), bytes(wrong_size), decode._jpegroi.entropy_index(other)]
     for entry in cases:
         decode._STALE_WARNED.clear()

@@ -297,20 +297,23 @@ def _decode_indexed(
         return None
 
 
-_INDEX_GEOMETRY = struct.Struct("<4H")
+_INDEX_GEOMETRY = struct.Struct("<2H2BH")
 #: An index's header and entry sizes (``_ext/jpegindex.c``: HEADER_BYTES, ENTRY_BYTES).
 _INDEX_HEADER, _INDEX_ENTRY = 32, 10
 _STALE_WARNED: list[bool] = []
 
 
 def _index_geometry(index: bytes) -> tuple[int, int, int, int] | None:
-    """``(MCUs per row, MCU rows, MCU width, MCU height)`` of an index whose length agrees with them, else ``None``."""
-    if len(index) < _INDEX_HEADER:
+    """``(MCUs per row, MCU rows, MCU width, MCU height)`` of an index whose length agrees with them, else ``None``.
+
+    The header also holds K, the MCUs of a row per entry (``jpegindex.c``): a row has ``ceil(per_row / K)``.
+    """
+    if len(index) < _INDEX_HEADER or index[:4] != b"FDX3":
         return None
-    per_row, rows, mcu_w, mcu_h = _INDEX_GEOMETRY.unpack_from(index, 4)
-    if per_row < 1 or rows < 1 or mcu_w not in (8, 16, 32) or mcu_h not in (8, 16, 32):
+    per_row, rows, mcu_w, mcu_h, every = _INDEX_GEOMETRY.unpack_from(index, 4)
+    if per_row < 1 or rows < 1 or mcu_w not in (8, 16) or mcu_h not in (8, 16) or not 1 <= every <= per_row:
         return None
-    if len(index) != _INDEX_HEADER + (per_row * rows + 1) * _INDEX_ENTRY:
+    if len(index) != _INDEX_HEADER + (rows * -(-per_row // every) + 1) * _INDEX_ENTRY:
         return None
     return per_row, rows, mcu_w, mcu_h
 

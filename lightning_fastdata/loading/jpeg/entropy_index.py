@@ -2,11 +2,14 @@
 
 A baseline JPEG is one Huffman-coded bit stream: to decode a ``RandomResizedCrop`` box, libjpeg entropy-decodes
 every row from the top of the image down to the box's last row, across the whole width. That entropy decoding is
-most of a crop's decode (the docs' Benchmarks page, "Decoding"). An *entropy index* records, for every MCU (the
-16 x 16 pixel unit of a 4:2:0 JPEG), where its bits start and the DC predictors there (10 bytes per MCU, about
-7% of a photo's JPEG bytes). With it, :func:`~lightning_fastdata.loading.jpeg.decode.decode_resized_crop` assembles a
-small JPEG of the crop's MCUs (their original bits; only each row's first DC values re-encoded) and decodes that:
-the same pixels, bit for bit, with the entropy decoding of the crop alone.
+most of a crop's decode (the docs' Benchmarks page, "Decoding"). An *entropy index* records, at every K-th MCU of
+each MCU row (the MCU: the 16 x 16 pixel unit of a 4:2:0 JPEG), where its bits start and the DC predictors there: 10
+bytes an entry, K chosen per file to keep the index within :data:`INDEX_FRACTION` (1.5%) of its bytes (one entry per
+MCU was 7% of a photo's bytes, 13% of a small quality-75 one). With it,
+:func:`~lightning_fastdata.loading.jpeg.decode.decode_resized_crop` assembles a small JPEG of the crop's MCUs (their
+original bits; only each row's first DC values re-encoded) and decodes that: the same pixels, bit for bit, with the
+entropy decoding of the crop alone (plus at most K - 1 MCUs parsed at each end of each of its rows, to reach them
+from the entry before).
 
 :func:`build_entropy_index` reads every file once (a process pool; a bucket's objects through the same
 :class:`~lightning_fastdata.loading.storage.base.Storage` as training) and writes one folder in ``index_dir``: the
@@ -15,7 +18,8 @@ records a fingerprint of the file list it indexes: a list with other files (adde
 Each file's own index also holds the file's length and a hash of its bytes: a file changed in place since is
 decoded without it (the same pixels as ever, at the old speed; logged once per process).
 
-JPEGs the index cannot serve (progressive, arithmetic-coded, with restart markers, CMYK, 12-bit) and other
+JPEGs the index cannot serve (progressive, arithmetic-coded, with a restart interval that is not whole MCU rows,
+CMYK, 12-bit) and other
 formats get an empty entry and are decoded as before. Memory: the folder is memory-mapped; each worker reads only
 the entries of the images it decodes.
 """
@@ -60,8 +64,10 @@ __all__ = [
 
 log = logging.getLogger("lightning_fastdata")
 
-#: The folder format this version writes and reads.
-FORMAT = 2
+#: The folder format this version writes and reads (3: an entry every K MCUs; 2 had one at every MCU).
+FORMAT = 3
+#: The most an index may take of its file's bytes (it takes less where one entry per MCU row is enough).
+INDEX_FRACTION = 0.015
 
 _jpegroi: Any = native.jpegroi  # optional (no libjpeg-turbo headers at install): None
 
@@ -91,7 +97,7 @@ def _index_one(data: bytes, url: str) -> bytes:
     """One file's entropy index, or ``b""`` where there is none (not a JPEG this index can serve)."""
     if _jpegroi is None or not data.startswith(b"\xff\xd8\xff"):
         return b""
-    built = _jpegroi.entropy_index(data)
+    built = _jpegroi.entropy_index(data, INDEX_FRACTION)
     return b"" if built is None else bytes(built)
 
 
@@ -237,7 +243,7 @@ def build_entropy_index(
             folder,
             f"lightning_fastdata: cannot write the entropy index in {os.fspath(index_dir)!r} ({err}): "
             + ("using the index already there." if usable else "training without it (the same pixels, slower).")
-            + " Give index_dir a writable folder with room for ~7% of the JPEG bytes to build it.",
+            + " Give index_dir a writable folder with room for ~1.5% of the JPEG bytes to build it.",
         )
         return usable
 
@@ -406,7 +412,7 @@ def start_background_build(index: FileIndex, storage: Storage, index_dir: str | 
         _warn_once(
             folder,
             f"lightning_fastdata: {os.fspath(index_dir)!r} has {free / 1e9:.1f} GB free: no entropy "
-            "index is built there (it would take ~7% of the JPEG bytes). Training goes on without it; free "
+            "index is built there (it would take ~1.5% of the JPEG bytes). Training goes on without it; free "
             "some space or set index_dir.",
         )
         return None

@@ -1,0 +1,217 @@
+"""The entropy index on a matrix of JPEG kinds: sizes, qualities, subsampling, content, restart markers.
+
+    python -m lightning_fastdata.bench.matrix --json benchmarks/results/jpeg-matrix.json
+    fastdata bench --suites matrix ...   (the same rows, inside the bench's JSON)
+
+For each kind, a folder of generated JPEGs (in ``--scratch``), then one interleaved measurement of, on the same
+files with the same workers: the folder module without an index (``entropy_index=False``: today's first epoch),
+with a dense index (one entry per MCU: the format before this one, for its speed), and with the index as it is
+built by default (an entry every K MCUs within 1.5% of each file's bytes: every epoch after the first). Beside
+them, the ceiling of the same run: one core reading and fully decoding every file (the faster of PIL and
+``decode_jpeg``), times the workers. Rows: images/s, each loader's ratio to the ceiling, the indexed loader's
+ratio to no index ("never slower": >= 1.0 within noise), and each index's bytes as a share of the JPEG bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import io
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from lightning_fastdata.demos import photo_like_image
+from lightning_fastdata.loading.jpeg import entropy_index as entropy
+from lightning_fastdata.measure import Candidate, count_images, decode_ceiling, machine, measure, ours_module
+
+__all__ = ["KINDS", "flat_image", "main", "make_kind", "matrix_suite"]
+
+#: name -> (width, height, quality, subsampling (0: 4:4:4, 2: 4:2:0), content, restart_marker_rows)
+KINDS: dict[str, tuple[int, int, int, int, str, int]] = {
+    "photo 256x192 q75": (256, 192, 75, 2, "photo", 0),
+    "photo 500x375 q90": (500, 375, 90, 2, "photo", 0),
+    "photo 640x480 q75": (640, 480, 75, 2, "photo", 0),
+    "photo 800x600 q90 4:4:4": (800, 600, 90, 0, "photo", 0),
+    "photo 1000x750 q95": (1000, 750, 95, 2, "photo", 0),
+    "photo 2000x1500 q90": (2000, 1500, 90, 2, "photo", 0),
+    "photo 640x480 q90 restarts": (640, 480, 90, 2, "photo", 1),
+    "flat 800x600 q90": (800, 600, 90, 2, "flat", 0),
+}
+
+
+def flat_image(rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    """Flat content (a screenshot, a chart, a scan of a page): solid areas, thin lines, no grain."""
+    image = Image.new("RGB", (width, height), tuple(int(v) for v in rng.integers(180, 256, 3)))
+    draw = ImageDraw.Draw(image)
+    for _ in range(12):
+        x0, y0 = int(rng.integers(0, width - 8)), int(rng.integers(0, height - 8))
+        x1, y1 = x0 + int(rng.integers(8, width // 2)), y0 + int(rng.integers(8, height // 2))
+        draw.rectangle((x0, y0, x1, y1), fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    for y in range(0, height, 14):  # lines of "text"
+        if rng.random() < 0.6:
+            draw.line((10, y, int(rng.integers(20, width - 10)), y), fill=(20, 20, 20), width=2)
+    return image
+
+
+def _write(job: tuple[str, str, int, int]) -> None:
+    folder, kind, start, count = job
+    width, height, quality, subsampling, content, restarts = KINDS[kind]
+    for i in range(start, start + count):
+        rng = np.random.default_rng(1_000_003 * (1 + list(KINDS).index(kind)) + i)
+        if content == "photo":
+            image = photo_like_image(rng, width, height, (i % 8) / 8)
+        else:
+            image = flat_image(rng, width, height)
+        buf = io.BytesIO()
+        options: dict[str, Any] = {"quality": quality, "subsampling": subsampling}
+        if restarts:
+            options["restart_marker_rows"] = restarts
+        image.save(buf, "JPEG", **options)
+        Path(folder, f"class_{i % 2}", f"img_{i:05d}.jpg").write_bytes(buf.getvalue())
+
+
+def make_kind(root: str | os.PathLike[str], kind: str, files: int, processes: int = 2) -> Path:
+    """A folder of ``files`` JPEGs of ``kind`` in two classes (reused when already whole)."""
+    folder = Path(root) / kind.replace(" ", "_").replace(":", "")
+    done = folder / ".complete"
+    if done.exists() and done.read_text() == str(files):
+        return folder
+    for c in range(2):
+        (folder / f"class_{c}").mkdir(parents=True, exist_ok=True)
+    step = -(-files // (4 * processes))
+    jobs = [(str(folder), kind, s, min(step, files - s)) for s in range(0, files, step)]
+    with get_context("fork").Pool(processes) as pool:
+        pool.map(_write, jobs)
+    done.write_text(str(files))
+    return folder
+
+
+@contextlib.contextmanager
+def _fraction(value: float) -> Iterator[None]:
+    """Indexes built with another budget (1.0: one entry per MCU, the format before K)."""
+    old = entropy.INDEX_FRACTION
+    entropy.INDEX_FRACTION = value
+    try:
+        yield
+    finally:
+        entropy.INDEX_FRACTION = old
+
+
+def _index_share(index_dir: str, dm: Any, files: list[str]) -> float:
+    """The index's bytes over the JPEG bytes of the files it indexes."""
+    folder = entropy.entropy_index_folder(index_dir, dm.train_dataset.index)
+    return (folder / "blob.bin").stat().st_size / sum(os.path.getsize(f) for f in files)
+
+
+def kind_rows(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One kind's interleaved measurement (see the module docstring)."""
+    files = sorted(glob.glob(os.path.join(folder, "*", "*.jpg")))
+    scratch = Path(args.scratch, folder.name)
+    built: dict[str, Any] = {}
+    for name, fraction in (("dense", 1.0), ("sparse", entropy.INDEX_FRACTION)):
+        where = str(scratch / f"index-{name}")
+        with _fraction(fraction):
+            built[name] = ours_module(
+                str(folder), args.image_size, args.batch_size, args.workers, entropy_index_dir=where
+            )
+        built[name + "_share"] = _index_share(where, built[name], files)
+    plain = ours_module(str(folder), args.image_size, args.batch_size, args.workers)
+    candidates: list[Candidate] = [
+        ("no index (entropy_index=False; the first epoch)", plain.train_dataloader, count_images),
+        ("dense index (one entry per MCU)", built["dense"].train_dataloader, count_images),
+        ("index as built by default (epochs 2+)", built["sparse"].train_dataloader, count_images),
+    ]
+    ceilings = [decode_ceiling(files) for _ in range(args.repeats)]
+    rates = measure(candidates, args.repeats, args.min_seconds)
+    ceiling = statistics.median(max(c.values()) for c in ceilings) * max(1, args.workers)
+    rows: list[dict[str, Any]] = [
+        {"loader": name, "images_per_s": statistics.median(runs), "runs": runs} for name, runs in rates.items()
+    ]
+    for row in rows:
+        row["vs_ceiling"] = row["images_per_s"] / ceiling
+    width, height = KINDS[kind][:2]
+    return {
+        "kind": kind,
+        "files": len(files),
+        "mean_kb": statistics.mean(os.path.getsize(f) for f in files) / 1e3,
+        "short_side": min(width, height),
+        "ceiling_img_s": ceiling,
+        "rows": rows,
+        "index_share": {"dense": built["dense_share"], "sparse": built["sparse_share"]},
+        "sparse_vs_none": rows[2]["images_per_s"] / rows[0]["images_per_s"],
+        "sparse_vs_dense": rows[2]["images_per_s"] / rows[1]["images_per_s"],
+    }
+
+
+def print_matrix(results: list[dict[str, Any]]) -> None:
+    """One markdown row per kind."""
+    print(
+        "| JPEG kind | KB | ceiling img/s | no index | dense index | default index | default vs none "
+        "| index bytes: dense / default |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        cells = " | ".join(f"{row['images_per_s']:.0f} ({row['vs_ceiling']:.2f}x)" for row in r["rows"])
+        share = r["index_share"]
+        print(
+            f"| {r['kind']} | {r['mean_kb']:.0f} | {r['ceiling_img_s']:.0f} | {cells} | {r['sparse_vs_none']:.2f}x "
+            f"| {100 * share['dense']:.1f}% / {100 * share['sparse']:.2f}% |"
+        )
+
+
+def matrix_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every kind of ``args.kinds``: its folder made (or reused) in ``args.scratch``, then measured."""
+    results = []
+    for kind in args.kinds:
+        folder = make_kind(Path(args.scratch, "data"), kind, args.files)
+        results.append(kind_rows(folder, kind, args))
+        print_matrix(results[-1:])
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_fastdata.bench.matrix",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS))
+    parser.add_argument("--files", type=int, default=256, help="JPEGs per kind")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--min-seconds", type=float, default=2.0)
+    parser.add_argument("--scratch", default=None, help="where the data and indexes go (kept); default: a temp folder")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.scratch is None:
+            args.scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="fastdata-matrix-"))
+        results = matrix_suite(args)
+    print()
+    print_matrix(results)
+    out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "scratch")},
+        "kinds": results,
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()
