@@ -378,6 +378,45 @@ def _cold_table() -> str:
     )
 
 
+def _matrix_table() -> str:
+    """imagefolder.md's JPEG-kinds table: ``jpeg-matrix.json`` (``python -m lightning_fastdata.bench.matrix``)."""
+    name = "jpeg-matrix"
+    data = result(name)
+    settings = data["settings"]
+    caption = (
+        f"`python -m lightning_fastdata.bench.matrix` on {machine(name)} ({date_of(name)}; per kind "
+        f"{settings['files']} generated JPEGs (fewer above 1.5 MP), {settings['workers']} workers, batch "
+        f"{settings['batch_size']}, RandomResizedCrop {settings['image_size']} + flip; each loader's images/s over "
+        "the full-decode ceiling of the same run: one core reading and decoding every file, times the workers; "
+        "`benchmarks/results/jpeg-matrix.json`):"
+    )
+    rows = []
+    for kind in data["kinds"]:
+        none, dense, default = kind["rows"]
+        share = kind["index_share"]
+        rows.append(
+            [
+                kind["kind"],
+                f"{kind['mean_kb']:.0f}",
+                times2(none["vs_ceiling"]),
+                times2(default["vs_ceiling"]),
+                times2(kind["sparse_vs_none"]),
+                f"{100 * share['sparse']:.1f}%",
+                f"{times2(dense['vs_ceiling'])}, {100 * share['dense']:.1f}%",
+            ]
+        )
+    header = [
+        "JPEG kind",
+        "KB",
+        "no index (epoch 1)",
+        "index (epochs 2+)",
+        "index vs none",
+        "index bytes",
+        "one entry per MCU: speed, bytes",
+    ]
+    return f"{caption}\n\n{_table(header, rows)}"
+
+
 #: Every named block: a function of the results files giving its Markdown.
 BLOCKS: dict[str, Callable[[], str]] = {
     "folder-table": _folder_table,
@@ -386,6 +425,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "scale-staleness-table": _staleness_table,
     "scale-formats-table": _formats_table,
     "scale-cold-table": _cold_table,
+    "matrix-table": _matrix_table,
 }
 
 _INLINE = re.compile(r"<!--fig:([\w.-]+)-->(.*?)<!--/fig-->", re.S)

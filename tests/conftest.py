@@ -33,6 +33,22 @@ def _fork_server() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _index_tiny_images() -> Iterator[None]:
+    """Entropy indexes for the tests' tiny photos too (in this process and the processes it forks).
+
+    By default a JPEG with fewer than 16 entropy-coded bytes per block gets none (its decode is too cheap for the
+    index to pay), which leaves out most 96 x 72 test photos: the tests of the index's machinery would then test
+    empty entries. ``test_entropy_index.py`` checks the default on files of each kind.
+    """
+    from lightning_fastdata.loading.jpeg import entropy_index
+
+    default = entropy_index.INDEX_MIN_BYTES_PER_BLOCK
+    entropy_index.INDEX_MIN_BYTES_PER_BLOCK = 0.0
+    yield
+    entropy_index.INDEX_MIN_BYTES_PER_BLOCK = default
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _user_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The per-user cache folder (default entropy indexes) in the session's temp folder, never the home's."""
     path = tmp_path_factory.mktemp("user-cache")

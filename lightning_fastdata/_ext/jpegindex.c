@@ -8,7 +8,8 @@
  * crop_jpeg() then assembles a small, valid JPEG of a rectangle of MCUs: the same header with the rectangle's
  * size, a restart interval of one MCU row, and per row the original bits of its MCUs, where only the first DC
  * difference of each component is re-encoded (after a restart the predictor is zero). It reaches the row's first
- * and last MCU from the entry before each by Huffman-parsing at most K-1 MCUs (no coefficients kept). Its
+ * MCU from the entry before it by Huffman-parsing at most K-1 MCUs (no coefficients kept), and copies the row's
+ * bits up to the entry after its last MCU (the decoder skips the surplus before the restart marker). Its
  * coefficients are the original's, so decoding it gives the original's pixels wherever the rectangle has a margin
  * of one MCU.
  *
@@ -294,6 +295,13 @@ static size_t index_bytes(const jinfo *j, int k) {
     return HEADER_BYTES + ((size_t)j->mcu_rows * per_row(j->mcus_per_row, k) + 1) * ENTRY_BYTES;
 }
 
+/* The 8x8 blocks of the whole scan. */
+static size_t blocks(const jinfo *j) {
+    size_t per_mcu = 0;
+    for (int c = 0; c < j->ncomp; c++) per_mcu += (size_t)(j->h[c] * j->v[c]);
+    return per_mcu * (size_t)j->mcus_per_row * (size_t)j->mcu_rows;
+}
+
 /* One MCU's blocks Huffman-parsed (nothing kept but the DC predictors); -1 past the stream or on a bad code. */
 static inline int skip_mcu(const jinfo *j, const uint8_t *u, uint64_t *p, int *dc, uint64_t limit) {
     for (int c = 0; c < j->ncomp; c++)
@@ -313,14 +321,16 @@ static uint64_t entries_hash(const uint8_t *ix, size_t ixlen) {
     return file_hash(ix + HEADER_BYTES, ixlen - HEADER_BYTES) ^ mix64(geometry + 0x9E3779B97F4A7C15ull);
 }
 
-/* entropy_index(data, max_fraction=0.015, every=0) -> bytes | None. every > 0: an entry every that many MCUs of a
- * row; 0: the fewest MCUs per entry that keep the index within max_fraction of len(data) (at least one entry per
- * MCU row, whatever that costs). */
+/* entropy_index(data, max_fraction=0.015, every=0, min_bytes_per_block=0) -> bytes | None. every > 0: an entry
+ * every that many MCUs of a row; 0: the fewest MCUs per entry that keep the index within max_fraction of len(data)
+ * (at least one entry per MCU row, whatever that costs). None also where the entropy-coded data holds fewer than
+ * min_bytes_per_block bytes per 8x8 block: flat content or a low quality, whose entropy decoding is too cheap for
+ * an index to pay for its fixed cost per crop. */
 PyObject *entropy_index(PyObject *self, PyObject *args) {
     Py_buffer data;
-    double max_fraction = 0.015;
+    double max_fraction = 0.015, min_bytes_per_block = 0;
     int every = 0;
-    if (!PyArg_ParseTuple(args, "y*|di", &data, &max_fraction, &every)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*|did", &data, &max_fraction, &every, &min_bytes_per_block)) return NULL;
     if (every < 0 || !(max_fraction > 0)) {
         PyBuffer_Release(&data);
         PyErr_SetString(PyExc_ValueError, "entropy_index: every must be >= 0 and max_fraction > 0");
@@ -333,7 +343,8 @@ PyObject *entropy_index(PyObject *self, PyObject *args) {
     size_t ulen = 0, size = 0;
     int ok = 0, nomem = 0;
     Py_BEGIN_ALLOW_THREADS
-    if (parse(d, n, &j) == 0 && (u = unstuff(d, n, j.data_start, &ulen)) != NULL) {
+    if (parse(d, n, &j) == 0 && (u = unstuff(d, n, j.data_start, &ulen)) != NULL &&
+        (double)ulen >= min_bytes_per_block * (double)blocks(&j)) {
         int k = every ? every : 1;
         if (!every)
             while (k < j.mcus_per_row && (double)index_bytes(&j, k) > max_fraction * (double)n) k++;
@@ -478,31 +489,28 @@ static int same_file(const uint8_t *ix, size_t ixlen, const uint8_t *d, size_t n
 }
 
 /* Where MCU col of row r starts (bit offset) and the DC predictors there: from the entry at or before it, parsing
- * the MCUs in between; from (*p, dc) instead when from_col (the MCU *p is at) is nearer. -1: the stream ends. */
+ * the MCUs in between (at most K - 1). -1: the stream ends first. */
 static int reach(const jinfo *j, const uint8_t *ix, int k, int r, int col, uint64_t limit, const uint8_t *u,
-                 int from_col, uint64_t *p, int *dc) {
-    size_t epr = per_row(j->mcus_per_row, k);
-    int start = (col / k) * k;
-    if (col == j->mcus_per_row && !j->restart) { /* the row's end: the next row's first entry (or the last) */
-        start = col;
-        entry e;
-        read_entry(ix, (size_t)(r + 1) * epr, &e);
-        *p = e.bitpos;
-        return *p > limit ? -1 : 0;
-    }
-    if (col == j->mcus_per_row) start = ((col - 1) / k) * k; /* with restarts the next entry lies past padding */
-    if (from_col < 0 || from_col < start) {
-        entry e;
-        read_entry(ix, (size_t)r * epr + (size_t)(start / k), &e);
-        *p = e.bitpos;
-        for (int c = 0; c < MAX_COMP; c++) dc[c] = e.dc[c];
-    } else {
-        start = from_col;
-    }
+                 uint64_t *p, int *dc) {
+    entry e;
+    read_entry(ix, (size_t)r * per_row(j->mcus_per_row, k) + (size_t)(col / k), &e);
+    *p = e.bitpos;
+    for (int c = 0; c < MAX_COMP; c++) dc[c] = e.dc[c];
     if (*p > limit) return -1;
-    for (int m = start; m < col; m++)
+    for (int m = (col / k) * k; m < col; m++)
         if (skip_mcu(j, u, p, dc, limit)) return -1;
     return 0;
+}
+
+/* Where the bits copied for MCUs [.., col) of row r may end: the next entry at or after col (the next row's first
+ * past the row's end). The MCUs between col and it are copied too, unparsed: the decoder reads the row's
+ * restart interval of (col1 - col0) MCUs and skips what is left before the restart marker (libjpeg's "extraneous
+ * data", a warning), which costs a byte scan instead of a Huffman parse. */
+static uint64_t row_end(const jinfo *j, const uint8_t *ix, int k, int r, int col) {
+    size_t epr = per_row(j->mcus_per_row, k), g = ((size_t)col + (size_t)k - 1) / (size_t)k;
+    entry e;
+    read_entry(ix, g * (size_t)k < (size_t)j->mcus_per_row ? (size_t)r * epr + g : (size_t)(r + 1) * epr, &e);
+    return e.bitpos;
 }
 
 /* crop_jpeg(data, index, row0, row1, col0, col1) -> bytes | None: the MCUs [row0, row1) x [col0, col1). */
@@ -540,14 +548,12 @@ PyObject *crop_jpeg(PyObject *self, PyObject *args) {
         size_t bits = 0;
         for (int r = r0; r < r1 && status == 0; r++) {
             uint64_t *span = spans + 2 * (r - r0);
-            int *dc = dcs + MAX_COMP * (r - r0), end_dc[MAX_COMP];
-            if (reach(&j, ix, k, r, c0, limit, u, -1, &span[0], dc)) {
+            if (reach(&j, ix, k, r, c0, limit, u, &span[0], dcs + MAX_COMP * (r - r0))) {
                 status = 1;
                 break;
             }
-            span[1] = span[0];
-            memcpy(end_dc, dc, sizeof end_dc);
-            if (reach(&j, ix, k, r, c1, limit, u, c0, &span[1], end_dc) || span[1] < span[0]) status = 1;
+            span[1] = row_end(&j, ix, k, r, c1);
+            if (span[1] < span[0] || span[1] > limit) status = 1;
             else bits += span[1] - span[0];
         }
         size_t cap = j.data_start + 6 + 2 * (bits / 8 + (size_t)(r1 - r0) * 16) + 64;

@@ -154,7 +154,7 @@ static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS, "header(data) -> (width, height, jpeg_color_space)"},
     {"decode_crop", decode_crop, METH_VARARGS, "decode_crop(data, top, left, height, width, out[, to_end[, scale_num[, fast_idct]]]) -> (x_shift, decoded_width)"},
     {"entropy_index", entropy_index, METH_VARARGS,
-     "entropy_index(data, max_fraction=0.015, every=0) -> bytes | None: bit offsets and DC predictors (jpegindex.c)"},
+     "entropy_index(data, max_fraction=0.015, every=0, min_bytes_per_block=0) -> bytes | None: (jpegindex.c)"},
     {"crop_jpeg", crop_jpeg, METH_VARARGS,
      "crop_jpeg(data, index, row0, row1, col0, col1) -> bytes | None: a JPEG of those MCUs (jpegindex.c)"},
     {"warp", warp, METH_VARARGS,

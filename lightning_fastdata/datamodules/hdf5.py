@@ -38,6 +38,9 @@ class HDF5DataModule(FastDataModule):
             and reuse it). Node-local for once per node; shared for once in total. Needed with a URL.
         storage_options: Object-store settings for a URL
             (:class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`); ``None``: the environment's.
+        entropy_index: Decode each training crop with the entropy index kept in the file, where it has one (files
+            written by ``fastdata convert hdf5`` in encoded mode, and the tensor cache's ``storage="jpeg"``): the
+            same pixels, each crop entropy-decoded alone. ``False``: never.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -56,10 +59,12 @@ class HDF5DataModule(FastDataModule):
         locking: bool | None = None,
         cache_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        entropy_index: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         save_init_hparams(self)
+        self.entropy_index = bool(entropy_index)
         for given in (path, val_path):
             if given is not None and is_url(given) and cache_dir is None:
                 raise InvalidValueError(
@@ -98,7 +103,8 @@ class HDF5DataModule(FastDataModule):
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """Build the train and validation datasets: each file inspected once (one open), read lazily by each reader."""
         locking = self.file_kwargs["locking"]
-        train_kw, val_kw = self.split_kwargs(True), self.split_kwargs(False)
+        train_kw = {**self.split_kwargs(True), "entropy_index": self.entropy_index}
+        val_kw = {**self.split_kwargs(False), "entropy_index": False}  # a central crop skips little
         layout = inspect_hdf5(self.path, **self.file_kwargs)  # again: the file may have changed since __init__
         if self.val_path is not None:
             val_layout = inspect_hdf5(self.val_path, **self.file_kwargs)

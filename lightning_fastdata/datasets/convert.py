@@ -14,11 +14,13 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from lightning_fastdata.datasets.hdf5 import FORMAT_VERSION, inspect_hdf5
+from lightning_fastdata.datasets.hdf5 import ENTROPY_ATTR, ENTROPY_BLOB, ENTROPY_OFFSETS, FORMAT_VERSION, inspect_hdf5
 from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError
 from lightning_fastdata.loading.atomic import atomic_path, side_path
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.jpeg.decode import decode_center_crop_bytes
+from lightning_fastdata.loading.jpeg.entropy_index import FORMAT as ENTROPY_FORMAT
+from lightning_fastdata.loading.jpeg.entropy_index import _index_one, entropy_index_available
 from lightning_fastdata.loading.storage.base import Storage, is_url
 from lightning_fastdata.loading.storage.local import LocalStorage
 from lightning_fastdata.loading.storage.registry import open_storage
@@ -62,33 +64,73 @@ def _reencode(data: bytes, path: str, max_side: int, quality: int) -> bytes:
     return buf.getvalue()
 
 
+def _read_indexed(data: bytes, path: str) -> tuple[bytes, bytes]:
+    """The verified bytes and their entropy index (``b""``: none, not a JPEG the index serves)."""
+    data = _read_verified(data, path)
+    return data, _index_one(data, path)
+
+
+def _reencode_indexed(data: bytes, path: str, max_side: int, quality: int) -> tuple[bytes, bytes]:
+    """The re-encoded bytes and their entropy index."""
+    data = _reencode(data, path, max_side, quality)
+    return data, _index_one(data, path)
+
+
 def _decode_square(data: bytes, path: str, size: int) -> np.ndarray:
     return decode_center_crop_bytes(data, path, size)
 
 
-def _write_reencoded(f: Any, results: Iterator[bytes], side: Path, bar: tqdm) -> None:
-    """Store re-encoded images as ``images`` + ``offsets``, through a side file.
+class _SideBlob:
+    """Byte strings appended to a side file, then stored as one uint8 dataset and its ``N + 1`` offsets.
 
-    Their sizes are known only once encoded, and a memory-mappable (contiguous) dataset needs its size up front.
+    A contiguous (memory-mappable) dataset needs its size up front, and these sizes are known only at the end.
     """
-    sizes: list[int] = []
-    try:
-        with open(side, "wb") as out:
-            for data in results:
-                out.write(data)
-                sizes.append(len(data))
-                bar.update()
-        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        f.create_dataset("offsets", data=offsets)
-        blob = f.create_dataset("images", shape=(int(offsets[-1]),), dtype=np.uint8)
+
+    def __init__(self, side: Path) -> None:
+        self.side, self.sizes = side, list[int]()
+        self.out = open(side, "wb")  # noqa: SIM115 - closed in store() or discard()
+
+    def append(self, data: bytes) -> None:
+        self.out.write(data)
+        self.sizes.append(len(data))
+
+    def store(self, f: Any, name: str, offsets_name: str) -> None:
+        self.out.close()
+        offsets = np.zeros(len(self.sizes) + 1, dtype=np.int64)
+        np.cumsum(self.sizes, out=offsets[1:])
+        f.create_dataset(offsets_name, data=offsets)
+        blob = f.create_dataset(name, shape=(int(offsets[-1]),), dtype=np.uint8)
         step = 64 << 20
-        with open(side, "rb") as src:
+        with open(self.side, "rb") as src:
             for start in range(0, int(offsets[-1]), step):
                 chunk = src.read(step)
                 blob[start : start + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+
+    def discard(self) -> None:
+        self.out.close()
+        self.side.unlink(missing_ok=True)
+
+
+def _write_reencoded(f: Any, results: Iterator[tuple[bytes, bytes]], dst: Path, bar: tqdm) -> None:
+    """Store images and their entropy indexes (``images`` + ``offsets``, ``entropy_index`` + its offsets)."""
+    images, indexes = _SideBlob(side_path(dst, "bytes")), _SideBlob(side_path(dst, "entropy"))
+    try:
+        for data, index in results:
+            images.append(data)
+            indexes.append(index)
+            bar.update()
+        images.store(f, "images", "offsets")
+        _store_entropy_index(f, indexes)
     finally:
-        side.unlink(missing_ok=True)
+        images.discard()
+        indexes.discard()
+
+
+def _store_entropy_index(f: Any, indexes: _SideBlob) -> None:
+    """The images' entropy indexes as ``entropy_index`` + ``entropy_index_offsets`` (none where it is not built)."""
+    if entropy_index_available():
+        indexes.store(f, ENTROPY_BLOB, ENTROPY_OFFSETS)
+        f.attrs[ENTROPY_ATTR] = ENTROPY_FORMAT
 
 
 def convert_folder_to_hdf5(
@@ -109,7 +151,11 @@ def convert_folder_to_hdf5(
     Layout (format version 1): ``images`` is contiguous and uncompressed (so readers memory-map it): in
     ``encoded`` mode a 1-D uint8 blob of the original files' bytes with ``offsets`` (``N + 1`` int64), in
     ``raw`` mode ``N x size x size x 3`` uint8 (the central square of each image, resized); ``labels`` int64;
-    attributes ``fastdata_format``, ``mode``, ``classes`` (JSON list), ``size`` (raw) and ``source``.
+    attributes ``fastdata_format``, ``mode``, ``classes`` (JSON list), ``size`` (raw) and ``source``. In
+    ``encoded`` mode, where the compiled decoder is installed, also each image's entropy index
+    (:mod:`~lightning_fastdata.loading.jpeg.entropy_index`, at most 1.5% of its bytes): ``entropy_index`` (a uint8
+    blob, empty for an image it cannot serve) with ``entropy_index_offsets`` (``N + 1``) and the attribute
+    ``entropy_index_format``; :class:`~lightning_fastdata.HDF5Dataset` decodes each crop with it.
 
     The file is written under a hidden temporary name beside ``dst`` (:mod:`~lightning_fastdata.loading.atomic`),
     re-opened and checked, and only then renamed to ``dst``: an interrupted or killed conversion never leaves a
@@ -183,22 +229,28 @@ def convert_folder_to_hdf5(
                 f.create_dataset("labels", data=index.labels.astype(np.int64))
                 if max_side is not None:
                     f.attrs.update(max_side=max_side, quality=quality)
-                    reencoded = map_sources(pool, storage, index, _reencode, (max_side, quality))
-                    _write_reencoded(f, reencoded, side_path(dst, "bytes"), bar)
+                    reencoded = map_sources(pool, storage, index, _reencode_indexed, (max_side, quality))
+                    _write_reencoded(f, reencoded, dst, bar)
                 elif mode == "encoded" and in_bucket:  # no sizes up front: through the side file
-                    _write_reencoded(f, map_sources(pool, storage, index, _read_verified), side_path(dst, "bytes"), bar)
+                    _write_reencoded(f, map_sources(pool, storage, index, _read_indexed), dst, bar)
                 elif mode == "encoded":
                     sizes = np.array([os.path.getsize(p) for p in paths], dtype=np.int64)
                     offsets = np.zeros(len(paths) + 1, dtype=np.int64)
                     np.cumsum(sizes, out=offsets[1:])
                     f.create_dataset("offsets", data=offsets)
                     blob = f.create_dataset("images", shape=(int(offsets[-1]),), dtype=np.uint8)
-                    results: Iterator = map_sources(pool, storage, index, _read_verified)
-                    for i, data in enumerate(results):
-                        if len(data) != sizes[i]:
-                            raise DataError(f"{paths[i]!r} changed size during the conversion; run it again.")
-                        blob[offsets[i] : offsets[i + 1]] = np.frombuffer(data, dtype=np.uint8)
-                        bar.update()
+                    results: Iterator = map_sources(pool, storage, index, _read_indexed)
+                    indexes = _SideBlob(side_path(dst, "entropy"))
+                    try:
+                        for i, (data, entry) in enumerate(results):
+                            if len(data) != sizes[i]:
+                                raise DataError(f"{paths[i]!r} changed size during the conversion; run it again.")
+                            blob[offsets[i] : offsets[i + 1]] = np.frombuffer(data, dtype=np.uint8)
+                            indexes.append(entry)
+                            bar.update()
+                        _store_entropy_index(f, indexes)
+                    finally:
+                        indexes.discard()
                 else:
                     f.attrs["size"] = size
                     images = f.create_dataset("images", shape=(len(paths), size, size, 3), dtype=np.uint8)

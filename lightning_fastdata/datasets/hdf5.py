@@ -103,6 +103,9 @@ class HDF5Layout:
         labels: All labels, int64.
         signature: ``(size, mtime_ns)`` of the file when inspected (a reader refuses a file changed since).
         offsets: The ``N + 1`` byte offsets (int64) of a blob of encoded images, read once here, else None.
+        entropy_offsets: The ``N + 1`` offsets of each image's entropy index in the file's ``entropy_index``
+            blob (written by :func:`~lightning_fastdata.convert_folder_to_hdf5`), else None.
+        entropy_mmap_offset: Byte offset of that blob in the file (it is read by memory map).
     """
 
     path: str
@@ -119,6 +122,8 @@ class HDF5Layout:
     labels: np.ndarray
     signature: tuple[int, int] = (0, 0)
     offsets: np.ndarray | None = None
+    entropy_offsets: np.ndarray | None = None
+    entropy_mmap_offset: int | None = None
 
 
 def inspect_hdf5(
@@ -238,6 +243,7 @@ def inspect_hdf5(
         mmap_offset = None
         if vlen_base is None and images.chunks is None and images.compression is None:
             mmap_offset = images.id.get_offset()
+        entropy = _entropy_index_of_file(f, n) if kind == "encoded" else None
         return HDF5Layout(
             path=path,
             images_key=images_key,
@@ -253,7 +259,30 @@ def inspect_hdf5(
             classes=classes if classes is not None else tuple(str(i) for i in range(num_classes)),
             labels=labels,
             signature=signature,
+            entropy_offsets=None if entropy is None else entropy[0],
+            entropy_mmap_offset=None if entropy is None else entropy[1],
         )
+
+
+#: The datasets and attribute of the entropy index in a file (:func:`~lightning_fastdata.convert_folder_to_hdf5`)
+ENTROPY_BLOB, ENTROPY_OFFSETS, ENTROPY_ATTR = "entropy_index", "entropy_index_offsets", "entropy_index_format"
+
+
+def _entropy_index_of_file(f: Any, n: int) -> tuple[np.ndarray, int] | None:
+    """``(offsets, byte offset of the blob)`` of the file's entropy index, or ``None``.
+
+    ``None``: no index, another format, or not one entry per image (decoded without it: the same pixels).
+    """
+    from lightning_fastdata.loading.jpeg.entropy_index import FORMAT
+
+    if ENTROPY_BLOB not in f or ENTROPY_OFFSETS not in f or f.attrs.get(ENTROPY_ATTR) != FORMAT:
+        return None
+    blob, offsets = f[ENTROPY_BLOB], f[ENTROPY_OFFSETS][()].astype(np.int64)
+    where = blob.id.get_offset() if blob.chunks is None and blob.compression is None else None
+    whole = offsets.shape == (n + 1,) and offsets[0] == 0 and bool((np.diff(offsets) >= 0).all())
+    if where is None or not whole or int(offsets[-1]) != blob.shape[0] or blob.dtype != np.uint8:
+        return None
+    return offsets, int(where)
 
 
 class HDF5Dataset(AugmentedImageDataset):
@@ -282,6 +311,9 @@ class HDF5Dataset(AugmentedImageDataset):
         labels_key: Dataset of the labels.
         layout: ``"auto"`` (from the file's attributes, dtype and shape), ``"encoded"``, ``"hwc"`` or ``"chw"``.
         offsets_key: Offsets dataset for encoded images stored as one blob.
+        entropy_index: Decode each JPEG crop from its own bits with the entropy index the converter keeps in the
+            file (:mod:`~lightning_fastdata.loading.jpeg.entropy_index`; the same pixels, less work), when the file
+            has one; ``False``: never.
         indices: Use only these rows (e.g. a train/validation split); default all.
         locking: HDF5 file locking (``None``: the library default; ``False`` for NFS and other network file
             systems where locking fails or hangs).
@@ -293,7 +325,7 @@ class HDF5Dataset(AugmentedImageDataset):
         ValueError: On a bad file layout (see :func:`inspect_hdf5`) or an impossible argument.
     """
 
-    per_process_attrs = ("_file", "_images", "_mapped")
+    per_process_attrs = ("_file", "_images", "_mapped", "_entropy")
 
     def __init__(
         self,
@@ -304,6 +336,7 @@ class HDF5Dataset(AugmentedImageDataset):
         offsets_key: str = "offsets",
         indices: np.ndarray | None = None,
         locking: bool | None = None,
+        entropy_index: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -321,6 +354,8 @@ class HDF5Dataset(AugmentedImageDataset):
         self._file: Any = None
         self._images: Any = None
         self._mapped: MappedFile | None = None
+        self.use_entropy_index = entropy_index and self.layout.entropy_offsets is not None
+        self._entropy: np.memmap | None = None
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -349,6 +384,24 @@ class HDF5Dataset(AugmentedImageDataset):
             samples ^= mix(lengths + np.uint64(0x632BE59BD9B4E019))
         extra = f"hdf5|{lay.images_key}|{lay.shape}|{lay.dtype}|{lay.signature[0]}|{'/'.join(lay.classes)}"
         return DataIdentity.of(lay.path, samples, extra)
+
+    def entropy_index_of(self, index: int) -> bytes | None:
+        """Sample ``index``'s entropy index from the file (a memory map of its blob), if the file has one."""
+        if not self.use_entropy_index:
+            return None
+        self._open()  # (re)opened after a fork; checks that the file was not rewritten since it was inspected
+        if self._entropy is None:
+            lay = self.layout
+            assert lay.entropy_offsets is not None and lay.entropy_mmap_offset is not None
+            size = int(lay.entropy_offsets[-1])
+            self._entropy = np.memmap(lay.path, np.uint8, "r", lay.entropy_mmap_offset, (size,)) if size else None
+            if self._entropy is None:
+                return None
+        offsets = self.layout.entropy_offsets
+        assert offsets is not None
+        row = int(self.rows[index])
+        start, end = int(offsets[row]), int(offsets[row + 1])
+        return self._entropy[start:end].tobytes() if end > start else None
 
     def _open(self) -> Any:
         """The images array of this process: a memory map or an h5py dataset, (re)opened after a fork.

@@ -26,6 +26,7 @@ from lightning_fastdata import (
     inspect_hdf5,
 )
 from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.loading.transport.collate import collate_prebatched
 
 KEYS = [(1, i) for i in range(39)]
@@ -295,3 +296,75 @@ def test_reencode_rejects_impossible_arguments_and_names_corrupt_files(image_fol
     with pytest.raises(OSError, match=victim.name):
         convert_folder_to_hdf5(bad, tmp_path / "bad.h5", max_side=16, processes=1, progress=False)
     assert not (tmp_path / "bad.h5").exists() and not list(tmp_path.glob(".bad.h5*"))
+
+
+def _counting_crops(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the crops decoded through the entropy index in this process (``crop_jpeg`` calls that built one)."""
+    from lightning_fastdata.loading.jpeg import decode
+
+    calls = [0]
+    real = decode._jpegroi
+
+    class Counting:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def crop_jpeg(self, *args: object) -> bytes | None:
+            small = real.crop_jpeg(*args)
+            calls[0] += small is not None
+            return small
+
+    monkeypatch.setattr(decode, "_jpegroi", Counting())
+    return calls
+
+
+@pytest.mark.skipif(not entropy_index_available(), reason="needs the compiled JPEG decoder")
+def test_encoded_files_keep_each_images_entropy_index_and_crops_decode_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The converter stores every image's entropy index in the file; the dataset decodes training crops with it:
+    the same batches as without it (through worker processes), most crops through it; an image it cannot serve
+    (a PNG) has an empty entry."""
+    from lightning_fastdata.loading.jpeg.entropy_index import FORMAT, INDEX_FRACTION, _index_one
+
+    root = make_image_folder(tmp_path / "src", num_classes=2, per_class=6, size=(320, 240))
+    Image.new("RGB", (40, 30), (1, 2, 3)).save(root / "class_001" / "flat.png")
+    for compact in (False, True):  # the original bytes, and re-encoded (what the jpeg tensor cache stores)
+        dst = convert_folder_to_hdf5(
+            root, tmp_path / f"{compact}.h5", processes=2, progress=False, max_side=200 if compact else None
+        )
+        with h5py.File(dst) as f:
+            assert f.attrs["entropy_index_format"] == FORMAT
+            offsets, blob = f["offsets"][()], f["images"][()]
+            index_offsets, indexes = f["entropy_index_offsets"][()], f["entropy_index"][()]
+        entries = [indexes[index_offsets[i] : index_offsets[i + 1]].tobytes() for i in range(13)]
+        images = [blob[offsets[i] : offsets[i + 1]].tobytes() for i in range(13)]
+        assert entries == [_index_one(data, "x") for data in images]
+        assert sum(e == b"" for e in entries) == (0 if compact else 1)  # the PNG (re-encoded as a JPEG if compact)
+        assert len(indexes) <= INDEX_FRACTION * len(blob)
+        on, off = (HDF5Dataset(str(dst), image_size=64, seed=3, entropy_index=e) for e in (True, False))
+        assert on.use_entropy_index and not off.use_entropy_index
+        assert_same(batches(off, 0), batches(on, 2))
+        calls = _counting_crops(monkeypatch)
+        keys = [(1, i) for i in range(13)] * 4
+        assert torch.equal(on.__getitems__(keys)[0], off.__getitems__(keys)[0])
+        assert calls[0] >= 20, f"only {calls[0]} of 52 crops went through the index"
+        monkeypatch.undo()
+
+
+@pytest.mark.skipif(not entropy_index_available(), reason="needs the compiled JPEG decoder")
+def test_the_jpeg_tensor_cache_trains_with_its_entropy_index(tmp_path: Path) -> None:
+    from lightning_fastdata import TensorCacheDataModule
+
+    root = make_image_folder(tmp_path / "src", num_classes=2, per_class=8, size=(320, 240))
+    common = dict(image_size=48, batch_size=4, num_workers=2, val_fraction=0.0, seed=2, cache_size=160)
+    dm = TensorCacheDataModule(str(root), str(tmp_path / "cache"), storage="jpeg", **common)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.train_dataset.use_entropy_index
+    with h5py.File(tmp_path / "cache" / "train.h5") as f:
+        assert len(f["entropy_index_offsets"]) == 17 and f["entropy_index"].shape[0] > 0
+    with_index = list(dm.train_dataloader())
+    dm.train_dataset.use_entropy_index = False
+    without = list(dm.train_dataloader())
+    assert_same(without, with_index)

@@ -73,7 +73,7 @@ def test_crops_from_the_index_are_the_usual_decodes_pixels(kind: str, data: byte
             want = crop(data, box, size, exact, None)
             got = crop(data, box, size, exact, index)
             assert torch.equal(got, want), (kind, box, size, exact)
-        per_row, rows, mcu_w, mcu_h = decode._index_geometry(index)  # type: ignore[misc]
+        per_row, rows, mcu_w, mcu_h, _ = decode._index_geometry(index)  # type: ignore[misc]
         r0, r1 = decode._mcu_span(box[0], box[2], mcu_h, rows, 2)
         c0, c1 = decode._mcu_span(box[1], box[3], mcu_w, per_row, 2)
         partial = (r1 - r0) * (c1 - c0) < rows * per_row
@@ -101,13 +101,22 @@ def test_an_entry_every_k_mcus_gives_the_same_pixels_for_every_k(restarts: int) 
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > 10 * sizes[-1]
 
 
-def test_the_index_keeps_within_its_share_of_the_files_bytes() -> None:
-    """One entry per MCU was 7-16% of these files; K is chosen per file to stay within INDEX_FRACTION (1.5%)."""
+def test_the_index_keeps_within_its_share_of_the_files_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One entry per MCU was 7-16% of these files; K is chosen per file to stay within INDEX_FRACTION (1.5%).
+    Files whose entropy data is too sparse for an index to pay (flat content, a low quality, tiny photos) get
+    none by default."""
+    from lightning_fastdata.bench.matrix import flat_image
+    from lightning_fastdata.loading.jpeg import entropy_index
     from lightning_fastdata.loading.jpeg.entropy_index import INDEX_FRACTION, _index_one
 
+    monkeypatch.setattr(entropy_index, "INDEX_MIN_BYTES_PER_BLOCK", 16.0)  # the default (conftest lowers it)
+    flat = io.BytesIO()
+    flat_image(np.random.default_rng(0), 800, 600).save(flat, "JPEG", quality=90)
+    for sparse in (flat.getvalue(), jpeg((320, 240), 1, quality=75), jpeg((96, 72), 2, quality=90)):
+        assert decode._jpegroi.entropy_index(sparse) is not None and _index_one(sparse, "x.jpg") == b""
     for data in (
         jpeg((500, 375), 0, quality=90),
-        jpeg((320, 240), 1, quality=75),
+        jpeg((640, 480), 1, quality=90, restart_marker_rows=1),
         jpeg((1000, 750), 2, quality=95),
         jpeg((400, 300), 3, quality=90, subsampling=0),
     ):

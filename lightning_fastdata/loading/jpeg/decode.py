@@ -272,11 +272,17 @@ def _decode_indexed(
     if geometry is None:
         _warn_bad_index(name, "its length or geometry is not an index's")
         return None
-    per_row, rows, mcu_w, mcu_h = geometry
+    per_row, rows, mcu_w, mcu_h, every = geometry
+    if (per_row, rows) != (-(-size[0] // mcu_w), -(-size[1] // mcu_h)):
+        _warn_bad_index(name, f"it is of a {per_row} x {rows} MCU image, not of this one")
+        return None
     top, left, h, w = box
     r0, r1 = _mcu_span(top, h, mcu_h, rows, 2 * scale)
     c0, c1 = _mcu_span(left, w, mcu_w, per_row, 2 * scale)
-    if (r1 - r0) * (c1 - c0) == rows * per_row:
+    # Huffman-decoded MCUs with the index (the crop's, plus those parsed from the entry before each row's first,
+    # at ~PARSE_COST each) against without (every row down to the crop's last, whole): the index only where it pays
+    with_index = (r1 - r0) * (c1 - c0 + PARSE_COST * (c0 % every)) + INDEX_OVERHEAD_MCUS
+    if with_index >= r1 * per_row:
         return None
     try:
         small = _jpegroi.crop_jpeg(data, index, r0, r1, c0, c1)
@@ -303,10 +309,16 @@ _INDEX_HEADER, _INDEX_ENTRY = 32, 10
 _STALE_WARNED: list[bool] = []
 
 
-def _index_geometry(index: bytes) -> tuple[int, int, int, int] | None:
-    """``(MCUs per row, MCU rows, MCU width, MCU height)`` of an index whose length agrees with them, else ``None``.
+#: What the index path costs beyond the MCUs it decodes, in MCUs (the small JPEG's assembly and second set-up),
+#: and what an MCU parsed to reach a row's first costs against one libjpeg decodes (``benchmarks/results``'s
+#: ``jpeg-matrix.json`` is the run they were set by: the index must never make a kind of file slower).
+INDEX_OVERHEAD_MCUS, PARSE_COST = 24, 1.5
 
-    The header also holds K, the MCUs of a row per entry (``jpegindex.c``): a row has ``ceil(per_row / K)``.
+
+def _index_geometry(index: bytes) -> tuple[int, int, int, int, int] | None:
+    """``(MCUs per row, MCU rows, MCU width, MCU height, K)`` of an index whose length agrees with them, else ``None``.
+
+    K is the MCUs of a row per entry (``jpegindex.c``): a row has ``ceil(per_row / K)`` entries.
     """
     if len(index) < _INDEX_HEADER or index[:4] != b"FDX3":
         return None
@@ -315,7 +327,7 @@ def _index_geometry(index: bytes) -> tuple[int, int, int, int] | None:
         return None
     if len(index) != _INDEX_HEADER + (rows * -(-per_row // every) + 1) * _INDEX_ENTRY:
         return None
-    return per_row, rows, mcu_w, mcu_h
+    return per_row, rows, mcu_w, mcu_h, every
 
 
 def _warn_bad_index(name: str, why: str) -> None:

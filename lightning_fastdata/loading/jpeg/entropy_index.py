@@ -19,9 +19,9 @@ Each file's own index also holds the file's length and a hash of its bytes: a fi
 decoded without it (the same pixels as ever, at the old speed; logged once per process).
 
 JPEGs the index cannot serve (progressive, arithmetic-coded, with a restart interval that is not whole MCU rows,
-CMYK, 12-bit) and other
-formats get an empty entry and are decoded as before. Memory: the folder is memory-mapped; each worker reads only
-the entries of the images it decodes.
+CMYK, 12-bit) or would not speed up (fewer than :data:`INDEX_MIN_BYTES_PER_BLOCK` entropy-coded bytes per block),
+and other formats, get an empty entry and are decoded as before. Memory: the folder is memory-mapped; each worker
+reads only the entries of the images it decodes.
 """
 
 from __future__ import annotations
@@ -68,6 +68,10 @@ log = logging.getLogger("lightning_fastdata")
 FORMAT = 3
 #: The most an index may take of its file's bytes (it takes less where one entry per MCU row is enough).
 INDEX_FRACTION = 0.015
+#: Files with fewer entropy-coded bytes per 8 x 8 block get no index (flat content, low qualities): their entropy
+#: decoding is too cheap for the index to pay for its fixed cost per crop (``benchmarks/results/jpeg-matrix.json``:
+#: flat 800 x 600 content, ~4 bytes a block, was 0.93x as fast with one; 11-13 bytes a block gained nothing).
+INDEX_MIN_BYTES_PER_BLOCK = 16.0
 
 _jpegroi: Any = native.jpegroi  # optional (no libjpeg-turbo headers at install): None
 
@@ -97,7 +101,7 @@ def _index_one(data: bytes, url: str) -> bytes:
     """One file's entropy index, or ``b""`` where there is none (not a JPEG this index can serve)."""
     if _jpegroi is None or not data.startswith(b"\xff\xd8\xff"):
         return b""
-    built = _jpegroi.entropy_index(data, INDEX_FRACTION)
+    built = _jpegroi.entropy_index(data, INDEX_FRACTION, 0, INDEX_MIN_BYTES_PER_BLOCK)
     return b"" if built is None else bytes(built)
 
 
