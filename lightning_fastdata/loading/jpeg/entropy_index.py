@@ -52,6 +52,8 @@ from lightning_fastdata.loading.workers import CpuBudget
 
 __all__ = [
     "FORMAT",
+    "INDEX_FRACTION",
+    "INDEX_MIN_BYTES_PER_BLOCK",
     "EntropyIndexes",
     "PendingEntropyIndex",
     "default_index_dir",
@@ -64,13 +66,14 @@ __all__ = [
 
 log = logging.getLogger("lightning_fastdata")
 
-#: The folder format this version writes and reads (3: an entry every K MCUs; 2 had one at every MCU).
+#: The folder format this version writes and reads (3 has an entry every K MCUs, 2 had one at every MCU).
 FORMAT = 3
 #: The most an index may take of its file's bytes (it takes less where one entry per MCU row is enough).
 INDEX_FRACTION = 0.015
-#: Files with fewer entropy-coded bytes per 8 x 8 block get no index (flat content, low qualities): their entropy
-#: decoding is too cheap for the index to pay for its fixed cost per crop (``benchmarks/results/jpeg-matrix.json``:
-#: flat 800 x 600 content, ~4 bytes a block, was 0.93x as fast with one; 11-13 bytes a block gained nothing).
+#: Files with fewer entropy-coded bytes per 8 x 8 block get no index (flat content, low qualities), because their
+#: entropy decoding is too cheap for the index to pay for its fixed cost per crop (in the first JPEG-matrix run,
+#: ``benchmarks/results/jpeg-matrix-first.json``, flat 800 x 600 content at ~4 bytes a block was 0.93x as fast
+#: with one, and 11-13 bytes a block gained nothing).
 INDEX_MIN_BYTES_PER_BLOCK = 16.0
 
 _jpegroi: Any = native.jpegroi  # optional (no libjpeg-turbo headers at install): None
