@@ -254,9 +254,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     if "scale" in args.suites:
         result["suites"]["scale"] = scale_suite(args)
     if "matrix" in args.suites:
-        from lightning_fastdata.bench.matrix import KINDS, matrix_suite, print_matrix
+        from lightning_fastdata.bench.matrix import FILES, KINDS, matrix_suite, print_matrix
 
-        wide = {"kinds": list(KINDS), "files": 1536, "workers": max(args.workers)}
+        wide = {"kinds": list(KINDS), "files": FILES, "workers": max(args.workers)}
         matrix_args = argparse.Namespace(**{**vars(args), **wide})
         print("\nSuite matrix: the entropy index on kinds of JPEG (ratios: to the full-decode ceiling)\n")
         result["suites"]["matrix"] = matrix_suite(matrix_args)

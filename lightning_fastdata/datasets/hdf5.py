@@ -354,7 +354,8 @@ class HDF5Dataset(AugmentedImageDataset):
         self._file: Any = None
         self._images: Any = None
         self._mapped: MappedFile | None = None
-        self.use_entropy_index = entropy_index and self.layout.entropy_offsets is not None
+        entropy_offsets = self.layout.entropy_offsets
+        self.use_entropy_index = entropy_index and entropy_offsets is not None and int(entropy_offsets[-1]) > 0
         self._entropy: np.memmap | None = None
 
     @property
@@ -390,15 +391,10 @@ class HDF5Dataset(AugmentedImageDataset):
         if not self.use_entropy_index:
             return None
         self._open()  # (re)opened after a fork; checks that the file was not rewritten since it was inspected
+        offsets, where = self.layout.entropy_offsets, self.layout.entropy_mmap_offset
+        assert offsets is not None and where is not None  # use_entropy_index: the file has a non-empty blob
         if self._entropy is None:
-            lay = self.layout
-            assert lay.entropy_offsets is not None and lay.entropy_mmap_offset is not None
-            size = int(lay.entropy_offsets[-1])
-            self._entropy = np.memmap(lay.path, np.uint8, "r", lay.entropy_mmap_offset, (size,)) if size else None
-            if self._entropy is None:
-                return None
-        offsets = self.layout.entropy_offsets
-        assert offsets is not None
+            self._entropy = np.memmap(self.layout.path, np.uint8, "r", where, (int(offsets[-1]),))
         row = int(self.rows[index])
         start, end = int(offsets[row]), int(offsets[row + 1])
         return self._entropy[start:end].tobytes() if end > start else None

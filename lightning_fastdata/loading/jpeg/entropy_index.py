@@ -8,8 +8,8 @@ bytes an entry, K chosen per file to keep the index within :data:`INDEX_FRACTION
 MCU was 7% of a photo's bytes, 13% of a small quality-75 one). With it,
 :func:`~lightning_fastdata.loading.jpeg.decode.decode_resized_crop` assembles a small JPEG of the crop's MCUs (their
 original bits; only each row's first DC values re-encoded) and decodes that: the same pixels, bit for bit, with the
-entropy decoding of the crop alone (plus at most K - 1 MCUs parsed at each end of each of its rows, to reach them
-from the entry before).
+entropy decoding of the crop alone (plus at most K - 1 MCUs parsed at the start of each of its rows, to reach its
+first MCU from the entry before).
 
 :func:`build_entropy_index` reads every file once (a process pool; a bucket's objects through the same
 :class:`~lightning_fastdata.loading.storage.base.Storage` as training) and writes one folder in ``index_dir``: the
