@@ -54,21 +54,20 @@ def optimize_to_bucket(root: Path, work: Path, url: str, storage_options: dict[s
 
 
 class LitDataImages(_Base):
-    """A ``StreamingDataset`` returning ``(normalised float image, label)``: decode, v2 crop/flip, normalise."""
+    """A ``StreamingDataset`` returning ``(normalised float image, label)``: decode, v2 crop/flip, normalise.
 
-    def __init__(self, *args: Any, size: int = 224, **kwargs: Any) -> None:
+    ``normalise=False``: the uint8 crop instead (what the peers suite compares: normalising is left to the device).
+    """
+
+    def __init__(self, *args: Any, size: int = 224, normalise: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         import torch
         from torchvision.transforms import v2
 
-        self.tf = v2.Compose(
-            [
-                v2.RandomResizedCrop(size, antialias=True),
-                v2.RandomHorizontalFlip(),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-            ]
-        )
+        steps = [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()]
+        if normalise:
+            steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
+        self.tf = v2.Compose(steps)
 
     def __getitem__(self, index: Any) -> tuple[Any, int]:
         item = super().__getitem__(index)

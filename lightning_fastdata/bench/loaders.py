@@ -37,6 +37,11 @@ Suite ``matrix`` (:mod:`lightning_fastdata.bench.matrix`): the folder module wit
 and with the default one, on eight kinds of JPEG (sizes, qualities, 4:4:4, flat content, restart markers), next to
 each kind's full-decode ceiling; and each index's bytes.
 
+Suite ``peers`` (:mod:`lightning_fastdata.bench.peers`): DALI's CPU pipeline, SPDL and LitData doing the same crop and
+flip on the same folders as the baseline and ours (first epoch, and epochs 2+ with the entropy index), on the demo's
+data and three kinds of the matrix, next to each one's ceiling (the peers are not dependencies: missing ones are
+skipped and said so).
+
 Suite ``callback`` (:mod:`lightning_fastdata.bench.callback`): the step time of the same CPU training run with and
 without ``FastDataCallback`` (fast in-memory data, so any overhead of the callback shows).
 """
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--suites",
         nargs="+",
-        choices=["folder", "hdf5", "cache", "callback", "recipe", "scale", "s3", "matrix"],
+        choices=["folder", "hdf5", "cache", "callback", "recipe", "scale", "s3", "matrix", "peers"],
         default=["folder", "hdf5", "cache", "callback", "recipe"],
         help="recipe: a training recipe (--recipe) through torchvision's reference loader and ours, at the largest "
         "--workers; "
@@ -124,7 +129,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--s3-delay-ms per request, vs the local folder, a per-item get_object loader and LitData (python -m "
         "lightning_fastdata.bench.s3 --help: its own data, 2 workers, batch 128); matrix (not run by default, "
         "~10 min): the entropy index on eight kinds of JPEG (python -m lightning_fastdata.bench.matrix "
-        "--help), at the largest --workers",
+        "--help), at the largest --workers; peers (not run by default, ~12 min): DALI (CPU), SPDL and LitData beside "
+        "ours and the baseline on --root and three kinds of the matrix, batch 256, at the largest --workers (python -m "
+        "lightning_fastdata.bench.peers --help: the peers are not dependencies; a missing one is skipped)",
     )
     parser.add_argument(
         "--recipe",
@@ -262,6 +269,11 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         result["suites"]["matrix"] = matrix_suite(matrix_args)
         print()
         print_matrix(result["suites"]["matrix"])
+    if "peers" in args.suites:
+        from lightning_fastdata.bench.peers import main as peers_main
+
+        peers_args = ["--root", args.root, "--workers", str(max(args.workers)), "--repeats", str(args.repeats)]
+        result["suites"]["peers"] = peers_main(peers_args + ["--scratch", os.path.join(args.scratch, "peers")])
     if "s3" in args.suites:
         from lightning_fastdata.bench.s3 import main as s3_main
 

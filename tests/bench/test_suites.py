@@ -176,3 +176,68 @@ def test_the_jpeg_matrix_measures_each_kind_with_and_without_the_index(
         assert [r["images_per_s"] > 0 for r in kind["rows"]] == [True, True, True]
         share = kind["index_share"]
         assert 0 < share["sparse"] <= 0.015 and share["dense"] > 4 * share["sparse"]
+
+
+@pytest.mark.slow
+def test_the_peers_suite_measures_ours_beside_each_peer_that_imports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m lightning_fastdata.bench.peers``: the demo's data and a matrix kind, the baseline and ours
+    (first epoch, and with the index built) measured, each peer measured where it imports and named as skipped
+    where it does not, the best peer's ratio only where one ran, the JSON as returned."""
+    import importlib.util
+
+    from lightning_fastdata.bench import peers
+
+    out = tmp_path / "peers.json"
+    result = peers.main(
+        ["--root", str(tmp_path / "demo"), "--kinds", "photo 640x480 q90 restarts", "--files", "16", "--workers",
+         "0", "--batch-size", "4", "--image-size", "32", "--repeats", "1", "--min-seconds", "0",
+         "--scratch", str(tmp_path / "s"), "--json", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    printed = capsys.readouterr().out
+    assert [s["data"] for s in result["sets"]] == [peers.DEMO, "photo 640x480 q90 restarts"]
+
+    def imports(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            return False
+
+    here = [p for p, module in peers.PEERS.items() if imports(module.split(".")[0]) and peers.available(p)]
+    for s in result["sets"]:
+        assert s["files"] == 16 and s["ceiling_img_s"] > 0
+        names = [r["loader"] for r in s["rows"]]
+        assert names == [
+            "baseline (torchvision ImageFolder)",
+            "ImageFolderDataModule (first epoch)",
+            "ImageFolderDataModule (epochs 2+)",
+            *here,
+        ]
+        assert all(r["images_per_s"] > 0 and r["vs_ceiling"] > 0 for r in s["rows"])
+        assert s["skipped"] == [p for p in peers.PEERS if p not in here]
+        assert (s["ours_vs_best_peer"] is None) == (not here)
+    for peer in set(peers.PEERS) - set(here):
+        assert f"bench peers: {peer} does not import here" in printed
+    assert (tmp_path / "s" / "demo" / "entropy-index").is_dir()  # ours' index built in scratch, not beside the data
+
+
+def test_the_peers_crop_box_follows_torchvisions_random_resized_crop() -> None:
+    """The box SPDL's row crops (its FFmpeg filter needs it before decoding): inside the image, scale 0.08-1 and
+    ratio 3/4-4/3 as torchvision draws them (up to rounding), and torchvision's centre crop when no try fits."""
+    import numpy as np
+    import torch
+    from torchvision.transforms import RandomResizedCrop
+
+    from lightning_fastdata.bench.peers import _crop_box
+
+    rng = np.random.default_rng(0)
+    for width, height in [(500, 375), (64, 480), (2000, 1500), (33, 31)]:
+        for _ in range(200):
+            x, y, w, h = _crop_box(width, height, rng)
+            assert 0 <= x and x + w <= width and 0 <= y and y + h <= height and w > 0 and h > 0
+            assert 0.08 * width * height - width - height <= w * h <= width * height
+    for width, height in [(1000, 10), (10, 1000)]:  # no try fits: torchvision's fallback, exactly
+        top, left, h, w = RandomResizedCrop.get_params(torch.empty(0, height, width), (0.08, 1.0), (3 / 4, 4 / 3))
+        assert _crop_box(width, height, rng) == (left, top, w, h)
