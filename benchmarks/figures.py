@@ -178,6 +178,10 @@ _ORIGINALS = "ImageFolderDataModule (original JPEGs)"
 #: Every named figure: a function of the results files giving the text the pages show.
 FIGURES: dict[str, Callable[[], str]] = {
     "folder.date": lambda: date_of("latest"),
+    "peers.date": lambda: date_of("peers"),
+    "peers.best": lambda: _peers_best(),
+    "no_decoder.range": lambda: _ratio_range([f["without_vs_with"] for f in result("no-decoder")["folders"]]),
+    "first_epoch.range": lambda: _ratio_range([k["epoch1_vs_off"] for k in result("first-epoch")["kinds"]]),
     "folder.vs_baseline": lambda: times(_folder(_FOLDER)["vs_baseline"]),
     "folder.ceiling": lambda: times(_folder(_FOLDER)["pct_of_decode_ceiling"] / 100),
     "folder.index_vs_baseline": lambda: times(_folder(_INDEXED)["vs_baseline"]),
@@ -417,6 +421,54 @@ def _matrix_table() -> str:
     return f"{caption}\n\n{_table(header, rows)}"
 
 
+def _peers_table() -> str:
+    """benchmarks.md's peers table: ``peers.json`` (``python -m lightning_fastdata.bench.peers``)."""
+    name = "peers"
+    data = result(name)
+    settings, versions = data["settings"], data["versions"]
+    named = ", ".join(f"{peer} {version}" for peer, version in versions.items())
+    caption = (
+        f"`python -m lightning_fastdata.bench.peers` on {machine(name)} ({date_of(name)}; {named}; "
+        f"{settings['workers']} workers or threads each, batch {settings['batch_size']}, RandomResizedCrop "
+        f"{settings['image_size']} + flip to uint8; medians of {settings['repeats']} interleaved runs; each cell: "
+        "images/s, the ratio to the baseline, and to the full-decode ceiling of the same run (one core reading and "
+        "decoding every file, times the workers); `benchmarks/results/peers.json`"
+    )
+    later = [s["data"] for s in data["sets"] if s.get("note")]
+    if later:
+        caption += f"; {', '.join(later)}: measured in a second run, see Benchmarks"
+    caption += "):"
+    loaders = [r["loader"] for r in data["sets"][0]["rows"]]
+    header = ["loader", *(f"{s['data']} ({s['files']:,} files, {s['mean_kb']:,.0f} KB)" for s in data["sets"])]
+    rows = []
+    for loader in loaders:
+        cells = []
+        for s in data["sets"]:
+            r = _find(s["rows"], "loader", loader)
+            cells.append(f"{count(r['images_per_s'])} ({times2(r['vs_baseline'])}, {times2(r['vs_ceiling'])})")
+        rows.append([loader, *cells])
+    rows.append(
+        [
+            "**ours (epochs 2+) / best peer**",
+            *(f"**{times2(s['ours_vs_best_peer'])}** ({s['best_peer']})" for s in data["sets"]),
+        ]
+    )
+    rows.append(["ours (first epoch) / best peer", *(times2(s["first_epoch_vs_best_peer"]) for s in data["sets"])])
+    return f"{caption}\n\n{_table(header, rows)}"
+
+
+def _ratio_range(values: list[float]) -> str:
+    """Lowest to highest, two decimals: ``0.54-0.70x``."""
+    ordered = sorted(values)
+    return f"{ordered[0]:.2f}-{ordered[-1]:.2f}x"
+
+
+def _peers_best() -> str:
+    """Ours (epochs 2+) over the best peer, lowest to highest over the peers suite's data sets (``1.7-2.4x``)."""
+    ratios = sorted(s["ours_vs_best_peer"] for s in result("peers")["sets"])
+    return f"{ratios[0]:.1f}-{ratios[-1]:.1f}x"
+
+
 #: Every named block: a function of the results files giving its Markdown.
 BLOCKS: dict[str, Callable[[], str]] = {
     "folder-table": _folder_table,
@@ -426,6 +478,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "scale-formats-table": _formats_table,
     "scale-cold-table": _cold_table,
     "matrix-table": _matrix_table,
+    "peers-table": _peers_table,
 }
 
 _INLINE = re.compile(r"<!--fig:([\w.-]+)-->(.*?)<!--/fig-->", re.S)

@@ -5,7 +5,11 @@ cd "$(dirname "$0")/.."
 .venv/bin/ruff check lightning_fastdata tests benchmarks scripts setup.py
 .venv/bin/ruff format --check lightning_fastdata tests benchmarks scripts setup.py
 .venv/bin/mypy
-bash scripts/docs.sh
+# the site without executing the notebooks (tests/test_notebooks.py runs them below)
+FASTDATA_DOCS_RUN_NOTEBOOKS=0 bash scripts/docs.sh
 # two test processes (pytest-xdist): on the 2-core CI machine the suite is ~1.2x faster than one, as many tests
 # wait on subprocesses and servers; FASTDATA_TEST_WORKERS=0 runs it in one process
 .venv/bin/python -m pytest -q -p no:cacheprovider -n "${FASTDATA_TEST_WORKERS:-2}" --durations=25 "$@"
+# the release steps: sdist and repaired wheel, installed and run without compiler or headers, the source build
+# without headers and without a compiler, and the sanitizer fuzz run (FUZZ_SECONDS); only for the whole suite
+if [ $# -eq 0 ]; then FUZZ_SECONDS=${FUZZ_SECONDS:-45} bash scripts/release.sh; fi

@@ -101,6 +101,9 @@ static int build_table(htable *t) {
     for (int l = 1; l <= 16; l++) {
         t->valoff[l] = k - code;
         for (int i = 0; i < t->bits[l]; i++, k++, code++) {
+            /* more codes than the length allows: a broken table, refused before its code indexes the LUT (the
+             * fuzzer's first find: a damaged DHT wrote past lut[512]) */
+            if (code >= (1 << l)) return -1;
             int sym = t->vals[k];
             if (l <= 9) {
                 int lo = code << (9 - l), count = 1 << (9 - l);
@@ -112,7 +115,6 @@ static int build_table(htable *t) {
             }
         }
         t->maxcode[l] = t->bits[l] ? code - 1 : -1;
-        if (code > (1 << l)) return -1; /* more codes than the length allows: a broken table */
         code <<= 1;
     }
     t->defined = 1;

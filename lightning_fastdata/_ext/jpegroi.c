@@ -5,7 +5,9 @@
  * The GIL is released while decoding. Errors in the image data raise OSError; a crop box outside the
  * image or a too small output buffer (the caller's bug) raises ValueError. */
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE /* dladdr */
 #include <Python.h>
+#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,7 +152,16 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     return Py_BuildValue("(ii)", (int)((JDIMENSION)left - xoff), (int)cw);
 }
 
+/* library() -> str | None: the file of the libjpeg this extension calls (the one that defines jpeg_std_error for
+ * it: the wheel's own copy, the system's, or Pillow's loaded at import; native.py). */
+static PyObject *library(PyObject *self, PyObject *unused) {
+    Dl_info info;
+    if (dladdr((void *)&jpeg_std_error, &info) && info.dli_fname != NULL) return PyUnicode_DecodeFSDefault(info.dli_fname);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"library", library, METH_NOARGS, "library() -> str | None: the file of the libjpeg-turbo in use"},
     {"header", header, METH_VARARGS, "header(data) -> (width, height, jpeg_color_space)"},
     {"decode_crop", decode_crop, METH_VARARGS, "decode_crop(data, top, left, height, width, out[, to_end[, scale_num[, fast_idct]]]) -> (x_shift, decoded_width)"},
     {"entropy_index", entropy_index, METH_VARARGS,

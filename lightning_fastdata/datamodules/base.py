@@ -20,6 +20,7 @@ from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader,
 from lightning_fastdata.datasets.base import AugmentedImageDataset
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading import native
 from lightning_fastdata.loading.augment.batch import DeviceAugment, as_transform_list
 from lightning_fastdata.loading.augment.sample import SampleTransform
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
@@ -245,6 +246,12 @@ class FastDataModule(LightningDataModule):
         """Build the datasets once (every rank builds its own; they are cheap indexes)."""
         if self.train_dataset is None:
             self.train_dataset, self.val_dataset = self.build_datasets()
+        if self.decodes_images():
+            native.warn_if_missing()  # once per process, rank zero: JPEGs decode slower without the extension
+
+    def decodes_images(self) -> bool:
+        """Whether this module's loaders decode encoded images (JPEG, PNG...) rather than read decoded pixels."""
+        return True
 
     @override
     def train_dataloader(self) -> StatefulDataLoader:

@@ -157,6 +157,11 @@ class TensorCacheDataModule(FastDataModule):
         )
         self._prepared = True
 
+    @override
+    def decodes_images(self) -> bool:
+        """Whether the cache holds JPEGs (``storage="jpeg"``), which the loaders decode."""
+        return self.storage == "jpeg"
+
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """Open the cache's splits as memory-mapped datasets.
 

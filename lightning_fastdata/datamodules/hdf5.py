@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
+from typing_extensions import override
 
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset, Layout, inspect_hdf5
@@ -99,6 +100,12 @@ class HDF5DataModule(FastDataModule):
     def num_classes(self) -> int:
         """Number of classes (the file's ``classes`` attribute, or the largest label + 1)."""
         return len(self.classes)
+
+    @override
+    def decodes_images(self) -> bool:
+        """Whether the file holds encoded images (``layout="encoded"``), which the loaders decode."""
+        dataset = self.train_dataset
+        return isinstance(dataset, HDF5Dataset) and dataset.layout.kind == "encoded"
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """Build the train and validation datasets: each file inspected once (one open), read lazily by each reader."""

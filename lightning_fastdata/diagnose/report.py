@@ -12,6 +12,7 @@ from typing import Any
 from lightning_fastdata.diagnose.probe import PERCENTILES, DataProbe
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import without_secrets
+from lightning_fastdata.loading import native
 from lightning_fastdata.loading.atomic import atomic_write_text
 from lightning_fastdata.loading.index.files import contains_path, find_classes
 
@@ -25,6 +26,12 @@ __all__ = [
     "sibling_validation",
     "write_config",
 ]
+
+#: The doctor's line when the compiled decoder is missing: what it costs and the fix (as the training warning says).
+_NO_DECODER = (
+    f"NO: JPEGs decode with torchvision's decode_jpeg, about {native.WITHOUT_DECODER_SPEED} as fast (install the "
+    "binary wheel, or reinstall from source with a C compiler)"
+)
 
 
 @dataclass
@@ -160,7 +167,7 @@ def format_report(r: DoctorReport, image_size: int, step_ms: float | None, confi
     lines += [
         f"  machine: {r.usable_cpus} usable CPUs, {r.gpus} GPU(s); {r.devices} device(s): {share} CPU(s) per rank",
         f"    num_workers='auto' = {r.workers_per_rank} (timed on the rank's share); ROI JPEG decoder "
-        f"{'yes' if r.roi_decoder else 'no'}; pillow-simd {'yes' if r.pillow_simd else 'no'}",
+        f"{'yes' if r.roi_decoder else _NO_DECODER}; pillow-simd {'yes' if r.pillow_simd else 'no'}",
         f"    RAM {r.ram_gb:.0f} GB; free disk for a cache {r.scratch_free_gb:.0f} GB; /dev/shm {r.shm_gb:.1f} GB",
         (
             f"  bucket: one process fetched the sample at {r.read_mb_s_warm:.0f} MB/s (concurrent requests); one "
