@@ -12,4 +12,4 @@ FASTDATA_DOCS_RUN_NOTEBOOKS=0 bash scripts/docs.sh
 .venv/bin/python -m pytest -q -p no:cacheprovider -n "${FASTDATA_TEST_WORKERS:-2}" --durations=25 "$@"
 # the release steps: sdist and repaired wheel, installed and run without compiler or headers, the source build
 # without headers and without a compiler, and the sanitizer fuzz run (FUZZ_SECONDS); only for the whole suite
-if [ $# -eq 0 ]; then FUZZ_SECONDS=${FUZZ_SECONDS:-45} bash scripts/release.sh; fi
+if [ $# -eq 0 ]; then FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash scripts/release.sh; fi

@@ -35,7 +35,7 @@ from lightning_fastdata.demos import photo_like_image
 from lightning_fastdata.loading.jpeg import entropy_index as entropy
 from lightning_fastdata.measure import Candidate, count_images, decode_ceiling, machine, measure, ours_module
 
-__all__ = ["FILES", "KINDS", "flat_image", "main", "make_kind", "matrix_suite"]
+__all__ = ["FILES", "KINDS", "first_epoch", "flat_image", "kind_folder", "main", "make_kind", "matrix_suite"]
 
 #: JPEGs generated per kind (half as many of the 2000 x 1500 kind), as many as the folder suite's data set.
 FILES = 1536
@@ -98,6 +98,12 @@ def make_kind(root: str | os.PathLike[str], kind: str, files: int, processes: in
         pool.map(_write, jobs)
     done.write_text(str(files))
     return folder
+
+
+def kind_folder(scratch: str | os.PathLike[str], kind: str, files: int) -> Path:
+    """``kind``'s folder under ``scratch/data`` with ``files`` JPEGs, fewer above 1.5 MP (half as many 2000 x 1500)."""
+    width, height = KINDS[kind][:2]
+    return make_kind(Path(scratch, "data"), kind, max(16, int(files * min(1.0, 1.5e6 / (width * height)))))
 
 
 @contextlib.contextmanager
@@ -220,9 +226,7 @@ def matrix_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every kind of ``args.kinds``: its folder made (or reused) in ``args.scratch``, then measured."""
     results = []
     for kind in args.kinds:
-        width, height = KINDS[kind][:2]
-        files = max(16, int(args.files * min(1.0, 1.5e6 / (width * height))))  # half as many 2000 x 1500 photos
-        folder = make_kind(Path(args.scratch, "data"), kind, files)
+        folder = kind_folder(args.scratch, kind, args.files)
         results.append(kind_rows(folder, kind, args))
         print_matrix(results[-1:])
     return results
@@ -272,9 +276,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _first_epochs(args: argparse.Namespace) -> dict[str, Any]:
     results = []
     for kind in args.kinds:
-        width, height = KINDS[kind][:2]
-        files = max(16, int(args.files * min(1.0, 1.5e6 / (width * height))))
-        folder = make_kind(Path(args.scratch, "data"), kind, files)
+        folder = kind_folder(args.scratch, kind, args.files)
         results.append(first_epoch(folder, kind, args))
         r = results[-1]
         cells = ", ".join(f"{name} {rate:.0f}" for name, rate in r["img_s"].items())

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from lightning_fastdata.bench.litdata_rows import LitDataImages, _item
-from lightning_fastdata.bench.matrix import KINDS, make_kind
+from lightning_fastdata.bench.matrix import KINDS, kind_folder
 from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.measure import (
     Candidate,
@@ -284,9 +284,7 @@ def peers_suite(args: argparse.Namespace, say: Callable[[str], None] = print) ->
         ensure_demo_data(args.root, 8, max(1, args.files // 8))
         sets.append((DEMO, str(args.root)))
     for kind in args.kinds:
-        width, height = KINDS[kind][:2]
-        files = max(16, int(args.files * min(1.0, 1.5e6 / (width * height))))
-        sets.append((kind, str(make_kind(Path(args.scratch, "data"), kind, files))))
+        sets.append((kind, str(kind_folder(args.scratch, kind, args.files))))
     for name, folder in sets:
         results.append(kind_rows(name, folder, args, say))
         print_peers(results[-1:])
