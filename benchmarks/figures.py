@@ -457,16 +457,15 @@ def _peers_table() -> str:
     return f"{caption}\n\n{_table(header, rows)}"
 
 
-def _ratio_range(values: list[float]) -> str:
-    """Lowest to highest, two decimals: ``0.54-0.70x``."""
+def _ratio_range(values: list[float], digits: int = 2) -> str:
+    """Lowest to highest: ``0.54-0.70x`` (``digits=1``: ``1.6-1.8x``)."""
     ordered = sorted(values)
-    return f"{ordered[0]:.2f}-{ordered[-1]:.2f}x"
+    return f"{ordered[0]:.{digits}f}-{ordered[-1]:.{digits}f}x"
 
 
 def _peers_best() -> str:
-    """Ours (epochs 2+) over the best peer, lowest to highest over the peers suite's data sets (``1.7-2.4x``)."""
-    ratios = sorted(s["ours_vs_best_peer"] for s in result("peers")["sets"])
-    return f"{ratios[0]:.1f}-{ratios[-1]:.1f}x"
+    """Ours (epochs 2+) over the best peer, lowest to highest over the peers suite's data sets (``1.6-1.8x``)."""
+    return _ratio_range([s["ours_vs_best_peer"] for s in result("peers")["sets"]], digits=1)
 
 
 #: Every named block: a function of the results files giving its Markdown.

@@ -29,6 +29,7 @@ from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 __all__ = [
     "Candidate",
     "baseline_loader",
+    "ceiling_img_s",
     "compare_folder_loaders",
     "count_images",
     "count_normalised",
@@ -189,6 +190,15 @@ def decode_ceiling(files: list[str]) -> dict[str, float]:
         out[name] = len(files) / (time.perf_counter() - start)
     torch.set_num_threads(os.cpu_count() or 1)
     return out
+
+
+def ceiling_img_s(files: list[str], repeats: int, workers: int) -> float:
+    """The full-decode ceiling of ``workers`` cores, in images/s.
+
+    The median over ``repeats`` runs of one core's faster decoder (PIL or ``decode_jpeg``, :func:`decode_ceiling`)
+    over ``files``, times the workers (at least one).
+    """
+    return statistics.median(max(decode_ceiling(files).values()) for _ in range(repeats)) * max(1, workers)
 
 
 #: ``(name, make_loader, count_images_in_batch)``: one row of a suite.

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LitDataImages", "litdata_loader", "optimize_to_bucket"]
+__all__ = ["LitDataImages", "labelled_files", "litdata_loader", "optimize_to_bucket"]
 
 try:
     import litdata
@@ -39,15 +39,25 @@ def _item(arg: tuple[str, int]) -> dict[str, Any]:
     return {"image": Image.open(path), "label": label}  # LitData stores a JPEG file's own bytes
 
 
+def labelled_files(root: str | Path) -> list[tuple[str, int]]:
+    """Every file of the class folder ``root`` with its class number (classes sorted by name, files by name)."""
+    root = Path(root)
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    return [(str(f), label) for label, c in enumerate(classes) for f in sorted((root / c).iterdir())]
+
+
 def optimize_to_bucket(root: Path, work: Path, url: str, storage_options: dict[str, Any], chunk_bytes: str) -> int:
     """``litdata.optimize`` the class folder ``root`` into ``work``, upload the chunks to ``url``; their total bytes."""
     from lightning_fastdata.testing.s3_server import upload_folder
 
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    inputs = [(str(f), label) for label, c in enumerate(classes) for f in sorted((root / c).iterdir())]
     out = work / "litdata-optimized"
     litdata.optimize(
-        fn=_item, inputs=inputs, output_dir=str(out), chunk_bytes=chunk_bytes, num_workers=2, verbose=False
+        fn=_item,
+        inputs=labelled_files(root),
+        output_dir=str(out),
+        chunk_bytes=chunk_bytes,
+        num_workers=2,
+        verbose=False,
     )
     upload_folder(out, url, storage_options)
     return sum(f.stat().st_size for f in out.iterdir())

@@ -33,7 +33,7 @@ from PIL import Image, ImageDraw
 
 from lightning_fastdata.demos import photo_like_image
 from lightning_fastdata.loading.jpeg import entropy_index as entropy
-from lightning_fastdata.measure import Candidate, count_images, decode_ceiling, machine, measure, ours_module
+from lightning_fastdata.measure import Candidate, ceiling_img_s, count_images, machine, measure, ours_module
 
 __all__ = ["FILES", "KINDS", "first_epoch", "flat_image", "kind_folder", "main", "make_kind", "matrix_suite"]
 
@@ -142,9 +142,8 @@ def kind_rows(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, An
         ("dense index (one entry per MCU)", built["dense"].train_dataloader, count_images),
         ("index as built by default (epochs 2+)", built["sparse"].train_dataloader, count_images),
     ]
-    ceilings = [decode_ceiling(files) for _ in range(args.repeats)]
+    ceiling = ceiling_img_s(files, args.repeats, args.workers)
     rates = measure(candidates, args.repeats, args.min_seconds)
-    ceiling = statistics.median(max(c.values()) for c in ceilings) * max(1, args.workers)
     rows: list[dict[str, Any]] = [
         {"loader": name, "images_per_s": statistics.median(runs), "runs": runs} for name, runs in rates.items()
     ]

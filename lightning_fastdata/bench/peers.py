@@ -46,14 +46,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_fastdata.bench.litdata_rows import LitDataImages, _item
+from lightning_fastdata.bench.litdata_rows import LitDataImages, _item, labelled_files
 from lightning_fastdata.bench.matrix import KINDS, kind_folder
 from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.measure import (
     Candidate,
     baseline_loader,
+    ceiling_img_s,
     count_images,
-    decode_ceiling,
     machine,
     measure,
     ours_module,
@@ -81,11 +81,6 @@ def available(name: str) -> bool:
     return True
 
 
-def _items(root: str) -> list[tuple[str, int]]:
-    classes = sorted(p.name for p in Path(root).iterdir() if p.is_dir())
-    return [(str(f), label) for label, c in enumerate(classes) for f in sorted((Path(root) / c).iterdir())]
-
-
 def _crop_box(width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
     """The box of torchvision's ``RandomResizedCrop`` (scale 0.08-1, ratio 3/4-4/3, ten tries, then a centre crop)."""
     area = width * height
@@ -110,7 +105,7 @@ class spdl_loader:  # noqa: N801 - used like the other loader factories
     """SPDL's pipeline over ``root``: one epoch per ``iter()``, a fresh shuffle and pipeline each time."""
 
     def __init__(self, root: str, size: int, batch_size: int, workers: int, seed: int = 0) -> None:
-        self.items, self.size, self.batch_size = _items(root), size, batch_size
+        self.items, self.size, self.batch_size = labelled_files(root), size, batch_size
         self.workers, self.epoch, self.seed = max(1, workers), 0, seed
 
     def _load(self, job: tuple[int, int]) -> tuple[torch.Tensor, int]:
@@ -197,7 +192,7 @@ def litdata_loader(root: str, work: str, size: int, batch_size: int, workers: in
     out = Path(work, "litdata-optimized")
     if not (out / "index.json").exists():
         litdata.optimize(
-            fn=_item, inputs=_items(root), output_dir=str(out), chunk_bytes="64MB", num_workers=2, verbose=False
+            fn=_item, inputs=labelled_files(root), output_dir=str(out), chunk_bytes="64MB", num_workers=2, verbose=False
         )
     dataset = LitDataImages(str(out), shuffle=True, size=size, normalise=False)
     return litdata.StreamingDataLoader(
@@ -230,11 +225,10 @@ def kind_rows(name: str, folder: str, args: argparse.Namespace, say: Callable[[s
         else:
             skipped.append(peer)
             say(f"bench peers: {peer} does not import here ({PEERS[peer]}): its row is skipped")
-    ceilings = [decode_ceiling(files) for _ in range(args.repeats)]
+    ceiling = ceiling_img_s(files, args.repeats, workers)
     rates = measure(candidates, args.repeats, args.min_seconds)
-    ceiling = statistics.median(max(c.values()) for c in ceilings) * max(1, workers)
     base = statistics.median(next(iter(rates.values())))
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "loader": loader,
             "images_per_s": statistics.median(runs),

@@ -28,10 +28,7 @@ __all__ = [
 ]
 
 #: The doctor's line when the compiled decoder is missing: what it costs and the fix (as the training warning says).
-_NO_DECODER = (
-    f"NO: JPEGs decode with torchvision's decode_jpeg, about {native.WITHOUT_DECODER_SPEED} as fast (install the "
-    "binary wheel, or reinstall from source with a C compiler)"
-)
+_NO_DECODER = f"NO: {native.MISSING_DECODER}"
 
 
 @dataclass

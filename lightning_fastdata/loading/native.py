@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 
 __all__ = [
+    "MISSING_DECODER",
     "WITHOUT_DECODER_SPEED",
     "decoder_summary",
     "entropy_index_available",
@@ -40,6 +41,12 @@ __all__ = [
 #: The default folder loader's speed without the compiled decoder, as a share of its speed with it (measured:
 #: ``benchmarks/results/no-decoder.json``, docs/benchmarks.md); what the install message and the warning say.
 WITHOUT_DECODER_SPEED = "0.5-0.7x"
+
+#: What a missing decoder costs and the fix, as ``decoder_summary`` and the doctor's report say it.
+MISSING_DECODER = (
+    f"JPEGs decode with torchvision's decode_jpeg, about {WITHOUT_DECODER_SPEED} as fast (install the binary "
+    "wheel, or reinstall from source with a C compiler)"
+)
 
 _MODULE = "lightning_fastdata._ext._jpegroi"
 
@@ -57,8 +64,12 @@ def _libjpeg_candidates() -> list[str]:
     return found
 
 
+def _turned_off() -> bool:
+    return os.environ.get("FASTDATA_DISABLE_DECODER") == "1"
+
+
 def _load() -> ModuleType | None:
-    if os.environ.get("FASTDATA_DISABLE_DECODER") == "1":
+    if _turned_off():
         return None
     try:
         return importlib.import_module(_MODULE)
@@ -107,14 +118,10 @@ def libjpeg_path() -> str | None:
 def decoder_summary() -> str:
     """One line: whether the compiled decoder is in use, on which libjpeg-turbo, or what its absence costs."""
     if jpegroi is None:
-        why = "turned off (FASTDATA_DISABLE_DECODER=1)" if os.environ.get("FASTDATA_DISABLE_DECODER") == "1" else ""
-        return (
-            f"no{' (' + why + ')' if why else ''}: JPEGs decode with torchvision's decode_jpeg, about "
-            f"{WITHOUT_DECODER_SPEED} as fast (install the binary wheel, or reinstall from source with a C compiler)"
-        )
+        return f"no{' (turned off (FASTDATA_DISABLE_DECODER=1))' if _turned_off() else ''}: {MISSING_DECODER}"
     if not hasattr(jpegroi, "library"):
         return "yes"
-    path = jpegroi.library() or "?"
+    path = libjpeg_path() or "?"
     if "lightning_fastdata.libs" in path:
         where = "the wheel's own"
     elif "pillow.libs" in path:
@@ -124,21 +131,22 @@ def decoder_summary() -> str:
     return f"yes: {where} libjpeg-turbo ({path})"
 
 
-_warned = threading.Lock()
-_warned_once: list[bool] = []
+_warn_lock = threading.Lock()
+_warned = False
 
 
 def warn_if_missing() -> None:
     """Warn once per process (rank zero only) when JPEGs will decode without the compiled decoder."""
+    global _warned
     if jpegroi is not None:
         return
-    with _warned:
-        if _warned_once:
+    with _warn_lock:
+        if _warned:
             return
-        _warned_once.append(True)
+        _warned = True
     from lightning.pytorch.utilities import rank_zero_warn
 
-    off = " (turned off: FASTDATA_DISABLE_DECODER=1)" if os.environ.get("FASTDATA_DISABLE_DECODER") == "1" else ""
+    off = " (turned off: FASTDATA_DISABLE_DECODER=1)" if _turned_off() else ""
     rank_zero_warn(
         f"lightning-fastdata: the compiled JPEG decoder is not in use{off}, so JPEGs decode with torchvision's "
         f"decode_jpeg: the loader runs at about {WITHOUT_DECODER_SPEED} of its speed with it, without the entropy "
