@@ -237,6 +237,12 @@ FIGURES: dict[str, Callable[[], str]] = {
     "gpu.prefetch_off": lambda: count(_mechanism("prefetch off (Lightning's copy)")["img_s"]),
     "gpu.folder_fed": lambda: f"{_fed('ImageFolderDataModule'):.2f}",
     "gpu.cache_fed": lambda: f"{_fed('TensorCacheDataModule raw, augment in workers'):.2f}",
+    "gpu.recipe_date": lambda: str(result("gpu")["part_settings"]["recipe"]["date"]),
+    "gpu.recipe_steps": lambda: str(result("gpu")["part_settings"]["recipe"]["settings"]["steps"]),
+    "gpu.recipe_fed": lambda: f"{result('gpu')['recipe']['fed_ratio']:.2f}",
+    "gpu.recipe_img_s": lambda: count(result("gpu")["recipe"]["img_s"]),
+    "gpu.recipe_synthetic": lambda: count(result("gpu")["recipe"]["synthetic_img_s"]),
+    "gpu.recipe_device_ms": lambda: f"{result('gpu')['recipe']['device_augment_ms_per_batch']:.1f}",
 }
 
 

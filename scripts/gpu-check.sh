@@ -3,13 +3,15 @@
 #
 #   bash scripts/gpu-check.sh stage     # where there is a network: wheels and the libjpeg-turbo .debs into .gpu-stage/
 #   bash scripts/gpu-check.sh [--parts tests,fed,mechanisms,correctness,decode,recipe,scale] [--out DIR] [--data DIR]
-#                             [--images N] [--quick] [-- BENCH-ARGS]
+#                             [--images N] [--copies K] [--quick] [-- BENCH-ARGS]
 #
 # The run mode needs no network. It installs what .gpu-stage/ holds (if present) into /tmp, builds the ROI JPEG
 # decoder in place if it is not built, generates an ImageNet-like folder (N photo-like JPEGs, 1,000 classes), runs
 # `pytest -m cuda`, then the benchmark parts (BENCH-ARGS go to `python -m lightning_fastdata.bench.gpu`, e.g.
 # `-- --folder-workers 12,9 --scale-workers 8,15`), and writes gpu.json, cuda-tests.txt/.xml and gpu-check.log to
-# --out (default benchmarks/results). The data stays in --data (default /tmp/fastdata-gpu), so a second run with other --parts reuses it. Without a GPU it says so and runs
+# --out (default benchmarks/results). --copies K hard-links each generated image K times in its class folder
+# (generating is the slow step, ~20 images/s a core): ImageNet-length epochs (>= 500 steps of 256) from
+# N x K files, each decoded as its own sample; the page cache holds one copy. The data stays in --data (default /tmp/fastdata-gpu), so a second run with other --parts reuses it. Without a GPU it says so and runs
 # everything on the CPU; --quick (tiny data and model, output to DATA/results) is what CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,7 @@ PARTS=tests,fed,mechanisms,correctness,decode,recipe,scale
 OUT=""
 DATA=/tmp/fastdata-gpu
 IMAGES=20000
+COPIES=1
 QUICK=""
 EXTRA=()
 while [ $# -gt 0 ]; do
@@ -40,6 +43,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift ;;
     --data) DATA=$2; shift ;;
     --images) IMAGES=$2; shift ;;
+    --copies) COPIES=$2; shift ;;
     --quick) QUICK=--quick ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "gpu-check.sh: unknown argument $1 (see the comment at the top of scripts/gpu-check.sh)" >&2; exit 2 ;;
@@ -78,8 +82,27 @@ if [ -n "$QUICK" ]; then
   ROOT=$DATA/quick
   "$PY" -m lightning_fastdata.cli make-data "$ROOT" --num-classes 4 --per-class 24 --processes 2
 else
-  ROOT=$DATA/imagenet-like
+  ROOT=$DATA/imagenet-like-$IMAGES
   "$PY" -m lightning_fastdata.cli make-data "$ROOT" --num-classes 1000 --per-class $((IMAGES / 1000)) --processes "$NPROC"
+fi
+if [ "$COPIES" -gt 1 ]; then
+  LINKED=$ROOT-x$COPIES
+  "$PY" - "$ROOT" "$LINKED" "$COPIES" <<'EOF'
+import os, sys
+src, dst, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if not os.path.exists(os.path.join(dst, ".complete")):
+    for c in sorted(e.name for e in os.scandir(src) if e.is_dir() and not e.name.startswith(".")):
+        os.makedirs(os.path.join(dst, c), exist_ok=True)
+        for f in os.listdir(os.path.join(src, c)):
+            stem, ext = os.path.splitext(f)
+            for i in range(k):
+                link = os.path.join(dst, c, f"{stem}.c{i}{ext}")
+                if not os.path.exists(link):
+                    os.link(os.path.join(src, c, f), link)
+    open(os.path.join(dst, ".complete"), "w").close()
+print(f"gpu-check: {dst}: each image of {src} linked {k} times")
+EOF
+  ROOT=$LINKED
 fi
 
 if [[ ",$PARTS," == *,tests,* ]]; then

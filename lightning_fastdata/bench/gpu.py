@@ -45,6 +45,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import time
 from dataclasses import asdict
 from functools import partial
@@ -153,7 +154,20 @@ def recipe(s: Settings) -> dict[str, Any]:
     num_classes = len(BaselineData(r).classes)
     synthetic = fit(r, SyntheticData(r, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
     dm = ImageFolderDataModule(r.root, **_common(r), **made)
+    hook = _HookTimer(dm)
+    self_before, children_before, began = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN), time.time()
     row = fit(r, dm, FastDataCallback(print_summary=False))
+    wall = time.time() - began
+    # where the host's time went (the first GPU run fed 0.15x with the training process at ~14 cores busy and its
+    # workers idle): CPU cores used by the training process and by its reaped children (the loader workers), and
+    # the host time of the device augmentation hook per batch, with the device its batches were on
+    host = {
+        "training_process_cores": round((_cpu_s(resource.RUSAGE_SELF) - self_before) / wall, 2),
+        "workers_cores": round((_cpu_s(resource.RUSAGE_CHILDREN) - children_before) / wall, 2),
+        "torch_threads": torch.get_num_threads(),
+        **hook.summary(),
+    }
+    hook.restore()
     # the device half alone: batches as they leave the loader, on the device, through on_after_batch_transfer
     device = torch.device("cuda" if cuda_available() else "cpu")
     dm.setup("fit")
@@ -166,12 +180,46 @@ def recipe(s: Settings) -> dict[str, Any]:
         "device_augment_ms_per_batch": ms,
         "device_augment_device": device.type,
         "batch_size": r.batch_size,
+        "host": host,
     }
+    print(f"gpu-check recipe: host during the fit: {host}")
     print(
         f"gpu-check recipe: {row['img_s']:.0f} img/s fed, {synthetic:.0f} device-resident ({out['fed_ratio']:.2f}); "
         f"device augmentation {ms:.2f} ms per batch of {r.batch_size} on the {device.type}"
     )
     return out
+
+
+def _cpu_s(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+class _HookTimer:
+    """Times ``dm.on_after_batch_transfer`` (host wall time per training batch) and notes its batches' device."""
+
+    def __init__(self, dm: ImageFolderDataModule) -> None:
+        self.dm = dm
+        self.seconds: list[float] = []
+        self.devices: set[str] = set()
+        original = dm.on_after_batch_transfer
+
+        def timed(batch: Any, dataloader_idx: int) -> Any:  # a function: Lightning's is_overridden reads __code__
+            began = time.perf_counter()
+            out = original(batch, dataloader_idx)
+            if dm.trainer is not None and dm.trainer.training:
+                self.seconds.append(time.perf_counter() - began)
+                self.devices.add(str(batch[0].device))
+            return out
+
+        dm.on_after_batch_transfer = timed  # type: ignore[method-assign]
+
+    def summary(self) -> dict[str, Any]:
+        ms = sorted(1000 * x for x in self.seconds) or [float("nan")]
+        return {"augment_host_ms_median": round(ms[len(ms) // 2], 2), "augment_batch_devices": sorted(self.devices)}
+
+    def restore(self) -> None:
+        del self.dm.on_after_batch_transfer
 
 
 def mechanisms(s: Settings) -> list[dict[str, Any]]:
@@ -374,13 +422,21 @@ def run_parts(s: Settings, parts: list[str], json_path: str | None) -> dict[str,
     }
     for part in parts:
         started = time.perf_counter()
-        result.update(_header(s))
+        if part == "fed" or "date" not in result:  # the top-level header is the fed table's (the docs' GPU date)
+            result.update(_header(s))
+        result.setdefault("part_settings", {})[part] = _header(s)  # each part's own date, device, settings
         result[part] = jobs[part](s)
         result.setdefault("seconds", {})[part] = round(time.perf_counter() - started, 1)
         if json_path:
             # after each part: a run stopped at its time limit keeps what it measured
             atomic_write_text(json_path, json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _count_files(root: str) -> int:
+    """The files in ``root``'s class folders (what an epoch of the fed parts can draw from, no validation split)."""
+    folders = [e for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")]
+    return sum(1 for d in folders for f in os.scandir(d.path) if f.is_file() and not f.name.startswith("."))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -397,6 +453,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--fed-loaders", default="", help="the fed part's loaders by name, ';'-separated (default: all)")
     p.add_argument("--folder-workers", default="", help="fed part: also the folder module at these worker counts")
     p.add_argument("--scale-workers", default="", help="worker counts of the scale part (default 1,2,4,8,15)")
+    p.add_argument("--steps", type=int, default=None, help=f"training steps per epoch (default {Settings.steps})")
+    p.add_argument("--epochs", type=int, default=None, help=f"epochs a fit, first untimed (default {Settings.epochs})")
     args = p.parse_args(argv)
     parts = [x for x in args.parts.split(",") if x]
     unknown = sorted(set(parts) - set(PARTS))
@@ -412,6 +470,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         s.arch, s.image_size, s.batch_size, s.steps, s.epochs, s.cache_size = "resnet18", 64, 16, 3, 2, 72
         s.scale_workers, s.decode_images = (1,), 32
+    s.steps, s.epochs = args.steps or s.steps, args.epochs or s.epochs
+    if s.epochs < 2:
+        p.error(f"--epochs {s.epochs}: the first epoch is not timed; give at least 2.")
+    files = _count_files(s.root)
+    if files < s.steps * s.batch_size:  # the Trainer would silently run shorter epochs than asked
+        p.error(
+            f"--steps {s.steps} needs {s.steps * s.batch_size} training images (batch {s.batch_size}); {s.root} has "
+            f"{files}: generate more (scripts/gpu-check.sh --images N --copies K) or ask for fewer steps."
+        )
     Path(s.scratch).mkdir(parents=True, exist_ok=True)
     if not cuda_available():
         print("gpu-check: no CUDA device; running every part on the CPU (the GPU-only measurements are skipped).")

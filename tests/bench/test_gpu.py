@@ -77,3 +77,6 @@ def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path)
     assert out["image_size"] == 32 and out["device_augment_device"] == "cpu"
     assert out["img_s"] > 0 and out["synthetic_img_s"] > 0 and out["device_augment_ms_per_batch"] > 0
     assert out["fed_ratio"] == pytest.approx(out["img_s"] / out["synthetic_img_s"])
+    # where the host's time went: the augmentation hook ran on every training batch, on the batches' device
+    assert out["host"]["augment_batch_devices"] == ["cpu"] and out["host"]["augment_host_ms_median"] > 0
+    assert out["host"]["training_process_cores"] > 0
