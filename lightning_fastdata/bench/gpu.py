@@ -45,7 +45,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import time
 from dataclasses import asdict
 from functools import partial
@@ -67,9 +66,11 @@ from lightning_fastdata.bench.gpu_fit import (
     HostNormaliseCache,
     Settings,
     SyntheticData,
+    common_args,
     cuda_available,
     fit,
 )
+from lightning_fastdata.bench.gpu_recipe import recipe
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.loading.atomic import atomic_write_text
 from lightning_fastdata.measure import (
@@ -86,13 +87,9 @@ __all__ = ["PARTS", "Settings", "main", "run_parts"]  # Settings lives in gpu_fi
 PARTS = ("fed", "mechanisms", "correctness", "decode", "recipe", "scale")
 
 
-def _common(s: Settings) -> dict[str, Any]:
-    return dict(image_size=s.image_size, batch_size=s.batch_size, num_workers=s.workers, val_fraction=0.0)
-
-
 def _folder(s: Settings) -> dict[str, Any]:
     """The folder module's arguments: the plain decode, the same in every run (no entropy index from a cache)."""
-    return dict(_common(s), entropy_index=False)
+    return dict(common_args(s), entropy_index=False)
 
 
 def _cache(s: Settings, augment_on: str = "workers", cls: type = TensorCacheDataModule) -> TensorCacheDataModule:
@@ -103,7 +100,7 @@ def _cache(s: Settings, augment_on: str = "workers", cls: type = TensorCacheData
         cache_size=s.cache_size,
         augment_on=augment_on,
         build_processes=os.cpu_count(),
-        **_common(s),
+        **common_args(s),
     )
 
 
@@ -111,7 +108,7 @@ def _hdf5(s: Settings) -> HDF5DataModule:
     path = Path(s.scratch) / f"raw{s.cache_size}.h5"
     if not path.exists():
         convert_folder_to_hdf5(s.root, path, mode="raw", size=s.cache_size, processes=os.cpu_count(), progress=False)
-    return HDF5DataModule(str(path), **_common(s))
+    return HDF5DataModule(str(path), **common_args(s))
 
 
 def fed(s: Settings) -> list[dict[str, Any]]:
@@ -140,86 +137,6 @@ def fed(s: Settings) -> list[dict[str, Any]]:
             f"within epochs {row['steady_img_s']} img/s"
         )
     return rows
-
-
-def recipe(s: Settings) -> dict[str, Any]:
-    """The reference recipe's fed ratio on this GPU and its device augmentation's cost per batch."""
-    from dataclasses import replace
-
-    from lightning_fastdata.bench.recipe import device_cost
-    from lightning_fastdata.recipe import load_recipe
-
-    made, _ = load_recipe("recipe_torchvision")
-    r = replace(s, image_size=min(s.image_size, int(made.pop("image_size"))))  # 176, or --quick's size
-    num_classes = len(BaselineData(r).classes)
-    synthetic = fit(r, SyntheticData(r, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
-    dm = ImageFolderDataModule(r.root, **_common(r), **made)
-    hook = _HookTimer(dm)
-    self_before, children_before, began = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN), time.time()
-    row = fit(r, dm, FastDataCallback(print_summary=False))
-    wall = time.time() - began
-    # where the host's time went (the first GPU run fed 0.15x with the training process at ~14 cores busy and its
-    # workers idle): CPU cores used by the training process and by its reaped children (the loader workers), and
-    # the host time of the device augmentation hook per batch, with the device its batches were on
-    host = {
-        "training_process_cores": round((_cpu_s(resource.RUSAGE_SELF) - self_before) / wall, 2),
-        "workers_cores": round((_cpu_s(resource.RUSAGE_CHILDREN) - children_before) / wall, 2),
-        "torch_threads": torch.get_num_threads(),
-        **hook.summary(),
-    }
-    hook.restore()
-    # the device half alone: batches as they leave the loader, on the device, through on_after_batch_transfer
-    device = torch.device("cuda" if cuda_available() else "cpu")
-    dm.setup("fit")
-    ms = device_cost(dm, batches=10, device=device, warmup=2)
-    out = {
-        "image_size": r.image_size,
-        "synthetic_img_s": synthetic,
-        **row,
-        "fed_ratio": row["img_s"] / synthetic,
-        "device_augment_ms_per_batch": ms,
-        "device_augment_device": device.type,
-        "batch_size": r.batch_size,
-        "host": host,
-    }
-    print(f"gpu-check recipe: host during the fit: {host}")
-    print(
-        f"gpu-check recipe: {row['img_s']:.0f} img/s fed, {synthetic:.0f} device-resident ({out['fed_ratio']:.2f}); "
-        f"device augmentation {ms:.2f} ms per batch of {r.batch_size} on the {device.type}"
-    )
-    return out
-
-
-def _cpu_s(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-
-
-class _HookTimer:
-    """Times ``dm.on_after_batch_transfer`` (host wall time per training batch) and notes its batches' device."""
-
-    def __init__(self, dm: ImageFolderDataModule) -> None:
-        self.dm = dm
-        self.seconds: list[float] = []
-        self.devices: set[str] = set()
-        original = dm.on_after_batch_transfer
-
-        def timed(batch: Any, dataloader_idx: int) -> Any:  # a function: Lightning's is_overridden reads __code__
-            began = time.perf_counter()
-            out = original(batch, dataloader_idx)
-            if dm.trainer is not None and dm.trainer.training:
-                self.seconds.append(time.perf_counter() - began)
-                self.devices.add(str(batch[0].device))
-            return out
-
-        dm.on_after_batch_transfer = timed  # type: ignore[method-assign]
-
-    def summary(self) -> dict[str, Any]:
-        ms = sorted(1000 * x for x in self.seconds) or [float("nan")]
-        return {"augment_host_ms_median": round(ms[len(ms) // 2], 2), "augment_batch_devices": sorted(self.devices)}
-
-    def restore(self) -> None:
-        del self.dm.on_after_batch_transfer
 
 
 def mechanisms(s: Settings) -> list[dict[str, Any]]:

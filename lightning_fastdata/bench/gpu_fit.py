@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ __all__ = [
     "Settings",
     "SyntheticData",
     "Timer",
+    "common_args",
     "cuda_available",
     "fit",
     "minus",
@@ -74,6 +75,11 @@ class Settings:
     fed_loaders: tuple[str, ...] = ()
     folder_workers: tuple[int, ...] = ()
     repeats: int = 1
+
+
+def common_args(s: Settings) -> dict[str, Any]:
+    """The DataModule arguments every part shares: crop, batch, workers, no validation split."""
+    return dict(image_size=s.image_size, batch_size=s.batch_size, num_workers=s.workers, val_fraction=0.0)
 
 
 def cuda_available() -> bool:
@@ -184,7 +190,13 @@ class Timer(pl.Callback):
         }
 
 
-def fit(s: Settings, dm: pl.LightningDataModule, callback: pl.Callback, channels_last: bool = True) -> dict:
+def fit(
+    s: Settings,
+    dm: pl.LightningDataModule,
+    callback: pl.Callback,
+    channels_last: bool = True,
+    extra_callbacks: Sequence[pl.Callback] = (),
+) -> dict:
     """Train ``s.arch`` on ``dm`` for ``s.epochs`` x ``s.steps``; the timer's row."""
     monitor = callback.monitor if isinstance(callback, FastDataCallback) else callback
     assert isinstance(monitor, DataWaitMonitor)
@@ -202,7 +214,7 @@ def fit(s: Settings, dm: pl.LightningDataModule, callback: pl.Callback, channels
         enable_progress_bar=False,
         enable_model_summary=False,
         benchmark=cuda_available(),
-        callbacks=[callback, timer],
+        callbacks=[callback, timer, *extra_callbacks],
     )
     num_classes = len(getattr(dm, "classes", [])) or 1000
     trainer.fit(ImageClassifier(num_classes=num_classes, arch=s.arch, channels_last=channels_last), dm)

@@ -80,3 +80,4 @@ def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path)
     # where the host's time went: the augmentation hook ran on every training batch, on the batches' device
     assert out["host"]["augment_batch_devices"] == ["cpu"] and out["host"]["augment_host_ms_median"] > 0
     assert out["host"]["training_process_cores"] > 0
+    assert any("Self CPU" in line for line in out["host"]["profile"])  # torch.profiler's table of the second epoch

@@ -1,0 +1,134 @@
+"""The GPU check's ``recipe`` part: torchvision's reference recipe fed to ResNet-50, and where the host's time goes.
+
+See :mod:`lightning_fastdata.bench.gpu` (the parts, ``scripts/gpu-check.sh``). The first GPU run (2026-11-26, one
+H100) fed the model at 0.15 of its device-resident rate with the training process busy and its loader workers idle,
+so this part also records the host's share during the fit: CPU cores of the training process and of its reaped
+children (the loader workers), the augmentation hook's host time per batch and the device its batches were on, and
+``torch.profiler``'s table of a few steps of the second epoch.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import replace
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_fastdata import FastDataCallback, ImageFolderDataModule
+from lightning_fastdata.bench.gpu_fit import BaselineData, Settings, SyntheticData, common_args, cuda_available, fit
+from lightning_fastdata.bench.recipe import device_cost
+from lightning_fastdata.callbacks.monitor import DataWaitMonitor
+from lightning_fastdata.recipe import load_recipe
+
+__all__ = ["recipe"]
+
+
+def recipe(s: Settings) -> dict[str, Any]:
+    """The reference recipe's fed ratio on this GPU and its device augmentation's cost per batch."""
+    made, _ = load_recipe("recipe_torchvision")
+    r = replace(s, image_size=min(s.image_size, int(made.pop("image_size"))))  # 176, or --quick's size
+    num_classes = len(BaselineData(r).classes)
+    synthetic = fit(r, SyntheticData(r, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
+    dm = ImageFolderDataModule(r.root, **common_args(r), **made)
+    hook = _HookTimer(dm)
+    self_before, children_before, began = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN), time.time()
+    profiler = _StepProfiler(start=r.steps, steps=max(1, min(5, r.steps - 1)))  # the 2nd epoch's first steps
+    row = fit(r, dm, FastDataCallback(print_summary=False), extra_callbacks=[profiler])
+    wall = time.time() - began
+    # where the host's time went (the first GPU run fed 0.15x with the training process at ~14 cores busy and its
+    # workers idle): CPU cores used by the training process and by its reaped children (the loader workers), and
+    # the host time of the device augmentation hook per batch, with the device its batches were on
+    host = {
+        "training_process_cores": round((_cpu_s(resource.RUSAGE_SELF) - self_before) / wall, 2),
+        "workers_cores": round((_cpu_s(resource.RUSAGE_CHILDREN) - children_before) / wall, 2),
+        "torch_threads": torch.get_num_threads(),
+        **hook.summary(),
+        # torch.profiler over a few steps of the second epoch: the host's ops by their own CPU time
+        "profile": profiler.table,
+    }
+    hook.restore()
+    # the device half alone: batches as they leave the loader, on the device, through on_after_batch_transfer
+    device = torch.device("cuda" if cuda_available() else "cpu")
+    dm.setup("fit")
+    ms = device_cost(dm, batches=10, device=device, warmup=2)
+    out = {
+        "image_size": r.image_size,
+        "synthetic_img_s": synthetic,
+        **row,
+        "fed_ratio": row["img_s"] / synthetic,
+        "device_augment_ms_per_batch": ms,
+        "device_augment_device": device.type,
+        "batch_size": r.batch_size,
+        "host": host,
+    }
+    print(f"gpu-check recipe: host during the fit: { {k: v for k, v in host.items() if k != 'profile'} }")
+    print(
+        f"gpu-check recipe: {row['img_s']:.0f} img/s fed, {synthetic:.0f} device-resident ({out['fed_ratio']:.2f}); "
+        f"device augmentation {ms:.2f} ms per batch of {r.batch_size} on the {device.type}"
+    )
+    return out
+
+
+def _cpu_s(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+class _StepProfiler(pl.Callback):
+    """``torch.profiler`` over ``steps`` training steps from global step ``start``; ``table``: its top ops."""
+
+    def __init__(self, start: int, steps: int) -> None:
+        self.start, self.steps = start, steps
+        self.table: list[str] = []
+        self._profile: Any = None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
+        if trainer.global_step == self.start and self._profile is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if cuda_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._profile = torch.profiler.profile(activities=activities)
+            self._profile.__enter__()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if self._profile is not None and not self.table and trainer.global_step >= self.start + self.steps:
+            self._stop()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._profile is not None and not self.table:  # a run shorter than asked: what it profiled
+            self._stop()
+
+    def _stop(self) -> None:
+        self._profile.__exit__(None, None, None)
+        text = self._profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
+        self.table = text.splitlines()
+
+
+class _HookTimer:
+    """Times ``dm.on_after_batch_transfer`` (host wall time per training batch) and notes its batches' device."""
+
+    def __init__(self, dm: ImageFolderDataModule) -> None:
+        self.dm = dm
+        self.seconds: list[float] = []
+        self.devices: set[str] = set()
+        original = dm.on_after_batch_transfer
+
+        def timed(batch: Any, dataloader_idx: int) -> Any:  # a function: Lightning's is_overridden reads __code__
+            began = time.perf_counter()
+            out = original(batch, dataloader_idx)
+            if dm.trainer is not None and dm.trainer.training:
+                self.seconds.append(time.perf_counter() - began)
+                self.devices.add(str(batch[0].device))
+            return out
+
+        dm.on_after_batch_transfer = timed  # type: ignore[method-assign]
+
+    def summary(self) -> dict[str, Any]:
+        ms = sorted(1000 * x for x in self.seconds) or [float("nan")]
+        return {"augment_host_ms_median": round(ms[len(ms) // 2], 2), "augment_batch_devices": sorted(self.devices)}
+
+    def restore(self) -> None:
+        del self.dm.on_after_batch_transfer
