@@ -70,7 +70,7 @@ from lightning_fastdata.bench.gpu_fit import (
     cuda_available,
     fit,
 )
-from lightning_fastdata.bench.gpu_recipe import recipe
+from lightning_fastdata.bench.gpu_recipe import VARIANTS, recipe
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.loading.atomic import atomic_write_text
 from lightning_fastdata.measure import (
@@ -370,6 +370,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--fed-loaders", default="", help="the fed part's loaders by name, ';'-separated (default: all)")
     p.add_argument("--folder-workers", default="", help="fed part: also the folder module at these worker counts")
     p.add_argument("--scale-workers", default="", help="worker counts of the scale part (default 1,2,4,8,15)")
+    p.add_argument(
+        "--recipe-variants",
+        default="",
+        help=f"recipe part: also the recipe less one piece each, comma-separated from {','.join(VARIANTS)}",
+    )
     p.add_argument("--steps", type=int, default=None, help=f"training steps per epoch (default {Settings.steps})")
     p.add_argument("--epochs", type=int, default=None, help=f"epochs a fit, first untimed (default {Settings.epochs})")
     args = p.parse_args(argv)
@@ -384,6 +389,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         s.scale_workers = tuple(int(w) for w in args.scale_workers.split(","))
     s.fed_loaders = tuple(x.strip() for x in args.fed_loaders.split(";") if x.strip())
     s.folder_workers = tuple(int(w) for w in args.folder_workers.split(",") if w)
+    s.recipe_variants = tuple(v for v in args.recipe_variants.split(",") if v)
+    if set(s.recipe_variants) - set(VARIANTS):
+        p.error(f"--recipe-variants: choose from {', '.join(VARIANTS)}")
     if args.quick:
         s.arch, s.image_size, s.batch_size, s.steps, s.epochs, s.cache_size = "resnet18", 64, 16, 3, 2, 72
         s.scale_workers, s.decode_images = (1,), 32

@@ -58,6 +58,8 @@ class Settings:
         repeats: Interleaved rounds of the ``mechanisms`` part.
         fed_loaders: The ``fed`` part's loaders by name (empty: all).
         folder_workers: The ``fed`` part also runs the folder module with each of these worker counts.
+        recipe_variants: The ``recipe`` part also trains the recipe less one piece for each name here
+            (``lightning_fastdata.bench.gpu_recipe.VARIANTS``).
     """
 
     root: str
@@ -75,6 +77,7 @@ class Settings:
     fed_loaders: tuple[str, ...] = ()
     folder_workers: tuple[int, ...] = ()
     repeats: int = 1
+    recipe_variants: tuple[str, ...] = ()
 
 
 def common_args(s: Settings) -> dict[str, Any]:

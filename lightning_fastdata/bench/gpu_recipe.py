@@ -23,7 +23,7 @@ from lightning_fastdata.bench.recipe import device_cost
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.recipe import load_recipe
 
-__all__ = ["recipe"]
+__all__ = ["VARIANTS", "recipe"]
 
 
 def recipe(s: Settings) -> dict[str, Any]:
@@ -33,23 +33,16 @@ def recipe(s: Settings) -> dict[str, Any]:
     num_classes = len(BaselineData(r).classes)
     synthetic = fit(r, SyntheticData(r, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
     dm = ImageFolderDataModule(r.root, **common_args(r), **made)
-    hook = _HookTimer(dm)
-    self_before, children_before, began = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN), time.time()
-    profiler = _StepProfiler(start=r.steps, steps=max(1, min(5, r.steps - 1)))  # the 2nd epoch's first steps
-    row = fit(r, dm, FastDataCallback(print_summary=False), extra_callbacks=[profiler])
-    wall = time.time() - began
-    # where the host's time went (the first GPU run fed 0.15x with the training process at ~14 cores busy and its
-    # workers idle): CPU cores used by the training process and by its reaped children (the loader workers), and
-    # the host time of the device augmentation hook per batch, with the device its batches were on
-    host = {
-        "training_process_cores": round((_cpu_s(resource.RUSAGE_SELF) - self_before) / wall, 2),
-        "workers_cores": round((_cpu_s(resource.RUSAGE_CHILDREN) - children_before) / wall, 2),
-        "torch_threads": torch.get_num_threads(),
-        **hook.summary(),
-        # torch.profiler over a few steps of the second epoch: the host's ops by their own CPU time
-        "profile": profiler.table,
-    }
-    hook.restore()
+    row, host = _fit_with_host(r, dm, profile=True)
+    variants = []
+    for name in s.recipe_variants:  # the recipe less one piece each: which piece costs the fed rate
+        if name not in VARIANTS:
+            raise ValueError(f"unknown recipe variant {name!r}; choose from {', '.join(VARIANTS)}")
+        args = VARIANTS[name](dict(made))
+        v_row, v_host = _fit_with_host(r, ImageFolderDataModule(r.root, **common_args(r), **args), profile=False)
+        variants.append({"variant": name, **v_row, "fed_ratio": v_row["img_s"] / synthetic, "host": v_host})
+        ratio = v_row["img_s"] / synthetic
+        print(f"gpu-check recipe variant {name}: {v_row['img_s']:.0f} img/s ({ratio:.2f}); {v_host}")
     # the device half alone: batches as they leave the loader, on the device, through on_after_batch_transfer
     device = torch.device("cuda" if cuda_available() else "cpu")
     dm.setup("fit")
@@ -63,6 +56,7 @@ def recipe(s: Settings) -> dict[str, Any]:
         "device_augment_device": device.type,
         "batch_size": r.batch_size,
         "host": host,
+        "variants": variants,
     }
     print(f"gpu-check recipe: host during the fit: { {k: v for k, v in host.items() if k != 'profile'} }")
     print(
@@ -70,6 +64,38 @@ def recipe(s: Settings) -> dict[str, Any]:
         f"device augmentation {ms:.2f} ms per batch of {r.batch_size} on the {device.type}"
     )
     return out
+
+
+def _without(*keys: str) -> Any:
+    return lambda made: {k: v for k, v in made.items() if k not in keys}
+
+
+#: ``--recipe-variants``: the shipped recipe's DataModule arguments less one piece.
+VARIANTS = {
+    "no-policy": _without("device_transforms"),
+    "no-batch-transforms": _without("batch_transforms"),
+    "no-repeats": _without("repeated_augmentations"),
+    "crop-flip-only": lambda made: {},
+}
+
+
+def _fit_with_host(r: Settings, dm: ImageFolderDataModule, profile: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The fed fit's row, and where the host's time went during it (see the module docstring)."""
+    hook = _HookTimer(dm)
+    self_before, children_before, began = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN), time.time()
+    profiler = _StepProfiler(start=r.steps, steps=max(1, min(5, r.steps - 1)))  # the 2nd epoch's first steps
+    row = fit(r, dm, FastDataCallback(print_summary=False), extra_callbacks=[profiler] if profile else [])
+    wall = time.time() - began
+    host: dict[str, Any] = {
+        "training_process_cores": round((_cpu_s(resource.RUSAGE_SELF) - self_before) / wall, 2),
+        "workers_cores": round((_cpu_s(resource.RUSAGE_CHILDREN) - children_before) / wall, 2),
+        "torch_threads": torch.get_num_threads(),
+        **hook.summary(),
+    }
+    if profile:  # torch.profiler over a few steps of the second epoch: the host's ops by their own CPU time
+        host["profile"] = profiler.table
+    hook.restore()
+    return row, host
 
 
 def _cpu_s(who: int) -> float:

@@ -72,7 +72,7 @@ def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path)
     from lightning_fastdata.bench.gpu_fit import Settings
 
     s = Settings(str(image_folder), str(tmp_path), str(image_folder), arch="resnet18", image_size=32, batch_size=4)
-    s = Settings(**{**s.__dict__, "workers": 0, "steps": 2, "epochs": 2})
+    s = Settings(**{**s.__dict__, "workers": 0, "steps": 2, "epochs": 2, "recipe_variants": ("crop-flip-only",)})
     out = gpu.recipe(s)
     assert out["image_size"] == 32 and out["device_augment_device"] == "cpu"
     assert out["img_s"] > 0 and out["synthetic_img_s"] > 0 and out["device_augment_ms_per_batch"] > 0
@@ -81,3 +81,7 @@ def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path)
     assert out["host"]["augment_batch_devices"] == ["cpu"] and out["host"]["augment_host_ms_median"] > 0
     assert out["host"]["training_process_cores"] > 0
     assert any("Self CPU" in line for line in out["host"]["profile"])  # torch.profiler's table of the second epoch
+    # --recipe-variants: the recipe less a piece, here all but the crop and flip (no keys, so no augmentation hook)
+    [variant] = out["variants"]
+    assert variant["variant"] == "crop-flip-only" and variant["img_s"] > 0 and variant["timed_steps"] == 2
+    assert variant["host"]["augment_batch_devices"] == ["cpu"] and "profile" not in variant["host"]
