@@ -31,22 +31,31 @@ def recipe(s: Settings) -> dict[str, Any]:
     made, _ = load_recipe("recipe_torchvision")
     r = replace(s, image_size=min(s.image_size, int(made.pop("image_size"))))  # 176, or --quick's size
     num_classes = len(BaselineData(r).classes)
+    phases: dict[str, float] = {}  # wall seconds of each phase (the first GPU run's timeline could not be told apart)
+    began = time.perf_counter()
     synthetic = fit(r, SyntheticData(r, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
     dm = ImageFolderDataModule(r.root, **common_args(r), **made)
+    phases["synthetic_fit"] = round(time.perf_counter() - began, 1)
+    began = time.perf_counter()
     row, host = _fit_with_host(r, dm, profile=True)
+    phases["fed_fit"] = round(time.perf_counter() - began, 1)
     variants = []
     for name in s.recipe_variants:  # the recipe less one piece each: which piece costs the fed rate
         if name not in VARIANTS:
             raise ValueError(f"unknown recipe variant {name!r}; choose from {', '.join(VARIANTS)}")
         args = VARIANTS[name](dict(made))
+        began = time.perf_counter()
         v_row, v_host = _fit_with_host(r, ImageFolderDataModule(r.root, **common_args(r), **args), profile=False)
+        phases[f"variant {name}"] = round(time.perf_counter() - began, 1)
         variants.append({"variant": name, **v_row, "fed_ratio": v_row["img_s"] / synthetic, "host": v_host})
         ratio = v_row["img_s"] / synthetic
         print(f"gpu-check recipe variant {name}: {v_row['img_s']:.0f} img/s ({ratio:.2f}); {v_host}")
     # the device half alone: batches as they leave the loader, on the device, through on_after_batch_transfer
     device = torch.device("cuda" if cuda_available() else "cpu")
     dm.setup("fit")
+    began = time.perf_counter()
     ms = device_cost(dm, batches=10, device=device, warmup=2)
+    phases["device_cost"] = round(time.perf_counter() - began, 1)
     out = {
         "image_size": r.image_size,
         "synthetic_img_s": synthetic,
@@ -57,7 +66,9 @@ def recipe(s: Settings) -> dict[str, Any]:
         "batch_size": r.batch_size,
         "host": host,
         "variants": variants,
+        "phase_seconds": phases,
     }
+    print(f"gpu-check recipe: phases (s): {phases}")
     print(f"gpu-check recipe: host during the fit: { {k: v for k, v in host.items() if k != 'profile'} }")
     print(
         f"gpu-check recipe: {row['img_s']:.0f} img/s fed, {synthetic:.0f} device-resident ({out['fed_ratio']:.2f}); "

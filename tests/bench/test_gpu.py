@@ -85,3 +85,4 @@ def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path)
     [variant] = out["variants"]
     assert variant["variant"] == "crop-flip-only" and variant["img_s"] > 0 and variant["timed_steps"] == 2
     assert variant["host"]["augment_batch_devices"] == ["cpu"] and "profile" not in variant["host"]
+    assert set(out["phase_seconds"]) == {"synthetic_fit", "fed_fit", "variant crop-flip-only", "device_cost"}
