@@ -87,6 +87,33 @@ def test_device_policies_and_mixup_cutmix_make_soft_targets_deterministically(im
     assert len(val) == 2  # validation batches carry no keys and are not augmented
 
 
+def test_device_augmentation_draws_from_the_keys_kept_on_the_host_before_the_transfer(image_folder: Path) -> None:
+    """on_before_batch_transfer keeps the batch's keys on the host for on_after_batch_transfer (no read-back from the
+    device, which would wait for the previous step): used once, for the batch that follows, and only if it fits."""
+    dm = ImageFolderDataModule(
+        str(image_folder),
+        num_workers=0,
+        device_transforms=TrivialAugmentWide(),
+        batch_transforms=[v2.MixUp(alpha=0.2)],
+        **RECIPE,
+    )
+    images, labels, keys = epoch_batches(dm, 0)[0]
+    direct, direct_targets = dm.on_after_batch_transfer((images, labels, keys), 0)
+    # a stand-in for the transfer that changes the keys' values: the output follows the host copy, not them
+    other = keys.clone()
+    other[:, 1] += 1000
+    from_other, _ = dm.on_after_batch_transfer((images, labels, other), 0)
+    assert not torch.equal(from_other, direct)
+    dm.on_before_batch_transfer((images, labels, keys), 0)
+    kept, kept_targets = dm.on_after_batch_transfer((images, labels, other), 0)
+    assert torch.equal(kept, direct) and torch.equal(kept_targets, direct_targets)
+    again, _ = dm.on_after_batch_transfer((images, labels, other), 0)  # the copy was used once
+    assert torch.equal(again, from_other)
+    dm.on_before_batch_transfer((images, labels, keys), 0)  # a batch of another size does not take it
+    half, _ = dm.on_after_batch_transfer((images[:4], labels[:4], other[:4]), 0)
+    assert torch.equal(half, dm.on_after_batch_transfer((images[:4], labels[:4], other[:4]), 0)[0])
+
+
 def test_validation_resize_and_crop_are_set_apart_from_the_training_size(image_folder: Path) -> None:
     dm = ImageFolderDataModule(
         str(image_folder), num_workers=0, val_resize_size=46, val_crop_size=40, **{**RECIPE, "image_size": 24}

@@ -175,8 +175,9 @@ def rotate(
     for k in (0, 1, 2, 3):
         if k % 2 and h != w:
             continue
-        pick = (quarter & ((angle / 90).round().long() % 4 == k)).to(images.device)
-        if bool(pick.any()):
+        pick = quarter & ((angle / 90).round().long() % 4 == k)
+        if bool(pick.any()):  # tested where the angles are (the CPU for the policies): no wait on the device
+            pick = pick.to(images.device)
             out[pick] = torch.rot90(images[pick], k=k, dims=(-2, -1))
     return out
 
