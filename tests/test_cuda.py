@@ -168,3 +168,34 @@ def test_device_policies_on_cuda_draw_what_the_cpu_draws_and_match_its_pixels(im
         assert _psnr(policy(gpu, keys.cuda(), 0).cpu(), policy(batch, keys, 0)) >= 35, type(policy).__name__
     erased = RandomErasing(p=1.0)(gpu.float(), keys.cuda(), 0)
     assert torch.equal(erased.cpu(), RandomErasing(p=1.0)(batch.float(), keys, 0))
+
+
+@pytest.mark.timeout(300)
+def test_the_device_augmentation_of_a_training_batch_never_waits_for_the_gpu(image_folder: Path) -> None:
+    """With the keys kept on the host before the transfer, the recipe's device half (policy, normalise, erase,
+    MixUp/CutMix) queues its work without one synchronising call (torch's sync debug mode raises on each)."""
+    from torchvision.transforms import v2
+
+    from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
+
+    dm = ImageFolderDataModule(
+        str(image_folder),
+        num_workers=0,
+        image_size=64,
+        batch_size=16,
+        val_fraction=0.0,
+        device_transforms=TrivialAugmentWide(interpolation="bilinear"),
+        batch_transforms=[RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
+    )
+    for batch in first_batches(dm, 3):
+        dm.on_before_batch_transfer(batch, 0)
+        on_gpu = tuple(t.cuda() for t in batch)
+        plain = dm.on_after_batch_transfer(on_gpu, 0)  # warm-up: allocator, kernels, pinned buffers
+        dm.on_before_batch_transfer(batch, 0)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            images, targets = dm.on_after_batch_transfer(on_gpu, 0)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert torch.equal(images, plain[0]) and torch.equal(targets, plain[1])

@@ -33,11 +33,26 @@ __all__ = [
     "erase",
     "posterize",
     "solarize",
+    "to_device",
 ]
 
 
+def to_device(values: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``values.to(device, dtype)`` that never waits for the device.
+
+    A copy from pageable host memory to a GPU synchronises the stream (torch waits for it to finish, and with it
+    everything queued before: the previous training step); the per-sample parameters are drawn on the host, so a
+    host tensor goes through pinned memory and is copied asynchronously, in stream order.
+    """
+    if dtype is not None and values.dtype != dtype:
+        values = values.to(dtype)  # converted where it is (IEEE rounding: the same numbers on any device)
+    if values.device.type != "cpu" or device.type != "cuda":
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)
+
+
 def _per_sample(values: torch.Tensor, images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return values.to(device=images.device, dtype=dtype).view(-1, 1, 1, 1)
+    return to_device(values, images.device, dtype).view(-1, 1, 1, 1)
 
 
 def _gray(images: torch.Tensor) -> torch.Tensor:
@@ -76,7 +91,7 @@ def adjust_hue(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """``F.adjust_hue`` with a hue shift (-0.5 to 0.5) per sample."""
     hsv = _rgb_to_hsv(F.to_dtype(images, torch.float32, scale=True))
     h, s, v = hsv.unbind(dim=-3)
-    h.add_(factor.to(images.device, torch.float64).to(torch.float32).view(-1, 1, 1)).remainder_(1.0)
+    h.add_(to_device(factor, images.device, torch.float64).to(torch.float32).view(-1, 1, 1)).remainder_(1.0)
     return F.to_dtype(_hsv_to_rgb(torch.stack((h, s, v), dim=-3)), torch.uint8, scale=True)
 
 
@@ -86,7 +101,7 @@ def adjust_sharpness(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor
     if h <= 2 or w <= 2:
         return images
     a, b = 1.0 / 13.0, 5.0 / 13.0
-    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32, device=images.device)
+    kernel = to_device(torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32), images.device)
     out = images.to(torch.float32, copy=True)
     blurred = conv2d(out, kernel.expand(c, 1, 3, 3), groups=c).round_()
     view = out[..., 1:-1, 1:-1]
@@ -96,7 +111,7 @@ def adjust_sharpness(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor
 
 def posterize(images: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """``F.posterize`` with a bit count (0-8) per sample."""
-    bits = bits.to(device=images.device, dtype=torch.int64).clamp(0, 8)
+    bits = to_device(bits, images.device, torch.int64).clamp(0, 8)
     mask = ((1 << bits) - 1) << (8 - bits)
     return images & mask.to(torch.uint8).view(-1, 1, 1, 1)
 
@@ -139,15 +154,15 @@ def affine(
     n, _, h, w = images.shape
     dev = images.device
     f64 = torch.float64
-    rot = torch.deg2rad(angle.to(dev, f64))
-    sx, sy = torch.deg2rad(shear.to(dev, f64)).unbind(-1)
+    rot = torch.deg2rad(to_device(angle, dev, f64))
+    sx, sy = torch.deg2rad(to_device(shear, dev, f64)).unbind(-1)
     if center is None:
         cx = torch.zeros(n, device=dev, dtype=f64)
         cy = torch.zeros(n, device=dev, dtype=f64)
     else:
-        c = center.to(dev, f64)
+        c = to_device(center, dev, f64)
         cx, cy = c[:, 0] - w * 0.5, c[:, 1] - h * 0.5
-    tx, ty = translate.to(dev, f64).unbind(-1)
+    tx, ty = to_device(translate, dev, f64).unbind(-1)
     # torchvision's _get_inverse_affine_matrix, vectorised (scale 1)
     a = torch.cos(rot - sy) / torch.cos(sy)
     b = -(a * torch.tan(sx) + torch.sin(rot))
@@ -170,15 +185,15 @@ def rotate(
     n, _, h, w = images.shape
     angle = angle.to(torch.float64) % 360
     zeros = torch.zeros(n, 2, dtype=torch.float64, device=images.device)
-    out = affine(images, -angle.to(images.device), zeros, zeros, None, fill, interpolation)
+    out = affine(images, to_device(-angle, images.device), zeros, zeros, None, fill, interpolation)
     quarter = torch.remainder(angle, 90) == 0
     for k in (0, 1, 2, 3):
         if k % 2 and h != w:
             continue
         pick = quarter & ((angle / 90).round().long() % 4 == k)
-        if bool(pick.any()):  # tested where the angles are (the CPU for the policies): no wait on the device
-            pick = pick.to(images.device)
-            out[pick] = torch.rot90(images[pick], k=k, dims=(-2, -1))
+        if bool(pick.any()):  # found where the angles are (the host, for the policies): no wait on the device
+            rows = to_device(torch.nonzero(pick.cpu()).flatten(), images.device)  # an index, not a device mask
+            out[rows] = torch.rot90(images[rows], k=k, dims=(-2, -1))
     return out
 
 
@@ -188,7 +203,7 @@ def _warp(images: torch.Tensor, theta: torch.Tensor, fill: float | None, mode: s
         raise ValueError(f"interpolation should be 'nearest' or 'bilinear' on tensors, got {mode!r}.")
     n, c, h, w = images.shape
     dev = images.device
-    scaled = theta.transpose(1, 2).div(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32, device=dev))
+    scaled = theta.transpose(1, 2).div(to_device(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32), dev))
     if mode == "nearest" and dev.type == "cpu" and native.imageops_available():  # the same arithmetic in C
         return warp_images(images, scaled, None if fill is None else int(round(float(fill))), bilinear=False)
     # torchvision's base grid: pixel centres relative to the image centre, and 1

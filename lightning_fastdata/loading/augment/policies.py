@@ -115,7 +115,7 @@ def _apply_grouped(
     out = images.clone()
     for group in dict.fromkeys(groups):
         rows = torch.tensor([i for i, g in enumerate(groups) if g == group], dtype=torch.int64)
-        idx = rows.to(images.device)
+        idx = ops.to_device(rows, images.device)
         new = apply(group, images[idx], rows)
         if new is not None:
             out[idx] = new
