@@ -210,10 +210,6 @@ class FastDataModule(LightningDataModule):
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self._resolved_workers: int | None = None
-        # The host copy of the training batch's keys, from on_before_batch_transfer to on_after_batch_transfer: the
-        # device policies draw their parameters on the host, and reading the keys back from the device would wait
-        # for all the work queued there (the previous training step) before the next step could be queued.
-        self._host_keys: torch.Tensor | None = None
         # Exact resume: the train loader last built, and what a checkpoint asked of the next one.
         self._train_loader: ResumableLoader | None = None
         self.resume = LoaderResume()
@@ -307,8 +303,7 @@ class FastDataModule(LightningDataModule):
             if self._skip_epoch >= 0:
                 self._report_skipped(self._skip_epoch)
             self._skip_epoch = trainer.current_epoch
-        keys = self._keyed(batch)
-        self._host_keys = keys.clone() if keys is not None and keys.device.type == "cpu" else None
+        self.device_augment.keep_keys(self._keyed(batch))
         return batch
 
     def _keyed(self, batch: Any) -> torch.Tensor | None:
@@ -318,13 +313,6 @@ class FastDataModule(LightningDataModule):
         keys = batch[-1]
         ok = isinstance(keys, torch.Tensor) and keys.dtype == torch.int64 and keys.dim() == 2 and keys.shape[1] == 3
         return keys if ok else None
-
-    def host_keys(self, keys: torch.Tensor | None) -> torch.Tensor | None:
-        """``keys`` (this batch's, after the transfer), or the host copy taken before it; the copy is used once."""
-        host, self._host_keys = self._host_keys, None
-        if keys is not None and host is not None and host.shape == keys.shape:
-            return host
-        return keys
 
     def augment_on_device(self, images: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor) -> tuple[Any, Any]:
         """``device_transforms``, normalisation and ``batch_transforms`` of one training batch (uint8 in)."""
@@ -341,7 +329,7 @@ class FastDataModule(LightningDataModule):
         host: from the copy :meth:`on_before_batch_transfer` kept of this batch's keys (Lightning calls the two
         hooks for one batch in turn), else from the device's keys read back (which waits for the device).
         """
-        keys = self.host_keys(self._keyed(batch))
+        keys = self.device_augment.keys_of(self._keyed(batch))
         if keys is not None and batch[0].dtype == torch.uint8:
             return self.augment_on_device(batch[0], batch[1], keys)
         if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):

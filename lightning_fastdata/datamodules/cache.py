@@ -217,7 +217,7 @@ class TensorCacheDataModule(FastDataModule):
         """With ``augment_on="device"``: crop, resize and flip the cached squares here, then normalise."""
         keys = self._keyed(batch)
         if isinstance(batch, (tuple, list)) and len(batch) == 4 + (keys is not None):
-            keys = self.host_keys(keys)
+            keys = self.device_augment.keys_of(keys)
             images, labels, boxes, flips = batch[:4]
             cropped = crop_resize_flip(images, boxes, flips, self.dataset_kwargs["image_size"])
             if keys is not None:  # the policies work on uint8, as in the workers' path

@@ -65,9 +65,24 @@ class DeviceAugment:
         self.device_transforms = list(device_transforms)
         self.batch_transforms = list(batch_transforms)
         self.seed = int(seed)
+        self._host_keys: torch.Tensor | None = None
 
     def __bool__(self) -> bool:
         return bool(self.device_transforms or self.batch_transforms)
+
+    def keep_keys(self, keys: torch.Tensor | None) -> None:
+        """Keep a host copy of a training batch's keys before its transfer (``on_before_batch_transfer``)."""
+        self._host_keys = keys.clone() if keys is not None and keys.device.type == "cpu" else None
+
+    def keys_of(self, keys: torch.Tensor | None) -> torch.Tensor | None:
+        """``keys`` (a batch's, after its transfer), or the host copy kept before it: used once, if the shapes match.
+
+        The policies draw their parameters on the host; reading the keys back from the device would wait for all
+        the work queued there (the previous training step) before the next step could be queued. One training
+        loop calls the two hooks for one batch in turn; the copy is not shared between threads.
+        """
+        host, self._host_keys = self._host_keys, None
+        return host if keys is not None and host is not None and host.shape == keys.shape else keys
 
     def __call__(
         self,
