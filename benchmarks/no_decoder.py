@@ -19,9 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 
 def child(root: str, index_dir: str, workers: int, batch: int, seconds: float) -> dict[str, float]:
@@ -50,7 +48,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(*args.child, args.workers, args.batch_size, args.min_seconds)))
         return
-    from lightning_fastdata.measure import machine
+    from lightning_fastdata.measure import save_results
 
     results = []
     with tempfile.TemporaryDirectory(prefix="fastdata-no-decoder-") as scratch:
@@ -73,14 +71,7 @@ def main() -> None:
                 f"{root}: ours with the decoder {med['with']['ours']:.0f} img/s, without {med['without']['ours']:.0f} "
                 f"({ratio:.2f}x); baseline {med['with']['baseline']:.0f} / {med['without']['baseline']:.0f}"
             )
-    out: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": machine(),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "child")},
-        "folders": results,
-    }
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    save_results(args.json, args, skip=("json", "child"), folders=results)
 
 
 if __name__ == "__main__":

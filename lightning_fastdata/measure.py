@@ -11,12 +11,15 @@ into table rows with the ratio to the first (baseline) candidate.
 
 from __future__ import annotations
 
+import argparse
 import io
+import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +28,7 @@ from PIL import Image
 
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
+from lightning_fastdata.loading.atomic import atomic_write_text
 
 __all__ = [
     "Candidate",
@@ -39,6 +43,7 @@ __all__ = [
     "ours_module",
     "print_table",
     "rows_for",
+    "save_results",
     "steady_rate",
     "time_loader",
 ]
@@ -189,6 +194,26 @@ def decode_ceiling(files: list[str]) -> dict[str, float]:
         fn()
         out[name] = len(files) / (time.perf_counter() - start)
     torch.set_num_threads(os.cpu_count() or 1)
+    return out
+
+
+def save_results(
+    path: str | None, args: argparse.Namespace, skip: tuple[str, ...] = ("json", "scratch"), **fields: Any
+) -> dict[str, Any]:
+    """A suite's results: the date, :func:`machine`, its settings (``args`` less ``skip``), then ``fields``.
+
+    Written as JSON to ``path`` (its folder made; atomically, so a stopped run leaves the previous file whole), or
+    not written where ``path`` is ``None``. Returns what it wrote.
+    """
+    out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "settings": {k: v for k, v in vars(args).items() if k not in skip},
+        **fields,
+    }
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(out, indent=2))
     return out
 
 

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LitDataImages", "labelled_files", "litdata_loader", "optimize_to_bucket"]
+__all__ = ["LitDataImages", "labelled_files", "litdata_loader", "optimize_folder", "optimize_to_bucket"]
 
 try:
     import litdata
@@ -46,11 +46,8 @@ def labelled_files(root: str | Path) -> list[tuple[str, int]]:
     return [(str(f), label) for label, c in enumerate(classes) for f in sorted((root / c).iterdir())]
 
 
-def optimize_to_bucket(root: Path, work: Path, url: str, storage_options: dict[str, Any], chunk_bytes: str) -> int:
-    """``litdata.optimize`` the class folder ``root`` into ``work``, upload the chunks to ``url``; their total bytes."""
-    from lightning_fastdata.testing.s3_server import upload_folder
-
-    out = work / "litdata-optimized"
+def optimize_folder(root: str | Path, out: Path, chunk_bytes: str) -> None:
+    """``litdata.optimize`` the class folder ``root`` into ``out``: each JPEG's own bytes and its label, in chunks."""
     litdata.optimize(
         fn=_item,
         inputs=labelled_files(root),
@@ -59,6 +56,14 @@ def optimize_to_bucket(root: Path, work: Path, url: str, storage_options: dict[s
         num_workers=2,
         verbose=False,
     )
+
+
+def optimize_to_bucket(root: Path, work: Path, url: str, storage_options: dict[str, Any], chunk_bytes: str) -> int:
+    """``litdata.optimize`` the class folder ``root`` into ``work``, upload the chunks to ``url``; their total bytes."""
+    from lightning_fastdata.testing.s3_server import upload_folder
+
+    out = work / "litdata-optimized"
+    optimize_folder(root, out, chunk_bytes)
     upload_folder(out, url, storage_options)
     return sum(f.stat().st_size for f in out.iterdir())
 

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import glob
 import io
-import json
 import os
 import statistics
 import tempfile
@@ -33,7 +32,7 @@ from PIL import Image, ImageDraw
 
 from lightning_fastdata.demos import photo_like_image
 from lightning_fastdata.loading.jpeg import entropy_index as entropy
-from lightning_fastdata.measure import Candidate, ceiling_img_s, count_images, machine, measure, ours_module
+from lightning_fastdata.measure import Candidate, ceiling_img_s, count_images, measure, ours_module, save_results
 
 __all__ = ["FILES", "KINDS", "first_epoch", "flat_image", "kind_folder", "main", "make_kind", "matrix_suite"]
 
@@ -261,15 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results = matrix_suite(args)
     print()
     print_matrix(results)
-    out = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": machine(),
-        "settings": _settings(args),
-        "kinds": results,
-    }
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
-    return out
+    return save_results(args.json, args, kinds=results)
 
 
 def _first_epochs(args: argparse.Namespace) -> dict[str, Any]:
@@ -283,14 +274,7 @@ def _first_epochs(args: argparse.Namespace) -> dict[str, Any]:
             f"{kind}: img/s {cells}; epoch 1 with the background build {r['epoch1_vs_off']:.2f}x no index, "
             f"epoch 2 {r['epoch2_vs_off']:.2f}x"
         )
-    out = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "settings": _settings(args), "kinds": results}
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
-    return out
-
-
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if k not in ("json", "scratch")}
+    return save_results(args.json, args, kinds=results)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import json
 import os
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,17 +44,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_fastdata.bench.litdata_rows import LitDataImages, _item, labelled_files
+from lightning_fastdata.bench.litdata_rows import LitDataImages, labelled_files, optimize_folder
 from lightning_fastdata.bench.matrix import KINDS, kind_folder
 from lightning_fastdata.demos import ensure_demo_data
+from lightning_fastdata.loading.jpeg.decode import random_resized_crop_box
 from lightning_fastdata.measure import (
     Candidate,
     baseline_loader,
     ceiling_img_s,
     count_images,
-    machine,
     measure,
     ours_module,
+    save_results,
 )
 
 __all__ = ["PEERS", "dali_loader", "litdata_loader", "main", "peers_suite", "spdl_loader"]
@@ -81,26 +80,6 @@ def available(name: str) -> bool:
     return True
 
 
-def _crop_box(width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
-    """The box of torchvision's ``RandomResizedCrop`` (scale 0.08-1, ratio 3/4-4/3, ten tries, then a centre crop)."""
-    area = width * height
-    log_ratio = (np.log(3 / 4), np.log(4 / 3))
-    for _ in range(10):
-        target = area * rng.uniform(0.08, 1.0)
-        ratio = np.exp(rng.uniform(*log_ratio))
-        w, h = round(np.sqrt(target * ratio)), round(np.sqrt(target / ratio))
-        if 0 < w <= width and 0 < h <= height:
-            return int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1)), w, h
-    ratio = width / height
-    if ratio < 3 / 4:
-        w, h = width, round(width / (3 / 4))
-    elif ratio > 4 / 3:
-        w, h = round(height * 4 / 3), height
-    else:
-        w, h = width, height
-    return (width - w) // 2, (height - h) // 2, w, h
-
-
 class spdl_loader:  # noqa: N801 - used like the other loader factories
     """SPDL's pipeline over ``root``: one epoch per ``iter()``, a fresh shuffle and pipeline each time."""
 
@@ -116,9 +95,9 @@ class spdl_loader:  # noqa: N801 - used like the other loader factories
         rng = np.random.default_rng((self.seed, epoch, index))
         packets = spdl.io.demux_image(path)
         codec = packets.codec
-        x, y, w, h = _crop_box(codec.width, codec.height, rng)
+        top, left, h, w = random_resized_crop_box(rng, codec.width, codec.height)
         flip = "hflip," if rng.random() < 0.5 else ""
-        graph = f"crop={w}:{h}:{x}:{y},scale={self.size}:{self.size}:flags=bilinear,{flip}format=rgb24"
+        graph = f"crop={w}:{h}:{left}:{top},scale={self.size}:{self.size}:flags=bilinear,{flip}format=rgb24"
         frames = spdl.io.decode_packets(packets, filter_desc=graph)
         return spdl.io.to_torch(spdl.io.convert_frames(frames)), label
 
@@ -191,9 +170,7 @@ def litdata_loader(root: str, work: str, size: int, batch_size: int, workers: in
 
     out = Path(work, "litdata-optimized")
     if not (out / "index.json").exists():
-        litdata.optimize(
-            fn=_item, inputs=labelled_files(root), output_dir=str(out), chunk_bytes="64MB", num_workers=2, verbose=False
-        )
+        optimize_folder(root, out, "64MB")
     dataset = LitDataImages(str(out), shuffle=True, size=size, normalise=False)
     return litdata.StreamingDataLoader(
         dataset, batch_size=batch_size, num_workers=workers, persistent_workers=workers > 0
@@ -318,17 +295,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.scratch is None:
             args.scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="fastdata-peers-"))
         results = peers_suite(args)
-    out = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": machine(),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "scratch")},
-        "versions": _versions(args.peers),
-        "sets": results,
-    }
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2))
-    return out
+    return save_results(args.json, args, versions=_versions(args.peers), sets=results)
 
 
 def _versions(peers: list[str]) -> dict[str, str]:

@@ -224,23 +224,24 @@ def test_the_peers_suite_measures_ours_beside_each_peer_that_imports(
 
 
 def test_the_peers_crop_box_follows_torchvisions_random_resized_crop() -> None:
-    """The box SPDL's row crops (its FFmpeg filter needs it before decoding): inside the image, scale 0.08-1 and
-    ratio 3/4-4/3 as torchvision draws them (up to rounding), and torchvision's centre crop when no try fits."""
+    """The box SPDL's row crops (its FFmpeg filter needs it before decoding; the package's own random_resized_crop_box):
+    inside the image, scale 0.08-1 and ratio 3/4-4/3 as torchvision draws them (up to rounding), and torchvision's
+    centre crop when no try fits."""
     import numpy as np
     import torch
     from torchvision.transforms import RandomResizedCrop
 
-    from lightning_fastdata.bench.peers import _crop_box
+    from lightning_fastdata.loading.jpeg.decode import random_resized_crop_box
 
     rng = np.random.default_rng(0)
     for width, height in [(500, 375), (64, 480), (2000, 1500), (33, 31)]:
         for _ in range(200):
-            x, y, w, h = _crop_box(width, height, rng)
+            y, x, h, w = random_resized_crop_box(rng, width, height)
             assert 0 <= x and x + w <= width and 0 <= y and y + h <= height and w > 0 and h > 0
             assert 0.08 * width * height - width - height <= w * h <= width * height
     for width, height in [(1000, 10), (10, 1000)]:  # no try fits: torchvision's fallback, exactly
         top, left, h, w = RandomResizedCrop.get_params(torch.empty(0, height, width), (0.08, 1.0), (3 / 4, 4 / 3))
-        assert _crop_box(width, height, rng) == (left, top, w, h)
+        assert random_resized_crop_box(rng, width, height) == (top, left, h, w)
 
 
 @pytest.mark.slow
