@@ -70,9 +70,10 @@ from lightning_fastdata.bench.gpu_fit import (
     cuda_available,
     fit,
 )
-from lightning_fastdata.bench.gpu_recipe import VARIANTS, recipe
+from lightning_fastdata.bench.gpu_recipe import VARIANTS, check_variants, recipe
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.loading.atomic import atomic_write_text
+from lightning_fastdata.loading.index.files import scan_image_folder
 from lightning_fastdata.measure import (
     baseline_loader,
     count_images,
@@ -339,21 +340,16 @@ def run_parts(s: Settings, parts: list[str], json_path: str | None) -> dict[str,
     }
     for part in parts:
         started = time.perf_counter()
+        header = _header(s)
         if part == "fed" or "date" not in result:  # the top-level header is the fed table's (the docs' GPU date)
-            result.update(_header(s))
-        result.setdefault("part_settings", {})[part] = _header(s)  # each part's own date, device, settings
+            result.update(header)
+        result.setdefault("part_settings", {})[part] = header  # each part's own date, device, settings
         result[part] = jobs[part](s)
         result.setdefault("seconds", {})[part] = round(time.perf_counter() - started, 1)
         if json_path:
             # after each part: a run stopped at its time limit keeps what it measured
             atomic_write_text(json_path, json.dumps(result, indent=1) + "\n")
     return result
-
-
-def _count_files(root: str) -> int:
-    """The files in ``root``'s class folders (what an epoch of the fed parts can draw from, no validation split)."""
-    folders = [e for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")]
-    return sum(1 for d in folders for f in os.scandir(d.path) if f.is_file() and not f.name.startswith("."))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -389,16 +385,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         s.scale_workers = tuple(int(w) for w in args.scale_workers.split(","))
     s.fed_loaders = tuple(x.strip() for x in args.fed_loaders.split(";") if x.strip())
     s.folder_workers = tuple(int(w) for w in args.folder_workers.split(",") if w)
-    s.recipe_variants = tuple(v for v in args.recipe_variants.split(",") if v)
-    if set(s.recipe_variants) - set(VARIANTS):
-        p.error(f"--recipe-variants: choose from {', '.join(VARIANTS)}")
+    try:  # before any part runs
+        s.recipe_variants = check_variants(tuple(v for v in args.recipe_variants.split(",") if v))
+    except ValueError as err:
+        p.error(f"--recipe-variants: {err}")
     if args.quick:
         s.arch, s.image_size, s.batch_size, s.steps, s.epochs, s.cache_size = "resnet18", 64, 16, 3, 2, 72
         s.scale_workers, s.decode_images = (1,), 32
     s.steps, s.epochs = args.steps or s.steps, args.epochs or s.epochs
     if s.epochs < 2:
         p.error(f"--epochs {s.epochs}: the first epoch is not timed; give at least 2.")
-    files = _count_files(s.root)
+    files = len(scan_image_folder(s.root))  # what an epoch of the fed parts draws from (no validation split)
     if files < s.steps * s.batch_size:  # the Trainer would silently run shorter epochs than asked
         p.error(
             f"--steps {s.steps} needs {s.steps * s.batch_size} training images (batch {s.batch_size}); {s.root} has "

@@ -23,32 +23,31 @@ from lightning_fastdata.bench.recipe import device_cost
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.recipe import load_recipe
 
-__all__ = ["VARIANTS", "recipe"]
+__all__ = ["VARIANTS", "check_variants", "recipe"]
 
 
 def recipe(s: Settings) -> dict[str, Any]:
     """The reference recipe's fed ratio on this GPU and its device augmentation's cost per batch."""
+    check_variants(s.recipe_variants)  # before the fits: an unknown name costs no GPU time
     made, _ = load_recipe("recipe_torchvision")
     r = replace(s, image_size=min(s.image_size, int(made.pop("image_size"))))  # 176, or --quick's size
     num_classes = len(BaselineData(r).classes)
     phases: dict[str, float] = {}  # wall seconds of each phase (the first GPU run's timeline could not be told apart)
     began = time.perf_counter()
     synthetic = fit(r, SyntheticData(r, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
-    dm = ImageFolderDataModule(r.root, **common_args(r), **made)
     phases["synthetic_fit"] = round(time.perf_counter() - began, 1)
+    dm = ImageFolderDataModule(r.root, **common_args(r), **made)
     began = time.perf_counter()
     row, host = _fit_with_host(r, dm, profile=True)
     phases["fed_fit"] = round(time.perf_counter() - began, 1)
     variants = []
     for name in s.recipe_variants:  # the recipe less one piece each: which piece costs the fed rate
-        if name not in VARIANTS:
-            raise ValueError(f"unknown recipe variant {name!r}; choose from {', '.join(VARIANTS)}")
         args = VARIANTS[name](dict(made))
         began = time.perf_counter()
         v_row, v_host = _fit_with_host(r, ImageFolderDataModule(r.root, **common_args(r), **args), profile=False)
         phases[f"variant {name}"] = round(time.perf_counter() - began, 1)
-        variants.append({"variant": name, **v_row, "fed_ratio": v_row["img_s"] / synthetic, "host": v_host})
         ratio = v_row["img_s"] / synthetic
+        variants.append({"variant": name, **v_row, "fed_ratio": ratio, "host": v_host})
         print(f"gpu-check recipe variant {name}: {v_row['img_s']:.0f} img/s ({ratio:.2f}); {v_host}")
     # the device half alone: batches as they leave the loader, on the device, through on_after_batch_transfer
     device = torch.device("cuda" if cuda_available() else "cpu")
@@ -88,6 +87,18 @@ VARIANTS = {
     "no-repeats": _without("repeated_augmentations"),
     "crop-flip-only": lambda made: {},
 }
+
+
+def check_variants(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` if each is a key of :data:`VARIANTS`.
+
+    Raises:
+        ValueError: Naming the unknown ones and the choices.
+    """
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown recipe variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    return names
 
 
 def _fit_with_host(r: Settings, dm: ImageFolderDataModule, profile: bool) -> tuple[dict[str, Any], dict[str, Any]]:
