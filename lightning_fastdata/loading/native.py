@@ -68,6 +68,11 @@ def _turned_off() -> bool:
     return os.environ.get("FASTDATA_DISABLE_DECODER") == "1"
 
 
+def _off_note() -> str:
+    """`` (turned off: FASTDATA_DISABLE_DECODER=1)`` where it is, else nothing: the summary's and the warning's."""
+    return " (turned off: FASTDATA_DISABLE_DECODER=1)" if _turned_off() else ""
+
+
 def _load() -> ModuleType | None:
     if _turned_off():
         return None
@@ -118,7 +123,7 @@ def libjpeg_path() -> str | None:
 def decoder_summary() -> str:
     """One line: whether the compiled decoder is in use, on which libjpeg-turbo, or what its absence costs."""
     if jpegroi is None:
-        return f"no{' (turned off (FASTDATA_DISABLE_DECODER=1))' if _turned_off() else ''}: {MISSING_DECODER}"
+        return f"no{_off_note()}: {MISSING_DECODER}"
     if not hasattr(jpegroi, "library"):
         return "yes"
     path = libjpeg_path() or "?"
@@ -146,9 +151,8 @@ def warn_if_missing() -> None:
         _warned = True
     from lightning.pytorch.utilities import rank_zero_warn
 
-    off = " (turned off: FASTDATA_DISABLE_DECODER=1)" if _turned_off() else ""
     rank_zero_warn(
-        f"lightning-fastdata: the compiled JPEG decoder is not in use{off}, so JPEGs decode with torchvision's "
+        f"lightning-fastdata: the compiled JPEG decoder is not in use{_off_note()}, so JPEGs decode with torchvision's "
         f"decode_jpeg: the loader runs at about {WITHOUT_DECODER_SPEED} of its speed with it, without the entropy "
         "index. Fix: install the binary wheel (pip install --force-reinstall --only-binary=lightning-fastdata "
         "lightning-fastdata), or reinstall from source with a C compiler; `fastdata doctor` checks it."
