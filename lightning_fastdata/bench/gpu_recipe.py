@@ -3,14 +3,19 @@
 See :mod:`lightning_fastdata.bench.gpu` (the parts, ``scripts/gpu-check.sh``). The first GPU run (2026-11-26, one
 H100) fed the model at 0.15 of its device-resident rate with the training process busy and its loader workers idle,
 so this part also records the host's share during the fit: CPU cores of the training process and of its reaped
-children (the loader workers), the augmentation hook's host time per batch and the device its batches were on, and
-``torch.profiler``'s table of a few steps of the second epoch.
+children (the loader workers), the training process's busiest threads (CPU seconds by thread name: one busy
+Python thread, or many of torch's intra-op threads), the augmentation hook's host time per batch and the device its
+batches were on, and ``torch.profiler``'s table of a few steps of the second epoch. The ``one-torch-thread``
+variant trains the whole recipe with ``torch.set_num_threads(1)`` in the training process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import resource
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +28,7 @@ from lightning_fastdata.bench.recipe import device_cost
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.recipe import load_recipe
 
-__all__ = ["VARIANTS", "check_variants", "recipe"]
+__all__ = ["VARIANTS", "busiest_threads", "check_variants", "recipe", "thread_cpu_s"]
 
 
 def recipe(s: Settings) -> dict[str, Any]:
@@ -44,7 +49,8 @@ def recipe(s: Settings) -> dict[str, Any]:
     for name in s.recipe_variants:  # the recipe less one piece each: which piece costs the fed rate
         args = VARIANTS[name](dict(made))
         began = time.perf_counter()
-        v_row, v_host = _fit_with_host(r, ImageFolderDataModule(r.root, **common_args(r), **args), profile=False)
+        with _AROUND.get(name, contextlib.nullcontext)():
+            v_row, v_host = _fit_with_host(r, ImageFolderDataModule(r.root, **common_args(r), **args), profile=False)
         phases[f"variant {name}"] = round(time.perf_counter() - began, 1)
         ratio = v_row["img_s"] / synthetic
         variants.append({"variant": name, **v_row, "fed_ratio": ratio, "host": v_host})
@@ -86,7 +92,22 @@ VARIANTS = {
     "no-batch-transforms": _without("batch_transforms"),
     "no-repeats": _without("repeated_augmentations"),
     "crop-flip-only": lambda made: {},
+    "one-torch-thread": dict,  # the whole recipe; the training process's torch ops on one thread (_AROUND)
 }
+
+
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+#: What a variant changes around its fit rather than in the DataModule's arguments.
+_AROUND = {"one-torch-thread": _one_torch_thread}
 
 
 def check_variants(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -104,6 +125,7 @@ def check_variants(names: tuple[str, ...]) -> tuple[str, ...]:
 def _fit_with_host(r: Settings, dm: ImageFolderDataModule, profile: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The fed fit's row, and where the host's time went during it (see the module docstring)."""
     hook = _HookTimer(dm)
+    threads_before = thread_cpu_s()
     self_before, children_before, began = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN), time.time()
     profiler = _StepProfiler(start=r.steps, steps=max(1, min(5, r.steps - 1)))  # the 2nd epoch's first steps
     row = fit(r, dm, FastDataCallback(print_summary=False), extra_callbacks=[profiler] if profile else [])
@@ -112,12 +134,47 @@ def _fit_with_host(r: Settings, dm: ImageFolderDataModule, profile: bool) -> tup
         "training_process_cores": round((_cpu_s(resource.RUSAGE_SELF) - self_before) / wall, 2),
         "workers_cores": round((_cpu_s(resource.RUSAGE_CHILDREN) - children_before) / wall, 2),
         "torch_threads": torch.get_num_threads(),
+        "busiest_threads": busiest_threads(threads_before, thread_cpu_s()),
         **hook.summary(),
     }
     if profile:  # torch.profiler over a few steps of the second epoch: the host's ops by their own CPU time
         host["profile"] = profiler.table
     hook.restore()
     return row, host
+
+
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """CPU seconds of each thread of this process so far: ``{tid: (name, seconds)}`` (empty where ``/proc`` is not)."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, tuple[str, float]] = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    stat = f.read()
+                name = stat[stat.index("(") + 1 : stat.rindex(")")]
+                fields = stat[stat.rindex(")") + 2 :].split()  # from the state, the stat's third field, on
+                out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / ticks)  # utime, stime
+    return out
+
+
+def busiest_threads(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], top: int = 8
+) -> list[list[Any]]:
+    """The ``top`` threads by CPU seconds between two :func:`thread_cpu_s` readings, then the rest in one row.
+
+    Each row is ``[name, tid, seconds]`` (the OS's thread name: torch's and the loader's threads have their own;
+    Python's are named after the process); the last ``["(N others)", None, seconds]``. Threads that ended in
+    between are not counted.
+    """
+    spent = sorted(
+        ((name, tid, round(s - before.get(tid, (name, 0.0))[1], 2)) for tid, (name, s) in after.items()),
+        key=lambda t: -t[2],
+    )
+    rows: list[list[Any]] = [list(t) for t in spent[:top]]
+    if len(spent) > top:
+        rows.append([f"({len(spent) - top} others)", None, round(sum(t[2] for t in spent[top:]), 2)])
+    return rows
 
 
 def _cpu_s(who: int) -> float:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 FED_FIELDS = {"loader", "img_s", "synthetic_img_s", "data_wait", "gpu_idle", "gpu_mem_mb", "host_rss_mb"}
@@ -72,17 +75,53 @@ def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path)
     from lightning_fastdata.bench.gpu_fit import Settings
 
     s = Settings(str(image_folder), str(tmp_path), str(image_folder), arch="resnet18", image_size=32, batch_size=4)
-    s = Settings(**{**s.__dict__, "workers": 0, "steps": 2, "epochs": 2, "recipe_variants": ("crop-flip-only",)})
+    variants = ("crop-flip-only", "one-torch-thread")
+    s = Settings(**{**s.__dict__, "workers": 0, "steps": 2, "epochs": 2, "recipe_variants": variants})
+    threads = torch.get_num_threads()
     out = gpu.recipe(s)
+    assert torch.get_num_threads() == threads  # the one-thread variant put the count back
     assert out["image_size"] == 32 and out["device_augment_device"] == "cpu"
     assert out["img_s"] > 0 and out["synthetic_img_s"] > 0 and out["device_augment_ms_per_batch"] > 0
     assert out["fed_ratio"] == pytest.approx(out["img_s"] / out["synthetic_img_s"])
     # where the host's time went: the augmentation hook ran on every training batch, on the batches' device
     assert out["host"]["augment_batch_devices"] == ["cpu"] and out["host"]["augment_host_ms_median"] > 0
     assert out["host"]["training_process_cores"] > 0
+    busiest = out["host"]["busiest_threads"]  # [name, CPU seconds] of the training process's busiest threads
+    assert busiest[0][2] > 0 and all(isinstance(name, str) for name, *_ in busiest)
     assert any("Self CPU" in line for line in out["host"]["profile"])  # torch.profiler's table of the second epoch
     # --recipe-variants: the recipe less a piece, here all but the crop and flip (no keys, so no augmentation hook)
-    [variant] = out["variants"]
+    variant, one_thread = out["variants"]
     assert variant["variant"] == "crop-flip-only" and variant["img_s"] > 0 and variant["timed_steps"] == 2
     assert variant["host"]["augment_batch_devices"] == ["cpu"] and "profile" not in variant["host"]
-    assert set(out["phase_seconds"]) == {"synthetic_fit", "fed_fit", "variant crop-flip-only", "device_cost"}
+    # the whole recipe with the training process's torch ops on one thread (the recipe's own hook ran)
+    assert one_thread["variant"] == "one-torch-thread" and one_thread["host"]["torch_threads"] == 1
+    assert one_thread["host"]["augment_batch_devices"] == ["cpu"] and out["host"]["torch_threads"] == threads
+    phases = {"synthetic_fit", "fed_fit", "variant crop-flip-only", "variant one-torch-thread", "device_cost"}
+    assert set(out["phase_seconds"]) == phases
+
+
+def test_the_busiest_threads_are_named_with_their_cpu_seconds() -> None:
+    """What the recipe part records of the training process's threads: a thread that burns CPU comes first."""
+    from lightning_fastdata.bench.gpu_recipe import busiest_threads, thread_cpu_s
+
+    done = threading.Event()
+
+    def spin() -> None:  # burns CPU until told to stop
+        while not done.is_set():
+            pass
+
+    before = thread_cpu_s()
+    assert before and all(isinstance(name, str) and s >= 0 for name, s in before.values())
+    live = threading.Thread(target=spin)
+    live.start()
+    try:
+        deadline = time.monotonic() + 30
+        while thread_cpu_s().get(live.native_id or -1, ("", 0.0))[1] < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rows = busiest_threads(before, thread_cpu_s(), top=1)
+    finally:
+        done.set()
+        live.join()
+    name, tid, seconds = rows[0]
+    assert tid == live.native_id and seconds >= 0.3 and isinstance(name, str)
+    assert len(rows) == 2 and rows[1][0].endswith(" others)") and rows[1][1] is None
