@@ -67,20 +67,22 @@ if [ -d "$STAGE/deb" ] && [ ! -f /usr/include/jpeglib.h ]; then
   export CPATH="$J/include:$J/include/x86_64-linux-gnu" LIBRARY_PATH="$J/lib/x86_64-linux-gnu"
   export LDFLAGS="-Wl,-rpath,$J/lib/x86_64-linux-gnu"
 fi
-ROI='from lightning_fastdata.loading.jpeg.decode import roi_decode_available as r; raise SystemExit(0 if r() else 1)'
+# the decoder's check imports no torch; the version line imports torch alone (each import costs seconds)
+ROI='from lightning_fastdata.loading import native; raise SystemExit(0 if native.jpegroi is not None else 1)'
 "$PY" -c "$ROI" 2>/dev/null || "$PY" setup.py -q build_ext --inplace >/dev/null
 "$PY" - <<'EOF'
-import torch, torchvision
-from lightning_fastdata.loading.jpeg.decode import roi_decode_available
+from importlib.metadata import version
+import torch
+from lightning_fastdata.loading import native
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none: everything runs on the CPU"
-print(f"gpu-check: torch {torch.__version__} (CUDA {torch.version.cuda}), torchvision {torchvision.__version__}, "
-      f"GPU {gpu}, ROI JPEG decoder {'built' if roi_decode_available() else 'MISSING (slower fallback)'}")
+print(f"gpu-check: torch {torch.__version__} (CUDA {torch.version.cuda}), torchvision {version('torchvision')}, "
+      f"GPU {gpu}, ROI JPEG decoder {'built' if native.jpegroi is not None else 'MISSING (slower fallback)'}")
 EOF
 
 NPROC=$(nproc)
 if [ -n "$QUICK" ]; then
   ROOT=$DATA/quick
-  "$PY" -m lightning_fastdata.cli make-data "$ROOT" --num-classes 4 --per-class 24 --processes 2
+  "$PY" -m lightning_fastdata.cli make-data "$ROOT" --num-classes 4 --per-class 12 --processes 2
 else
   ROOT=$DATA/imagenet-like-$IMAGES
   "$PY" -m lightning_fastdata.cli make-data "$ROOT" --num-classes 1000 --per-class $((IMAGES / 1000)) --processes "$NPROC"

@@ -28,7 +28,7 @@ def main() -> None:
     import lightning_fastdata
     from lightning_fastdata.loading import native
     from lightning_fastdata.loading.jpeg.decode import _decode_crop
-    from lightning_fastdata.loading.jpeg.entropy_index import _index_one
+    from lightning_fastdata.loading.jpeg.entropy_index import index_file
 
     where = lightning_fastdata.__file__
     assert "site-packages" in where and sys.prefix in where, f"imported from {where}, not from this venv"
@@ -44,7 +44,7 @@ def main() -> None:
         Image.fromarray(pixels).save(buf, "JPEG", quality=90, subsampling=subsampling)
         data = buf.getvalue()
         full = np.array(Image.open(io.BytesIO(data)).convert("RGB"))
-        index = _index_one(data, "check.jpg")
+        index = index_file(data, "check.jpg")
         for _ in range(20):
             h, w = int(rng.integers(16, 240)), int(rng.integers(16, 320))
             top, left = int(rng.integers(0, 240 - h + 1)), int(rng.integers(0, 320 - w + 1))

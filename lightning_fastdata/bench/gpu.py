@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except ValueError as err:
         p.error(f"--recipe-variants: {err}")
     if args.quick:
-        s.arch, s.image_size, s.batch_size, s.steps, s.epochs, s.cache_size = "resnet18", 64, 16, 3, 2, 72
+        s.arch, s.image_size, s.batch_size, s.steps, s.epochs, s.cache_size = "resnet18", 32, 8, 2, 2, 40
         s.scale_workers, s.decode_images = (1,), 32
     s.steps, s.epochs = args.steps or s.steps, args.epochs or s.epochs
     if s.epochs < 2:

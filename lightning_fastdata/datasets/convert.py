@@ -20,7 +20,7 @@ from lightning_fastdata.loading.atomic import atomic_path, side_path
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.jpeg.decode import decode_center_crop_bytes
 from lightning_fastdata.loading.jpeg.entropy_index import FORMAT as ENTROPY_FORMAT
-from lightning_fastdata.loading.jpeg.entropy_index import _index_one, entropy_index_available
+from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available, index_file
 from lightning_fastdata.loading.storage.base import Storage, is_url
 from lightning_fastdata.loading.storage.local import LocalStorage
 from lightning_fastdata.loading.storage.registry import open_storage
@@ -67,13 +67,13 @@ def _reencode(data: bytes, path: str, max_side: int, quality: int) -> bytes:
 def _read_indexed(data: bytes, path: str) -> tuple[bytes, bytes]:
     """The verified bytes and their entropy index (``b""``: none, not a JPEG the index serves)."""
     data = _read_verified(data, path)
-    return data, _index_one(data, path)
+    return data, index_file(data, path)
 
 
 def _reencode_indexed(data: bytes, path: str, max_side: int, quality: int) -> tuple[bytes, bytes]:
     """The re-encoded bytes and their entropy index."""
     data = _reencode(data, path, max_side, quality)
-    return data, _index_one(data, path)
+    return data, index_file(data, path)
 
 
 def _decode_square(data: bytes, path: str, size: int) -> np.ndarray:

@@ -325,7 +325,7 @@ def test_encoded_files_keep_each_images_entropy_index_and_crops_decode_with_it(
     """The converter stores every image's entropy index in the file; the dataset decodes training crops with it:
     the same batches as without it (through worker processes), most crops through it; an image it cannot serve
     (a PNG) has an empty entry."""
-    from lightning_fastdata.loading.jpeg.entropy_index import FORMAT, INDEX_FRACTION, _index_one
+    from lightning_fastdata.loading.jpeg.entropy_index import FORMAT, INDEX_FRACTION, index_file
 
     root = make_image_folder(tmp_path / "src", num_classes=2, per_class=6, size=(320, 240))
     Image.new("RGB", (40, 30), (1, 2, 3)).save(root / "class_001" / "flat.png")
@@ -339,7 +339,7 @@ def test_encoded_files_keep_each_images_entropy_index_and_crops_decode_with_it(
             index_offsets, indexes = f["entropy_index_offsets"][()], f["entropy_index"][()]
         entries = [indexes[index_offsets[i] : index_offsets[i + 1]].tobytes() for i in range(13)]
         images = [blob[offsets[i] : offsets[i + 1]].tobytes() for i in range(13)]
-        assert entries == [_index_one(data, "x") for data in images]
+        assert entries == [index_file(data, "x") for data in images]
         assert sum(e == b"" for e in entries) == (0 if compact else 1)  # the PNG (re-encoded as a JPEG if compact)
         assert len(indexes) <= INDEX_FRACTION * len(blob)
         on, off = (HDF5Dataset(str(dst), image_size=64, seed=3, entropy_index=e) for e in (True, False))

@@ -107,13 +107,13 @@ def test_the_index_keeps_within_its_share_of_the_files_bytes(monkeypatch: pytest
     none by default."""
     from lightning_fastdata.bench.matrix import flat_image
     from lightning_fastdata.loading.jpeg import entropy_index
-    from lightning_fastdata.loading.jpeg.entropy_index import INDEX_FRACTION, _index_one
+    from lightning_fastdata.loading.jpeg.entropy_index import INDEX_FRACTION, index_file
 
     monkeypatch.setattr(entropy_index, "INDEX_MIN_BYTES_PER_BLOCK", 16.0)  # the default (conftest lowers it)
     flat = io.BytesIO()
     flat_image(np.random.default_rng(0), 800, 600).save(flat, "JPEG", quality=90)
     for sparse in (flat.getvalue(), jpeg((320, 240), 1, quality=75), jpeg((96, 72), 2, quality=90)):
-        assert decode._jpegroi.entropy_index(sparse) is not None and _index_one(sparse, "x.jpg") == b""
+        assert decode._jpegroi.entropy_index(sparse) is not None and index_file(sparse, "x.jpg") == b""
     for data in (
         jpeg((500, 375), 0, quality=90),
         jpeg((640, 480), 1, quality=90, restart_marker_rows=1),
@@ -121,7 +121,7 @@ def test_the_index_keeps_within_its_share_of_the_files_bytes(monkeypatch: pytest
         jpeg((400, 300), 3, quality=90, subsampling=0),
     ):
         dense = decode._jpegroi.entropy_index(data, 1.0, 1)
-        index = _index_one(data, "x.jpg")
+        index = index_file(data, "x.jpg")
         assert dense is not None and len(dense) > 0.05 * len(data)
         assert len(index) <= INDEX_FRACTION * len(data) and index[10] > 1
         assert len(index) > INDEX_FRACTION / 2 * len(data)  # the fewest MCUs per entry within it, not more

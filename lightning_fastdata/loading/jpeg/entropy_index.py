@@ -61,6 +61,7 @@ __all__ = [
     "build_entropy_index",
     "entropy_index_available",
     "entropy_index_folder",
+    "index_file",
     "load_entropy_index",
 ]
 
@@ -100,8 +101,12 @@ def entropy_index_folder(index_dir: str | os.PathLike[str], index: FileIndex) ->
     return Path(index_dir) / f"entropy-{hashlib.sha256(os.fsencode(_root(index))).hexdigest()[:16]}"
 
 
-def _index_one(data: bytes, url: str) -> bytes:
-    """One file's entropy index, or ``b""`` where there is none (not a JPEG this index can serve)."""
+def index_file(data: bytes, url: str = "") -> bytes:
+    """One file's entropy index, or ``b""`` where there is none.
+
+    None: not a JPEG this index can serve, or one too cheap to decode for an index to pay
+    (:data:`INDEX_MIN_BYTES_PER_BLOCK`). ``url`` names the file (unused: the signature of a build's per-file step).
+    """
     if _jpegroi is None or not data.startswith(b"\xff\xd8\xff"):
         return b""
     built = _jpegroi.entropy_index(data, INDEX_FRACTION, 0, INDEX_MIN_BYTES_PER_BLOCK)
@@ -323,7 +328,7 @@ def _build_locked(
     with pool_cm as pool:
         bar = tqdm(total=len(index), initial=first, desc="entropy index", unit="img", disable=not progress)
         piece: list[bytes] = []
-        for entry in map_sources(pool, storage, index, _index_one, start=first, chunk=min(CHUNK, PIECE_FILES)):
+        for entry in map_sources(pool, storage, index, index_file, start=first, chunk=min(CHUNK, PIECE_FILES)):
             piece.append(entry)
             bar.update()
             if len(piece) == PIECE_FILES or first + len(piece) == len(index):
