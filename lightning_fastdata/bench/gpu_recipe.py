@@ -21,6 +21,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from torchvision.transforms import v2
 
 from lightning_fastdata import FastDataCallback, ImageFolderDataModule
 from lightning_fastdata.bench.gpu_fit import BaselineData, Settings, SyntheticData, common_args, cuda_available, fit
@@ -93,7 +94,18 @@ VARIANTS = {
     "no-repeats": _without("repeated_augmentations"),
     "crop-flip-only": lambda made: {},
     "one-torch-thread": dict,  # the whole recipe; the training process's torch ops on one thread (_AROUND)
+    "policy-in-workers": lambda made: _policy_in_workers(made),  # defined below
 }
+
+
+def _policy_in_workers(made: dict[str, Any]) -> dict[str, Any]:
+    """The recipe with its device policies run per sample in the loader workers, as torchvision's own objects.
+
+    What the shipped config's commented ``train_transforms`` block trains.
+    """
+    policies = [t.to_torchvision() for t in made.get("device_transforms") or []]
+    rest = {k: v for k, v in made.items() if k != "device_transforms"}
+    return {**rest, "train_transforms": policies[0] if len(policies) == 1 else v2.Compose(policies)}
 
 
 @contextlib.contextmanager

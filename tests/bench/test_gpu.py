@@ -125,3 +125,25 @@ def test_the_busiest_threads_are_named_with_their_cpu_seconds() -> None:
     name, tid, seconds = rows[0]
     assert tid == live.native_id and seconds >= 0.3 and isinstance(name, str)
     assert len(rows) == 2 and rows[1][0].endswith(" others)") and rows[1][1] is None
+
+
+def test_the_policy_in_workers_variant_trains_torchvisions_own_policy_in_the_workers(image_folder: Path) -> None:
+    """``--recipe-variants policy-in-workers``: the shipped recipe's config less its device policy, which runs as
+    torchvision's object per sample in the loader workers (the config's commented block)."""
+    from torchvision.transforms import v2
+
+    from lightning_fastdata import ImageFolderDataModule
+    from lightning_fastdata.bench.gpu_recipe import VARIANTS, check_variants
+    from lightning_fastdata.recipe import load_recipe
+
+    assert check_variants(("policy-in-workers",)) == ("policy-in-workers",)
+    made, _ = load_recipe("recipe_torchvision")
+    made.pop("image_size")
+    args = VARIANTS["policy-in-workers"](dict(made))
+    assert "device_transforms" not in args and args["batch_transforms"] is made["batch_transforms"]
+    policy = args["train_transforms"]
+    assert type(policy) is v2.TrivialAugmentWide and policy.interpolation == v2.InterpolationMode.BILINEAR
+    dm = ImageFolderDataModule(str(image_folder), image_size=32, batch_size=4, num_workers=0, val_fraction=0, **args)
+    dm.setup("fit")
+    images, targets = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32 and targets.shape == (4, 3)  # soft
