@@ -5,8 +5,9 @@ H100) fed the model at 0.15 of its device-resident rate with the training proces
 so this part also records the host's share during the fit: CPU cores of the training process and of its reaped
 children (the loader workers), the training process's busiest threads (CPU seconds by thread name: one busy
 Python thread, or many of torch's intra-op threads), the augmentation hook's host time per batch and the device its
-batches were on, and ``torch.profiler``'s table of a few steps of the second epoch. The ``one-torch-thread``
-variant trains the whole recipe with ``torch.set_num_threads(1)`` in the training process.
+batches were on, and ``torch.profiler``'s table of a few steps of the second epoch. Its variants
+(:data:`VARIANTS`, ``--recipe-variants``) train the recipe less one piece each, with ``torch.set_num_threads(1)``
+in the training process (``one-torch-thread``), or with the policy in the loader workers (``policy-in-workers``).
 """
 
 from __future__ import annotations
