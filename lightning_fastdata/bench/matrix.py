@@ -173,13 +173,18 @@ def first_epoch(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, 
     """The default module's first epochs while its index is built in the background, against no index at all.
 
     Each repeat: a fresh ``index_dir``; the default module (``entropy_index="auto"``: ``prepare_data`` starts the
-    low-priority build, training starts at once) times its epochs 1, 2 and 3 from the first ``iter`` to the last
-    batch (worker start-up included), then ``entropy_index=False`` times its epoch 1 the same way; interleaved.
+    paced background build, training starts at once) times its epochs 1 to ``args.epochs`` from the first ``iter``
+    to the last batch (worker start-up included), noting after which epoch the build had finished; then
+    ``entropy_index=False`` times its epochs 1 to 3 the same way; interleaved. "auto: last 3" is the mean rate of
+    the default module's last three epochs (the index taken up, where the build ended early enough).
     """
     from lightning_fastdata import ImageFolderDataModule
 
     files = len(glob.glob(os.path.join(folder, "*", "*.jpg")))
-    runs: dict[str, list[float]] = {"auto: epoch 1": [], "auto: epoch 2": [], "auto: epoch 3": [], "off: epoch 1": []}
+    epochs = max(3, args.epochs)
+    runs: dict[str, list[float]] = {f"auto: epoch {e}": [] for e in range(1, epochs + 1)}
+    runs.update({"auto: last 3": [], "off: epoch 1": [], "off: epochs 2-3": []})
+    built_after: list[int | None] = []
     common = {"val_fraction": 0.0, "image_size": args.image_size, "batch_size": args.batch_size}
     for r in range(args.repeats):
         where = Path(args.scratch, folder.name, f"first-epoch-{time.time_ns()}-{r}")
@@ -187,20 +192,32 @@ def first_epoch(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, 
         auto.prepare_data()
         auto.setup("fit")
         loader = auto.train_dataloader()
-        for epoch in (1, 2, 3):
+        built_after.append(None)
+        for epoch in range(1, epochs + 1):
             runs[f"auto: epoch {epoch}"].append(files / _epoch_seconds(loader))
+            if built_after[-1] is None and glob.glob(os.path.join(where, "*", "meta.json")):
+                built_after[-1] = epoch
+        runs["auto: last 3"].append(
+            statistics.mean(runs[f"auto: epoch {e}"][-1] for e in range(epochs - 2, epochs + 1))
+        )
         del loader
         off = ImageFolderDataModule(str(folder), num_workers=args.workers, entropy_index=False, **common)
         off.setup("fit")
-        runs["off: epoch 1"].append(files / _epoch_seconds(off.train_dataloader()))
+        loader = off.train_dataloader()
+        runs["off: epoch 1"].append(files / _epoch_seconds(loader))
+        runs["off: epochs 2-3"].append(2 * files / (_epoch_seconds(loader) + _epoch_seconds(loader)))
+        del loader
     rates = {name: statistics.median(values) for name, values in runs.items()}
     return {
         "kind": kind,
         "files": files,
+        "epochs": epochs,
         "img_s": rates,
         "runs": runs,
+        "built_after_epoch": built_after,
         "epoch1_vs_off": rates["auto: epoch 1"] / rates["off: epoch 1"],
         "epoch2_vs_off": rates["auto: epoch 2"] / rates["off: epoch 1"],
+        "last3_vs_off": rates["auto: last 3"] / rates["off: epochs 2-3"],
     }
 
 
@@ -248,9 +265,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--first-epoch",
         action="store_true",
-        help="instead: each kind's first three epochs with the default module (its index built in the background "
-        "during epoch 1) against epoch 1 without an index (first_epoch)",
+        help="instead: each kind's first --epochs epochs with the default module (its index built in the "
+        "background meanwhile) against epochs without an index (first_epoch)",
     )
+    parser.add_argument("--epochs", type=int, default=3, help="with --first-epoch: the default module's epochs")
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         if args.scratch is None:
@@ -269,10 +287,11 @@ def _first_epochs(args: argparse.Namespace) -> dict[str, Any]:
         folder = kind_folder(args.scratch, kind, args.files)
         results.append(first_epoch(folder, kind, args))
         r = results[-1]
-        cells = ", ".join(f"{name} {rate:.0f}" for name, rate in r["img_s"].items())
+        cells = ", ".join(f"{name} {rate:.0f}" for name, rate in r["img_s"].items() if "epoch " not in name[6:])
         print(
             f"{kind}: img/s {cells}; epoch 1 with the background build {r['epoch1_vs_off']:.2f}x no index, "
-            f"epoch 2 {r['epoch2_vs_off']:.2f}x"
+            f"epoch 2 {r['epoch2_vs_off']:.2f}x; index whole after epoch {r['built_after_epoch']}; the last 3 "
+            f"epochs {r['last3_vs_off']:.2f}x no index"
         )
     return save_results(args.json, args, kinds=results)
 

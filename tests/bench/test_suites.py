@@ -246,21 +246,26 @@ def test_the_peers_crop_box_follows_torchvisions_random_resized_crop() -> None:
 
 @pytest.mark.slow
 def test_the_first_epoch_measurement_times_the_default_module_while_its_index_is_built(tmp_path: Path) -> None:
-    """``python -m lightning_fastdata.bench.matrix --first-epoch``: per kind, the default module's epochs 1-3 from a
-    fresh index folder (the background build started by its ``prepare_data``) and epoch 1 without an index, with
-    the ratios the docs quote; the JSON as returned."""
+    """``python -m lightning_fastdata.bench.matrix --first-epoch``: per kind, the default module's epochs 1-N from a
+    fresh index folder (the background build started by its ``prepare_data``), after which epoch the build had
+    ended, and epochs 1-3 without an index, with the ratios the docs quote; the JSON as returned."""
     from lightning_fastdata.bench import matrix
 
     out = tmp_path / "first.json"
     result = matrix.main(
         ["--first-epoch", "--kinds", "photo 256x192 q75", "--files", "16", "--workers", "0", "--batch-size", "4",
-         "--image-size", "32", "--repeats", "2", "--scratch", str(tmp_path / "s"), "--json", str(out)]
+         "--image-size", "32", "--repeats", "2", "--epochs", "4", "--scratch", str(tmp_path / "s"), "--json", str(out)]
     )  # fmt: skip
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     (kind,) = result["kinds"]
-    assert kind["kind"] == "photo 256x192 q75" and kind["files"] == 16
-    assert set(kind["img_s"]) == {"auto: epoch 1", "auto: epoch 2", "auto: epoch 3", "off: epoch 1"}
+    assert kind["kind"] == "photo 256x192 q75" and kind["files"] == 16 and kind["epochs"] == 4
+    assert set(kind["img_s"]) == {*(f"auto: epoch {e}" for e in range(1, 5)), "auto: last 3", "off: epoch 1",
+                                  "off: epochs 2-3"}  # fmt: skip
     assert all(len(runs) == 2 and min(runs) > 0 for runs in kind["runs"].values())
     assert kind["epoch1_vs_off"] == kind["img_s"]["auto: epoch 1"] / kind["img_s"]["off: epoch 1"]
+    assert kind["last3_vs_off"] == kind["img_s"]["auto: last 3"] / kind["img_s"]["off: epochs 2-3"]
+    last3 = [sum(kind["runs"][f"auto: epoch {e}"][r] for e in (2, 3, 4)) / 3 for r in range(2)]
+    assert kind["runs"]["auto: last 3"] == pytest.approx(last3)
+    assert len(kind["built_after_epoch"]) == 2 and all(e in (None, 1, 2, 3, 4) for e in kind["built_after_epoch"])
     # each repeat built (or began to build) its own index in its own fresh folder under the kind's scratch
     assert len(list((tmp_path / "s" / "photo_256x192_q75").glob("first-epoch-*"))) == 2

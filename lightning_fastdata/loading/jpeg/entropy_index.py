@@ -45,6 +45,7 @@ from lightning_fastdata.errors import UsageError
 from lightning_fastdata.loading import native
 from lightning_fastdata.loading.atomic import atomic_path, atomic_write_bytes, atomic_write_text, replace_folder
 from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.jpeg.pace import BUILD_SHARE, InProcess, Pace
 from lightning_fastdata.loading.native import entropy_index_available
 from lightning_fastdata.loading.storage.base import Storage, is_url
 from lightning_fastdata.loading.storage.source_reads import CHUNK, init_source_process, map_sources
@@ -300,7 +301,7 @@ def _resume_point(work: Path, index: FileIndex) -> int:
 
 
 def _build_locked(
-    index: FileIndex, storage: Storage, folder: Path, processes: int | None, progress: bool
+    index: FileIndex, storage: Storage, folder: Path, processes: int | None, progress: bool, pace: Pace | None = None
 ) -> EntropyIndexes:
     """:func:`build_entropy_index` holding the folder's lock (no other build of it runs: leftovers are dead).
 
@@ -321,7 +322,7 @@ def _build_locked(
     say(f"lightning_fastdata: building the entropy index of {len(index):,} files in {folder} ({why}{resumed})")
     context = get_context("fork" if os.name == "posix" else "spawn")
     pool_cm: Any = (
-        contextlib.nullcontext(_InProcess())
+        contextlib.nullcontext(InProcess(pace))
         if processes == 0
         else context.Pool(processes or CpuBudget.detect().usable, initializer=init_source_process)
     )
@@ -372,12 +373,6 @@ def _build_locked(
     return EntropyIndexes(folder)
 
 
-class _InProcess:
-    """A "pool" that maps in this process (a background build: one process, at low priority, no children)."""
-
-    imap = staticmethod(map)
-
-
 def default_index_dir() -> Path:
     """Where entropy indexes are kept when no ``index_dir`` is given: a per-user cache folder, never the data's.
 
@@ -397,14 +392,15 @@ MIN_FREE_BYTES = 2 * 1024**3
 
 
 def start_background_build(index: FileIndex, storage: Storage, index_dir: str | os.PathLike[str]) -> Any:
-    """Build the entropy index of ``index`` in a background process at the lowest CPU priority; return at once.
+    """Build the entropy index of ``index`` in a paced background process; return at once.
 
     Training starts without the index and every process adopts it when it is complete
     (:class:`PendingEntropyIndex`): its crops are the same pixels with or without it, so the switch may come at any
     step. The builder holds the folder's lock (another rank's or run's builder leaves it be), reads every file once
-    with one process at ``nice 19`` (it takes what the loader leaves idle: a few percent of a saturated CPU), and
-    ends with the training process. It does nothing where the index is already whole, or where ``index_dir``
-    cannot be written or has less than ``MIN_FREE_BYTES`` (2 GB) free (warned once). Returns the process, or ``None``.
+    in one process paced by :class:`~lightning_fastdata.loading.jpeg.pace.Pace` (``BUILD_SHARE``, 2.5%, of the
+    usable CPUs while the loader keeps them busy, the idle ones while some are), and ends with the training
+    process. It does nothing where the index is already whole, or where ``index_dir`` cannot be written or has less
+    than ``MIN_FREE_BYTES`` (2 GB) free (warned once). Returns the process, or ``None``.
     """
     folder = entropy_index_folder(index_dir, index)
     if _valid(folder, index) is None:
@@ -435,9 +431,7 @@ def start_background_build(index: FileIndex, storage: Storage, index_dir: str | 
 
 
 def _background_main(index: FileIndex, storage: Storage, folder: Path) -> None:
-    """The background builder's process: lowest priority, the folder's lock or nothing, one file at a time."""
-    with contextlib.suppress(OSError):
-        os.nice(19)
+    """The background builder's process: paced, the folder's lock or nothing, one file at a time."""
     init_source_process()
     lock = FileLock(f"{folder}.lock")
     try:
@@ -445,7 +439,7 @@ def _background_main(index: FileIndex, storage: Storage, folder: Path) -> None:
     except Exception:  # noqa: BLE001 - another builder holds it (Timeout), or the lock cannot be made: let it be
         return
     try:
-        _build_locked(index, storage, folder, processes=0, progress=False)
+        _build_locked(index, storage, folder, processes=0, progress=False, pace=Pace.for_this_process(BUILD_SHARE))
     except Exception as err:  # noqa: BLE001 - a cache that could not be built must never disturb training
         log.warning("lightning_fastdata: the background entropy index build of %s stopped (%s).", folder, err)
     finally:
