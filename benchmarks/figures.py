@@ -182,6 +182,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "peers.best": lambda: _peers_best(),
     "no_decoder.range": lambda: _ratio_range([f["without_vs_with"] for f in result("no-decoder")["folders"]]),
     "first_epoch.range": lambda: _ratio_range([k["epoch1_vs_off"] for k in result("first-epoch")["kinds"]]),
+    "first_epoch_paced.epoch1": lambda: _ratio_range([k["epoch1_vs_off"] for k in _paced()]),
+    "first_epoch_paced.built_after": lambda: _int_range([e for k in _paced() for e in k["built_after_epoch"]]),
+    "first_epoch_paced.after": lambda: _ratio_range([k["last3_vs_off"] for k in _paced()]),
     "folder.vs_baseline": lambda: times(_folder(_FOLDER)["vs_baseline"]),
     "folder.ceiling": lambda: times(_folder(_FOLDER)["pct_of_decode_ceiling"] / 100),
     "folder.index_vs_baseline": lambda: times(_folder(_INDEXED)["vs_baseline"]),
@@ -461,6 +464,18 @@ def _peers_table() -> str:
     )
     rows.append(["ours (first epoch) / best peer", *(times2(s["first_epoch_vs_best_peer"]) for s in data["sets"])])
     return f"{caption}\n\n{_table(header, rows)}"
+
+
+def _paced() -> list[dict[str, Any]]:
+    """The kinds of the paced background build's run (``first-epoch-paced.json``)."""
+    kinds: list[dict[str, Any]] = result("first-epoch-paced")["kinds"]
+    return kinds
+
+
+def _int_range(values: list[int]) -> str:
+    """Lowest to highest: ``19-27`` (one value: ``19``)."""
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}-{high}"
 
 
 def _ratio_range(values: list[float], digits: int = 2) -> str:

@@ -77,11 +77,15 @@ def test_a_changed_folder_is_named_and_rescanned(tree: Path, tmp_path: Path, cha
     _same(index, scan_image_folder(str(tree)))  # the fresh list, never the stale one
 
 
-def test_folders_modified_during_the_scan_are_not_trusted(tmp_path: Path) -> None:
+def test_folders_modified_just_before_the_scan_are_scanned_again_without_a_warning(tmp_path: Path) -> None:
+    """A folder written within RACY_SECONDS of the scan cannot prove by its mtime that nothing was added in the same
+    instant: it is scanned again next time, said at info level (``how``), not warned (``why``): routine right
+    after data is made, as in tests and benchmarks (33 of the suite's warnings were these)."""
     fresh = make_image_folder(tmp_path / "fresh", num_classes=2, per_class=2, size=(16, 16))  # written just now
     indexed_folder(str(fresh), index_dir=tmp_path / "idx")
     _, lookup = indexed_folder(str(fresh), index_dir=tmp_path / "idx")
-    assert not lookup.reused and "modified during the scan" in lookup.why
+    assert not lookup.reused and lookup.why is None
+    assert lookup.how is not None and "modified within 2 s before the last scan" in lookup.how
     _age(fresh)
     indexed_folder(str(fresh), index_dir=tmp_path / "idx")
     assert indexed_folder(str(fresh), index_dir=tmp_path / "idx")[1].reused

@@ -56,12 +56,14 @@ RACY_SECONDS = 2.0
 class IndexStale(Exception):  # noqa: N818 - a reason to rescan, not an error of the user's
     """Why a persisted index cannot be used (the message names the file and the reason).
 
-    ``missing`` is true when there is simply no index yet (a first run, not something to warn about).
+    ``missing`` is true when there is simply no index yet (a first run, not something to warn about); ``quiet``
+    when the rescan is routine (folders written just before the last scan), said at info level, not warned.
     """
 
-    def __init__(self, message: str, missing: bool = False) -> None:
+    def __init__(self, message: str, missing: bool = False, quiet: bool = False) -> None:
         super().__init__(message)
         self.missing = missing
+        self.quiet = quiet
 
 
 def index_file(index_dir: str | os.PathLike[str], root: str) -> Path:
@@ -136,8 +138,13 @@ def load_index(path: str | os.PathLike[str], root: str, classes: tuple[str, ...]
     changed = changed_folder(root, meta["dirs"])
     if changed is not None:
         folder, racy = changed
-        what = "was modified during the scan" if racy else "changed"
-        raise IndexStale(f"{folder!r} {what} since the index {path} was written")
+        if racy:
+            raise IndexStale(
+                f"{folder!r} was modified within {RACY_SECONDS:g} s before the last scan (its mtime cannot show a "
+                "file added in the same instant), so it was scanned again",
+                quiet=True,
+            )
+        raise IndexStale(f"{folder!r} changed since the index {path} was written")
     return checked_index(path, root, classes, meta, arrays)
 
 
@@ -220,7 +227,8 @@ def indexed_folder(
     try:
         return load_index(path, root, classes), IndexLookup(True, path, None, "no folder changed (folder mtimes)")
     except IndexStale as stale:
-        why = None if stale.missing else str(stale)
+        why = None if stale.missing or stale.quiet else str(stale)
+        how = str(stale) if stale.quiet else None
     started = time.time()
     index, dirs = scan_with_mtimes(root, classes)
     if write:
@@ -228,4 +236,4 @@ def indexed_folder(
             save_index(path, index, dirs, started)
         except OSError as err:
             why = (why + "; " if why else "") + f"could not write {path} ({err}): is index_dir writable?"
-    return index, IndexLookup(False, path, why)
+    return index, IndexLookup(False, path, why, how)

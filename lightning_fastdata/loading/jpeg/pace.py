@@ -35,6 +35,8 @@ FREE_BURST_S = 0.25
 MIN_PAUSE_S = 0.05
 #: CPUs idle on average during a pause for the next burst to be a free one.
 IDLE_CPUS = 0.5
+#: The builder's nice value: 0, the loader's own priority, so that it gets its share on CPUs the loader saturates.
+BUILD_NICE = 0
 
 
 def idle_cpu_seconds(cpus: frozenset[int] | None = None) -> float | None:
