@@ -4,7 +4,9 @@
   holds the data the pages name: ``data/train`` and ``data/val`` (tiny generated JPEG folders) and ``mine.h5``
   (an HDF5 file with keys ``x``/``y``). The Trainer they build is capped at 2 steps (the examples say
   ``max_epochs=90``: the point here is that they run as written, not that they train). A block preceded by
-  ``<!-- not run: REASON -->`` is skipped, and must give a reason.
+  ``<!-- not run: REASON -->`` is skipped, and must give a reason. A page whose blocks to run are, all of them and
+  in order, an earlier page's (the README's quickstart is get-started's) is not run twice: a ResNet-50 step at
+  224 px is most of such a run.
 - YAML blocks parse; a LightningCLI config among them (``model``/``data`` with ``class_path``) is checked by
   ``fastdata fit --print_config`` with it.
 - Shell blocks: every command of ours they show exists (``fastdata COMMAND``, ``bash scripts/X.sh``,
@@ -40,9 +42,28 @@ def blocks(page: Path, lang: str) -> list[tuple[str, str | None]]:
     return [(m["code"], m["reason"]) for m in FENCE.finditer(page.read_text()) if m["lang"] == lang]
 
 
+def _run_blocks(page: Path) -> list[str]:
+    return [code for code, reason in blocks(page, "python") if reason is None]
+
+
+def _pages_to_run() -> list[Path]:
+    """The pages with Python blocks to run, less those whose blocks are an earlier page's (run once)."""
+    seen: set[tuple[str, ...]] = set()
+    pages = []
+    for page in PAGES:
+        run = tuple(_run_blocks(page))
+        if run and run not in seen:
+            seen.add(run)
+            pages.append(page)
+    return pages
+
+
 def test_the_pages_have_code_to_run() -> None:
     assert len(PAGES) > 10
     assert sum(reason is None for p in PAGES for _, reason in blocks(p, "python")) >= 6  # run, not skipped
+    # a page left out as a duplicate runs exactly the blocks of one that is run
+    run = {tuple(_run_blocks(p)) for p in _pages_to_run()}
+    assert all(tuple(_run_blocks(p)) in run for p in PAGES if _run_blocks(p))
     for page in PAGES:
         for _, reason in blocks(page, "python"):
             assert reason is None or reason.strip(), f"{page.name}: a block marked not run must say why"
@@ -69,7 +90,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python")], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", _pages_to_run(), ids=lambda p: p.name)
 @pytest.mark.slow
 def test_python_blocks_run(page: Path, workdir: Path) -> None:
     import lightning.pytorch as pl
