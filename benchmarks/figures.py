@@ -185,6 +185,9 @@ FIGURES: dict[str, Callable[[], str]] = {
     "first_epoch_paced.epoch1": lambda: _ratio_range([k["epoch1_vs_off"] for k in _paced()]),
     "first_epoch_paced.built_after": lambda: _int_range([e for k in _paced() for e in k["built_after_epoch"]]),
     "first_epoch_paced.after": lambda: _ratio_range([k["last3_vs_off"] for k in _paced()]),
+    "first_epoch_idle.built_after": lambda: _int_range(
+        [e for k in result("first-epoch-idle")["kinds"] for e in k["built_after_epoch"]]
+    ),
     "folder.vs_baseline": lambda: times(_folder(_FOLDER)["vs_baseline"]),
     "folder.ceiling": lambda: times(_folder(_FOLDER)["pct_of_decode_ceiling"] / 100),
     "folder.index_vs_baseline": lambda: times(_folder(_INDEXED)["vs_baseline"]),

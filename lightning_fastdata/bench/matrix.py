@@ -162,10 +162,12 @@ def kind_rows(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, An
     }
 
 
-def _epoch_seconds(loader: Any) -> float:
+def _epoch_seconds(loader: Any, step_s: float = 0.0) -> float:
+    """One pass over ``loader``; ``step_s``: the consumer's time per batch (a stand-in for a training step)."""
     start = time.perf_counter()
     for _ in loader:
-        pass
+        if step_s:
+            time.sleep(step_s)
     return time.perf_counter() - start
 
 
@@ -176,7 +178,8 @@ def first_epoch(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, 
     paced background build, training starts at once) times its epochs 1 to ``args.epochs`` from the first ``iter``
     to the last batch (worker start-up included), noting after which epoch the build had finished; then
     ``entropy_index=False`` times its epochs 1 to 3 the same way; interleaved. "auto: last 3" is the mean rate of
-    the default module's last three epochs (the index taken up, where the build ended early enough).
+    the default module's last three epochs (the index taken up, where the build ended early enough). With
+    ``args.step_ms``, each batch is followed by that long a sleep (a training step that leaves CPUs idle).
     """
     from lightning_fastdata import ImageFolderDataModule
 
@@ -185,6 +188,7 @@ def first_epoch(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, 
     runs: dict[str, list[float]] = {f"auto: epoch {e}": [] for e in range(1, epochs + 1)}
     runs.update({"auto: last 3": [], "off: epoch 1": [], "off: epochs 2-3": []})
     built_after: list[int | None] = []
+    step = args.step_ms / 1e3
     common = {"val_fraction": 0.0, "image_size": args.image_size, "batch_size": args.batch_size}
     for r in range(args.repeats):
         where = Path(args.scratch, folder.name, f"first-epoch-{time.time_ns()}-{r}")
@@ -194,7 +198,7 @@ def first_epoch(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, 
         loader = auto.train_dataloader()
         built_after.append(None)
         for epoch in range(1, epochs + 1):
-            runs[f"auto: epoch {epoch}"].append(files / _epoch_seconds(loader))
+            runs[f"auto: epoch {epoch}"].append(files / _epoch_seconds(loader, step))
             if built_after[-1] is None and glob.glob(os.path.join(where, "*", "meta.json")):
                 built_after[-1] = epoch
         runs["auto: last 3"].append(
@@ -204,8 +208,8 @@ def first_epoch(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, 
         off = ImageFolderDataModule(str(folder), num_workers=args.workers, entropy_index=False, **common)
         off.setup("fit")
         loader = off.train_dataloader()
-        runs["off: epoch 1"].append(files / _epoch_seconds(loader))
-        runs["off: epochs 2-3"].append(2 * files / (_epoch_seconds(loader) + _epoch_seconds(loader)))
+        runs["off: epoch 1"].append(files / _epoch_seconds(loader, step))
+        runs["off: epochs 2-3"].append(2 * files / (_epoch_seconds(loader, step) + _epoch_seconds(loader, step)))
         del loader
     rates = {name: statistics.median(values) for name, values in runs.items()}
     return {
@@ -215,6 +219,7 @@ def first_epoch(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, 
         "img_s": rates,
         "runs": runs,
         "built_after_epoch": built_after,
+        "step_ms": args.step_ms,
         "epoch1_vs_off": rates["auto: epoch 1"] / rates["off: epoch 1"],
         "epoch2_vs_off": rates["auto: epoch 2"] / rates["off: epoch 1"],
         "last3_vs_off": rates["auto: last 3"] / rates["off: epochs 2-3"],
@@ -269,6 +274,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "background meanwhile) against epochs without an index (first_epoch)",
     )
     parser.add_argument("--epochs", type=int, default=3, help="with --first-epoch: the default module's epochs")
+    parser.add_argument(
+        "--step-ms", type=float, default=0.0, help="with --first-epoch: a sleep after each batch (a training step)"
+    )
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         if args.scratch is None:

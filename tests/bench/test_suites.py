@@ -254,11 +254,14 @@ def test_the_first_epoch_measurement_times_the_default_module_while_its_index_is
     out = tmp_path / "first.json"
     result = matrix.main(
         ["--first-epoch", "--kinds", "photo 256x192 q75", "--files", "16", "--workers", "0", "--batch-size", "4",
-         "--image-size", "32", "--repeats", "2", "--epochs", "4", "--scratch", str(tmp_path / "s"), "--json", str(out)]
+         "--image-size", "32", "--repeats", "2", "--epochs", "4", "--step-ms", "1", "--scratch", str(tmp_path / "s"),
+         "--json", str(out)]
     )  # fmt: skip
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     (kind,) = result["kinds"]
     assert kind["kind"] == "photo 256x192 q75" and kind["files"] == 16 and kind["epochs"] == 4
+    assert kind["step_ms"] == 1.0  # a 1 ms sleep after each of the 4 batches: no epoch of 16 faster than 4 ms
+    assert max(max(runs) for runs in kind["runs"].values()) < 16 / 0.004
     assert set(kind["img_s"]) == {*(f"auto: epoch {e}" for e in range(1, 5)), "auto: last 3", "off: epoch 1",
                                   "off: epochs 2-3"}  # fmt: skip
     assert all(len(runs) == 2 and min(runs) > 0 for runs in kind["runs"].values())
