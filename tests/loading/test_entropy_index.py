@@ -499,7 +499,7 @@ def test_the_same_relative_root_in_two_projects_gets_two_index_folders(
 def test_a_pending_index_checks_a_folder_against_the_list_only_when_it_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The loader workers look every 20 s; an older index of another list sitting there is fingerprinted once, not
+    """The loader workers look every 5 s; an older index of another list sitting there is fingerprinted once, not
     at every look, and the rebuilt one is taken up when its meta.json changes."""
     from lightning_fastdata.loading.jpeg import entropy_index as module
 

@@ -459,7 +459,7 @@ class PendingEntropyIndex:
     there while the new one is built). Picklable.
     """
 
-    def __init__(self, index_dir: str | os.PathLike[str], index: FileIndex, every: float = 20.0) -> None:
+    def __init__(self, index_dir: str | os.PathLike[str], index: FileIndex, every: float = 5.0) -> None:
         self.folder = entropy_index_folder(index_dir, index)
         self.index = index
         self.every = every
