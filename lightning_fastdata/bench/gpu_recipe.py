@@ -88,6 +88,16 @@ def _without(*keys: str) -> Any:
     return lambda made: {k: v for k, v in made.items() if k not in keys}
 
 
+def _policy_in_workers(made: dict[str, Any]) -> dict[str, Any]:
+    """The recipe with its device policies run per sample in the loader workers, as torchvision's own objects.
+
+    What the shipped config's commented ``train_transforms`` block trains.
+    """
+    policies = [t.to_torchvision() for t in made.get("device_transforms") or []]
+    rest = _without("device_transforms")(made)
+    return {**rest, "train_transforms": policies[0] if len(policies) == 1 else v2.Compose(policies)}
+
+
 #: ``--recipe-variants``: the shipped recipe's DataModule arguments less one piece.
 VARIANTS = {
     "no-policy": _without("device_transforms"),
@@ -95,18 +105,8 @@ VARIANTS = {
     "no-repeats": _without("repeated_augmentations"),
     "crop-flip-only": lambda made: {},
     "one-torch-thread": dict,  # the whole recipe; the training process's torch ops on one thread (_AROUND)
-    "policy-in-workers": lambda made: _policy_in_workers(made),  # defined below
+    "policy-in-workers": _policy_in_workers,
 }
-
-
-def _policy_in_workers(made: dict[str, Any]) -> dict[str, Any]:
-    """The recipe with its device policies run per sample in the loader workers, as torchvision's own objects.
-
-    What the shipped config's commented ``train_transforms`` block trains.
-    """
-    policies = [t.to_torchvision() for t in made.get("device_transforms") or []]
-    rest = {k: v for k, v in made.items() if k != "device_transforms"}
-    return {**rest, "train_transforms": policies[0] if len(policies) == 1 else v2.Compose(policies)}
 
 
 @contextlib.contextmanager

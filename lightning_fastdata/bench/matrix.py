@@ -295,7 +295,9 @@ def _first_epochs(args: argparse.Namespace) -> dict[str, Any]:
         folder = kind_folder(args.scratch, kind, args.files)
         results.append(first_epoch(folder, kind, args))
         r = results[-1]
-        cells = ", ".join(f"{name} {rate:.0f}" for name, rate in r["img_s"].items() if "epoch " not in name[6:])
+        cells = ", ".join(
+            f"{name} {rate:.0f}" for name, rate in r["img_s"].items() if not name.startswith("auto: epoch ")
+        )
         print(
             f"{kind}: img/s {cells}; epoch 1 with the background build {r['epoch1_vs_off']:.2f}x no index, "
             f"epoch 2 {r['epoch2_vs_off']:.2f}x; index whole after epoch {r['built_after_epoch']}; the last 3 "

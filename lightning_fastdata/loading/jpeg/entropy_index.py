@@ -45,7 +45,6 @@ from lightning_fastdata.errors import UsageError
 from lightning_fastdata.loading import native
 from lightning_fastdata.loading.atomic import atomic_path, atomic_write_bytes, atomic_write_text, replace_folder
 from lightning_fastdata.loading.index.files import FileIndex
-from lightning_fastdata.loading.jpeg import pace as pace_module
 from lightning_fastdata.loading.jpeg.pace import BUILD_SHARE, InProcess, Pace
 from lightning_fastdata.loading.native import entropy_index_available
 from lightning_fastdata.loading.storage.base import Storage, is_url
@@ -433,9 +432,6 @@ def start_background_build(index: FileIndex, storage: Storage, index_dir: str | 
 
 def _background_main(index: FileIndex, storage: Storage, folder: Path) -> None:
     """The background builder's process: paced, the folder's lock or nothing, one file at a time."""
-    if pace_module.BUILD_NICE:
-        with contextlib.suppress(OSError):
-            os.nice(pace_module.BUILD_NICE)
     init_source_process()
     lock = FileLock(f"{folder}.lock")
     try:

@@ -12,7 +12,9 @@ and sleeps between them:
   again: spare CPU is taken whole.
 
 Where idle time cannot be read truthfully (no ``/proc/stat``, or a cgroup quota below the affinity set: the idle
-CPUs then belong to other containers) only the share is used. One :class:`Pace` serves one thread.
+CPUs then belong to other containers) only the share is used. The builder keeps the loader's own priority: at a
+lower one it could not take its share of CPUs the loader saturates (and measured, nice 10 cost no less than nice 0).
+One :class:`Pace` serves one thread.
 """
 
 from __future__ import annotations
@@ -35,8 +37,6 @@ FREE_BURST_S = 0.25
 MIN_PAUSE_S = 0.05
 #: CPUs idle on average during a pause for the next burst to be a free one.
 IDLE_CPUS = 0.5
-#: The builder's nice value: 0, the loader's own priority, so that it gets its share on CPUs the loader saturates.
-BUILD_NICE = 0
 
 
 def idle_cpu_seconds(cpus: frozenset[int] | None = None) -> float | None:
