@@ -165,7 +165,7 @@ class ImageFolderDataModule(FastDataModule):
             ``~/.cache/lightning-fastdata``). ``"auto"`` (default): used when it is there; if it is not,
             ``prepare_data`` starts building it in the background (paced: 2.5% of busy CPUs, idle ones whole;
             :mod:`~lightning_fastdata.loading.jpeg.pace`) and training starts at once, every loader process
-            taking it up when it is whole (no pass before the first step; off where the compiled decoder is
+            taking it up a finished piece at a time as it is built (no pass before the first step; off where the compiled decoder is
             missing; for a bucket root only an index already built is used: a second read of every object is not
             done unasked). ``True``: ``prepare_data`` builds it before training (every file read once, all cores).
             ``False``: never.
@@ -196,7 +196,7 @@ class ImageFolderDataModule(FastDataModule):
                 "entropy_index=True needs the compiled JPEG decoder, which this install lacks (it was built without "
                 "libjpeg-turbo's headers): install libjpeg62-turbo-dev or libjpeg-turbo8-dev and reinstall."
             )
-        #: True (built in prepare_data), "auto" (built in the background, taken up when whole) or False
+        #: True (built in prepare_data), "auto" (built in the background, taken up as it is built) or False
         self.entropy_index: bool | str = entropy_index if entropy_index_available() else False
         self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
         self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl)
@@ -234,7 +234,7 @@ class ImageFolderDataModule(FastDataModule):
         entropy: EntropyIndexes | PendingEntropyIndex | None = None
         if self.entropy_index is True:  # None (warned, naming the folder and why): decoded without it, same pixels
             entropy = load_entropy_index(self.entropy_dir, train_index)
-        elif self.entropy_index == "auto":  # taken up when whole (the same pixels before and after)
+        elif self.entropy_index == "auto":  # taken up as it is built (the same pixels before and after)
             entropy = PendingEntropyIndex(self.entropy_dir, train_index)
         train = ImageFolderDataset(train_index, options, entropy, **self.split_kwargs(True))
         val = None if val_index is None else ImageFolderDataset(val_index, options, **self.split_kwargs(False))

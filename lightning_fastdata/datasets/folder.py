@@ -43,8 +43,8 @@ class ImageFolderDataset(AugmentedImageDataset):
         entropy_indexes: The entropy indexes of these files, in this order
             (:func:`~lightning_fastdata.loading.jpeg.entropy_index.build_entropy_index`): JPEG crops are then
             entropy-decoded alone, the same pixels with less work; a
-            :class:`~lightning_fastdata.loading.jpeg.entropy_index.PendingEntropyIndex` is used once its
-            background build is whole. ``None``: decoded from the top of each image.
+            :class:`~lightning_fastdata.loading.jpeg.entropy_index.PendingEntropyIndex` is used for the files its
+            background build has finished. ``None``: decoded from the top of each image.
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`
             (``train``, ``image_size``, ``scale``, ``ratio``, ``crop_fraction``, ``seed``, ``on_corrupt``:
             ``"raise"`` names a corrupt file, ``"skip"`` logs it, leaves it out of its batch and counts it).

@@ -262,13 +262,23 @@ def test_the_first_epoch_measurement_times_the_default_module_while_its_index_is
     assert kind["kind"] == "photo 256x192 q75" and kind["files"] == 16 and kind["epochs"] == 4
     assert kind["step_ms"] == 1.0  # a 1 ms sleep after each of the 4 batches: no epoch of 16 faster than 4 ms
     assert max(max(runs) for runs in kind["runs"].values()) < 16 / 0.004
-    assert set(kind["img_s"]) == {*(f"auto: epoch {e}" for e in range(1, 5)), "auto: last 3", "off: epoch 1",
-                                  "off: epochs 2-3"}  # fmt: skip
+    assert set(kind["img_s"]) == {*(f"auto: epoch {e}" for e in range(1, 5)), "auto: last 3", "auto: while built",
+                                  "off: epoch 1", "off: epochs 2-3"}  # fmt: skip
     assert all(len(runs) == 2 and min(runs) > 0 for runs in kind["runs"].values())
     assert kind["epoch1_vs_off"] == kind["img_s"]["auto: epoch 1"] / kind["img_s"]["off: epoch 1"]
     assert kind["last3_vs_off"] == kind["img_s"]["auto: last 3"] / kind["img_s"]["off: epochs 2-3"]
     last3 = [sum(kind["runs"][f"auto: epoch {e}"][r] for e in (2, 3, 4)) / 3 for r in range(2)]
     assert kind["runs"]["auto: last 3"] == pytest.approx(last3)
     assert len(kind["built_after_epoch"]) == 2 and all(e in (None, 1, 2, 3, 4) for e in kind["built_after_epoch"])
+    # the files the build covered after each epoch (its finished pieces): never fewer, whole from built_after on
+    for covered, built in zip(kind["indexed_after_epoch"], kind["built_after_epoch"], strict=True):
+        assert len(covered) == 4 and covered == sorted(covered) and all(0 <= c <= 16 for c in covered)
+        assert built is None or (covered[built - 1] == 16 and (built == 1 or covered[built - 2] < 16))
+    while_built = [  # epochs 2 to the one after which the index was whole (2 at least; the last if never)
+        16 * (n := max(2, b or 4) - 1) / sum(16 / kind["runs"][f"auto: epoch {e}"][r] for e in range(2, n + 2))
+        for r, b in enumerate(kind["built_after_epoch"])
+    ]
+    assert kind["runs"]["auto: while built"] == pytest.approx(while_built)
+    assert kind["while_built_vs_off"] == kind["img_s"]["auto: while built"] / kind["img_s"]["off: epochs 2-3"]
     # each repeat built (or began to build) its own index in its own fresh folder under the kind's scratch
     assert len(list((tmp_path / "s" / "photo_256x192_q75").glob("first-epoch-*"))) == 2

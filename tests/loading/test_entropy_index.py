@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import pickle
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from lightning_fastdata.loading.jpeg.entropy_index import (
     entropy_index_folder,
     load_entropy_index,
 )
+from lightning_fastdata.loading.jpeg.pieces import piece_files, pieces_folder
 from lightning_fastdata.loading.storage.local import LocalStorage
 
 pytestmark = pytest.mark.skipif(not entropy_index_available(), reason="needs the compiled JPEG decoder")
@@ -446,7 +448,7 @@ class _CountingStorage(LocalStorage):
 def test_a_killed_build_resumes_at_its_last_whole_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning_fastdata.loading.jpeg import entropy_index as module
 
-    monkeypatch.setattr(module, "PIECE_FILES", 4)
+    monkeypatch.setattr(module, "piece_files", lambda count: 4)
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=9, size=(96, 72))
     index = scan_image_folder(str(root))
     killed = _CountingStorage(str(root), fail_after=10)
@@ -462,6 +464,65 @@ def test_a_killed_build_resumes_at_its_last_whole_piece(tmp_path: Path, monkeypa
     assert built is not None and fresh is not None
     assert [built.get(i) for i in range(len(index))] == [fresh.get(i) for i in range(len(index))]
     assert not building.exists()
+
+
+def test_loaders_use_the_finished_pieces_of_a_build_before_it_is_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the index is built, the files of its finished pieces are decoded with their entries (the same ones
+    as the whole index's, the same pixels); the others without; the whole index is taken up when it is there."""
+    from lightning_fastdata.loading.jpeg import entropy_index as module
+
+    monkeypatch.setattr(module, "piece_files", lambda count: 4)
+    root = make_image_folder(tmp_path / "data", num_classes=2, per_class=9, size=(320, 240))
+    dm = ImageFolderDataModule(
+        str(root), entropy_index=False, image_size=64, batch_size=6, num_workers=0, val_fraction=0.0, seed=1
+    )
+    dm.setup("fit")
+    index = dm.train_dataset.index
+    whole = build_entropy_index(index, LocalStorage(str(root)), tmp_path / "whole", processes=0, progress=False)
+    assert whole is not None
+    expected = [whole.get(i) for i in range(len(index))]
+    assert all(e is not None for e in expected[:8])
+    pending = module.PendingEntropyIndex(tmp_path / "idx", index)
+    assert [pending.get(i) for i in range(len(index))] == [None] * len(index)  # nothing built yet
+    with pytest.raises(RuntimeError, match="killed"):  # a build stopped after two whole pieces of 4
+        build_entropy_index(index, _CountingStorage(str(root), fail_after=10), tmp_path / "idx", 0, progress=False)
+    assert [pending.get(i) for i in range(len(index))] == [None] * len(index)  # not looked again within 5 s
+    pending._next = 0.0
+    assert [pending.get(i) for i in range(len(index))] == expected[:8] + [None] * (len(index) - 8)
+    forked = pickle.loads(pickle.dumps(pending))  # a worker's copy looks for itself
+    assert forked._pieces is None and forked.get(3) == expected[3]
+    without = list(dm.train_dataloader())
+    dm.train_dataset.entropy_indexes = pending
+    assert [dm.train_dataset.entropy_index_of(i) for i in range(len(index))][:9] == expected[:8] + [None]
+    with_pieces = list(dm.train_dataloader())
+    for (xa, ya), (xb, yb) in zip(without, with_pieces, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    build_entropy_index(index, LocalStorage(str(root)), tmp_path / "idx", processes=0, progress=False)
+    assert not pieces_folder(pending.folder).exists()  # joined and removed: the pieces taken up stay readable
+    assert [pending.get(i) for i in range(len(index))] == expected[:8] + [None] * (len(index) - 8)
+    pending._next = 0.0
+    assert [pending.get(i) for i in range(len(index))] == expected and pending._pieces is None
+
+
+def test_pieces_of_another_file_list_are_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning_fastdata.loading.jpeg import entropy_index as module
+
+    monkeypatch.setattr(module, "piece_files", lambda count: 4)
+    root = make_image_folder(tmp_path / "data", num_classes=2, per_class=6, size=(160, 120))
+    old = scan_image_folder(str(root))
+    with pytest.raises(RuntimeError, match="killed"):
+        build_entropy_index(old, _CountingStorage(str(root), fail_after=9), tmp_path / "idx", 0, progress=False)
+    (root / "class_000" / "img_extra.jpg").write_bytes(jpeg((160, 120)))
+    grown = scan_image_folder(str(root))
+    pending = module.PendingEntropyIndex(tmp_path / "idx", grown)
+    assert pending.get(0) is None and pending._pieces is not None and pending._pieces.covered == 0
+    assert module.PendingEntropyIndex(tmp_path / "idx", old).get(0) is not None
+
+
+def test_piece_sizes_take_a_small_list_up_in_steps_and_a_large_one_in_bounded_pieces() -> None:
+    assert [piece_files(n) for n in (1, 1536, 2048 * 32, 1_281_167)] == [64, 64, 2048, 4096]
 
 
 def test_auto_builds_nothing_unasked_for_a_bucket_and_true_builds_it(

@@ -43,9 +43,17 @@ from tqdm import tqdm
 
 from lightning_fastdata.errors import UsageError
 from lightning_fastdata.loading import native
-from lightning_fastdata.loading.atomic import atomic_path, atomic_write_bytes, atomic_write_text, replace_folder
+from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.jpeg.pace import BUILD_SHARE, InProcess, Pace
+from lightning_fastdata.loading.jpeg.pieces import (
+    BuildingPieces,
+    join_pieces,
+    piece_files,
+    pieces_folder,
+    resume_point,
+    write_piece,
+)
 from lightning_fastdata.loading.native import entropy_index_available
 from lightning_fastdata.loading.storage.base import Storage, is_url
 from lightning_fastdata.loading.storage.source_reads import CHUNK, init_source_process, map_sources
@@ -268,36 +276,9 @@ def _remove_dead_builds(folder: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-#: Files per piece of a build kept in ``<folder>.building``: a killed build resumes after its last whole piece.
-PIECE_FILES = 4096
-
-
-def _resume_point(work: Path, index: FileIndex) -> int:
-    """How many files of ``index`` the pieces in ``work`` already hold (0: start afresh, ``work`` emptied)."""
-    stamp = f"{FORMAT} {len(index)} {_fingerprint(index)}"
-    try:
-        same = (work / "list").read_text() == stamp
-    except OSError:
-        same = False
-    if not same:
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        atomic_write_text(work / "list", stamp)
-        return 0
-    done = 0
-    while True:  # the pieces in order, each whole: its lengths (written last) agree with its bytes
-        lengths_path, blob_path = work / f"{done:012d}.npy", work / f"{done:012d}.bin"
-        try:
-            lengths = np.load(lengths_path)
-            whole = blob_path.stat().st_size == int(lengths.sum()) and len(lengths) > 0
-        except (OSError, ValueError, EOFError):
-            whole = False
-        if not whole:
-            for stale in work.glob("*.npy"):  # a piece after a gap or half written: redone
-                if int(stale.stem) >= done:
-                    stale.unlink(missing_ok=True)
-            return done
-        done += len(lengths)
+def _stamp(index: FileIndex) -> str:
+    """What the ``list`` file of a build's pieces holds for ``index``."""
+    return f"{FORMAT} {len(index)} {_fingerprint(index)}"
 
 
 def _build_locked(
@@ -305,9 +286,10 @@ def _build_locked(
 ) -> EntropyIndexes:
     """:func:`build_entropy_index` holding the folder's lock (no other build of it runs: leftovers are dead).
 
-    The entries are kept in pieces of ``PIECE_FILES`` (4,096) files in ``<folder>.building`` as they are made: a build
-    that is killed (the background builder ends with its training process) resumes at its last whole piece. The
-    pieces are then joined into the index folder, which replaces the old one in one rename.
+    The entries are kept in pieces (:func:`~lightning_fastdata.loading.jpeg.pieces.piece_files`: 64 to 4,096 files)
+    in ``<folder>.building`` as they are made: a build that is killed (the background builder ends with its training
+    process) resumes at its last whole piece, and loaders use the finished pieces meanwhile. The pieces are then
+    joined into the index folder, which replaces the old one in one rename.
     """
     _remove_dead_builds(folder)
     why = _valid(folder, index)
@@ -315,8 +297,9 @@ def _build_locked(
         log.info("lightning_fastdata: reused the entropy index %s (%d files).", folder, len(index))
         return EntropyIndexes(folder)
     start = time.perf_counter()
-    work = folder.with_name(f"{folder.name}.building")
-    first = _resume_point(work, index)
+    work = pieces_folder(folder)
+    first = resume_point(work, _stamp(index))
+    size = piece_files(len(index))
     resumed = f"; resuming after {first:,} files indexed before" if first else ""
     say = print if progress else log.info  # a background build says it in the log only
     say(f"lightning_fastdata: building the entropy index of {len(index):,} files in {folder} ({why}{resumed})")
@@ -329,27 +312,21 @@ def _build_locked(
     with pool_cm as pool:
         bar = tqdm(total=len(index), initial=first, desc="entropy index", unit="img", disable=not progress)
         piece: list[bytes] = []
-        for entry in map_sources(pool, storage, index, index_file, start=first, chunk=min(CHUNK, PIECE_FILES)):
+        for entry in map_sources(pool, storage, index, index_file, start=first, chunk=min(CHUNK, size)):
             piece.append(entry)
             bar.update()
-            if len(piece) == PIECE_FILES or first + len(piece) == len(index):
-                atomic_write_bytes(work / f"{first:012d}.bin", b"".join(piece), fsync=False)
-                with atomic_path(work / f"{first:012d}.npy", fsync=False) as tmp, open(tmp, "wb") as f:
-                    np.save(f, np.array([len(e) for e in piece], dtype=np.int64))
+            if len(piece) == size or first + len(piece) == len(index):
+                write_piece(work, first, piece)
                 first += len(piece)
                 piece = []
         bar.close()
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     try:
         partial.mkdir()
-        lengths = [np.zeros(1, dtype=np.int64)]
         with open(partial / "blob.bin", "wb") as blob:
-            for lengths_path in sorted(work.glob("*.npy")):
-                lengths.append(np.load(lengths_path))
-                blob.write((work / f"{lengths_path.stem}.bin").read_bytes())
+            offsets = join_pieces(work, blob)
             blob.flush()
             os.fsync(blob.fileno())
-        offsets = np.cumsum(np.concatenate(lengths))
         if len(offsets) != len(index) + 1:  # the pieces do not cover the list: never publish such an index
             raise OSError(f"the pieces in {work} hold {len(offsets) - 1} of {len(index)} files")
         np.save(partial / "offsets.npy", offsets)
@@ -394,7 +371,7 @@ MIN_FREE_BYTES = 2 * 1024**3
 def start_background_build(index: FileIndex, storage: Storage, index_dir: str | os.PathLike[str]) -> Any:
     """Build the entropy index of ``index`` in a paced background process; return at once.
 
-    Training starts without the index and every process adopts it when it is complete
+    Training starts without the index and every process takes it up as it is built, a finished piece at a time
     (:class:`PendingEntropyIndex`): its crops are the same pixels with or without it, so the switch may come at any
     step. The builder holds the folder's lock (another rank's or run's builder leaves it be), reads every file once
     in one process paced by :class:`~lightning_fastdata.loading.jpeg.pace.Pace` (``BUILD_SHARE``, 2.5%, of the
@@ -447,12 +424,13 @@ def _background_main(index: FileIndex, storage: Storage, folder: Path) -> None:
 
 
 class PendingEntropyIndex:
-    """An entropy index being built elsewhere: :meth:`get` answers ``None`` until it is whole, then its entries.
+    """An entropy index being built elsewhere: the entries of its finished pieces meanwhile, all of them once whole.
 
-    Each process (every loader worker has its own copy) looks for the finished folder at most every
-    ``every`` seconds (a ``stat`` of its ``meta.json``); the folder is checked against the file list (the list's
-    fingerprint) only when that file is new or changed, not at every look (an older index of another list may sit
-    there while the new one is built). Picklable.
+    Each process (every loader worker has its own copy) looks at most every ``every`` seconds: for the finished
+    folder (a ``stat`` of its ``meta.json``), else for the pieces the build finished since its last look
+    (:class:`~lightning_fastdata.loading.jpeg.pieces.BuildingPieces`). The folder is checked against the file list
+    (the list's fingerprint) only when that file is new or changed, not at every look (an older index of another
+    list may sit there while the new one is built). Picklable.
     """
 
     def __init__(self, index_dir: str | os.PathLike[str], index: FileIndex, every: float = 5.0) -> None:
@@ -460,30 +438,37 @@ class PendingEntropyIndex:
         self.index = index
         self.every = every
         self._found: EntropyIndexes | None = None
+        self._pieces: BuildingPieces | None = None
         self._next = 0.0
         self._checked: int | None = None  # the meta.json (mtime in ns) last found not to serve the list
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_found": None, "_next": 0.0, "_checked": None}
+        return {**self.__dict__, "_found": None, "_pieces": None, "_next": 0.0, "_checked": None}
 
     def __len__(self) -> int:
         return len(self.index)
 
+    def _look(self) -> None:
+        try:
+            stamp = (self.folder / "meta.json").stat().st_mtime_ns
+        except OSError:
+            stamp = None  # not whole yet
+        if stamp is not None and stamp != self._checked:
+            if _valid(self.folder, self.index) is None:
+                self._found, self._pieces = EntropyIndexes(self.folder), None
+                return
+            self._checked = stamp
+        if self._pieces is None:
+            self._pieces = BuildingPieces(pieces_folder(self.folder), _stamp(self.index))
+        self._pieces.refresh()
+
     def get(self, i: int) -> bytes | None:
-        """File ``i``'s index once the folder is whole, else ``None`` (decoded without: the same pixels)."""
+        """File ``i``'s index where it is built yet, else ``None`` (decoded without: the same pixels)."""
         if self._found is None:
             now = time.monotonic()
-            if now < self._next:
-                return None
-            self._next = now + self.every
-            try:
-                stamp = (self.folder / "meta.json").stat().st_mtime_ns
-            except OSError:
-                return None  # not built yet
-            if stamp == self._checked:
-                return None
-            if _valid(self.folder, self.index) is not None:
-                self._checked = stamp
-                return None
-            self._found = EntropyIndexes(self.folder)
+            if now >= self._next:
+                self._next = now + self.every
+                self._look()
+            if self._found is None:
+                return None if self._pieces is None else self._pieces.get(i)
         return self._found.get(i)
