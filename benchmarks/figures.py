@@ -185,6 +185,12 @@ FIGURES: dict[str, Callable[[], str]] = {
     "first_epoch_paced.epoch1": lambda: _ratio_range([k["epoch1_vs_off"] for k in _paced()]),
     "first_epoch_paced.built_after": lambda: _int_range([e for k in _paced() for e in k["built_after_epoch"]]),
     "first_epoch_paced.after": lambda: _ratio_range([k["last3_vs_off"] for k in _paced()]),
+    "first_epoch_pieces.epoch1": lambda: _ratio_range(
+        [k["epoch1_vs_off"] for k in [*_pieces(), result("first-epoch-pieces")["epoch1_check"]]]
+    ),
+    "first_epoch_pieces.built_after": lambda: _int_range([e for k in _pieces() for e in k["built_after_epoch"]]),
+    "first_epoch_pieces.while_built": lambda: _ratio_range([k["while_built_vs_off"] for k in _pieces()]),
+    "first_epoch_pieces.after": lambda: _ratio_range([k["last3_vs_off"] for k in _pieces()]),
     "first_epoch_idle.built_after": lambda: _int_range(
         [e for k in result("first-epoch-idle")["kinds"] for e in k["built_after_epoch"]]
     ),
@@ -472,6 +478,12 @@ def _peers_table() -> str:
 def _paced() -> list[dict[str, Any]]:
     """The kinds of the paced background build's run (``first-epoch-paced.json``)."""
     kinds: list[dict[str, Any]] = result("first-epoch-paced")["kinds"]
+    return kinds
+
+
+def _pieces() -> list[dict[str, Any]]:
+    """The kinds of the run in which loaders take the index up a finished piece at a time (``first-epoch-pieces``)."""
+    kinds: list[dict[str, Any]] = result("first-epoch-pieces")["kinds"]
     return kinds
 
 
