@@ -165,10 +165,10 @@ class ImageFolderDataModule(FastDataModule):
             ``~/.cache/lightning-fastdata``). ``"auto"`` (default): used when it is there; if it is not,
             ``prepare_data`` starts building it in the background (paced: 2.5% of busy CPUs, idle ones whole;
             :mod:`~lightning_fastdata.loading.jpeg.pace`) and training starts at once, every loader process
-            taking it up a finished piece at a time as it is built (no pass before the first step; off where the compiled decoder is
-            missing; for a bucket root only an index already built is used: a second read of every object is not
-            done unasked). ``True``: ``prepare_data`` builds it before training (every file read once, all cores).
-            ``False``: never.
+            taking it up a finished piece at a time as it is built (no pass before the first step; off where the
+            compiled decoder is missing; for a bucket root only an index already built is used: a second read of
+            every object is not done unasked). ``True``: ``prepare_data`` builds it before training (every file
+            read once, all cores). ``False``: never.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).
 

@@ -521,8 +521,11 @@ def test_pieces_of_another_file_list_are_not_used(tmp_path: Path, monkeypatch: p
     assert module.PendingEntropyIndex(tmp_path / "idx", old).get(0) is not None
 
 
-def test_piece_sizes_take_a_small_list_up_in_steps_and_a_large_one_in_bounded_pieces() -> None:
-    assert [piece_files(n) for n in (1, 1536, 2048 * 32, 1_281_167)] == [64, 64, 2048, 4096]
+def test_piece_sizes_take_a_small_list_up_in_steps_and_a_large_one_in_few_bounded_pieces() -> None:
+    """A 32nd of the list, 64 files at least, 65,536 at most: ImageNet's 1.28 million files in 32 pieces (each
+    loader process maps each piece it takes up: one file descriptor a piece), ten million in 153."""
+    assert [piece_files(n) for n in (1, 1536, 2048 * 32, 1_281_167, 10_000_000)] == [64, 64, 2048, 40037, 65536]
+    assert -(-10_000_000 // piece_files(10_000_000)) == 153
 
 
 def test_auto_builds_nothing_unasked_for_a_bucket_and_true_builds_it(

@@ -286,10 +286,10 @@ def _build_locked(
 ) -> EntropyIndexes:
     """:func:`build_entropy_index` holding the folder's lock (no other build of it runs: leftovers are dead).
 
-    The entries are kept in pieces (:func:`~lightning_fastdata.loading.jpeg.pieces.piece_files`: 64 to 4,096 files)
-    in ``<folder>.building`` as they are made: a build that is killed (the background builder ends with its training
-    process) resumes at its last whole piece, and loaders use the finished pieces meanwhile. The pieces are then
-    joined into the index folder, which replaces the old one in one rename.
+    The entries are kept in pieces (:func:`~lightning_fastdata.loading.jpeg.pieces.piece_files`: a 32nd of the
+    files, 64 to 65,536) in ``<folder>.building`` as they are made: a build that is killed (the background builder
+    ends with its training process) resumes at its last whole piece, and loaders use the finished pieces meanwhile.
+    The pieces are then joined into the index folder, which replaces the old one in one rename.
     """
     _remove_dead_builds(folder)
     why = _valid(folder, index)
