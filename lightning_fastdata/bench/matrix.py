@@ -171,17 +171,6 @@ def _epoch_seconds(loader: Any, step_s: float = 0.0) -> float:
     return time.perf_counter() - start
 
 
-def _indexed(where: Path, files: int) -> int:
-    """How many files the entropy index being built in ``where`` covers: all once whole, else its finished pieces."""
-    if glob.glob(os.path.join(where, "*", "meta.json")):
-        return files
-    covered = 0
-    for lengths in glob.glob(os.path.join(where, "*.building", "*.npy")):
-        with contextlib.suppress(OSError, ValueError, EOFError):  # joined and deleted meanwhile
-            covered += len(np.load(lengths))
-    return covered
-
-
 def first_epoch(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """The default module's first epochs while its index is built in the background, against no index at all.
 
@@ -210,13 +199,18 @@ def first_epoch(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, 
         auto.prepare_data()
         auto.setup("fit")
         loader = auto.train_dataloader()
+        pending = getattr(auto.train_dataset, "entropy_indexes", None)
+        if not isinstance(pending, entropy.PendingEntropyIndex):
+            raise RuntimeError(f"the default module has no index being built in {where} (the decoder is missing?)")
+        # a watcher of its own: the dataset's copy (which forked workers would inherit) is left as training leaves it
+        watch = entropy.PendingEntropyIndex(where, pending.index)
         built_after.append(None)
         indexed.append([])
         seconds = []
         for epoch in range(1, epochs + 1):
             seconds.append(_epoch_seconds(loader, step))
             runs[f"auto: epoch {epoch}"].append(files / seconds[-1])
-            indexed[-1].append(_indexed(where, files))
+            indexed[-1].append(watch.covered())
             if built_after[-1] is None and indexed[-1][-1] == files:
                 built_after[-1] = epoch
         runs["auto: last 3"].append(

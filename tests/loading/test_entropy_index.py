@@ -491,6 +491,7 @@ def test_loaders_use_the_finished_pieces_of_a_build_before_it_is_whole(
     assert [pending.get(i) for i in range(len(index))] == [None] * len(index)  # not looked again within 5 s
     pending._next = 0.0
     assert [pending.get(i) for i in range(len(index))] == expected[:8] + [None] * (len(index) - 8)
+    assert pending.covered() == 8
     forked = pickle.loads(pickle.dumps(pending))  # a worker's copy looks for itself
     assert forked._pieces is None and forked.get(3) == expected[3]
     without = list(dm.train_dataloader())
@@ -502,7 +503,7 @@ def test_loaders_use_the_finished_pieces_of_a_build_before_it_is_whole(
     build_entropy_index(index, LocalStorage(str(root)), tmp_path / "idx", processes=0, progress=False)
     assert not pieces_folder(pending.folder).exists()  # joined and removed: the pieces taken up stay readable
     assert [pending.get(i) for i in range(len(index))] == expected[:8] + [None] * (len(index) - 8)
-    pending._next = 0.0
+    assert pending.covered() == len(index)  # a look at once: the whole index
     assert [pending.get(i) for i in range(len(index))] == expected and pending._pieces is None
 
 

@@ -462,6 +462,14 @@ class PendingEntropyIndex:
             self._pieces = BuildingPieces(pieces_folder(self.folder), _stamp(self.index))
         self._pieces.refresh()
 
+    def covered(self) -> int:
+        """How many files it serves now (a look at once): all once the index is whole, else its finished pieces'."""
+        if self._found is None:
+            self._look()
+        if self._found is not None:
+            return len(self.index)
+        return 0 if self._pieces is None else self._pieces.covered
+
     def get(self, i: int) -> bytes | None:
         """File ``i``'s index where it is built yet, else ``None`` (decoded without: the same pixels)."""
         if self._found is None:
