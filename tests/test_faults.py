@@ -395,15 +395,16 @@ print("read to the end")
 @pytest.mark.slow
 def test_a_script_that_reads_loaders_to_the_end_exits_cleanly(tmp_path: Path) -> None:
     """Before: rc 134 / SIGABRT ("terminate called without an active exception") in 2 to 5 of 10 runs: a thread of
-    ours freed a tensor while Python shut down. 20 fresh processes, each ending through the interpreter's shutdown."""
+    ours freed a tensor while Python shut down. 12 fresh processes, each ending through the interpreter's shutdown (a
+    regression as frequent as that one passes all 12 with a chance of 7% at 2 failures in 10, 1.4% at 3)."""
     from helpers.fork_client import SERVER
 
     root = make_image_folder(tmp_path / "data", num_classes=4, per_class=35, size=(96, 72))
     script = tmp_path / "read_to_the_end.py"
     script.write_text(_READ_TO_THE_END)
     codes = []
-    for run in range(20):
+    for run in range(12):
         code, out = SERVER.command([str(script), str(root)], tmp_path, tmp_path / f"{run}.log", finalize=True)
         assert "read to the end" in out, out
         codes.append(code)
-    assert codes == [0] * 20, f"exit codes of 20 runs: {codes}"
+    assert codes == [0] * 12, f"exit codes of 12 runs: {codes}"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torchvision.io import decode_jpeg, read_file
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
@@ -131,6 +133,62 @@ def test_a_samples_seed_is_the_batched_hash_of_its_key() -> None:
         as_tensors = [torch.tensor([[p]]) for p in parts]
         lo, hi = int(keyed._chain(as_tensors)), int(keyed._chain([*as_tensors, torch.tensor([[1]])]))
         assert sample_seed(seed, key, stream) == ((hi & 0x7FFFFFFF) << 32) | lo
+
+
+def test_keys_on_the_cpu_draw_the_numbers_a_device_draws() -> None:
+    """The host's draws (numpy's uint64 hash) are the torch hash's, which runs where the keys are on a GPU."""
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 5, 300):
+        epochs, indices = torch.randint(0, 2**62, (n,), generator=g), torch.randint(0, 10**7, (n,), generator=g)
+        keys = torch.stack([epochs, indices, torch.arange(n) % 4], 1)
+        for seed in (0, -3, 2**40 + 7, 2**63 - 1, 2**70 + 5):
+            for stream, count in ((0x7A1, 3), (0x7A3, 41), (1, 1)):
+                device_numbers = keyed._uniforms_torch(seed, keys, stream, count)
+                assert torch.equal(uniforms(seed, keys, stream, count), device_numbers)
+    odd = torch.tensor([[-1, -5, 0], [-(2**63), 3, -2]])  # not keys we make, but hashed the same way
+    assert torch.equal(uniforms(7, odd, 9, 4), keyed._uniforms_torch(7, odd, 9, 4))
+
+
+class _TorchCalls(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called inside it (each one dispatch: a kernel on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _torch_calls(fn: Any, *args: Any) -> int:
+    with _TorchCalls() as counter:
+        fn(*args)
+    return counter.calls
+
+
+def test_the_host_work_per_batch_does_not_grow_with_the_batch() -> None:
+    """Was: ~2,200 torch calls per batch of 256 for the reference recipe (a per-sample loop reading each op's name,
+    a loop per erasing try, ~200 calls per key hash), most of a GPU batch's augmentation time; now the draws take
+    the same calls for 16 samples as for 1,024, and a policy a fixed number per op group."""
+    counts = {}
+    for n in (16, 1024):
+        keys = keys_of(n, epoch=2)
+        images = torch.randint(0, 256, (n, 3, 24, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+        ta, ra, jitter = TrivialAugmentWide(), RandAugment(), ColorJitter(0.4, 0.4, 0.4, 0.1)
+        counts[n] = [
+            _torch_calls(uniforms, 0, keys, 1, 41),
+            _torch_calls(ta.params, keys, 0, 24, 24),
+            _torch_calls(ra.params, keys, 0, 24, 24),
+            _torch_calls(RandomErasing(p=0.5).boxes, keys, 0, 24, 24),
+            _torch_calls(jitter.params, keys, 0),
+            _torch_calls(ta, images, keys, 0),
+            _torch_calls(ra, images, keys, 0),
+        ]
+    draws = 5
+    assert counts[16][:draws] == counts[1024][:draws] and max(counts[16][:draws]) < 100, counts
+    # the policies: a fixed number of calls per op group (the 1,024 batch has every group, the 16 one not all)
+    assert all(big < small + 300 for small, big in zip(counts[16][draws:], counts[1024][draws:])), counts
 
 
 def test_random_erasing_draws_a_fitting_box_per_sample_or_none(batch: torch.Tensor) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "equalize",
     "erase",
     "posterize",
+    "quarter_turns",
     "solarize",
     "to_device",
 ]
@@ -182,18 +183,32 @@ def rotate(
 
     Multiples of 90 degrees on square images are exact transposes, as in torchvision.
     """
-    n, _, h, w = images.shape
+    n = images.shape[0]
     angle = angle.to(torch.float64) % 360
     zeros = torch.zeros(n, 2, dtype=torch.float64, device=images.device)
     out = affine(images, to_device(-angle, images.device), zeros, zeros, None, fill, interpolation)
+    return quarter_turns(images, out, angle)
+
+
+def quarter_turns(
+    images: torch.Tensor, out: torch.Tensor, angle: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``out`` with the exact turn of ``images`` where ``angle`` (``F.rotate``'s, in [0, 360)) is a multiple of 90.
+
+    Torchvision's rotate turns such samples exactly (odd turns only on square images). ``rows`` (bool ``N``):
+    only those samples are rotations. The angles (and ``rows``) on the host; ``out`` is changed in place.
+    """
+    h, w = images.shape[-2:]
     quarter = torch.remainder(angle, 90) == 0
-    for k in (0, 1, 2, 3):
+    if rows is not None:
+        quarter &= rows
+    # which turn each sample gets (-1: none), read on the host: no wait on the device, a few ops whatever the batch
+    turns = torch.where(quarter.cpu(), (angle / 90).round().long().cpu() % 4, -1).tolist()
+    for k in sorted(set(turns) - {-1}):
         if k % 2 and h != w:
             continue
-        pick = quarter & ((angle / 90).round().long() % 4 == k)
-        if bool(pick.any()):  # found where the angles are (the host, for the policies): no wait on the device
-            rows = to_device(torch.nonzero(pick.cpu()).flatten(), images.device)  # an index, not a device mask
-            out[rows] = torch.rot90(images[rows], k=k, dims=(-2, -1))
+        rows = to_device(torch.tensor([i for i, t in enumerate(turns) if t == k]), images.device)  # an index
+        out[rows] = torch.rot90(images[rows], k=k, dims=(-2, -1))
     return out
 
 
@@ -263,9 +278,9 @@ def erase(images: torch.Tensor, boxes: torch.Tensor, value: float = 0.0, inplace
     out = images if inplace else images.clone()
     # one slice per erased box: the work is the erased area, not the batch (a mask over the whole batch cost 0.6 ms
     # per image on a CPU); only a few samples have a box (p=0.1 in torchvision's recipe)
-    for i in torch.nonzero(b[:, 2] > 0).flatten().tolist():
-        top, left, h, w = b[i].tolist()
-        out[i, :, top : top + h, left : left + w] = value
+    for i, (top, left, h, w) in enumerate(b.tolist()):
+        if h > 0:
+            out[i, :, top : top + h, left : left + w] = value
     return out
 
 

@@ -104,6 +104,35 @@ def _apply_op(name: str, images: torch.Tensor, magnitude: torch.Tensor, fill: fl
     raise InvalidValueError(f"No batched op for {name!r}.")
 
 
+#: The policies' geometric ops: one affine warp for all their samples (a parameter set each), not one per op.
+_WARPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+
+
+def _apply_warps(
+    names: Sequence[str], images: torch.Tensor, magnitude: torch.Tensor, fill: float | None, mode: str
+) -> torch.Tensor:
+    """Torchvision's ``ShearX``/``ShearY``/``TranslateX``/``TranslateY``/``Rotate``, each sample its own (``names``).
+
+    The same per-sample parameters :func:`_apply_op` gives each op alone (float64, host), in one ``affine``: its
+    host-side set-up and its warp launched once per batch instead of once per op.
+    """
+    kind = torch.tensor([_WARPS.index(name) for name in names])
+    m = magnitude.to(torch.float64)
+    zero = torch.zeros(len(names), dtype=torch.float64)
+    degrees = ops.shear_degrees(m)
+    shear = torch.stack([torch.where(kind == 0, degrees, zero), torch.where(kind == 1, degrees, zero)], 1)
+    shift = torch.trunc(m)
+    translate = torch.stack([torch.where(kind == 2, shift, zero), torch.where(kind == 3, shift, zero)], 1)
+    rotating = kind == 4
+    turn = torch.where(rotating, m % 360, zero)  # F.rotate's angle; F.affine's is its negative
+    # torchvision shears about the top-left corner (centre [0, 0]); it translates and rotates about the image centre
+    h, w = images.shape[-2:]
+    middle = torch.tensor([[w * 0.5, h * 0.5]], dtype=torch.float64)
+    center = torch.where((kind <= 1).unsqueeze(1), torch.zeros_like(middle), middle)
+    out = ops.affine(images, torch.where(rotating, -turn, zero), translate, shear, center, fill, mode)
+    return ops.quarter_turns(images, out, turn, rotating)
+
+
 def _apply_grouped(
     images: torch.Tensor, groups: Sequence[Any], apply: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor | None]
 ) -> torch.Tensor:
@@ -134,27 +163,38 @@ class _Policy(KeyedTransform):
         super().__init__()
         self.interpolation = _interpolation(interpolation)
         self.fill = _fill(fill)
+        self._tables: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _table(self, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each op's magnitude per bin (a row per op of ``space``, float64; zeros for an op without), and signed.
+
+        torchvision's float32 tables read as Python floats, as it reads them; built once per image size.
+        """
+        key = (self.num_magnitude_bins, height, width)
+        if key not in self._tables:
+            rows, signs = [], []
+            for table, signed in self.space.values():
+                values = table(self.num_magnitude_bins, height, width)
+                zeros = torch.zeros(self.num_magnitude_bins, dtype=torch.float64)
+                rows.append(zeros if values is None else values.to(torch.float64))
+                signs.append(bool(signed) and values is not None)
+            self._tables[key] = (torch.stack(rows), torch.tensor(signs))
+        return self._tables[key]
 
     def params(self, keys: torch.Tensor, seed: int, height: int, width: int) -> list[tuple[list[str], torch.Tensor]]:
         """Per op round: each sample's op name and signed magnitude (float64, CPU), as torchvision would draw them."""
         names = list(self.space)
         u = uniforms(seed, keys.cpu(), self.stream, 3 * self.num_ops)
+        table, signed = self._table(height, width)
         rounds = []
-        for r in range(self.num_ops):
+        for r in range(self.num_ops):  # a handful of ops on N numbers per round, whatever N (host time per batch)
             choice = (u[:, 3 * r] * len(names)).long().clamp_(max=len(names) - 1)
             bins = (u[:, 3 * r + 1] * self.num_magnitude_bins).long().clamp_(max=self.num_magnitude_bins - 1)
             if self.magnitude is not None:
                 bins.fill_(self.magnitude)
-            negative = u[:, 3 * r + 2] <= 0.5
-            magnitude = torch.zeros(len(keys), dtype=torch.float64)
-            for k, name in enumerate(names):
-                table, signed = self.space[name]
-                values = table(self.num_magnitude_bins, height, width)
-                pick = choice == k
-                if values is not None and bool(pick.any()):
-                    m = values.to(torch.float64)[bins[pick]]  # torchvision's float32 table, read as Python floats
-                    magnitude[pick] = torch.where(negative[pick], -m, m) if signed else m
-            rounds.append(([names[int(c)] for c in choice], magnitude))
+            negative = signed[choice] & (u[:, 3 * r + 2] <= 0.5)
+            magnitude = table[choice, bins]
+            rounds.append(([names[c] for c in choice.tolist()], torch.where(negative, -magnitude, magnitude)))
         return rounds
 
     def forward(self, images: torch.Tensor, keys: torch.Tensor, seed: int) -> torch.Tensor:
@@ -166,10 +206,15 @@ class _Policy(KeyedTransform):
         height, width = images.shape[-2:]
         for op_names, magnitude in self.params(keys, seed, height, width):
 
-            def apply(name: str, x: torch.Tensor, rows: torch.Tensor, m: torch.Tensor = magnitude) -> torch.Tensor:
+            def apply(
+                name: str, x: torch.Tensor, rows: torch.Tensor, m: torch.Tensor = magnitude, names: list[str] = op_names
+            ) -> torch.Tensor:
+                if name == "warp":
+                    picked = [names[i] for i in rows.tolist()]
+                    return _apply_warps(picked, x, m[rows], self.fill, self.interpolation)
                 return _apply_op(name, x, m[rows], self.fill, self.interpolation)
 
-            images = _apply_grouped(images, op_names, apply)
+            images = _apply_grouped(images, ["warp" if n in _WARPS else n for n in op_names], apply)
         return images
 
 
@@ -356,19 +401,18 @@ class RandomErasing(KeyedTransform):
         u = uniforms(seed, keys.cpu(), self.stream, 1 + 4 * self.tries)
         area = height * width
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        out = torch.zeros(n, 4, dtype=torch.int64)
-        done = u[:, 0] >= self.p  # not erased at all
-        for t in range(self.tries):
-            erase_area = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 1 + 4 * t])
-            aspect = torch.exp(lo + (hi - lo) * u[:, 2 + 4 * t])
-            h = torch.sqrt(erase_area * aspect).round().long()
-            w = torch.sqrt(erase_area / aspect).round().long()
-            fits = ~done & (h < height) & (w < width)
-            top = (u[:, 3 + 4 * t] * (height - h + 1)).long()
-            left = (u[:, 4 + 4 * t] * (width - w + 1)).long()
-            out[fits] = torch.stack([top, left, h, w], 1)[fits]
-            done |= fits
-        return out
+        tries = u[:, 1:].view(n, self.tries, 4)  # every try of every sample at once: ~20 ops a batch, not ~150
+        erase_area = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * tries[..., 0])
+        aspect = torch.exp(lo + (hi - lo) * tries[..., 1])
+        h = torch.sqrt(erase_area * aspect).round().long()
+        w = torch.sqrt(erase_area / aspect).round().long()
+        top = (tries[..., 2] * (height - h + 1)).long()
+        left = (tries[..., 3] * (width - w + 1)).long()
+        fits = (h < height) & (w < width)
+        first = fits.to(torch.uint8).argmax(1, keepdim=True)  # the first try that fits wins (0 where none does)
+        chosen = torch.stack([top, left, h, w], 2).gather(1, first.unsqueeze(2).expand(n, 1, 4)).squeeze(1)
+        erased = (u[:, 0] < self.p) & fits.any(1)
+        return torch.where(erased.unsqueeze(1), chosen, torch.zeros_like(chosen))
 
     def forward(self, images: torch.Tensor, keys: torch.Tensor, seed: int) -> torch.Tensor:
         """Erase each sample's box."""
