@@ -199,3 +199,35 @@ def test_the_device_augmentation_of_a_training_batch_never_waits_for_the_gpu(ima
         finally:
             torch.cuda.set_sync_debug_mode(0)
         assert torch.equal(images, plain[0]) and torch.equal(targets, plain[1])
+
+
+@pytest.mark.timeout(300)
+def test_prefetched_batches_are_augmented_without_waiting_for_the_gpu(image_folder: Path) -> None:
+    """``prefetch=True``: the batch reaches the hooks already on the GPU; its keys' host values came with it from the
+    prefetcher, so the device half still queues its work without one synchronising call (was: a read-back of the
+    keys per batch, which waited for the previous step)."""
+    from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
+    from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher
+
+    dm = ImageFolderDataModule(
+        str(image_folder),
+        num_workers=0,
+        image_size=64,
+        batch_size=16,
+        val_fraction=0.0,
+        device_transforms=TrivialAugmentWide(interpolation="bilinear"),
+        batch_transforms=[RandomErasing(0.5)],
+    )
+    prefetcher = DevicePrefetcher("cuda")
+    for batch in first_batches(dm, 3):
+        dm.on_before_batch_transfer(batch, 0)
+        plain = dm.on_after_batch_transfer(tuple(t.cuda() for t in batch), 0)  # keys kept before the transfer
+        on_gpu = prefetcher.ready(prefetcher.start(batch))
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            dm.on_before_batch_transfer(on_gpu, 0)
+            images, targets = dm.on_after_batch_transfer(on_gpu, 0)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert torch.equal(images, plain[0]) and torch.equal(targets, plain[1])

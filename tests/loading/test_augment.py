@@ -15,8 +15,10 @@ from torchvision.transforms.v2 import functional as F
 
 from lightning_fastdata.augment import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide
 from lightning_fastdata.loading.augment import keyed, ops
+from lightning_fastdata.loading.augment.batch import DeviceAugment
 from lightning_fastdata.loading.augment.keyed import sample_seed, uniforms
 from lightning_fastdata.loading.augment.policies import to_batched
+from lightning_fastdata.loading.host_copy import host_original, to_device_keeping_host
 from lightning_fastdata.loading.sampler import EpochSampler
 
 
@@ -189,6 +191,23 @@ def test_the_host_work_per_batch_does_not_grow_with_the_batch() -> None:
     assert counts[16][:draws] == counts[1024][:draws] and max(counts[16][:draws]) < 100, counts
     # the policies: a fixed number of calls per op group (the 1,024 batch has every group, the 16 one not all)
     assert all(big < small + 300 for small, big in zip(counts[16][draws:], counts[1024][draws:])), counts
+
+
+def test_keys_moved_by_the_prefetcher_are_read_from_their_host_copy() -> None:
+    """With ``FastDataCallback(prefetch=True)`` the batch is on the device before ``on_before_batch_transfer``: the
+    prefetcher's move keeps the keys' host values (a copy: the loader may reuse its buffer for a later batch), and
+    the device augmentation reads them instead of reading the keys back, which waits for the device (on a GPU:
+    ``tests/test_cuda.py``). The meta device stands in for a GPU here."""
+    meta = torch.device("meta")
+    keys = keys_of(8, epoch=1)
+    moved = to_device_keeping_host(keys, meta)
+    keys.add_(100)  # the host buffer reused for a later batch
+    augment = DeviceAugment([TrivialAugmentWide()], [], seed=0)
+    augment.keep_keys(moved)  # what on_before_batch_transfer is given: the moved batch, nothing to keep
+    host = augment.keys_of(moved)
+    assert host is not None and host.device.type == "cpu" and torch.equal(host, keys_of(8, epoch=1))
+    assert host_original(to_device_keeping_host(torch.ones(8, 3), meta)) is None  # images and floats: no copy
+    assert host_original(to_device_keeping_host(torch.zeros(1 << 20, dtype=torch.int64), meta)) is None  # large
 
 
 def test_random_erasing_draws_a_fitting_box_per_sample_or_none(batch: torch.Tensor) -> None:

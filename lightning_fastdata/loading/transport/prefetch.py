@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from lightning_fastdata.loading.host_copy import to_device_keeping_host
+
 __all__ = ["DevicePrefetcher", "PrefetchIterator"]
 
 _END = object()
@@ -42,7 +44,7 @@ class DevicePrefetcher:
             return batch
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
-            return apply_to_collection(batch, torch.Tensor, lambda t: t.to(self.device, non_blocking=True))
+            return apply_to_collection(batch, torch.Tensor, to_device_keeping_host, self.device)
 
     def ready(self, batch: Any) -> Any:
         """Make the current stream wait for ``batch``'s copy; return it, safe to use on the current stream."""
