@@ -171,41 +171,18 @@ def test_device_policies_on_cuda_draw_what_the_cpu_draws_and_match_its_pixels(im
 
 
 @pytest.mark.timeout(300)
-def test_the_device_augmentation_of_a_training_batch_never_waits_for_the_gpu(image_folder: Path) -> None:
+@pytest.mark.parametrize("prefetched", [False, True], ids=["transferred", "prefetched"])
+def test_the_device_augmentation_of_a_training_batch_never_waits_for_the_gpu(
+    image_folder: Path, prefetched: bool
+) -> None:
     """With the keys kept on the host before the transfer, the recipe's device half (policy, normalise, erase,
-    MixUp/CutMix) queues its work without one synchronising call (torch's sync debug mode raises on each)."""
+    MixUp/CutMix) queues its work without one synchronising call (torch's sync debug mode raises on each).
+
+    ``prefetched`` (``FastDataCallback(prefetch=True)``): the batch reaches the hooks already on the GPU; its keys'
+    host values came with it from the prefetcher (was: a read-back of the keys per batch, which waited for the
+    previous step)."""
     from torchvision.transforms import v2
 
-    from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
-
-    dm = ImageFolderDataModule(
-        str(image_folder),
-        num_workers=0,
-        image_size=64,
-        batch_size=16,
-        val_fraction=0.0,
-        device_transforms=TrivialAugmentWide(interpolation="bilinear"),
-        batch_transforms=[RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
-    )
-    for batch in first_batches(dm, 3):
-        dm.on_before_batch_transfer(batch, 0)
-        on_gpu = tuple(t.cuda() for t in batch)
-        plain = dm.on_after_batch_transfer(on_gpu, 0)  # warm-up: allocator, kernels, pinned buffers
-        dm.on_before_batch_transfer(batch, 0)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            images, targets = dm.on_after_batch_transfer(on_gpu, 0)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        assert torch.equal(images, plain[0]) and torch.equal(targets, plain[1])
-
-
-@pytest.mark.timeout(300)
-def test_prefetched_batches_are_augmented_without_waiting_for_the_gpu(image_folder: Path) -> None:
-    """``prefetch=True``: the batch reaches the hooks already on the GPU; its keys' host values came with it from the
-    prefetcher, so the device half still queues its work without one synchronising call (was: a read-back of the
-    keys per batch, which waited for the previous step)."""
     from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
     from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher
 
@@ -216,17 +193,22 @@ def test_prefetched_batches_are_augmented_without_waiting_for_the_gpu(image_fold
         batch_size=16,
         val_fraction=0.0,
         device_transforms=TrivialAugmentWide(interpolation="bilinear"),
-        batch_transforms=[RandomErasing(0.5)],
+        batch_transforms=[RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
     )
     prefetcher = DevicePrefetcher("cuda")
     for batch in first_batches(dm, 3):
         dm.on_before_batch_transfer(batch, 0)
-        plain = dm.on_after_batch_transfer(tuple(t.cuda() for t in batch), 0)  # keys kept before the transfer
-        on_gpu = prefetcher.ready(prefetcher.start(batch))
+        on_gpu = tuple(t.cuda() for t in batch)
+        plain = dm.on_after_batch_transfer(on_gpu, 0)  # warm-up: allocator, kernels, pinned buffers
+        if prefetched:
+            on_gpu = prefetcher.ready(prefetcher.start(batch))
+        else:
+            dm.on_before_batch_transfer(batch, 0)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            dm.on_before_batch_transfer(on_gpu, 0)
+            if prefetched:  # Lightning's first hook is given the batch the prefetcher already moved
+                dm.on_before_batch_transfer(on_gpu, 0)
             images, targets = dm.on_after_batch_transfer(on_gpu, 0)
         finally:
             torch.cuda.set_sync_debug_mode(0)
