@@ -85,7 +85,7 @@ class DeviceAugment:
         carry their host values with them (:func:`~lightning_fastdata.loading.host_copy.host_original`).
         """
         host, self._host_keys = self._host_keys, None
-        if keys is not None and keys.device.type != "cpu" and (original := host_original(keys)) is not None:
+        if keys is not None and (original := host_original(keys)) is not None:
             return original  # moved by the prefetcher, which kept the host values
         return host if keys is not None and host is not None and host.shape == keys.shape else keys
 

@@ -207,8 +207,8 @@ def quarter_turns(
     for k in sorted(set(turns) - {-1}):
         if k % 2 and h != w:
             continue
-        rows = to_device(torch.tensor([i for i, t in enumerate(turns) if t == k]), images.device)  # an index
-        out[rows] = torch.rot90(images[rows], k=k, dims=(-2, -1))
+        index = to_device(torch.tensor([i for i, t in enumerate(turns) if t == k]), images.device)
+        out[index] = torch.rot90(images[index], k=k, dims=(-2, -1))
     return out
 
 

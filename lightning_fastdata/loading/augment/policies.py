@@ -64,25 +64,13 @@ def _fill(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def _apply_op(name: str, images: torch.Tensor, magnitude: torch.Tensor, fill: float | None, mode: str) -> torch.Tensor:
-    """Torchvision's ``_apply_image_or_video_transform`` for one op, a magnitude per sample (float64, CPU)."""
-    n = images.shape[0]
-    zeros = torch.zeros(n, 2, dtype=torch.float64)
+def _apply_op(name: str, images: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
+    """Torchvision's ``_apply_image_or_video_transform`` for one op, a magnitude per sample (float64, CPU).
+
+    The geometric ops (:data:`_WARPS`) are not here: :func:`_apply_warps` does all of them in one warp.
+    """
     if name == "Identity":
         return images
-    if name in ("ShearX", "ShearY"):
-        degrees = ops.shear_degrees(magnitude)
-        shear = torch.stack([degrees, torch.zeros_like(degrees)], 1)
-        return ops.affine(
-            images, torch.zeros(n), zeros, shear if name == "ShearX" else shear.flip(1), zeros, fill, mode
-        )
-    if name in ("TranslateX", "TranslateY"):
-        shift = torch.stack([torch.trunc(magnitude), torch.zeros_like(magnitude)], 1)
-        return ops.affine(
-            images, torch.zeros(n), shift if name == "TranslateX" else shift.flip(1), zeros, None, fill, mode
-        )
-    if name == "Rotate":
-        return ops.rotate(images, magnitude, fill, mode)
     if name == "Brightness":
         return ops.adjust_brightness(images, 1.0 + magnitude)
     if name == "Color":
@@ -113,8 +101,8 @@ def _apply_warps(
 ) -> torch.Tensor:
     """Torchvision's ``ShearX``/``ShearY``/``TranslateX``/``TranslateY``/``Rotate``, each sample its own (``names``).
 
-    The same per-sample parameters :func:`_apply_op` gives each op alone (float64, host), in one ``affine``: its
-    host-side set-up and its warp launched once per batch instead of once per op.
+    Each sample's parameters as torchvision's op gives them (float64, host), all in one ``affine``: its host-side
+    set-up and its warp launched once per batch instead of once per op.
     """
     kind = torch.tensor([_WARPS.index(name) for name in names])
     m = magnitude.to(torch.float64)
@@ -212,7 +200,7 @@ class _Policy(KeyedTransform):
                 if name == "warp":
                     picked = [names[i] for i in rows.tolist()]
                     return _apply_warps(picked, x, m[rows], self.fill, self.interpolation)
-                return _apply_op(name, x, m[rows], self.fill, self.interpolation)
+                return _apply_op(name, x, m[rows])
 
             images = _apply_grouped(images, ["warp" if n in _WARPS else n for n in op_names], apply)
         return images
