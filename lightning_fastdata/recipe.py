@@ -76,8 +76,13 @@ def per_image(transforms: list[Any]) -> list[Any]:
     return [t.to_torchvision() if isinstance(t, KeyedTransform) else t for t in transforms]
 
 
-def reference_loader(root: str, recipe: dict[str, Any], batch_size: int, workers: int) -> DataLoader:
-    """The recipe as torchvision's reference builds it: per-image transforms in the workers, mixing in collate."""
+def reference_loader(
+    root: str, recipe: dict[str, Any], batch_size: int, workers: int, pin_memory: bool = False
+) -> DataLoader:
+    """The recipe as torchvision's reference builds it: per-image transforms in the workers, mixing in collate.
+
+    ``pin_memory=True`` as the reference's ``train.py`` passes it when it trains on a GPU.
+    """
     size = int(recipe.get("image_size", 224))
     device = as_transform_list(recipe.get("device_transforms"), "device_transforms")
     after = as_transform_list(recipe.get("batch_transforms"), "batch_transforms")
@@ -108,5 +113,11 @@ def reference_loader(root: str, recipe: dict[str, Any], batch_size: int, workers
         return images, labels
 
     return DataLoader(
-        ds, batch_size=batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0, collate_fn=collate
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        collate_fn=collate,
+        pin_memory=pin_memory,
     )

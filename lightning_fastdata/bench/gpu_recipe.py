@@ -27,14 +27,15 @@ from torchvision.transforms import v2
 from lightning_fastdata import FastDataCallback, ImageFolderDataModule
 from lightning_fastdata.bench.gpu_fit import BaselineData, Settings, SyntheticData, common_args, cuda_available, fit
 from lightning_fastdata.bench.recipe import device_cost
+from lightning_fastdata.bench.recorder import GRAIN, OpRecorder, format_rows
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
-from lightning_fastdata.recipe import load_recipe
+from lightning_fastdata.recipe import load_recipe, reference_loader
 
-__all__ = ["VARIANTS", "busiest_threads", "check_variants", "recipe", "thread_cpu_s"]
+__all__ = ["VARIANTS", "ReferenceData", "busiest_threads", "check_variants", "recipe", "thread_cpu_s"]
 
 
 def recipe(s: Settings) -> dict[str, Any]:
-    """The reference recipe's fed ratio on this GPU and its device augmentation's cost per batch."""
+    """The reference recipe's fed ratio on this GPU, its reference loader's, and where the host's time goes."""
     check_variants(s.recipe_variants)  # before the fits: an unknown name costs no GPU time
     made, _ = load_recipe("recipe_torchvision")
     r = replace(s, image_size=min(s.image_size, int(made.pop("image_size"))))  # 176, or --quick's size
@@ -47,12 +48,21 @@ def recipe(s: Settings) -> dict[str, Any]:
     began = time.perf_counter()
     row, host = _fit_with_host(r, dm, profile=True)
     phases["fed_fit"] = round(time.perf_counter() - began, 1)
+    # the user's alternative today: torchvision's reference loader of the recipe (PIL, v2 in the workers, mixing in
+    # collate_fn, pinned), fed to the same model with Lightning's own transfer
+    began = time.perf_counter()
+    reference = fit(r, ReferenceData(r, made), DataWaitMonitor(print_summary=False))
+    phases["reference_fit"] = round(time.perf_counter() - began, 1)
+    reference["fed_ratio"] = reference["img_s"] / synthetic
+    print(f"gpu-check recipe: the reference loader {reference['img_s']:.0f} img/s ({reference['fed_ratio']:.2f})")
     variants = []
     for name in s.recipe_variants:  # the recipe less one piece each: which piece costs the fed rate
         args = VARIANTS[name](dict(made))
         began = time.perf_counter()
         with _AROUND.get(name, contextlib.nullcontext)():
-            v_row, v_host = _fit_with_host(r, ImageFolderDataModule(r.root, **common_args(r), **args), profile=False)
+            v_row, v_host = _fit_with_host(
+                r, ImageFolderDataModule(r.root, **common_args(r), **args), profile=False, **_CALLBACK.get(name, {})
+            )
         phases[f"variant {name}"] = round(time.perf_counter() - began, 1)
         ratio = v_row["img_s"] / synthetic
         variants.append({"variant": name, **v_row, "fed_ratio": ratio, "host": v_host})
@@ -68,6 +78,8 @@ def recipe(s: Settings) -> dict[str, Any]:
         "synthetic_img_s": synthetic,
         **row,
         "fed_ratio": row["img_s"] / synthetic,
+        "reference": reference,
+        "vs_reference": row["img_s"] / reference["img_s"],
         "device_augment_ms_per_batch": ms,
         "device_augment_device": device.type,
         "batch_size": r.batch_size,
@@ -76,12 +88,28 @@ def recipe(s: Settings) -> dict[str, Any]:
         "phase_seconds": phases,
     }
     print(f"gpu-check recipe: phases (s): {phases}")
-    print(f"gpu-check recipe: host during the fit: { {k: v for k, v in host.items() if k != 'profile'} }")
+    print(f"gpu-check recipe: host during the fit: { {k: v for k, v in host.items() if k not in ('profile', 'ops')} }")
+    print("gpu-check recipe: the training process's ops over a few steps (* batch-sized on the host):")
+    print(format_rows(host["ops"]))
     print(
-        f"gpu-check recipe: {row['img_s']:.0f} img/s fed, {synthetic:.0f} device-resident ({out['fed_ratio']:.2f}); "
-        f"device augmentation {ms:.2f} ms per batch of {r.batch_size} on the {device.type}"
+        f"gpu-check recipe: {row['img_s']:.0f} img/s fed, {synthetic:.0f} device-resident ({out['fed_ratio']:.2f}), "
+        f"{out['vs_reference']:.2f}x torchvision's reference loader; device augmentation {ms:.2f} ms per batch of "
+        f"{r.batch_size} on the {device.type}"
     )
     return out
+
+
+class ReferenceData(pl.LightningDataModule):
+    """torchvision's reference loader of a recipe (:func:`~lightning_fastdata.recipe.reference_loader`), pinned."""
+
+    def __init__(self, s: Settings, made: dict[str, Any]) -> None:
+        super().__init__()
+        self.s, self.made = s, made
+        self.classes = BaselineData(s).classes
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        recipe = {**self.made, "image_size": self.s.image_size}
+        return reference_loader(self.s.root, recipe, self.s.batch_size, self.s.workers, pin_memory=cuda_available())
 
 
 def _without(*keys: str) -> Any:
@@ -105,6 +133,7 @@ VARIANTS = {
     "no-repeats": _without("repeated_augmentations"),
     "crop-flip-only": lambda made: {},
     "one-torch-thread": dict,  # the whole recipe; the training process's torch ops on one thread (_AROUND)
+    "all-torch-threads": dict,  # the whole recipe; FastDataCallback(host_threads=None): torch's own thread count
     "policy-in-workers": _policy_in_workers,
 }
 
@@ -121,6 +150,11 @@ def _one_torch_thread() -> Iterator[None]:
 
 #: What a variant changes around its fit rather than in the DataModule's arguments.
 _AROUND = {"one-torch-thread": _one_torch_thread}
+#: What a variant changes in FastDataCallback's arguments.
+_CALLBACK: dict[str, dict[str, Any]] = {
+    "one-torch-thread": {"host_threads": None},
+    "all-torch-threads": {"host_threads": None},
+}
 
 
 def check_variants(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -135,23 +169,38 @@ def check_variants(names: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
-def _fit_with_host(r: Settings, dm: ImageFolderDataModule, profile: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The fed fit's row, and where the host's time went during it (see the module docstring)."""
+def _fit_with_host(
+    r: Settings, dm: ImageFolderDataModule, profile: bool, **callback: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The fed fit's row, and where the host's time went during it (see the module docstring).
+
+    With ``profile``, also ``torch.profiler``'s table of a few steps of the second epoch and the op recorder's
+    table (:class:`~lightning_fastdata.bench.recorder.OpRecorder`) of a few steps of the first.
+    """
     hook = _HookTimer(dm)
     threads_before = thread_cpu_s()
     self_before, children_before, began = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN), time.time()
     profiler = _StepProfiler(start=r.steps, steps=max(1, min(5, r.steps - 1)))  # the 2nd epoch's first steps
-    row = fit(r, dm, FastDataCallback(print_summary=False), extra_callbacks=[profiler] if profile else [])
+    recorder = _StepRecorder(start=min(10, r.steps // 2), steps=3)
+    threads = _ThreadCount()
+    row = fit(
+        r,
+        dm,
+        FastDataCallback(print_summary=False, **callback),
+        extra_callbacks=[threads, profiler, recorder] if profile else [threads],
+    )
     wall = time.time() - began
     host: dict[str, Any] = {
         "training_process_cores": round((_cpu_s(resource.RUSAGE_SELF) - self_before) / wall, 2),
         "workers_cores": round((_cpu_s(resource.RUSAGE_CHILDREN) - children_before) / wall, 2),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": threads.seen,
         "busiest_threads": busiest_threads(threads_before, thread_cpu_s()),
         **hook.summary(),
     }
     if profile:  # torch.profiler over a few steps of the second epoch: the host's ops by their own CPU time
         host["profile"] = profiler.table
+        host["ops_by_device"] = recorder.by_device
+        host["ops"] = recorder.rows
     hook.restore()
     return row, host
 
@@ -223,6 +272,50 @@ class _StepProfiler(pl.Callback):
         self._profile.__exit__(None, None, None)
         text = self._profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
         self.table = text.splitlines()
+
+
+class _ThreadCount(pl.Callback):
+    """Torch's intra-op thread count while training (after FastDataCallback's ``on_train_start``)."""
+
+    seen: int | None = None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
+        self.seen = torch.get_num_threads()
+
+
+class _StepRecorder(pl.Callback):
+    """:class:`~lightning_fastdata.bench.recorder.OpRecorder` over ``steps`` training steps after step ``start``.
+
+    It starts at the end of step ``start`` and stops at the end of step ``start + steps``: what it sees includes
+    the loader's ``next``, the transfer and its hooks, forward, loss, ``backward``'s call and the optimiser step
+    (the backward pass's kernels are launched from autograd's own thread, which a dispatch mode does not see).
+    """
+
+    def __init__(self, start: int, steps: int, elements: int = GRAIN) -> None:
+        self.start, self.steps, self.elements = start, steps, elements
+        self.rows: list[dict[str, Any]] = []
+        self.by_device: dict[str, int] = {}
+        self._recorder: OpRecorder | None = None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if trainer.current_epoch != 0:
+            return
+        if trainer.global_step == self.start and self._recorder is None and not self.rows:
+            self._recorder = OpRecorder()
+            self._recorder.__enter__()
+        elif self._recorder is not None and trainer.global_step >= self.start + self.steps:
+            self._stop()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._recorder is not None:
+            self._stop()
+
+    def _stop(self) -> None:
+        recorder, self._recorder = self._recorder, None
+        assert recorder is not None
+        recorder.__exit__(None, None, None)
+        self.rows = recorder.table(self.elements, top=30)
+        self.by_device = recorder.calls_by_device()
 
 
 class _HookTimer:
