@@ -251,11 +251,55 @@ FIGURES: dict[str, Callable[[], str]] = {
     "gpu.cache_fed": lambda: f"{_fed('TensorCacheDataModule raw, augment in workers'):.2f}",
     "gpu.recipe_date": lambda: str(result("gpu")["part_settings"]["recipe"]["date"]),
     "gpu.recipe_steps": lambda: str(result("gpu")["part_settings"]["recipe"]["settings"]["steps"]),
-    "gpu.recipe_fed": lambda: f"{result('gpu')['recipe']['fed_ratio']:.2f}",
-    "gpu.recipe_img_s": lambda: count(result("gpu")["recipe"]["img_s"]),
     "gpu.recipe_synthetic": lambda: count(result("gpu")["recipe"]["synthetic_img_s"]),
-    "gpu.recipe_device_ms": lambda: f"{result('gpu')['recipe']['device_augment_ms_per_batch']:.1f}",
+    "gpu.recipe_capped_img_s": lambda: _span([r["img_s"] for r in _threads_ab("auto")], count),
+    "gpu.recipe_capped_fed": lambda: _span([_recipe_fed(r["img_s"]) for r in _threads_ab("auto")], "{:.2f}".format),
+    "gpu.recipe_uncapped_img_s": lambda: _span([r["img_s"] for r in _threads_ab(None)], count),
+    "gpu.recipe_uncapped_fed": lambda: _span([_recipe_fed(r["img_s"]) for r in _threads_ab(None)], "{:.2f}".format),
+    "gpu.recipe_threads_gain": lambda: f"{_mean_img_s(_threads_ab('auto')) / _mean_img_s(_threads_ab(None)):.1f}x",
+    "gpu.recipe_augment_ms_capped": lambda: _span(
+        [r["augment_host_ms_median"] for r in _threads_ab("auto")], "{:.1f}".format
+    ),
+    "gpu.recipe_augment_ms_uncapped": lambda: _span(
+        [r["augment_host_ms_median"] for r in _threads_ab(None)], "{:.0f}".format
+    ),
+    "gpu.recipe_reference_img_s": lambda: count(result("gpu")["recipe"]["reference"]["img_s"]),
+    "gpu.recipe_reference_fed": lambda: f"{_recipe_fed(result('gpu')['recipe']['reference']['img_s']):.2f}",
+    "gpu.recipe_vs_reference": lambda: (
+        _span(
+            [r["img_s"] / result("gpu")["recipe"]["reference"]["img_s"] for r in _threads_ab("auto")], "{:.1f}".format
+        )
+        + "x"
+    ),
+    "gpu.recipe_workers_img_s": lambda: count(_recipe_variant("policy-in-workers")["img_s"]),
+    "gpu.recipe_workers_fed": lambda: f"{_recipe_variant('policy-in-workers')['fed_ratio']:.2f}",
+    "gpu.recipe_workers_vs_reference": lambda: times(
+        _recipe_variant("policy-in-workers")["img_s"] / result("gpu")["recipe"]["reference"]["img_s"]
+    ),
 }
+
+
+def _threads_ab(host_threads: str | None) -> list[dict[str, Any]]:
+    """The GPU recipe's interleaved host-threads A/B rows with this ``host_threads`` setting."""
+    return [r for r in result("gpu")["recipe"]["host_threads_ab"]["rows"] if r["host_threads"] == host_threads]
+
+
+def _recipe_fed(img_s: float) -> float:
+    return img_s / result("gpu")["recipe"]["synthetic_img_s"]
+
+
+def _recipe_variant(name: str) -> dict[str, Any]:
+    return _find(result("gpu")["recipe"]["variants"], "variant", name)
+
+
+def _mean_img_s(rows: list[dict[str, Any]]) -> float:
+    return sum(r["img_s"] for r in rows) / len(rows)
+
+
+def _span(values: list[float], fmt: Callable[[float], str]) -> str:
+    """``lo-hi`` of ``values`` as ``fmt`` writes them (one value when they round alike)."""
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _table(header: list[str], rows: Iterable[list[str]]) -> str:

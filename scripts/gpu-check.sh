@@ -2,6 +2,10 @@
 # The GPU check: the CUDA tests and the GPU benchmark (lightning_fastdata/bench/gpu.py), from a clean checkout.
 #
 #   bash scripts/gpu-check.sh stage     # where there is a network: wheels and the libjpeg-turbo .debs into .gpu-stage/
+#   bash scripts/gpu-check.sh diagnose --out DIR   # ~5 min on one H100: CUDA tests, the recipe part at short epochs,
+#                                                  # its reference loader, four variants, the op recorder
+#   bash scripts/gpu-check.sh prove --out DIR      # ~8 min after diagnose on the same machine (its data kept):
+#                                                  # ImageNet-length epochs (500 steps of 256), 3 each (reference: 2)
 #   bash scripts/gpu-check.sh [--parts tests,fed,mechanisms,correctness,decode,recipe,scale] [--out DIR] [--data DIR]
 #                             [--images N] [--copies K] [--quick] [-- BENCH-ARGS]
 #
@@ -36,6 +40,15 @@ IMAGES=20000
 COPIES=1
 QUICK=""
 EXTRA=()
+# the two prepared commands of the recipe's GPU issue; the arguments given after them still win (--out, --parts,
+# and BENCH-ARGS after --, which come after the preset's)
+PRESET=()
+case "${1:-}" in
+  diagnose) shift; set -- --parts tests,recipe --images 4000 --copies 34 "$@"
+    PRESET=(--steps 60 --epochs 2 --recipe-variants all-torch-threads,policy-in-workers,no-policy,crop-flip-only) ;;
+  prove) shift; set -- --parts recipe --images 4000 --copies 34 "$@"
+    PRESET=(--steps 500 --epochs 3 --reference-epochs 2 --no-recipe-diagnose --recipe-variants policy-in-workers) ;;
+esac
 while [ $# -gt 0 ]; do
   case "$1" in
     run) ;;
@@ -120,7 +133,7 @@ fi
 BENCH=$(echo ",$PARTS," | sed 's/,tests,/,/; s/^,//; s/,$//')
 if [ -n "$BENCH" ]; then
   "$PY" -m lightning_fastdata.bench.gpu --root "$ROOT" --scratch "$DATA/scratch" \
-    --json "$OUT/gpu.json" --parts "$BENCH" $QUICK "${EXTRA[@]}"
+    --json "$OUT/gpu.json" --parts "$BENCH" $QUICK "${PRESET[@]}" "${EXTRA[@]}"
 fi
 echo "gpu-check: done; results in $OUT"
 exit "${TESTS_RC:-0}"

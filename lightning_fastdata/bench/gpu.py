@@ -23,7 +23,10 @@ Parts (each adds its key to the JSON file, so a long check can be split over sev
 - ``recipe``: torchvision's reference recipe (the shipped ``recipe_torchvision``: 176 px, TrivialAugmentWide on the
   device, RandomErasing, MixUp/CutMix, repeated augmentation) through the folder module: the model's rate on
   device-resident batches of that size, the fed rate and its ratio (``--steps``: ImageNet-length epochs need >= 500),
-  and the device augmentation's cost per batch (policy, normalise, erase, mix), CUDA-event timed.
+  torchvision's reference loader of the recipe fed to the same model (``--reference-epochs``), the variants
+  (``--recipe-variants``), an untimed diagnose fit (the op recorder and the profiler; ``--no-recipe-diagnose``),
+  and the device augmentation's cost per batch (policy, normalise, erase, mix), CUDA-event timed; a summary table
+  at the end (:mod:`lightning_fastdata.bench.gpu_recipe`).
 - ``scale``: our folder module vs the torchvision baseline at 1, 2, 4, 8, 15 workers, next to the decode ceiling,
   each timed in its steady state within one pass (ours counted on the GPU, normalised, where there is one).
 
@@ -371,6 +374,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="",
         help=f"recipe part: also the recipe less one piece each, comma-separated from {','.join(VARIANTS)}",
     )
+    p.add_argument("--reference-epochs", type=int, default=None, help="recipe part: the reference loader's epochs")
+    p.add_argument(
+        "--no-recipe-diagnose", action="store_true", help="recipe part: skip the untimed recorder/profiler fit"
+    )
     p.add_argument("--steps", type=int, default=None, help=f"training steps per epoch (default {Settings.steps})")
     p.add_argument("--epochs", type=int, default=None, help=f"epochs a fit, first untimed (default {Settings.epochs})")
     args = p.parse_args(argv)
@@ -393,8 +400,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         s.arch, s.image_size, s.batch_size, s.steps, s.epochs, s.cache_size = "resnet18", 32, 8, 2, 2, 40
         s.scale_workers, s.decode_images = (1,), 32
     s.steps, s.epochs = args.steps or s.steps, args.epochs or s.epochs
-    if s.epochs < 2:
-        p.error(f"--epochs {s.epochs}: the first epoch is not timed; give at least 2.")
+    s.reference_epochs, s.recipe_diagnose = args.reference_epochs, not args.no_recipe_diagnose
+    if s.epochs < 2 or (s.reference_epochs is not None and s.reference_epochs < 2):
+        p.error(
+            f"--epochs {s.epochs} / --reference-epochs {s.reference_epochs}: the first epoch is not timed; give 2+."
+        )
     files = len(scan_image_folder(s.root))  # what an epoch of the fed parts draws from (no validation split)
     if files < s.steps * s.batch_size:  # the Trainer would silently run shorter epochs than asked
         p.error(

@@ -60,6 +60,8 @@ class Settings:
         folder_workers: The ``fed`` part also runs the folder module with each of these worker counts.
         recipe_variants: The ``recipe`` part also trains the recipe less one piece for each name here
             (``lightning_fastdata.bench.gpu_recipe.VARIANTS``).
+        reference_epochs: Epochs of the ``recipe`` part's reference-loader fit (``None``: ``epochs``); its slowest.
+        recipe_diagnose: The ``recipe`` part's untimed fit with the op recorder and the profiler.
     """
 
     root: str
@@ -78,6 +80,8 @@ class Settings:
     folder_workers: tuple[int, ...] = ()
     repeats: int = 1
     recipe_variants: tuple[str, ...] = ()
+    reference_epochs: int | None = None
+    recipe_diagnose: bool = True
 
 
 def common_args(s: Settings) -> dict[str, Any]:

@@ -1,13 +1,26 @@
 """The GPU check's ``recipe`` part: torchvision's reference recipe fed to ResNet-50, and where the host's time goes.
 
-See :mod:`lightning_fastdata.bench.gpu` (the parts, ``scripts/gpu-check.sh``). The first GPU run (2026-11-26, one
-H100) fed the model at 0.15 of its device-resident rate with the training process busy and its loader workers idle,
-so this part also records the host's share during the fit: CPU cores of the training process and of its reaped
-children (the loader workers), the training process's busiest threads (CPU seconds by thread name: one busy
-Python thread, or many of torch's intra-op threads), the augmentation hook's host time per batch and the device its
-batches were on, and ``torch.profiler``'s table of a few steps of the second epoch. Its variants
-(:data:`VARIANTS`, ``--recipe-variants``) train the recipe less one piece each, with ``torch.set_num_threads(1)``
-in the training process (``one-torch-thread``), or with the policy in the loader workers (``policy-in-workers``).
+See :mod:`lightning_fastdata.bench.gpu` (the parts, ``scripts/gpu-check.sh``: its ``diagnose`` and ``prove``
+commands). The timed fits carry no profiler: the model on device-resident batches, the recipe through the folder
+module with ``FastDataCallback``, torchvision's reference loader of the recipe (:class:`ReferenceData`: PIL, v2 in
+the workers, MixUp/CutMix in ``collate_fn``, pinned, Lightning's own transfer), and the variants
+(:data:`VARIANTS`, ``--recipe-variants``: the recipe less one piece each, or with torch's threads left at one per
+CPU). Each timed fit also records, at no cost worth naming, the host's share: CPU cores of the training process and
+of its reaped children (the loader workers), torch's intra-op thread count while training, the training
+process's busiest threads by name, the augmentation hook's host time per batch and the device its batches were
+on, and the host timeline of a step (:class:`_StepTimeline`: waiting for the batch, the augmentation hook, the
+training step's own host time, and the step's GPU time by CUDA events).
+
+Then one short untimed fit (``--recipe-diagnose``, on by default) records what costs too much to time with:
+every torch op of the training process's thread over three steps of its first epoch
+(:class:`~lightning_fastdata.bench.recorder.OpRecorder`: op, device, elements, calling frame; batch-sized work
+on the host listed first) and ``torch.profiler``'s table of a few steps of its second epoch. The first GPU runs
+timed the recipe with the profiler on, which alone cost 2.6x (1,282 vs 3,286-3,468 img/s on 2026-11-27).
+
+What the runs found (one H100, 16 CPUs, 15 workers, 2026-11-27): with torch's default of 16 intra-op threads in
+the training process beside 15 busy workers, the threads took 5 of the 16 CPUs and the recipe fed 2,104 img/s;
+capped at the one CPU the workers leave (``FastDataCallback(host_threads="auto")``), 3,286-3,468, with the
+training process's one thread saturated.
 """
 
 from __future__ import annotations
@@ -15,9 +28,11 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
@@ -41,38 +56,33 @@ def recipe(s: Settings) -> dict[str, Any]:
     r = replace(s, image_size=min(s.image_size, int(made.pop("image_size"))))  # 176, or --quick's size
     num_classes = len(BaselineData(r).classes)
     phases: dict[str, float] = {}  # wall seconds of each phase (the first GPU run's timeline could not be told apart)
-    began = time.perf_counter()
-    synthetic = fit(r, SyntheticData(r, num_classes), DataWaitMonitor(print_summary=False))["img_s"]
-    phases["synthetic_fit"] = round(time.perf_counter() - began, 1)
+
+    def timed(name: str, run: Any) -> Any:
+        began = time.perf_counter()
+        out = run()
+        phases[name] = round(time.perf_counter() - began, 1)
+        return out
+
+    # the model alone: a steady rate needs far fewer steps than an ImageNet-length epoch
+    short = replace(r, steps=min(r.steps, SYNTHETIC_STEPS))
+    synthetic = timed(
+        "synthetic_fit", lambda: fit(short, SyntheticData(short, num_classes), DataWaitMonitor(print_summary=False))
+    )
+    synthetic = synthetic["img_s"]
     dm = ImageFolderDataModule(r.root, **common_args(r), **made)
-    began = time.perf_counter()
-    row, host = _fit_with_host(r, dm, profile=True)
-    phases["fed_fit"] = round(time.perf_counter() - began, 1)
-    # the user's alternative today: torchvision's reference loader of the recipe (PIL, v2 in the workers, mixing in
-    # collate_fn, pinned), fed to the same model with Lightning's own transfer
-    began = time.perf_counter()
-    reference = fit(r, ReferenceData(r, made), DataWaitMonitor(print_summary=False))
-    phases["reference_fit"] = round(time.perf_counter() - began, 1)
+    row, host = timed("fed_fit", lambda: _fit_with_host(r, dm))
+    # the user's alternative today: torchvision's reference loader of the recipe, fed to the same model
+    ref = replace(r, epochs=r.reference_epochs or r.epochs)
+    reference = timed("reference_fit", lambda: fit(ref, ReferenceData(ref, made), DataWaitMonitor(print_summary=False)))
     reference["fed_ratio"] = reference["img_s"] / synthetic
-    print(f"gpu-check recipe: the reference loader {reference['img_s']:.0f} img/s ({reference['fed_ratio']:.2f})")
+    reference["epochs"] = ref.epochs
     variants = []
     for name in s.recipe_variants:  # the recipe less one piece each: which piece costs the fed rate
         args = VARIANTS[name](dict(made))
-        began = time.perf_counter()
+        v_dm = ImageFolderDataModule(r.root, **common_args(r), **args)
         with _AROUND.get(name, contextlib.nullcontext)():
-            v_row, v_host = _fit_with_host(
-                r, ImageFolderDataModule(r.root, **common_args(r), **args), profile=False, **_CALLBACK.get(name, {})
-            )
-        phases[f"variant {name}"] = round(time.perf_counter() - began, 1)
-        ratio = v_row["img_s"] / synthetic
-        variants.append({"variant": name, **v_row, "fed_ratio": ratio, "host": v_host})
-        print(f"gpu-check recipe variant {name}: {v_row['img_s']:.0f} img/s ({ratio:.2f}); {v_host}")
-    # the device half alone: batches as they leave the loader, on the device, through on_after_batch_transfer
-    device = torch.device("cuda" if cuda_available() else "cpu")
-    dm.setup("fit")
-    began = time.perf_counter()
-    ms = device_cost(dm, batches=10, device=device, warmup=2)
-    phases["device_cost"] = round(time.perf_counter() - began, 1)
+            v_row, v_host = timed(f"variant {name}", partial(_fit_with_host, r, v_dm, **_CALLBACK.get(name, {})))
+        variants.append({"variant": name, **v_row, "fed_ratio": v_row["img_s"] / synthetic, "host": v_host})
     out = {
         "image_size": r.image_size,
         "synthetic_img_s": synthetic,
@@ -80,23 +90,72 @@ def recipe(s: Settings) -> dict[str, Any]:
         "fed_ratio": row["img_s"] / synthetic,
         "reference": reference,
         "vs_reference": row["img_s"] / reference["img_s"],
-        "device_augment_ms_per_batch": ms,
-        "device_augment_device": device.type,
         "batch_size": r.batch_size,
         "host": host,
         "variants": variants,
-        "phase_seconds": phases,
     }
-    print(f"gpu-check recipe: phases (s): {phases}")
-    print(f"gpu-check recipe: host during the fit: { {k: v for k, v in host.items() if k not in ('profile', 'ops')} }")
-    print("gpu-check recipe: the training process's ops over a few steps (* batch-sized on the host):")
-    print(format_rows(host["ops"]))
-    print(
-        f"gpu-check recipe: {row['img_s']:.0f} img/s fed, {synthetic:.0f} device-resident ({out['fed_ratio']:.2f}), "
-        f"{out['vs_reference']:.2f}x torchvision's reference loader; device augmentation {ms:.2f} ms per batch of "
-        f"{r.batch_size} on the {device.type}"
-    )
+    if r.recipe_diagnose:  # untimed: the op recorder and the profiler cost too much to time with
+        d = replace(r, steps=min(r.steps, DIAGNOSE_STEPS))
+        d_dm = ImageFolderDataModule(d.root, **common_args(d), **made)
+        out["diagnose"] = timed("diagnose_fit", lambda: _fit_with_host(d, d_dm, diagnose=True)[1])
+    # the device half alone: batches as they leave the loader, on the device, through on_after_batch_transfer
+    device = torch.device("cuda" if cuda_available() else "cpu")
+    dm.setup("fit")
+    out["device_augment_ms_per_batch"] = timed("device_cost", lambda: device_cost(dm, 10, device=device, warmup=2))
+    out["device_augment_device"] = device.type
+    out["phase_seconds"] = phases
+    print(summary(out))
     return out
+
+
+#: Steps per epoch of the device-resident fit (the model's rate is steady long before an ImageNet-length epoch).
+SYNTHETIC_STEPS = 100
+#: Steps per epoch of the untimed diagnose fit (its recorder runs over steps 10-13 of the first epoch).
+DIAGNOSE_STEPS = 20
+
+
+def summary(out: dict[str, Any]) -> str:
+    """The recipe part's table: each fed row's rate, its ratio to device-resident batches and to the reference."""
+    ref = out["reference"]["img_s"]
+    rows = [("device-resident batches (the rate to feed)", out["synthetic_img_s"], 1.0, None, None, None, None)]
+    for name, row, host in [
+        ("ours: the recipe, policy on the device", out, out["host"]),
+        ("torchvision's reference loader", out["reference"], None),
+        *[(f"ours, variant {v['variant']}", v, v["host"]) for v in out["variants"]],
+    ]:
+        rows.append(
+            (
+                name,
+                row["img_s"],
+                row["img_s"] / out["synthetic_img_s"],
+                row["img_s"] / ref,
+                row["data_wait"],
+                None if host is None else host["torch_threads"],
+                None if host is None else host["training_process_cores"],
+            )
+        )
+    lines = [
+        f"gpu-check recipe ({out['image_size']} px, batch {out['batch_size']}, {out.get('timed_steps')} timed steps):",
+        f"{'':<46} {'img/s':>7} {'fed':>5} {'vs ref':>6} {'wait':>5} {'threads':>7} {'cores':>5}",
+    ]
+
+    def cell(v: Any, fmt: str, width: int) -> str:
+        return f"{'-':>{width}}" if v is None else f"{v:>{width}{fmt}}"
+
+    for name, img_s, fed, vs, wait, threads, cores in rows:
+        lines.append(
+            f"{name:<46} {img_s:>7.0f} {cell(fed, '.2f', 5)} {cell(vs, '.2f', 6)} {cell(wait, '.2f', 5)} "
+            f"{cell(threads, 'd', 7)} {cell(cores, '.2f', 5)}"
+        )
+    timeline = out["host"].get("timeline_ms") or {}
+    if timeline:
+        lines.append(f"ours, host ms per step (median): {timeline}")
+    if "diagnose" in out:
+        d = out["diagnose"]
+        lines.append(f"diagnose fit: ops by device {d.get('ops_by_device')}; the training process's ops:")
+        lines.append(format_rows(d.get("ops", [])[:20]))
+    lines.append(f"phases (s): {out['phase_seconds']}")
+    return "\n".join(lines)
 
 
 class ReferenceData(pl.LightningDataModule):
@@ -170,34 +229,33 @@ def check_variants(names: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _fit_with_host(
-    r: Settings, dm: ImageFolderDataModule, profile: bool, **callback: Any
+    r: Settings, dm: ImageFolderDataModule, diagnose: bool = False, **callback: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The fed fit's row, and where the host's time went during it (see the module docstring).
 
-    With ``profile``, also ``torch.profiler``'s table of a few steps of the second epoch and the op recorder's
-    table (:class:`~lightning_fastdata.bench.recorder.OpRecorder`) of a few steps of the first.
+    With ``diagnose``, also the op recorder's table of three steps of the first epoch and ``torch.profiler``'s of
+    a few steps of the second: then the row's rate is not a measurement.
     """
     hook = _HookTimer(dm)
     threads_before = thread_cpu_s()
     self_before, children_before, began = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN), time.time()
-    profiler = _StepProfiler(start=r.steps, steps=max(1, min(5, r.steps - 1)))  # the 2nd epoch's first steps
-    recorder = _StepRecorder(start=min(10, r.steps // 2), steps=3)
-    threads = _ThreadCount()
-    row = fit(
-        r,
-        dm,
-        FastDataCallback(print_summary=False, **callback),
-        extra_callbacks=[threads, profiler, recorder] if profile else [threads],
-    )
+    timeline = _StepTimeline(hook)
+    extra: list[pl.Callback] = [timeline]
+    if diagnose:
+        profiler = _StepProfiler(start=r.steps, steps=max(1, min(5, r.steps - 1)))  # the 2nd epoch's first steps
+        recorder = _StepRecorder(start=min(10, r.steps // 2), steps=3)
+        extra += [profiler, recorder]
+    row = fit(r, dm, FastDataCallback(print_summary=False, **callback), extra_callbacks=extra)
     wall = time.time() - began
     host: dict[str, Any] = {
         "training_process_cores": round((_cpu_s(resource.RUSAGE_SELF) - self_before) / wall, 2),
         "workers_cores": round((_cpu_s(resource.RUSAGE_CHILDREN) - children_before) / wall, 2),
-        "torch_threads": threads.seen,
+        "torch_threads": timeline.threads,
         "busiest_threads": busiest_threads(threads_before, thread_cpu_s()),
         **hook.summary(),
+        "timeline_ms": timeline.summary(),
     }
-    if profile:  # torch.profiler over a few steps of the second epoch: the host's ops by their own CPU time
+    if diagnose:
         host["profile"] = profiler.table
         host["ops_by_device"] = recorder.by_device
         host["ops"] = recorder.rows
@@ -274,13 +332,58 @@ class _StepProfiler(pl.Callback):
         self.table = text.splitlines()
 
 
-class _ThreadCount(pl.Callback):
-    """Torch's intra-op thread count while training (after FastDataCallback's ``on_train_start``)."""
+class _StepTimeline(pl.Callback):
+    """Host milliseconds of each training step by phase, and the step's GPU time (CUDA events), as medians.
 
-    seen: int | None = None
+    ``fetch``: from the end of one step to the start of the next, less the augmentation hook (the loader's
+    ``next``, the transfer, Lightning's hooks); ``augment``: the hook (:class:`_HookTimer`); ``step``: from
+    ``on_train_batch_start`` to ``on_train_batch_end`` (forward, loss, backward's call, the optimiser: host time,
+    the GPU runs behind); ``gpu_step``: the GPU time between events recorded at those two hooks. When the host's
+    three add up to more than ``gpu_step``, the training process's thread, not the GPU, sets the pace. Also notes
+    torch's intra-op thread count while training (after ``FastDataCallback.on_train_start``).
+    """
+
+    def __init__(self, hook: _HookTimer) -> None:
+        self.hook = hook
+        self.threads: int | None = None
+        self.rows: list[tuple[float, float, float]] = []  # (fetch + augment, augment, step) seconds
+        self.events: list[tuple[Any, Any]] = []  # CUDA events at each step's start and end (read at the end)
+        self._ended: float | None = None  # when the last step ended (None: an epoch starts)
+        self._before: float | None = None
+        self._began = 0.0
+        self._hooks_seen = 0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._ended = None  # the wait across an epoch boundary is not a step's
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
-        self.seen = torch.get_num_threads()
+        self.threads = torch.get_num_threads()
+        self._began, self._before = time.perf_counter(), self._ended
+        if cuda_available():
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.events.append((start, torch.cuda.Event(enable_timing=True)))
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        now = time.perf_counter()
+        augment = self.hook.seconds[-1] if len(self.hook.seconds) > self._hooks_seen else 0.0
+        self._hooks_seen = len(self.hook.seconds)
+        if self._before is not None:
+            self.rows.append((self._began - self._before, augment, now - self._began))
+        if self.events:
+            self.events[-1][1].record()
+        self._ended = now
+
+    def summary(self) -> dict[str, float] | None:
+        """Median milliseconds per step: ``fetch``, ``augment``, ``step`` (host) and ``gpu_step`` (on a GPU)."""
+        if not self.rows:
+            return None
+        wait, augment, step = (statistics.median(col) * 1000 for col in zip(*self.rows))
+        out = {"fetch": round(wait - augment, 2), "augment": round(augment, 2), "step": round(step, 2)}
+        if self.events:
+            torch.cuda.synchronize()
+            out["gpu_step"] = round(statistics.median(a.elapsed_time(b) for a, b in self.events), 2)
+        return out
 
 
 class _StepRecorder(pl.Callback):

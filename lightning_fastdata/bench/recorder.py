@@ -32,7 +32,9 @@ GRAIN = 32768
 
 #: Frames from these folders are skipped when the calling frame is looked for.
 _SKIP = tuple(
-    os.path.dirname(m.__file__) + os.sep for m in (torch, __import__("torchvision")) if getattr(m, "__file__", None)
+    os.path.dirname(path) + os.sep
+    for path in (getattr(torch, "__file__", None), getattr(__import__("torchvision"), "__file__", None))
+    if path
 ) + (os.path.abspath(__file__),)
 
 

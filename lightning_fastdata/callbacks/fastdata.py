@@ -17,7 +17,7 @@ from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.transport.loaders import with_prefetch
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
 
-__all__ = ["FastDataCallback"]
+__all__ = ["FastDataCallback", "threads_beside_workers"]
 
 _NOT_SET = object()
 
@@ -176,10 +176,7 @@ class FastDataCallback(Callback):
         if trainer.strategy.root_device.type == "cpu":
             return None
         workers = max((getattr(dl, "num_workers", 0) for dl in _loaders(trainer.train_dataloader)), default=0)
-        if workers <= 0:
-            return None
-        per_device = CpuBudget.detect().usable // max(1, trainer.num_devices)
-        return max(1, per_device - workers)
+        return threads_beside_workers(workers, trainer.num_devices) if workers > 0 else None
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -237,6 +234,15 @@ class FastDataCallback(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Forwarded to the monitor."""
         self.monitor.on_fit_end(trainer, pl_module)
+
+
+def threads_beside_workers(workers: int, devices_per_node: int = 1, budget: CpuBudget | None = None) -> int:
+    """The CPUs a rank's loader ``workers`` leave free (at least 1): ``usable // devices_per_node - workers``.
+
+    ``budget``: the node's CPUs (:meth:`~lightning_fastdata.CpuBudget.detect` when ``None``).
+    """
+    budget = budget or CpuBudget.detect()
+    return max(1, budget.usable // max(1, devices_per_node) - workers)
 
 
 def _loaders(loaders: Any) -> list[Any]:

@@ -70,34 +70,51 @@ def test_the_gpu_checks_fit_and_correctness_parts_on_a_cpu(image_folder: Path, t
 
 @pytest.mark.timeout(300)
 def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path) -> None:
-    """The recipe part: the reference recipe's fed ratio and its device augmentation's cost per batch."""
+    """The recipe part: the recipe's fed ratio, torchvision's reference loader's, the variants, the untimed diagnose
+    fit (op recorder, profiler), the device augmentation's cost per batch and the summary table."""
     from lightning_fastdata.bench import gpu
-    from lightning_fastdata.bench.gpu_fit import Settings
+    from lightning_fastdata.bench.gpu_recipe import summary
 
-    s = Settings(str(image_folder), str(tmp_path), str(image_folder), arch="resnet18", image_size=32, batch_size=4)
-    variants = ("crop-flip-only", "one-torch-thread")
-    s = Settings(**{**s.__dict__, "workers": 0, "steps": 2, "epochs": 2, "recipe_variants": variants})
+    s = gpu.Settings(str(image_folder), str(tmp_path), str(image_folder), arch="resnet18", image_size=32, batch_size=4)
+    variants = ("crop-flip-only", "one-torch-thread", "all-torch-threads")
+    s = gpu.Settings(**{**s.__dict__, "workers": 0, "steps": 3, "epochs": 2, "recipe_variants": variants})
+    s.reference_epochs = 3
     threads = torch.get_num_threads()
     out = gpu.recipe(s)
     assert torch.get_num_threads() == threads  # the one-thread variant put the count back
     assert out["image_size"] == 32 and out["device_augment_device"] == "cpu"
     assert out["img_s"] > 0 and out["synthetic_img_s"] > 0 and out["device_augment_ms_per_batch"] > 0
     assert out["fed_ratio"] == pytest.approx(out["img_s"] / out["synthetic_img_s"])
+    # torchvision's reference loader of the recipe, fed to the same model for its own number of epochs
+    ref = out["reference"]
+    assert ref["img_s"] > 0 and ref["epochs"] == 3 and ref["timed_steps"] == 2 * 3
+    assert out["vs_reference"] == pytest.approx(out["img_s"] / ref["img_s"])
     # where the host's time went: the augmentation hook ran on every training batch, on the batches' device
-    assert out["host"]["augment_batch_devices"] == ["cpu"] and out["host"]["augment_host_ms_median"] > 0
-    assert out["host"]["training_process_cores"] > 0
-    busiest = out["host"]["busiest_threads"]  # [name, CPU seconds] of the training process's busiest threads
+    host = out["host"]
+    assert host["augment_batch_devices"] == ["cpu"] and host["augment_host_ms_median"] > 0
+    assert host["training_process_cores"] > 0 and host["torch_threads"] == threads  # a CPU run: no cap
+    assert (
+        host["timeline_ms"]["step"] > 0 and host["timeline_ms"]["augment"] > 0 and "gpu_step" not in host["timeline_ms"]
+    )
+    busiest = host["busiest_threads"]  # [name, CPU seconds] of the training process's busiest threads
     assert busiest[0][2] > 0 and all(isinstance(name, str) for name, *_ in busiest)
-    assert any("Self CPU" in line for line in out["host"]["profile"])  # torch.profiler's table of the second epoch
+    assert "profile" not in host and "ops" not in host  # the timed fit carries neither profiler nor recorder
+    # the untimed diagnose fit: the profiler's table of the second epoch, the recorder's rows of the first
+    d = out["diagnose"]
+    assert any("Self CPU" in line for line in d["profile"])
+    assert d["ops_by_device"]["cpu"] > 0 and {"op", "device", "frame", "calls", "max_elements"} <= set(d["ops"][0])
+    assert any(r["op"] == "convolution" for r in d["ops"])  # the model's forward, recorded in the training thread
     # --recipe-variants: the recipe less a piece, here all but the crop and flip (no keys, so no augmentation hook)
-    variant, one_thread = out["variants"]
-    assert variant["variant"] == "crop-flip-only" and variant["img_s"] > 0 and variant["timed_steps"] == 2
+    variant, one_thread, all_threads = out["variants"]
+    assert variant["variant"] == "crop-flip-only" and variant["img_s"] > 0 and variant["timed_steps"] == 3
     assert variant["host"]["augment_batch_devices"] == ["cpu"] and "profile" not in variant["host"]
     # the whole recipe with the training process's torch ops on one thread (the recipe's own hook ran)
     assert one_thread["variant"] == "one-torch-thread" and one_thread["host"]["torch_threads"] == 1
-    assert one_thread["host"]["augment_batch_devices"] == ["cpu"] and out["host"]["torch_threads"] == threads
-    phases = {"synthetic_fit", "fed_fit", "variant crop-flip-only", "variant one-torch-thread", "device_cost"}
-    assert set(out["phase_seconds"]) == phases
+    assert all_threads["host"]["torch_threads"] == threads
+    phases = {"synthetic_fit", "fed_fit", "reference_fit", "diagnose_fit", "device_cost"}
+    assert set(out["phase_seconds"]) == phases | {f"variant {v}" for v in variants}
+    table = summary(out)
+    assert "torchvision's reference loader" in table and "variant all-torch-threads" in table and "*" in table
 
 
 def test_the_busiest_threads_are_named_with_their_cpu_seconds() -> None:

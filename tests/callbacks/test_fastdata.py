@@ -214,3 +214,58 @@ def test_input_bound_advice_points_to_the_doctor_with_the_measured_step_time() -
     trainer = SimpleNamespace(datamodule=None, train_dataloader=SimpleNamespace(num_workers=2))
     advice = DataWaitMonitor().advice(stats, trainer)  # type: ignore[arg-type]
     assert "waited for data 71%" in advice and "`fastdata doctor DATA --step-ms 120`" in advice
+
+
+class _ThreadsSeen(pl.Callback):
+    """Torch's intra-op thread count at each training step, and whether a step should raise."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.seen: list[int] = []
+        self.fail_at = fail_at
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
+        self.seen.append(torch.get_num_threads())
+        if self.fail_at is not None and i == self.fail_at:
+            raise RuntimeError("stopped on purpose")
+
+
+@pytest.mark.timeout(180)
+def test_host_threads_sets_torchs_threads_while_training_and_puts_them_back(image_folder: Path) -> None:
+    """An explicit ``host_threads`` holds for every training step (with real loader workers), then the old count is
+    back, also after a fit that raised; ``"auto"`` on a CPU run leaves torch's count (the model trains on it)."""
+    before = torch.get_num_threads()
+    target = 1 if before > 1 else 2
+    try:
+        for fail_at in (None, 1):
+            dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers=1, val_fraction=0)
+            seen = _ThreadsSeen(fail_at)
+            t = cpu_trainer(seen, FastDataCallback(host_threads=target), max_steps=3)
+            if fail_at is None:
+                t.fit(ImageClassifier(num_classes=3), dm)
+            else:
+                with pytest.raises(RuntimeError, match="stopped on purpose"):
+                    t.fit(ImageClassifier(num_classes=3), dm)
+            assert seen.seen and set(seen.seen) == {target}
+            assert torch.get_num_threads() == before
+        dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=8, num_workers=1, val_fraction=0)
+        seen, cb = _ThreadsSeen(), FastDataCallback()
+        t = cpu_trainer(seen, cb, max_steps=2)
+        t.fit(ImageClassifier(num_classes=3), dm)
+        assert cb.host_threads == "auto" and cb.host_thread_count(t) is None and set(seen.seen) == {before}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_host_threads_auto_gives_torch_the_cpus_the_workers_leave() -> None:
+    """The ``"auto"`` count on an accelerator: usable CPUs per device less the workers, at least one."""
+    from lightning_fastdata.callbacks.fastdata import threads_beside_workers
+    from lightning_fastdata.loading.workers import CpuBudget
+
+    assert threads_beside_workers(15, 1, CpuBudget(affinity=16)) == 1  # the H100 machine: 16 CPUs, 15 workers
+    assert threads_beside_workers(8, 1, CpuBudget(affinity=16)) == 8
+    assert threads_beside_workers(6, 2, CpuBudget(affinity=16)) == 2  # two ranks share the node
+    assert threads_beside_workers(15, 1, CpuBudget(affinity=64, quota=12.5)) == 1  # the cgroup quota counts
+    assert threads_beside_workers(3, 1, CpuBudget(affinity=2)) == 1
+    for bad in (0, -1, 1.5, "all", True):
+        with pytest.raises(ValueError, match="host_threads"):
+            FastDataCallback(host_threads=bad)  # type: ignore[arg-type]
