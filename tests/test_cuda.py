@@ -18,6 +18,7 @@ import torch
 from helpers.spy import Spy
 
 from lightning_fastdata import FastDataCallback, ImageClassifier, ImageFolderDataModule, TensorCacheDataModule
+from lightning_fastdata.loading.batch import DeviceBatch, move_to_device
 
 pytestmark = pytest.mark.cuda
 HELPER = Path(__file__).with_name("helpers") / "resume_run.py"
@@ -29,7 +30,7 @@ def first_batches(dm: Any, n: int, prefetch_to: str | None = None) -> list[tuple
     dm.setup("fit")
     out = []
     for batch in dm.train_dataloader():
-        out.append(tuple(t.cpu() if prefetch_to is None else t for t in batch))
+        out.append(move_to_device(batch, "cpu") if prefetch_to is None else batch)
         if len(out) == n:
             break
     return out
@@ -175,12 +176,12 @@ def test_device_policies_on_cuda_draw_what_the_cpu_draws_and_match_its_pixels(im
 def test_the_device_augmentation_of_a_training_batch_never_waits_for_the_gpu(
     image_folder: Path, prefetched: bool
 ) -> None:
-    """With the keys kept on the host before the transfer, the recipe's device half (policy, normalise, erase,
-    MixUp/CutMix) queues its work without one synchronising call (torch's sync debug mode raises on each).
+    """With the keys left on the host by the transfer (a ``DeviceBatch``), the recipe's device half (policy,
+    normalise, erase, MixUp/CutMix) queues its work without one synchronising call (torch's sync debug mode raises
+    on each).
 
-    ``prefetched`` (``FastDataCallback(prefetch=True)``): the batch reaches the hooks already on the GPU; its keys'
-    host values came with it from the prefetcher (was: a read-back of the keys per batch, which waited for the
-    previous step)."""
+    ``prefetched`` (``FastDataCallback(prefetch=True)``): the batch reaches the hooks already on the GPU, moved by
+    the prefetcher with the DataModule's own move, its keys still on the host."""
     from torchvision.transforms import v2
 
     from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
@@ -196,14 +197,17 @@ def test_the_device_augmentation_of_a_training_batch_never_waits_for_the_gpu(
         batch_transforms=[RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
     )
     prefetcher = DevicePrefetcher("cuda")
+    cuda = torch.device("cuda")
     for batch in first_batches(dm, 3):
-        dm.on_before_batch_transfer(batch, 0)
-        on_gpu = tuple(t.cuda() for t in batch)
+        assert type(batch) is DeviceBatch and batch.keys is not None
+        on_gpu = dm.transfer_batch_to_device(dm.on_before_batch_transfer(batch, 0), cuda, 0)
+        assert on_gpu.keys.device.type == "cpu"  # the keys stay on the host
         plain = dm.on_after_batch_transfer(on_gpu, 0)  # warm-up: allocator, kernels, pinned buffers
         if prefetched:
             on_gpu = prefetcher.ready(prefetcher.start(batch))
+            assert on_gpu.images.is_cuda and on_gpu.keys.device.type == "cpu"
         else:
-            dm.on_before_batch_transfer(batch, 0)
+            on_gpu = dm.transfer_batch_to_device(dm.on_before_batch_transfer(batch, 0), cuda, 0)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:

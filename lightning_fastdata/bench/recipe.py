@@ -36,6 +36,7 @@ from torchvision.transforms import v2
 
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.loading.augment.batch import as_transform_list
+from lightning_fastdata.loading.batch import move_to_device
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.measure import Candidate, count_images, count_normalised, measure, rows_for
 from lightning_fastdata.recipe import per_image, reference_loader
@@ -82,7 +83,7 @@ def device_cost(
     (``None``) with one thread. The first ``warmup`` batches are not counted.
     """
     device = device or torch.device("cpu")
-    got = [tuple(t.to(device) for t in b) for _, b in zip(range(batches + warmup), dm.train_dataloader())]
+    got = [move_to_device(b, device) for _, b in zip(range(batches + warmup), dm.train_dataloader())]
     threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(1)

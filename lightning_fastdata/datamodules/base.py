@@ -23,6 +23,7 @@ from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading import native
 from lightning_fastdata.loading.augment.batch import DeviceAugment, as_transform_list
 from lightning_fastdata.loading.augment.sample import SampleTransform
+from lightning_fastdata.loading.batch import DeviceBatch, move_to_device
 from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched
@@ -294,25 +295,21 @@ class FastDataModule(LightningDataModule):
 
     @override
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Report corrupt images skipped in the epoch that just ended (``on_corrupt='skip'``).
-
-        Keeps a host copy of a training batch's keys for :meth:`on_after_batch_transfer`.
-        """
+        """Report corrupt images skipped in the epoch that just ended (``on_corrupt='skip'``)."""
         trainer = self.trainer
         if trainer is not None and trainer.training and trainer.current_epoch != self._skip_epoch:
             if self._skip_epoch >= 0:
                 self._report_skipped(self._skip_epoch)
             self._skip_epoch = trainer.current_epoch
-        self.device_augment.keep_keys(self._keyed(batch))
         return batch
 
-    def _keyed(self, batch: Any) -> torch.Tensor | None:
-        """The keys a training batch carries last when device augmentation is on (``N x 3`` int64), else ``None``."""
-        if not (self.device_augment and isinstance(batch, (tuple, list)) and len(batch) >= 3):
-            return None
-        keys = batch[-1]
-        ok = isinstance(keys, torch.Tensor) and keys.dtype == torch.int64 and keys.dim() == 2 and keys.shape[1] == 3
-        return keys if ok else None
+    @override
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move ``batch`` to ``device``; a ``DeviceBatch`` keeps its keys on the host.
+
+        The one move (:func:`~lightning_fastdata.loading.batch.move_to_device`), the prefetcher's too.
+        """
+        return move_to_device(batch, device)
 
     def augment_on_device(self, images: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor) -> tuple[Any, Any]:
         """``device_transforms``, normalisation and ``batch_transforms`` of one training batch (uint8 in)."""
@@ -324,14 +321,12 @@ class FastDataModule(LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Convert the uint8 images of ``(images, labels, ...)`` to normalised float on the device.
 
-        A training batch that carries its keys (``device_transforms``/``batch_transforms`` given) is augmented here
-        first and returned as ``(images, targets)``. The augmentation's parameters are drawn from the keys on the
-        host: from the copy :meth:`on_before_batch_transfer` kept of this batch's keys (Lightning calls the two
-        hooks for one batch in turn), else from the device's keys read back (which waits for the device).
+        A training batch that carries its keys (a ``DeviceBatch``: ``device_transforms``/``batch_transforms``
+        given) is augmented here first and returned as ``(images, targets)``; the augmentation draws its
+        parameters from the keys, which :meth:`transfer_batch_to_device` left on the host.
         """
-        keys = self.device_augment.keys_of(self._keyed(batch))
-        if keys is not None and batch[0].dtype == torch.uint8:
-            return self.augment_on_device(batch[0], batch[1], keys)
+        if isinstance(batch, DeviceBatch) and batch.keys is not None and batch.images.dtype == torch.uint8:
+            return self.augment_on_device(batch.images, batch.labels, batch.keys)
         if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
             if batch[0].dtype == torch.uint8:
                 return (self.format_images(self.normalizer(batch[0])), *batch[1:])

@@ -25,6 +25,7 @@ from lightning_fastdata.datasets.cache_manifest import read_manifest
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
+from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.device_augment import crop_resize_flip
 from lightning_fastdata.loading.storage.bucket_index import DEFAULT_INDEX_TTL
 
@@ -215,12 +216,9 @@ class TensorCacheDataModule(FastDataModule):
     @override
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """With ``augment_on="device"``: crop, resize and flip the cached squares here, then normalise."""
-        keys = self._keyed(batch)
-        if isinstance(batch, (tuple, list)) and len(batch) == 4 + (keys is not None):
-            keys = self.device_augment.keys_of(keys)
-            images, labels, boxes, flips = batch[:4]
-            cropped = crop_resize_flip(images, boxes, flips, self.dataset_kwargs["image_size"])
-            if keys is not None:  # the policies work on uint8, as in the workers' path
-                return self.augment_on_device(cropped.round_().clamp_(0, 255).to(torch.uint8), labels, keys)
-            return self.format_images(self.normalizer(cropped)), labels
+        if isinstance(batch, DeviceBatch) and batch.boxes is not None and batch.flips is not None:
+            cropped = crop_resize_flip(batch.images, batch.boxes, batch.flips, self.dataset_kwargs["image_size"])
+            if batch.keys is not None:  # the policies work on uint8, as in the workers' path
+                return self.augment_on_device(cropped.round_().clamp_(0, 255).to(torch.uint8), batch.labels, batch.keys)
+            return self.format_images(self.normalizer(cropped)), batch.labels
         return super().on_after_batch_transfer(batch, dataloader_idx)

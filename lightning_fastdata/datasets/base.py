@@ -15,6 +15,7 @@ from torch.utils.data import Dataset, get_worker_info
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import DataError, StorageError
 from lightning_fastdata.loading.augment.sample import SampleTransform
+from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 from lightning_fastdata.loading.jpeg.decode import (
     Box,
@@ -270,13 +271,21 @@ class AugmentedImageDataset(Dataset):
         if self.transform is not None:  # (the transform gets a contiguous copy: torch's ops on it are 1.3-2x faster)
             self.transform.apply_into(images[slot], full_key)
 
-    def _with_keys(self, batch: tuple[torch.Tensor, ...], full_keys: list[tuple[int, int, int]]) -> tuple[Any, ...]:
-        if not self.return_keys:
-            return batch
-        return (*batch, torch.tensor(full_keys, dtype=torch.int64).view(-1, 3))
+    def _batch(
+        self, images: torch.Tensor, labels: torch.Tensor, full_keys: list[tuple[int, int, int]], **crop: torch.Tensor
+    ) -> tuple[torch.Tensor, ...] | DeviceBatch:
+        """``(images, labels)``, or a ``DeviceBatch`` when the training device has work to do on it.
 
-    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...]:
-        """Fetch and render a whole batch into one shared uint8 tensor; return ``(images, labels[, keys])``."""
+        That work: the policies, which draw from the samples' keys (``return_keys``); the cache's crop (``crop``:
+        ``boxes`` and ``flips``).
+        """
+        keys = torch.tensor(full_keys, dtype=torch.int64).view(-1, 3) if self.return_keys else None
+        if keys is None and not crop:
+            return (images, labels)
+        return DeviceBatch(images, labels, keys, **crop)
+
+    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...] | DeviceBatch:
+        """Fetch and render a whole batch into one shared uint8 tensor; ``(images, labels)`` or a ``DeviceBatch``."""
         full_keys = [self._key(key) for key in keys]
         plans = [self._plan(key) for key in full_keys]
         indices = np.fromiter((index for index, _ in plans), dtype=np.int64, count=len(plans))
@@ -309,7 +318,5 @@ class AugmentedImageDataset(Dataset):
         if not kept.all():
             mask = torch.from_numpy(kept)
             full_keys = [k for k, keep in zip(full_keys, kept) if keep]
-            return self._with_keys(
-                (images[mask].contiguous(memory_format=torch.channels_last), labels[mask]), full_keys
-            )
-        return self._with_keys((images, labels), full_keys)
+            return self._batch(images[mask].contiguous(memory_format=torch.channels_last), labels[mask], full_keys)
+        return self._batch(images, labels, full_keys)

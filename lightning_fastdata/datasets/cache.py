@@ -42,6 +42,7 @@ from lightning_fastdata.datasets.cache_manifest import (
 )
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
+from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity
 from lightning_fastdata.loading.jpeg.decode import random_resized_crop_box
 from lightning_fastdata.loading.sampler import SampleKey
@@ -157,8 +158,8 @@ class TensorCacheDataset(AugmentedImageDataset):
         """One sorted gather from the memory map."""
         return list(gather_hwc(self._array().__getitem__, indices))
 
-    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...]:
-        """Batches; with ``augment_on="device"`` in training: ``(squares, labels, boxes, flips)``."""
+    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...] | DeviceBatch:
+        """Batches; with ``augment_on="device"`` in training: a ``DeviceBatch`` of squares with boxes and flips."""
         if not (self.train and self.augment_on == "device"):
             return super().__getitems__(keys)
         full_keys = [self._key(key) for key in keys]
@@ -175,4 +176,4 @@ class TensorCacheDataset(AugmentedImageDataset):
             flips[slot] = bool(rng.random() < 0.5)
             boxes[slot] = torch.tensor(random_resized_crop_box(rng, side, side, self.scale, self.ratio))
             images[slot].copy_(source)
-        return self._with_keys((images, torch.from_numpy(self._labels[indices]), boxes, flips), full_keys)
+        return self._batch(images, torch.from_numpy(self._labels[indices]), full_keys, boxes=boxes, flips=flips)

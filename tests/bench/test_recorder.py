@@ -45,9 +45,8 @@ def test_the_recipes_device_half_does_no_batch_sized_work_on_the_host(image_fold
     dm = ImageFolderDataModule(str(image_folder), image_size=size, batch_size=32, num_workers=0, val_fraction=0, **made)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
-    assert len(batch) == 3  # images, labels, keys
-    dm.on_before_batch_transfer(batch, 0)
-    moved = tuple(t.to("meta") for t in batch)
+    assert batch.keys is not None  # a DeviceBatch: images, labels, keys
+    moved = dm.transfer_batch_to_device(dm.on_before_batch_transfer(batch, 0), torch.device("meta"), 0)
     with OpRecorder() as rec:
         images, targets = dm.on_after_batch_transfer(moved, 0)
     assert images.device.type == "meta" and images.shape == (32, 3, size, size) and targets.shape == (32, 3)

@@ -17,6 +17,7 @@ from lightning_fastdata import (
     convert_folder_to_hdf5,
 )
 from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
+from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.testing.trainer import cpu_trainer
 
 RECIPE: dict[str, Any] = dict(image_size=32, batch_size=8, val_fraction=0.2, seed=3)
@@ -26,7 +27,13 @@ def epoch_batches(dm: ImageFolderDataModule, epoch: int) -> list[tuple[torch.Ten
     dm.setup("fit")
     loader = dm.train_dataloader()
     loader.sampler.set_epoch(epoch)
-    return [tuple(t.clone() for t in batch) for batch in loader]
+    return [_clone(batch) for batch in loader]
+
+
+def _clone(batch: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A copy of a loader's batch (its buffers are reused), of the same class (a ``DeviceBatch`` stays one)."""
+    values = [None if t is None else t.clone() for t in batch]
+    return type(batch)(*values) if isinstance(batch, DeviceBatch) else tuple(values)
 
 
 @pytest.mark.timeout(300)
@@ -73,8 +80,7 @@ def test_device_policies_and_mixup_cutmix_make_soft_targets_deterministically(im
         **RECIPE,
     )
     batch = epoch_batches(dm, 0)[0]
-    images, labels, keys = batch
-    assert images.dtype == torch.uint8 and keys.shape == (8, 3)
+    assert batch.images.dtype == torch.uint8 and batch.keys.shape == (8, 3)
     out_images, targets = dm.on_after_batch_transfer(batch, 0)
     assert out_images.dtype == torch.float32 and out_images.shape == (8, 3, 32, 32)
     assert targets.shape == (8, dm.num_classes) and torch.allclose(targets.sum(1), torch.ones(8))
@@ -87,9 +93,11 @@ def test_device_policies_and_mixup_cutmix_make_soft_targets_deterministically(im
     assert len(val) == 2  # validation batches carry no keys and are not augmented
 
 
-def test_device_augmentation_draws_from_the_keys_kept_on_the_host_before_the_transfer(image_folder: Path) -> None:
-    """on_before_batch_transfer keeps the batch's keys on the host for on_after_batch_transfer (no read-back from the
-    device, which would wait for the previous step): used once, for the batch that follows, and only if it fits."""
+def test_device_augmentation_draws_from_the_batchs_keys_which_the_transfer_leaves_on_the_host(
+    image_folder: Path,
+) -> None:
+    """A keyed training batch is a ``DeviceBatch``; the DataModule's move leaves its keys on the host (no read-back
+    from the device, which would wait for the previous step) and the augmentation draws from exactly those keys."""
     dm = ImageFolderDataModule(
         str(image_folder),
         num_workers=0,
@@ -97,21 +105,19 @@ def test_device_augmentation_draws_from_the_keys_kept_on_the_host_before_the_tra
         batch_transforms=[v2.MixUp(alpha=0.2)],
         **RECIPE,
     )
-    images, labels, keys = epoch_batches(dm, 0)[0]
-    direct, direct_targets = dm.on_after_batch_transfer((images, labels, keys), 0)
-    # a stand-in for the transfer that changes the keys' values: the output follows the host copy, not them
-    other = keys.clone()
-    other[:, 1] += 1000
-    from_other, _ = dm.on_after_batch_transfer((images, labels, other), 0)
+    batch = epoch_batches(dm, 0)[0]
+    assert isinstance(batch, DeviceBatch)
+    moved = dm.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    assert moved.images.device.type == "meta" and moved.keys is batch.keys
+    direct, direct_targets = dm.on_after_batch_transfer(batch, 0)
+    again, again_targets = dm.on_after_batch_transfer(batch, 0)
+    assert torch.equal(direct, again) and torch.equal(direct_targets, again_targets)
+    other = batch.keys.clone()
+    other[:, 1] += 1000  # other samples' keys: other draws
+    from_other, _ = dm.on_after_batch_transfer(batch._replace(keys=other), 0)
     assert not torch.equal(from_other, direct)
-    dm.on_before_batch_transfer((images, labels, keys), 0)
-    kept, kept_targets = dm.on_after_batch_transfer((images, labels, other), 0)
-    assert torch.equal(kept, direct) and torch.equal(kept_targets, direct_targets)
-    again, _ = dm.on_after_batch_transfer((images, labels, other), 0)  # the copy was used once
-    assert torch.equal(again, from_other)
-    dm.on_before_batch_transfer((images, labels, keys), 0)  # a batch of another size does not take it
-    half, _ = dm.on_after_batch_transfer((images[:4], labels[:4], other[:4]), 0)
-    assert torch.equal(half, dm.on_after_batch_transfer((images[:4], labels[:4], other[:4]), 0)[0])
+    plain = dm.on_after_batch_transfer(tuple(batch[:3]), 0)  # a plain tuple is not a keyed batch: normalised only
+    assert len(plain) == 3 and plain[0].dtype == torch.float32 and torch.equal(plain[2], batch.keys)
 
 
 def test_validation_resize_and_crop_are_set_apart_from_the_training_size(image_folder: Path) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from lightning_fastdata import ImageClassifier, ImageFolderDataset, TensorCacheDataModule, open_tensor_cache
 from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.jpeg.decode import decode_center_crop
 from lightning_fastdata.testing import cpu_trainer
 
@@ -71,9 +72,10 @@ def test_device_augmentation_matches_worker_augmentation(folder: Path, tmp_path:
     on_device.setup("fit")
     ref = on_workers.on_after_batch_transfer(on_workers.train_dataset.__getitems__(keys), 0)[0]  # type: ignore[union-attr]
     raw = on_device.train_dataset.__getitems__(keys)  # type: ignore[union-attr]
-    assert len(raw) == 4 and raw[0].shape == (16, 3, 32, 32)  # whole cached squares + boxes + flips
+    assert isinstance(raw, DeviceBatch) and raw.keys is None  # whole cached squares + boxes + flips, no policy
+    assert raw.images.shape == (16, 3, 32, 32) and raw.boxes.shape == (16, 4) and raw.flips.shape == (16,)
     got, labels = on_device.on_after_batch_transfer(raw, 0)
-    assert got.shape == ref.shape == (16, 3, 24, 24) and torch.equal(labels, raw[1])
+    assert got.shape == ref.shape == (16, 3, 24, 24) and torch.equal(labels, raw.labels)
     # same crops and flips; roi_align vs antialiased resize differ slightly (normalised units, std ~ 1/58)
     assert (got - ref).abs().mean() < 0.06
 

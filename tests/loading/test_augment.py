@@ -15,10 +15,8 @@ from torchvision.transforms.v2 import functional as F
 
 from lightning_fastdata.augment import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide
 from lightning_fastdata.loading.augment import keyed, ops
-from lightning_fastdata.loading.augment.batch import DeviceAugment
 from lightning_fastdata.loading.augment.keyed import sample_seed, uniforms
 from lightning_fastdata.loading.augment.policies import to_batched
-from lightning_fastdata.loading.host_copy import host_original, to_device_keeping_host
 from lightning_fastdata.loading.sampler import EpochSampler
 
 
@@ -193,23 +191,6 @@ def test_the_host_work_per_batch_does_not_grow_with_the_batch() -> None:
     assert all(big < small + 300 for small, big in zip(counts[16][draws:], counts[1024][draws:])), counts
 
 
-def test_keys_moved_by_the_prefetcher_are_read_from_their_host_copy() -> None:
-    """With ``FastDataCallback(prefetch=True)`` the batch is on the device before ``on_before_batch_transfer``: the
-    prefetcher's move keeps the keys' host values (a copy: the loader may reuse its buffer for a later batch), and
-    the device augmentation reads them instead of reading the keys back, which waits for the device (on a GPU:
-    ``tests/test_cuda.py``). The meta device stands in for a GPU here."""
-    meta = torch.device("meta")
-    keys = keys_of(8, epoch=1)
-    moved = to_device_keeping_host(keys, meta)
-    keys.add_(100)  # the host buffer reused for a later batch
-    augment = DeviceAugment([TrivialAugmentWide()], [], seed=0)
-    augment.keep_keys(moved)  # what on_before_batch_transfer is given: the moved batch, nothing to keep
-    host = augment.keys_of(moved)
-    assert host is not None and host.device.type == "cpu" and torch.equal(host, keys_of(8, epoch=1))
-    assert host_original(to_device_keeping_host(torch.ones(8, 3), meta)) is None  # images and floats: no copy
-    assert host_original(to_device_keeping_host(torch.zeros(1 << 20, dtype=torch.int64), meta)) is None  # large
-
-
 def test_random_erasing_draws_a_fitting_box_per_sample_or_none(batch: torch.Tensor) -> None:
     keys = keys_of(2000)
     boxes = RandomErasing(p=0.5).boxes(keys, 0, 64, 64)
@@ -351,9 +332,18 @@ def test_worker_policies_draw_and_apply_what_torchvision_does_under_the_same_see
         v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BILINEAR),
         v2.Compose([v2.RandAugment(num_ops=3), v2.RandomApply([v2.AutoAugment()], p=0.7)]),
         v2.AugMix(),
+        # every constructor argument carried over to the twin (it is built from the user's object's attributes)
+        v2.TrivialAugmentWide(num_magnitude_bins=15, fill=[10, 20, 30]),
+        v2.RandAugment(num_ops=1, magnitude=5, num_magnitude_bins=21, interpolation=v2.InterpolationMode.BILINEAR),
+        v2.AutoAugment(policy=v2.AutoAugmentPolicy.SVHN),
+        v2.AugMix(severity=2, mixture_width=2, chain_depth=1, alpha=0.5, all_ops=False),
     ]
     for pipeline in pipelines:
         fast = accelerate(pipeline)
+        if not isinstance(pipeline, v2.Compose):
+            assert type(fast) is not type(pipeline) and isinstance(fast, type(pipeline))
+            public = {k: v for k, v in vars(pipeline).items() if not k.startswith("_") and k != "training"}
+            assert {k: getattr(fast, k) for k in public} == public
         for seed in range(40):
             image = batch[seed % len(batch)]
             torch.manual_seed(seed)

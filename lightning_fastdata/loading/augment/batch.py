@@ -23,7 +23,6 @@ import torch
 from lightning_fastdata.errors import InvalidTypeError
 from lightning_fastdata.loading.augment.keyed import batch_seed
 from lightning_fastdata.loading.augment.policies import KeyedTransform, to_batched
-from lightning_fastdata.loading.host_copy import host_original
 
 __all__ = ["DeviceAugment", "as_transform_list"]
 
@@ -66,28 +65,9 @@ class DeviceAugment:
         self.device_transforms = list(device_transforms)
         self.batch_transforms = list(batch_transforms)
         self.seed = int(seed)
-        self._host_keys: torch.Tensor | None = None
 
     def __bool__(self) -> bool:
         return bool(self.device_transforms or self.batch_transforms)
-
-    def keep_keys(self, keys: torch.Tensor | None) -> None:
-        """Keep a host copy of a training batch's keys before its transfer (``on_before_batch_transfer``)."""
-        self._host_keys = keys.clone() if keys is not None and keys.device.type == "cpu" else None
-
-    def keys_of(self, keys: torch.Tensor | None) -> torch.Tensor | None:
-        """``keys`` (a batch's, after its transfer), or the host copy kept before it: used once, if the shapes match.
-
-        The policies draw their parameters on the host; reading the keys back from the device would wait for all
-        the work queued there (the previous training step) before the next step could be queued. One training
-        loop calls the two hooks for one batch in turn; the copy is not shared between threads. Keys the
-        prefetcher moved (``FastDataCallback(prefetch=True)``: the batch is on the device before the first hook)
-        carry their host values with them (:func:`~lightning_fastdata.loading.host_copy.host_original`).
-        """
-        host, self._host_keys = self._host_keys, None
-        if keys is not None and (original := host_original(keys)) is not None:
-            return original  # moved by the prefetcher, which kept the host values
-        return host if keys is not None and host is not None and host.shape == keys.shape else keys
 
     def __call__(
         self,

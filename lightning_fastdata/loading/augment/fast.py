@@ -3,10 +3,11 @@
 A user's ``v2.TrivialAugmentWide()`` (or ``RandAugment``, ``AutoAugment``, ``AugMix``) in ``train_transforms``
 runs once per sample in a loader worker. torchvision warps a uint8 image by converting it to float, building a grid
 with a ``bmm`` and sampling it with ``grid_sample``: ~1 ms for a 176 px crop on one core, and five of
-TrivialAugment's fourteen ops are warps. :func:`accelerate` gives the DataModule a copy of the user's object whose
-class is a subclass of torchvision's that keeps torchvision's ``forward`` (so the op and magnitude are drawn from
-torch's generator exactly as torchvision draws them) and replaces the application of an op to a plain uint8 CPU
-tensor, where a faster kernel gives the same pixels:
+TrivialAugment's fourteen ops are warps. :func:`accelerate` gives the DataModule a twin of the user's object, built
+with the same constructor arguments (read from its public attributes), whose class is a subclass of torchvision's
+that keeps torchvision's ``forward`` (so the op and magnitude are drawn from torch's generator exactly as torchvision
+draws them) and replaces the application of an op to a plain uint8 CPU tensor, where a faster kernel gives the same
+pixels:
 
 - the warps (shear, translate, rotate), nearest or bilinear (torchvision's reference recipe uses bilinear):
   torchvision's own inverse affine matrix, then ``_ext/imageops.c``, which repeats the float32 arithmetic of
@@ -307,11 +308,12 @@ class AugMix(_FastOps, v2.AugMix):
     """``v2.AugMix`` with faster exact kernels."""
 
 
-_FAST: dict[type, type] = {
-    v2.TrivialAugmentWide: TrivialAugmentWide,
-    v2.RandAugment: RandAugment,
-    v2.AutoAugment: AutoAugment,
-    v2.AugMix: AugMix,
+#: Each torchvision policy's faster twin, built from the policy's public constructor arguments.
+_FAST: dict[type, tuple[type, tuple[str, ...]]] = {
+    v2.TrivialAugmentWide: (TrivialAugmentWide, ("num_magnitude_bins",)),
+    v2.RandAugment: (RandAugment, ("num_ops", "magnitude", "num_magnitude_bins")),
+    v2.AutoAugment: (AutoAugment, ("policy",)),
+    v2.AugMix: (AugMix, ("severity", "mixture_width", "chain_depth", "alpha", "all_ops")),
 }
 _CONTAINERS = (v2.Compose, v2.RandomApply, v2.RandomChoice, v2.RandomOrder)
 
@@ -322,9 +324,11 @@ def accelerate(transform: Any) -> Any:
     A copy where anything changed, the user's object itself otherwise; the user's object is never modified.
     """
     fast = _FAST.get(type(transform))
-    if fast is not None:
-        twin = copy.copy(transform)
-        twin.__class__ = fast
+    if fast is not None:  # a new object of the faster class, with the user's arguments (read from its attributes)
+        cls, names = fast
+        args = {name: getattr(transform, name) for name in (*names, "interpolation", "fill")}
+        twin = cls(**args)
+        twin.train(transform.training)
         return twin
     if type(transform) in _CONTAINERS:
         inner = [accelerate(t) for t in transform.transforms]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from lightning_fastdata.loading.host_copy import to_device_keeping_host
+from lightning_fastdata.loading.batch import move_to_device
 
 __all__ = ["DevicePrefetcher", "PrefetchIterator"]
 
@@ -32,10 +32,13 @@ class DevicePrefetcher:
 
     Args:
         device: Target device; CPU means no copy at all.
+        move: ``move(batch, device)`` returns the batch on the device (the DataModules' own move by default:
+            :func:`~lightning_fastdata.loading.batch.move_to_device`, which leaves a batch's keys on the host).
     """
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, move: Callable[[Any, torch.device], Any] = move_to_device) -> None:
         self.device = torch.device(device)
+        self.move = move
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def start(self, batch: Any) -> Any:
@@ -44,7 +47,7 @@ class DevicePrefetcher:
             return batch
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
-            return apply_to_collection(batch, torch.Tensor, to_device_keeping_host, self.device)
+            return self.move(batch, self.device)
 
     def ready(self, batch: Any) -> Any:
         """Make the current stream wait for ``batch``'s copy; return it, safe to use on the current stream."""
@@ -54,7 +57,8 @@ class DevicePrefetcher:
         current.wait_stream(self.stream)
 
         def mark(t: torch.Tensor) -> torch.Tensor:
-            t.record_stream(current)
+            if t.device == self.device:  # what the move left on the host (a batch's keys) is not the stream's
+                t.record_stream(current)
             return t
 
         return apply_to_collection(batch, torch.Tensor, mark)

@@ -222,7 +222,8 @@ class WorkerPool:
         self._flags[MAX_SLOTS] += 1
         meta = (images.dtype, images.storage_offset(), tuple(images.shape), images.stride())
         rest = tuple(_by_value(x) for x in batch[1:])
-        return _PooledBatch((self.nonce, index, slot.gen, hello, storage, meta, rest))
+        kind = type(batch) if hasattr(batch, "_fields") else None  # a named tuple (DeviceBatch) keeps its class
+        return _PooledBatch((self.nonce, index, slot.gen, hello, storage, meta, rest, kind))
 
 
 def _by_value(x: Any) -> Any:
@@ -232,7 +233,7 @@ def _by_value(x: Any) -> Any:
 
 
 class _PooledBatch:
-    """What crosses the queue; unpickles (in the main process) into the plain tuple of tensors."""
+    """What crosses the queue; unpickles (in the main process) into the tuple of tensors (of the batch's class)."""
 
     __slots__ = ("args",)
 
@@ -406,9 +407,11 @@ def _rebuild(
     storage: torch.UntypedStorage | None,
     meta: tuple[torch.dtype, int, tuple[int, ...], tuple[int, ...]],
     rest: tuple[Any, ...],
+    kind: type | None = None,
 ) -> tuple[Any, ...]:
     images = _main().rebuild(nonce, index, gen, hello, storage, meta)
-    return (images, *(torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in rest))
+    values = (images, *(torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in rest))
+    return values if kind is None else kind(*values)
 
 
 def collect(forget_exited: bool = False) -> None:

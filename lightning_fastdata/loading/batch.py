@@ -1,0 +1,62 @@
+"""A training batch whose device half runs in the DataModule's hooks: its pixels move to the device, its keys stay.
+
+The datasets return :class:`DeviceBatch` when the training device has work to do on the batch: the policies and
+batch transforms (``device_transforms``/``batch_transforms``), which draw their parameters from the samples' keys,
+and the tensor cache's crop on the device (``augment_on="device"``, with each sample's box and flip). Any other
+batch is the plain ``(images, labels)`` tuple.
+
+:func:`move_to_device` is the one move of a batch to the device: the DataModules' ``transfer_batch_to_device`` and
+the prefetcher (:class:`~lightning_fastdata.loading.transport.prefetch.DevicePrefetcher`, which takes it as a
+callable) both use it. It moves a :class:`DeviceBatch`'s pixels, labels, boxes and flips and leaves its keys on the
+host, where the augmentation draws from them without reading anything back from the device (which would wait for
+the previous training step's queued work).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from lightning_utilities.core.apply_func import apply_to_collection
+
+__all__ = ["DeviceBatch", "move_to_device"]
+
+#: Device types whose host-to-device copies are made blocking (as Lightning's own move does).
+_BLOCKING = ("cpu", "mps")
+
+
+class DeviceBatch(NamedTuple):
+    """A training batch with the keys and crops its device half needs.
+
+    ``images`` (uint8 ``N x 3 x H x W``), ``labels``, the samples' ``keys`` (host int64 ``N x 3``: epoch, index,
+    repeat; ``None`` without device policies), and the tensor cache's device crop (``boxes`` ``N x 4``, ``flips``).
+    A tuple, so it pickles, pins and collates as one; indexing by position reads the fields in this order.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    keys: torch.Tensor | None = None
+    boxes: torch.Tensor | None = None
+    flips: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> DeviceBatch:
+        """The batch with everything but ``keys`` on ``device``."""
+        device = torch.device(device)
+        return self._replace(
+            images=_move(self.images, device),
+            labels=_move(self.labels, device),
+            boxes=None if self.boxes is None else _move(self.boxes, device),
+            flips=None if self.flips is None else _move(self.flips, device),
+        )
+
+
+def _move(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t.to(device, non_blocking=device.type not in _BLOCKING)
+
+
+def move_to_device(batch: Any, device: torch.device | str) -> Any:
+    """``batch`` on ``device``: a :class:`DeviceBatch` less its keys, anything else every tensor in it."""
+    device = torch.device(device)
+    if isinstance(batch, DeviceBatch):
+        return batch.to(device)
+    return apply_to_collection(batch, torch.Tensor, _move, device)
