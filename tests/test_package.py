@@ -207,3 +207,48 @@ def test_every_module_is_on_the_architecture_page() -> None:
         if p.name != "__init__.py" and f"`{p.relative_to(PACKAGE)}`" not in page
     ]
     assert not missing, f"add these to docs/architecture.md, a line each: {missing}"
+
+
+def _writes(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, what)`` of each class swap (``x.__class__ = ...``) and each write to ``os.environ`` in ``tree``."""
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr == "__class__":
+                found.append((node.lineno, "__class__ assignment"))
+            if isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ":
+                found.append((node.lineno, "os.environ write"))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = ast.unparse(node.func.value)
+            if owner == "os.environ" and node.func.attr in ("update", "pop", "setdefault", "clear", "popitem"):
+                found.append((node.lineno, "os.environ write"))
+            if owner == "os" and node.func.attr in ("putenv", "unsetenv"):
+                found.append((node.lineno, "os.environ write"))
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and len(node.args) >= 2:
+            if isinstance(node.args[1], ast.Constant) and node.args[1].value == "__class__":
+                found.append((node.lineno, "__class__ assignment"))
+    return found
+
+
+#: Known and named: object storage syncs the environment of the process that made the store into its reader
+#: processes (a helper process may be older); the fix is to pass that configuration to obstore itself.
+_ENVIRON_WRITES_LEFT = {"lightning_fastdata.loading.storage.object_store"}
+
+
+def test_no_class_swaps_and_no_environment_writes_in_the_package() -> None:
+    """The package builds objects of the class it wants (no ``__class__`` swap on a user's object) and leaves the
+    process environment alone, but for the one writer named above."""
+    found = {name: _writes(tree) for name, tree in modules_cache.items()}
+    swaps = {name: rows for name, rows in found.items() if any(w == "__class__ assignment" for _, w in rows)}
+    environ = {name for name, rows in found.items() if any(w == "os.environ write" for _, w in rows)}
+    assert not swaps, swaps
+    assert environ == _ENVIRON_WRITES_LEFT, environ
+    # the check itself finds both kinds
+    probe = ast.parse("import os\nx.__class__ = int\nsetattr(y, '__class__', str)\nos.environ['A'] = '1'\n"
+                      "del os.environ['B']\nos.environ.update({})\n")  # fmt: skip
+    assert sorted(line for line, _ in _writes(probe)) == [2, 3, 4, 5, 6]

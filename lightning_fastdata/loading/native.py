@@ -25,6 +25,7 @@ import os
 import threading
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 __all__ = [
     "MISSING_DECODER",
@@ -95,7 +96,10 @@ def _load() -> ModuleType | None:
     return None
 
 
-jpegroi: ModuleType | None = _load()
+if TYPE_CHECKING:  # the extension's stub (_ext/_jpegroi.pyi): mypy checks every call of it against its signatures
+    from lightning_fastdata._ext import _jpegroi as jpegroi  # (at run time: None where it is not built)
+else:
+    jpegroi = _load()
 
 
 def roi_decode_available() -> bool:

@@ -12,6 +12,7 @@ from lightning_fastdata.errors import StorageError
 from lightning_fastdata.loading.storage.base import ObjectStat
 from lightning_fastdata.loading.storage.bucket_index import object_version
 from lightning_fastdata.loading.storage.object_store_helper import first_line
+from lightning_fastdata.loading.storage.retry import RetriesExhausted
 
 __all__ = ["as_os_error", "get_object", "list_prefix", "profile_credentials"]
 
@@ -20,6 +21,9 @@ def as_os_error(err: BaseException, url: str, credentials: str = "") -> OSError:
     """``err`` (obstore's) as the ``OSError`` a reader gets: missing, refused (naming ``credentials``), or failed."""
     from obstore.exceptions import NotFoundError, PermissionDeniedError, UnauthenticatedError
 
+    retried = err.seconds if isinstance(err, RetriesExhausted) else None
+    if isinstance(err, RetriesExhausted):  # the last error of a call retried for its whole budget
+        err = err.error
     text = str(err)
     if "NoSuchBucket" in text:
         bucket = url.split("://", 1)[-1].split("/", 1)[0]
@@ -36,7 +40,6 @@ def as_os_error(err: BaseException, url: str, credentials: str = "") -> OSError:
             f"Access to {url} was refused ({first_line(err)}{used}): check the credentials (AWS_ACCESS_KEY_ID / "
             "AWS_PROFILE, or storage_options) and the bucket's policy."
         )
-    retried = getattr(err, "fastdata_retried_s", None)
     how = f"for {retried:.0f} s of retries (storage_options retry_timeout)" if retried is not None else "after retries"
     return StorageError(f"Reading {url} failed {how}: {first_line(err)}")
 

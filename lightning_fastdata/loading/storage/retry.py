@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["BACKOFF", "permanent", "retried"]
+__all__ = ["BACKOFF", "RetriesExhausted", "permanent", "retried"]
 
 T = TypeVar("T")
 
@@ -52,11 +52,25 @@ def permanent(err: BaseException) -> bool:
     )
 
 
+class RetriesExhausted(Exception):
+    """A call that kept failing for a reason that may pass, for its whole retry budget.
+
+    ``error``: its last error (also the ``__cause__``); ``seconds``: how long it was retried.
+    """
+
+    def __init__(self, error: BaseException, seconds: float) -> None:
+        super().__init__(f"{error} (retried for {seconds:.1f} s)")
+        self.error = error
+        self.seconds = seconds
+
+
 def retried(budget: float, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)``, retried with exponential backoff and jitter while it fails for a reason that may pass.
 
-    Gives up once the next attempt would start more than ``budget`` seconds after the first; the error it raises
-    then carries ``fastdata_retried_s`` (how long it was retried) for the message.
+    A permanent failure (:func:`permanent`) is raised as it is, at once.
+
+    Raises:
+        RetriesExhausted: Once the next attempt would start more than ``budget`` seconds after the first.
     """
     start = time.monotonic()
     delay = BACKOFF[0]
@@ -68,10 +82,6 @@ def retried(budget: float, fn: Callable[..., T], *args: Any) -> T:
                 raise
             elapsed = time.monotonic() - start
             if elapsed + delay > budget:
-                try:
-                    err.fastdata_retried_s = elapsed  # type: ignore[attr-defined]
-                except AttributeError:
-                    pass
-                raise
+                raise RetriesExhausted(err, elapsed) from err
             time.sleep(delay * (0.5 + 0.5 * random.random()))
             delay = min(2 * delay, BACKOFF[1])
