@@ -30,6 +30,7 @@ from lightning_fastdata import (
 )
 from lightning_fastdata.cli import main
 from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.shipped import CONFIG_DIR
 from lightning_fastdata.testing import cpu_trainer
 
 HELPERS = Path(__file__).with_name("helpers")
@@ -63,7 +64,7 @@ def test_commands_never_write_into_a_users_folder(
             with pytest.raises(SystemExit):
                 main(["bench", "--root", str(user), "--suites", "folder"])
         else:
-            main(["demo", "--root", str(user), "--config", str(Path(__file__).parents[1] / "configs" / "demo.yaml")])
+            main(["demo", "--root", str(user), "--config", str(CONFIG_DIR / "demo.yaml")])
             assert ran and str(user) in ran[0]  # trained on the user's images as they are
     assert tree(user) == before, "the user's folder changed"
 
