@@ -40,7 +40,8 @@ def _rows(result: dict[str, Any]) -> dict[str, float]:
 
 
 def _bench(tree: Path, args: argparse.Namespace, scratch: Path, out: Path) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "lightning_fastdata.cli", "bench", "--root", os.path.abspath(args.root)]
+    # the harness with the lab's suites in either tree (before the lab moved out, benchmarks.loaders wrapped it)
+    cmd = [sys.executable, "-m", "benchmarks.loaders", "--root", os.path.abspath(args.root)]
     cmd += ["--suites", *args.suites, "--workers", "2", "--repeats", str(args.repeats), "--json", str(out)]
     cmd += ["--scratch", str(scratch)] + (["--s3-pin"] if args.s3_pin else [])
     env = {**os.environ, "PYTHONPATH": str(tree), "TQDM_DISABLE": "1"}

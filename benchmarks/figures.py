@@ -345,7 +345,7 @@ def _s3_table() -> str:
         ("LitData 0.2.76 streaming the same bucket", _S3_LITDATA, None),
     ]
     caption = (
-        f"`fastdata bench --suites s3 --s3-pin` on {machine(name)} ({date_of(name)}; "
+        f"`python -m benchmarks.loaders --suites s3 --s3-pin` on {machine(name)} ({date_of(name)}; "
         f"{result(name)['images']:,} photo-like JPEGs in a local SeaweedFS S3 server on one core, the loader on the "
         "other, 2 workers; `benchmarks/results/s3-folder-pinned-4.json`):"
     )
@@ -445,12 +445,12 @@ def _cold_table() -> str:
 
 
 def _matrix_table() -> str:
-    """imagefolder.md's JPEG-kinds table: ``jpeg-matrix.json`` (``python -m lightning_fastdata.bench.matrix``)."""
+    """imagefolder.md's JPEG-kinds table: ``jpeg-matrix.json`` (``python -m benchmarks.matrix``)."""
     name = "jpeg-matrix"
     data = result(name)
     settings = data["settings"]
     caption = (
-        f"`python -m lightning_fastdata.bench.matrix` on {machine(name)} ({date_of(name)}; per kind "
+        f"`python -m benchmarks.matrix` on {machine(name)} ({date_of(name)}; per kind "
         f"{settings['files']} generated JPEGs (fewer above 1.5 MP), {settings['workers']} workers, batch "
         f"{settings['batch_size']}, RandomResizedCrop {settings['image_size']} + flip; each loader's images/s over "
         "the full-decode ceiling of the same run: one core reading and decoding every file, times the workers; "
@@ -484,13 +484,13 @@ def _matrix_table() -> str:
 
 
 def _peers_table() -> str:
-    """benchmarks.md's peers table: ``peers.json`` (``python -m lightning_fastdata.bench.peers``)."""
+    """benchmarks.md's peers table: ``peers.json`` (``python -m benchmarks.peers``)."""
     name = "peers"
     data = result(name)
     settings, versions = data["settings"], data["versions"]
     named = ", ".join(f"{peer} {version}" for peer, version in versions.items())
     caption = (
-        f"`python -m lightning_fastdata.bench.peers` on {machine(name)} ({date_of(name)}; {named}; "
+        f"`python -m benchmarks.peers` on {machine(name)} ({date_of(name)}; {named}; "
         f"{settings['workers']} workers or threads each, batch {settings['batch_size']}, RandomResizedCrop "
         f"{settings['image_size']} + flip to uint8; medians of {settings['repeats']} interleaved runs; each cell: "
         "images/s, the ratio to the baseline, and to the full-decode ceiling of the same run (one core reading and "

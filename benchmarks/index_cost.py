@@ -2,7 +2,7 @@
 
     python -m benchmarks.index_cost --json benchmarks/results/index-cost.json [--kinds ...] [--files 200]
 
-For each kind of JPEG of the matrix (``lightning_fastdata.bench.matrix.KINDS``, generated into ``--scratch``), the
+For each kind of JPEG of the matrix (``benchmarks.matrix.KINDS``, generated into ``--scratch``), the
 same files and the same ``RandomResizedCrop(224)`` boxes, interleaved over ``--repeats`` rounds, one thread:
 
 - ``build``: the index of one file (``index_file``: the walk over all its entropy-coded data, what the background
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_fastdata.bench.matrix import KINDS, make_kind
+from benchmarks.matrix import KINDS, make_kind
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop, random_resized_crop_box
 from lightning_fastdata.loading.jpeg.entropy_index import index_file
 from lightning_fastdata.measure import save_results

@@ -30,7 +30,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from lightning_fastdata.testing.s3_server import free_ports, local_s3_server, wait_for_port
+from benchmarks.s3_server import free_ports, local_s3_server, wait_for_port
 
 KEY, SECRET, BUCKET = "benchkey", "benchsecret", "bench"
 

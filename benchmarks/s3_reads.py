@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import record
-from lightning_fastdata.bench.s3 import _pin_process
+from benchmarks.fault_proxy import fault_proxy
+from benchmarks.s3 import _pin_process
+from benchmarks.s3_server import local_s3_server, upload_folder
 from lightning_fastdata.loading.storage.object_store import ObjectStorage, allow_direct_calls
-from lightning_fastdata.testing.fault_proxy import fault_proxy
-from lightning_fastdata.testing.s3_server import local_s3_server, upload_folder
 
 
 def _cpu() -> float:

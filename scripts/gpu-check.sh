@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: the CUDA tests and the GPU benchmark (lightning_fastdata/bench/gpu.py), from a clean checkout.
+# The GPU check: the CUDA tests and the GPU benchmark (benchmarks/gpu.py), from a clean checkout.
 #
 #   bash scripts/gpu-check.sh stage     # where there is a network: wheels and the libjpeg-turbo .debs into .gpu-stage/
 #   bash scripts/gpu-check.sh diagnose --out DIR   # ~5 min on one H100: CUDA tests, the recipe part at short epochs,
@@ -11,7 +11,7 @@
 #
 # The run mode needs no network. It installs what .gpu-stage/ holds (if present) into /tmp, builds the ROI JPEG
 # decoder in place if it is not built, generates an ImageNet-like folder (N photo-like JPEGs, 1,000 classes), runs
-# `pytest -m cuda`, then the benchmark parts (BENCH-ARGS go to `python -m lightning_fastdata.bench.gpu`, e.g.
+# `pytest -m cuda`, then the benchmark parts (BENCH-ARGS go to `python -m benchmarks.gpu`, e.g.
 # `-- --folder-workers 12,9 --scale-workers 8,15`), and writes gpu.json, cuda-tests.txt/.xml and gpu-check.log to
 # --out (default benchmarks/results). --copies K hard-links each generated image K times in its class folder
 # (generating is the slow step, ~20 images/s a core): ImageNet-length epochs (>= 500 steps of 256) from
@@ -132,7 +132,7 @@ if [[ ",$PARTS," == *,tests,* ]]; then
 fi
 BENCH=$(echo ",$PARTS," | sed 's/,tests,/,/; s/^,//; s/,$//')
 if [ -n "$BENCH" ]; then
-  "$PY" -m lightning_fastdata.bench.gpu --root "$ROOT" --scratch "$DATA/scratch" \
+  "$PY" -m benchmarks.gpu --root "$ROOT" --scratch "$DATA/scratch" \
     --json "$OUT/gpu.json" --parts "$BENCH" $QUICK "${PRESET[@]}" "${EXTRA[@]}"
 fi
 echo "gpu-check: done; results in $OUT"

@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers.fork_client import SERVER
 
+from benchmarks.s3_server import LocalS3, local_s3_server, upload_folder
 from lightning_fastdata.demos import make_image_folder, photo_like_image
-from lightning_fastdata.testing.s3_server import LocalS3, local_s3_server, upload_folder
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -81,7 +81,7 @@ def test_top_level_parts_import_each_other_in_one_direction_only() -> None:
         edges.update((source, t) for t in map(part, targets) if t is not None and t != source)
     both_ways = sorted((a, b) for a, b in edges if (b, a) in edges and a < b)
     assert not both_ways, f"top-level parts that import each other: {both_ways}"
-    assert ("bench", "diagnose") in edges and ("diagnose", "measure") in edges  # the tool tier's one direction
+    assert ("bench", "measure") in edges and ("diagnose", "measure") in edges  # the tool tier's one direction
 
 
 def test_no_python_source_in_strings_run_by_a_subprocess() -> None:
@@ -252,3 +252,21 @@ def test_no_class_swaps_and_no_environment_writes_in_the_package() -> None:
     probe = ast.parse("import os\nx.__class__ = int\nsetattr(y, '__class__', str)\nos.environ['A'] = '1'\n"
                       "del os.environ['B']\nos.environ.update({})\n")  # fmt: skip
     assert sorted(line for line, _ in _writes(probe)) == [2, 3, 4, 5, 6]
+
+
+def test_the_package_is_the_product_and_never_imports_the_lab() -> None:
+    """The wheel keeps what a user runs on their own data and machine; the lab (``benchmarks/``: the GPU check,
+    the scale, matrix, peers and S3 suites, the local S3 server and its fault proxy) stays in the repository, and no
+    package module imports it (an installed package has no ``benchmarks``)."""
+    bench = sorted(p.stem for p in (PACKAGE / "bench").glob("*.py"))
+    assert bench == ["__init__", "cache", "callback", "hdf5", "loaders", "recipe", "scratch"]
+    assert sorted(p.stem for p in (PACKAGE / "testing").glob("*.py")) == ["__init__", "trainer"]
+    lab = {
+        name
+        for name, tree in modules_cache.items()
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "benchmarks")
+        or (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "benchmarks" for a in node.names))
+    }
+    assert not lab, f"package modules importing the lab: {sorted(lab)}"
+    assert (PACKAGE.parent / "benchmarks" / "gpu.py").is_file() and (PACKAGE.parent / "benchmarks" / "s3.py").is_file()

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.fault_proxy import fault_proxy
+from benchmarks.s3_server import LocalS3, local_s3_server, upload_folder
 from lightning_fastdata import ImageClassifier, ImageFolderDataModule
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.errors import DataError, StorageError
 from lightning_fastdata.testing import cpu_trainer
-from lightning_fastdata.testing.fault_proxy import fault_proxy
-from lightning_fastdata.testing.s3_server import LocalS3, local_s3_server, upload_folder
 
 
 def epoch(dm: ImageFolderDataModule) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -92,7 +92,7 @@ import json, sys
 import numpy as np
 from lightning_fastdata import ImageFolderDataModule
 from lightning_fastdata.demos import photo_like_image
-from lightning_fastdata.testing.s3_server import upload_folder
+from benchmarks.s3_server import upload_folder
 
 url, options, tmp = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 dm = ImageFolderDataModule(url, storage_options=options, image_size=16, batch_size=8, num_workers=2, val_fraction=0)

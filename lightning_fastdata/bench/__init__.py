@@ -1,6 +1,6 @@
 """The benchmark harness behind ``fastdata bench`` and ``python -m benchmarks.loaders`` (see ``loaders``).
 
-The package imports nothing itself: a suite's module (or ``python -m lightning_fastdata.bench.probes``, which the
+The package imports nothing itself: a suite's module (or ``python -m benchmarks.probes``, which the
 scale suite starts once per measurement) loads only what it uses, not every suite's DataModules and Lightning.
 """
 

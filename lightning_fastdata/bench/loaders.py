@@ -1,7 +1,7 @@
 """Images/s of the baselines users write vs lightning-fastdata's loaders, same data, same run.
 
     fastdata bench --root data/bench --json benchmarks/results/latest.json --plot docs/benchmark.png
-    python -m benchmarks.loaders ...   (the same, from a checkout)
+    python -m benchmarks.loaders ...   (the same from a checkout, with the lab's suites: scale, matrix, peers, s3)
 
 Prints one markdown table per suite (median of ``--repeats`` runs, each whole passes over the dataset for at
 least ``--min-seconds`` after two warm-up batches, candidates interleaved so drift hits all alike) and writes
@@ -33,14 +33,9 @@ Suite ``recipe`` (:mod:`lightning_fastdata.bench.recipe`): a training recipe (``
 classification reference recipe) through torchvision's reference loader of it and through ours, with the policy in
 the workers and on the device, and the device ops' cost per batch on this CPU.
 
-Suite ``matrix`` (:mod:`lightning_fastdata.bench.matrix`): the folder module without an entropy index, with a dense one
-and with the default one, on eight kinds of JPEG (sizes, qualities, 4:4:4, flat content, restart markers), next to
-each kind's full-decode ceiling; and each index's bytes.
-
-Suite ``peers`` (:mod:`lightning_fastdata.bench.peers`): DALI's CPU pipeline, SPDL and LitData doing the same crop and
-flip on the same folders as the baseline and ours (first epoch, and epochs 2+ with the entropy index), on the demo's
-data and three kinds of the matrix, next to each one's ceiling (the peers are not dependencies: missing ones are
-skipped and said so).
+The lab's suites (``scale``, ``matrix``, ``peers``, ``s3``: the package's own measurements on generated trees, other
+kinds of JPEG, its peers and a local S3 server) live in the repository's ``benchmarks/`` and run through this same
+harness from a checkout (``python -m benchmarks.loaders --suites ...``: :class:`LabSuite`); they are not installed.
 
 Suite ``callback`` (:mod:`lightning_fastdata.bench.callback`): the step time of the same CPU training run with and
 without ``FastDataCallback`` (fast in-memory data, so any overhead of the callback shows).
@@ -57,13 +52,14 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightning_fastdata.bench.cache import cache_suite
 from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
 from lightning_fastdata.bench.hdf5 import hdf5_suite
-from lightning_fastdata.bench.scale import scale_suite
 from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.measure import (
@@ -79,7 +75,7 @@ from lightning_fastdata.measure import (
 )
 from lightning_fastdata.measure import machine as measured_on
 
-__all__ = ["folder_suite", "main", "plot"]
+__all__ = ["SUITES", "LabSuite", "folder_suite", "main", "plot"]
 
 
 def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str, Any]]:
@@ -109,10 +105,36 @@ def folder_suite(args: argparse.Namespace, best_ceiling: float) -> list[dict[str
     return rows
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the benchmark; print the tables; return the figures."""
+@dataclass(frozen=True)
+class LabSuite:
+    """A suite of the repository's lab (``benchmarks/``), run through this harness after the installed suites.
+
+    Args:
+        help: What it measures, for ``--suites``'s help.
+        add_arguments: Adds its own options to the harness's parser.
+        run: Runs it with the parsed options; its figures go to the JSON under its name.
+    """
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], Any]
+
+
+#: The suites installed with the package: what a user measures on their own data and recipe.
+SUITES = ("folder", "hdf5", "cache", "callback", "recipe")
+
+
+def main(
+    argv: list[str] | None = None, lab: Mapping[str, LabSuite] | None = None, prog: str = "fastdata bench"
+) -> dict[str, Any]:
+    """Run the benchmark; print the tables; return the figures.
+
+    ``lab``: more suites, by name (``python -m benchmarks.loaders`` passes the repository's); none are run by
+    default.
+    """
+    lab = dict(lab or {})
     parser = argparse.ArgumentParser(
-        prog="fastdata bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--root", default="data/bench", help="image folder (generated if missing)")
     parser.add_argument("--num-classes", type=int, default=8)
@@ -120,18 +142,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--suites",
         nargs="+",
-        choices=["folder", "hdf5", "cache", "callback", "recipe", "scale", "s3", "matrix", "peers"],
-        default=["folder", "hdf5", "cache", "callback", "recipe"],
+        choices=[*SUITES, *lab],
+        default=list(SUITES),
         help="recipe: a training recipe (--recipe) through torchvision's reference loader and ours, at the largest "
-        "--workers; "
-        + "scale (not run by default: builds a 1.28M-file tree of hard links, ~5 min): index, worker memory, "
-        "cold reads; s3 (not run by default, ~8 min): the folder module on a local S3 server, direct and with "
-        "--s3-delay-ms per request, vs the local folder, a per-item get_object loader and LitData (python -m "
-        "lightning_fastdata.bench.s3 --help: its own data, 2 workers, batch 128); matrix (not run by default, "
-        "~10 min): the entropy index on eight kinds of JPEG (python -m lightning_fastdata.bench.matrix "
-        "--help), at the largest --workers; peers (not run by default, ~12 min): DALI (CPU), SPDL and LitData beside "
-        "ours and the baseline on --root and three kinds of the matrix, batch 256, at the largest --workers (python -m "
-        "lightning_fastdata.bench.peers --help: the peers are not dependencies; a missing one is skipped)",
+        "--workers" + "".join(f"; {name} (not run by default): {suite.help}" for name, suite in lab.items()),
     )
     parser.add_argument(
         "--recipe",
@@ -139,23 +153,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="recipe suite: a LightningCLI config (file or shipped name) whose data arguments are the recipe "
         "(train_transforms, device_transforms, batch_transforms, image_size, ...); default: torchvision's reference",
     )
-    parser.add_argument("--s3-delay-ms", type=float, default=20.0, help="s3 suite: latency added per request")
-    parser.add_argument(
-        "--s3-pin", action="store_true", help="s3 suite: the loader on one CPU, the server and proxy on another"
-    )
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-seconds", type=float, default=2.0, help="each timed run lasts at least this")
-    parser.add_argument("--scale-root", default="data/scale", help="scale suite: where to build the linked tree")
-    parser.add_argument("--scale-classes", type=int, default=1000)
-    parser.add_argument("--scale-per-class", type=int, default=1281)
-    parser.add_argument("--scale-epochs", type=int, default=3, help="scale suite: epochs of the worker PSS run")
-    parser.add_argument("--scale-batches", type=int, default=30, help="scale suite: batches per PSS epoch")
-    parser.add_argument(
-        "--scale-doctor-seconds", type=float, default=60.0, help="scale suite: `fastdata doctor --seconds` on the tree"
-    )
     parser.add_argument(
         "--scratch",
         default=None,
@@ -164,16 +166,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--plot", default=None, help="write a bar chart (PNG) of images/s per loader here")
+    for suite in lab.values():
+        suite.add_arguments(parser)
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as cleanup:
         if args.scratch is None:
             args.scratch = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="fastdata-bench-"))
         else:
             Path(args.scratch).mkdir(parents=True, exist_ok=True)
-        return _run(args)
+        return _run(args, lab)
 
 
-def _run(args: argparse.Namespace) -> dict[str, Any]:
+def _run(args: argparse.Namespace, lab: Mapping[str, LabSuite]) -> dict[str, Any]:
     ensure_demo_data(args.root, args.num_classes, args.per_class)
     files = sorted(glob.glob(os.path.join(args.root, "*", "*")))
     mean_kb = statistics.mean(os.path.getsize(f) for f in files) / 1e3
@@ -258,27 +262,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         )
         print_table(out["rows"])
         result["suites"]["recipe"] = {**out, "recipe": args.recipe}
-    if "scale" in args.suites:
-        result["suites"]["scale"] = scale_suite(args)
-    if "matrix" in args.suites:
-        from lightning_fastdata.bench.matrix import FILES, KINDS, matrix_suite, print_matrix
-
-        wide = {"kinds": list(KINDS), "files": FILES, "workers": max(args.workers)}
-        matrix_args = argparse.Namespace(**{**vars(args), **wide})
-        print("\nSuite matrix: the entropy index on kinds of JPEG (ratios: to the full-decode ceiling)\n")
-        result["suites"]["matrix"] = matrix_suite(matrix_args)
-        print()
-        print_matrix(result["suites"]["matrix"])
-    if "peers" in args.suites:
-        from lightning_fastdata.bench.peers import main as peers_main
-
-        peers_args = ["--root", args.root, "--workers", str(max(args.workers)), "--repeats", str(args.repeats)]
-        result["suites"]["peers"] = peers_main(peers_args + ["--scratch", os.path.join(args.scratch, "peers")])
-    if "s3" in args.suites:
-        from lightning_fastdata.bench.s3 import main as s3_main
-
-        s3_args = ["--repeats", str(args.repeats), "--delay-ms", str(args.s3_delay_ms)]
-        result["suites"]["s3"] = s3_main(s3_args + (["--pin"] if args.s3_pin else []))
+    for name, suite in lab.items():
+        if name in args.suites:
+            result["suites"][name] = suite.run(args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -55,9 +55,9 @@ def test_gpu_check_script_runs_every_part_without_a_gpu(tmp_path: Path) -> None:
 def test_the_gpu_checks_fit_and_correctness_parts_on_a_cpu(image_folder: Path, tmp_path: Path) -> None:
     """The fast tier's touch of the GPU check (the slow test above runs the whole script): one timed fit on the
     device-resident stand-in data, and the prefetch-equals-plain check on the folder and cache modules."""
+    from benchmarks import gpu
+    from benchmarks.gpu_fit import Settings, SyntheticData, fit
     from lightning_fastdata import DataWaitMonitor
-    from lightning_fastdata.bench import gpu
-    from lightning_fastdata.bench.gpu_fit import Settings, SyntheticData, fit
 
     s = Settings(str(image_folder), str(tmp_path), str(image_folder), arch="resnet18", image_size=16, batch_size=4)
     s = Settings(**{**s.__dict__, "workers": 0, "steps": 2, "epochs": 2, "cache_size": 20})
@@ -72,8 +72,8 @@ def test_the_gpu_checks_fit_and_correctness_parts_on_a_cpu(image_folder: Path, t
 def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path) -> None:
     """The recipe part: the recipe's fed ratio, torchvision's reference loader's, the variants, the untimed diagnose
     fit (op recorder, profiler), the device augmentation's cost per batch and the summary table."""
-    from lightning_fastdata.bench import gpu
-    from lightning_fastdata.bench.gpu_recipe import summary
+    from benchmarks import gpu
+    from benchmarks.gpu_recipe import summary
 
     s = gpu.Settings(str(image_folder), str(tmp_path), str(image_folder), arch="resnet18", image_size=32, batch_size=4)
     variants = ("crop-flip-only", "one-torch-thread", "all-torch-threads")
@@ -119,7 +119,7 @@ def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path)
 
 def test_the_busiest_threads_are_named_with_their_cpu_seconds() -> None:
     """What the recipe part records of the training process's threads: a thread that burns CPU comes first."""
-    from lightning_fastdata.bench.gpu_recipe import busiest_threads, thread_cpu_s
+    from benchmarks.gpu_recipe import busiest_threads, thread_cpu_s
 
     done = threading.Event()
 
@@ -149,8 +149,8 @@ def test_the_policy_in_workers_variant_trains_torchvisions_own_policy_in_the_wor
     torchvision's object per sample in the loader workers (the config's commented block)."""
     from torchvision.transforms import v2
 
+    from benchmarks.gpu_recipe import VARIANTS, check_variants
     from lightning_fastdata import ImageFolderDataModule
-    from lightning_fastdata.bench.gpu_recipe import VARIANTS, check_variants
     from lightning_fastdata.recipe import load_recipe
 
     assert check_variants(("policy-in-workers",)) == ("policy-in-workers",)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_fastdata.bench.recorder import GRAIN, OpRecorder, format_rows
+from benchmarks.recorder import GRAIN, OpRecorder, format_rows
 
 
 def _host_then_device(x: torch.Tensor) -> torch.Tensor:

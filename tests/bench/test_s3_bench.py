@@ -1,4 +1,4 @@
-"""``python -m lightning_fastdata.bench.s3`` end to end at tiny sizes, against the real local S3 server."""
+"""``python -m benchmarks.s3`` end to end at tiny sizes, against the real local S3 server."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_s3_bench_times_every_row_and_says_where_the_cpu_went(tmp_path: Path) ->
     args = ["--images", "64", "--batch-size", "16", "--size", "32", "--repeats", "1", "--min-seconds", "0.3"]
     pin = len(os.sched_getaffinity(0)) >= 2  # the loader on one CPU, the server and the proxy on another
     args += ["--pin"] if pin else []
-    cmd = [sys.executable, "-m", "lightning_fastdata.bench.s3", *args, "--json", str(out_json)]
+    cmd = [sys.executable, "-m", "benchmarks.s3", *args, "--json", str(out_json)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = {r["loader"]: r for r in json.loads(out_json.read_text())["rows"]}
@@ -55,7 +55,7 @@ def test_s3_bench_times_every_row_and_says_where_the_cpu_went(tmp_path: Path) ->
 
 def _weed_children(pid: int) -> list[int]:
     """The ``weed`` processes whose parent is ``pid`` (processes that end while being read are skipped)."""
-    from lightning_fastdata.bench.s3 import _parent_of
+    from benchmarks.s3 import _parent_of
 
     found = []
     for entry in (int(e) for e in os.listdir("/proc") if e.isdigit()):
@@ -70,16 +70,18 @@ def _weed_children(pid: int) -> list[int]:
 @pytest.mark.timeout(180)
 @pytest.mark.slow
 def test_a_terminated_s3_suite_stops_its_server(tmp_path: Path) -> None:
-    """The s3 suite (what `fastdata bench --suites s3` runs) SIGTERMed mid-run (a scheduler's kill) leaves no S3
-    server behind. Run as its module with 16 images: `fastdata bench` would first make and time its own 1,536."""
+    """The s3 suite (what `python -m benchmarks.loaders --suites s3` runs) SIGTERMed mid-run (a scheduler's kill)
+    leaves no S3 server behind. Run as its module with 16 images: the harness would first make and time its own
+    1,536."""
     import signal
     import time
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lightning_fastdata.bench.s3", "--images", "16", "--repeats", "1"],
+        [sys.executable, "-m", "benchmarks.s3", "--images", "16", "--repeats", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},  # the lab is the checkout's
     )
     weed: list[int] = []
     try:
@@ -106,7 +108,7 @@ def test_a_terminated_s3_suite_stops_its_server(tmp_path: Path) -> None:
 
 def test_the_s3_suites_cpu_accounting_sees_a_process_burn_cpu() -> None:
     """What the suite's "where the CPU went" columns are made of, in the fast tier (the slow tests run the suite)."""
-    from lightning_fastdata.bench import litdata_rows, s3
+    from benchmarks import litdata_rows, s3
 
     before, busy = s3._process_cpu_s(os.getpid()), s3._machine_busy_s()
     deadline = time.process_time() + 0.3

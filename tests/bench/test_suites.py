@@ -39,8 +39,13 @@ def test_bench_folder_suite_prints_a_table_and_writes_json(tmp_path: Path, capsy
 
 @pytest.mark.slow
 def test_scale_suite_measures_a_linked_tree_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The scale suite on a small tree: every table printed, figures consistent with what was built."""
-    result = main(
+    """The scale suite on a small tree (a lab suite: ``python -m benchmarks.loaders``): every table printed, figures
+    consistent with what was built; ``fastdata bench`` (the installed harness) does not offer it."""
+    from benchmarks.loaders import main as lab_main
+
+    with pytest.raises(SystemExit):
+        main(["--suites", "scale"])
+    result = lab_main(
         [
             "--root", str(tmp_path / "bench"), "--num-classes", "2", "--per-class", "16", "--suites", "scale",
             "--scale-root", str(tmp_path / "tree"), "--scale-classes", "3", "--scale-per-class", "7",
@@ -79,7 +84,7 @@ def test_scale_suite_measures_a_linked_tree_end_to_end(tmp_path: Path, capsys: p
     ):
         assert title in printed
     with pytest.raises(FileExistsError, match="not empty"):  # never builds into a folder it did not make
-        main(["--root", str(tmp_path / "bench"), "--suites", "scale", "--scale-root", str(tmp_path / "bench")])
+        lab_main(["--root", str(tmp_path / "bench"), "--suites", "scale", "--scale-root", str(tmp_path / "bench")])
 
 
 def test_bench_builds_its_files_in_scratch_and_leaves_nothing_beside_the_data(tmp_path: Path) -> None:
@@ -152,12 +157,12 @@ def test_a_recipe_is_read_from_a_config_as_objects() -> None:
 def test_the_jpeg_matrix_measures_each_kind_with_and_without_the_index(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``python -m lightning_fastdata.bench.matrix``: each kind generated as asked (size, restart markers), its
+    """``python -m benchmarks.matrix``: each kind generated as asked (size, restart markers), its
     three loaders and ceiling measured, and each index's share of the bytes: the dense one 4x the default's or
     more, the default's within its 1.5%."""
     from PIL import Image
 
-    from lightning_fastdata.bench import matrix
+    from benchmarks import matrix
 
     kinds = ["photo 256x192 q75", "photo 640x480 q90 restarts"]
     out = tmp_path / "matrix.json"
@@ -182,12 +187,12 @@ def test_the_jpeg_matrix_measures_each_kind_with_and_without_the_index(
 def test_the_peers_suite_measures_ours_beside_each_peer_that_imports(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``python -m lightning_fastdata.bench.peers``: the demo's data and a matrix kind, the baseline and ours
+    """``python -m benchmarks.peers``: the demo's data and a matrix kind, the baseline and ours
     (first epoch, and with the index built) measured, each peer measured where it imports and named as skipped
     where it does not, the best peer's ratio only where one ran, the JSON as returned."""
     import importlib.util
 
-    from lightning_fastdata.bench import peers
+    from benchmarks import peers
 
     out = tmp_path / "peers.json"
     result = peers.main(
@@ -246,10 +251,10 @@ def test_the_peers_crop_box_follows_torchvisions_random_resized_crop() -> None:
 
 @pytest.mark.slow
 def test_the_first_epoch_measurement_times_the_default_module_while_its_index_is_built(tmp_path: Path) -> None:
-    """``python -m lightning_fastdata.bench.matrix --first-epoch``: per kind, the default module's epochs 1-N from a
+    """``python -m benchmarks.matrix --first-epoch``: per kind, the default module's epochs 1-N from a
     fresh index folder (the background build started by its ``prepare_data``), after which epoch the build had
     ended, and epochs 1-3 without an index, with the ratios the docs quote; the JSON as returned."""
-    from lightning_fastdata.bench import matrix
+    from benchmarks import matrix
 
     out = tmp_path / "first.json"
     result = matrix.main(

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.s3_server import LocalS3, delete_objects, upload_folder
 from lightning_fastdata import TensorCacheDataModule, convert_folder_to_hdf5
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.storage.object_store import main_process_is_clean
-from lightning_fastdata.testing.s3_server import LocalS3, delete_objects, upload_folder
 
 
 def first_batches(dm: TensorCacheDataModule, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.s3_server import LocalS3, upload_folder
 from lightning_fastdata import ImageFolderDataModule
 from lightning_fastdata.loading.storage.object_store import main_process_is_clean
 from lightning_fastdata.models import ImageClassifier
 from lightning_fastdata.testing import cpu_trainer
-from lightning_fastdata.testing.s3_server import LocalS3, upload_folder
 
 
 def batches(dm: ImageFolderDataModule, split: str = "train") -> list[tuple[torch.Tensor, torch.Tensor]]:

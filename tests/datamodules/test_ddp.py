@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.fault_proxy import fault_proxy
+from benchmarks.s3_server import LocalS3
 from lightning_fastdata import convert_folder_to_hdf5, scan_image_folder
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.testing.fault_proxy import fault_proxy
-from lightning_fastdata.testing.s3_server import LocalS3
 
 
 @pytest.mark.timeout(300)

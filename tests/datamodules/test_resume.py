@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from helpers.fork_client import SERVER
 
+from benchmarks.s3_server import LocalS3, delete_objects, upload_folder
 from lightning_fastdata import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.testing.s3_server import LocalS3, delete_objects, upload_folder
 
 HELPER = Path(__file__).parents[1] / "helpers" / "resume_run.py"
 STEPS = 12  # 39 images, batch 8: 5 steps per epoch, so 12 steps cross two epoch boundaries

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.s3_server import LocalS3
 from lightning_fastdata.diagnose.report import write_config
 from lightning_fastdata.diagnose.run import doctor
-from lightning_fastdata.testing.s3_server import LocalS3
 
 STREAMED = "ImageFolderDataModule (streamed from the bucket)"
 

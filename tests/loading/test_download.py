@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.fault_proxy import fault_proxy
+from benchmarks.s3_server import LocalS3, upload_folder
 from lightning_fastdata import HDF5DataModule, convert_folder_to_hdf5
 from lightning_fastdata.loading.storage.download import node_local_copy
 from lightning_fastdata.loading.storage.object_store import main_process_is_clean
-from lightning_fastdata.testing.fault_proxy import fault_proxy
-from lightning_fastdata.testing.s3_server import LocalS3, upload_folder
 
 CHUNK = 8 << 10  # small, so that the test file spans many ranges
 

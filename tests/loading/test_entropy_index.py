@@ -107,7 +107,7 @@ def test_the_index_keeps_within_its_share_of_the_files_bytes(monkeypatch: pytest
     """One entry per MCU was 7-16% of these files; K is chosen per file to stay within INDEX_FRACTION (1.5%).
     Files whose entropy data is too sparse for an index to pay (flat content, a low quality, tiny photos) get
     none by default."""
-    from lightning_fastdata.bench.matrix import flat_image
+    from benchmarks.matrix import flat_image
     from lightning_fastdata.loading.jpeg import entropy_index
     from lightning_fastdata.loading.jpeg.entropy_index import INDEX_FRACTION, index_file
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from benchmarks.fault_proxy import fault_proxy
+from benchmarks.s3_server import LocalS3
 from lightning_fastdata import ImageFolderDataModule
 from lightning_fastdata.datasets.base import AugmentedImageDataset
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.storage.object_store import ObjectStorage
-from lightning_fastdata.testing.fault_proxy import fault_proxy
-from lightning_fastdata.testing.s3_server import LocalS3
 
 
 class Recorder(Dataset):

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.fault_proxy import fault_proxy
+from benchmarks.s3_server import LocalS3
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.storage.local import LocalStorage
 from lightning_fastdata.loading.storage.object_store import ObjectStorage, main_process_is_clean
 from lightning_fastdata.loading.storage.registry import open_storage
-from lightning_fastdata.testing.fault_proxy import fault_proxy
-from lightning_fastdata.testing.s3_server import LocalS3
 
 
 def files(folder: Path) -> list[str]:
@@ -329,11 +329,12 @@ def test_the_fault_proxy_ends_when_the_process_that_started_it_is_killed(tmp_pat
     # a benchmark or test run SIGKILLed mid-way must not leave its latency proxy serving forever
     script = tmp_path / "proxy.py"
     script.write_text(
-        "import time\nfrom lightning_fastdata.testing.fault_proxy import fault_proxy\n"
+        "import time\nfrom benchmarks.fault_proxy import fault_proxy\n"
         f"with fault_proxy('http://127.0.0.1:9', log_dir={str(tmp_path)!r}) as p:\n"  # killed: no clean-up of its own
         "    print(p.pid, flush=True)\n    time.sleep(600)\n"
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    lab = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}  # the proxy is the checkout's (benchmarks/)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=lab)
     try:
         proxy = int(proc.stdout.readline())  # type: ignore[union-attr]
         assert _running(proxy)

@@ -1,6 +1,6 @@
 """The entropy index on a matrix of JPEG kinds: sizes, qualities, subsampling, content, restart markers.
 
-    python -m lightning_fastdata.bench.matrix --json benchmarks/results/jpeg-matrix.json
+    python -m benchmarks.matrix --json benchmarks/results/jpeg-matrix.json
     fastdata bench --suites matrix ...   (the same rows, inside the bench's JSON)
 
 For each kind, a folder of generated JPEGs (in ``--scratch``), then one interleaved measurement of, on the same
@@ -270,7 +270,7 @@ def matrix_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
-        prog="python -m lightning_fastdata.bench.matrix",
+        prog="python -m benchmarks.matrix",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,7 +1,7 @@
 """An HTTP proxy in front of a local S3 server that adds latency, answers ``503 SlowDown`` or stalls chosen objects.
 
 As a remote or throttled bucket does (``tc netem`` needs root); traffic goes to 127.0.0.1 only. For tests and
-benchmarks, with :func:`~lightning_fastdata.testing.s3_server.local_s3_server`::
+benchmarks, with :func:`~benchmarks.s3_server.local_s3_server`::
 
     with local_s3_server(tmp_path) as s3, fault_proxy(s3.endpoint, delay=0.02) as slow:
         dm = ImageFolderDataModule(s3.url("train"), storage_options=s3.storage_options(slow.endpoint))
@@ -18,7 +18,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from lightning_fastdata.testing.s3_server import free_ports, wait_for_port
+from benchmarks.s3_server import free_ports, wait_for_port
 
 __all__ = ["FaultProxy", "fault_proxy"]
 

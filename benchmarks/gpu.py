@@ -2,7 +2,7 @@
 
 ``scripts/gpu-check.sh`` runs it after staging, building and generating the data; by hand::
 
-    python -m lightning_fastdata.bench.gpu --root DATA --json benchmarks/results/gpu.json [--parts fed,scale]
+    python -m benchmarks.gpu --root DATA --json benchmarks/results/gpu.json [--parts fed,scale]
 
 Parts (each adds its key to the JSON file, so a long check can be split over several runs):
 
@@ -26,7 +26,7 @@ Parts (each adds its key to the JSON file, so a long check can be split over sev
   torchvision's reference loader of the recipe fed to the same model (``--reference-epochs``), the variants
   (``--recipe-variants``), an untimed diagnose fit (the op recorder and the profiler; ``--no-recipe-diagnose``),
   and the device augmentation's cost per batch (policy, normalise, erase, mix), CUDA-event timed; a summary table
-  at the end (:mod:`lightning_fastdata.bench.gpu_recipe`).
+  at the end (:mod:`benchmarks.gpu_recipe`).
 - ``scale``: our folder module vs the torchvision baseline at 1, 2, 4, 8, 15 workers, next to the decode ceiling,
   each timed in its steady state within one pass (ours counted on the GPU, normalised, where there is one).
 
@@ -57,14 +57,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_fastdata import (
-    FastDataCallback,
-    HDF5DataModule,
-    ImageFolderDataModule,
-    TensorCacheDataModule,
-    convert_folder_to_hdf5,
-)
-from lightning_fastdata.bench.gpu_fit import (
+from benchmarks.gpu_fit import (
     BaselineData,
     HostNormaliseCache,
     Settings,
@@ -73,7 +66,14 @@ from lightning_fastdata.bench.gpu_fit import (
     cuda_available,
     fit,
 )
-from lightning_fastdata.bench.gpu_recipe import VARIANTS, check_variants, recipe
+from benchmarks.gpu_recipe import VARIANTS, check_variants, recipe
+from lightning_fastdata import (
+    FastDataCallback,
+    HDF5DataModule,
+    ImageFolderDataModule,
+    TensorCacheDataModule,
+    convert_folder_to_hdf5,
+)
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.loading.atomic import atomic_write_text
 from lightning_fastdata.loading.index.files import scan_image_folder
@@ -358,8 +358,8 @@ def run_parts(s: Settings, parts: list[str], json_path: str | None) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m lightning_fastdata.bench.gpu``."""
-    p = argparse.ArgumentParser(prog="python -m lightning_fastdata.bench.gpu", description=__doc__.split("\n")[0])
+    """``python -m benchmarks.gpu``."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
     p.add_argument("--root", required=True, help="the image folder to train from")
     p.add_argument("--scale-root", default=None, help="another folder for the scale part (default: --root)")
     p.add_argument("--scratch", required=True, help="folder for the tensor cache and the HDF5 file")

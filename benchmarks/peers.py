@@ -1,6 +1,6 @@
 """The peers on the same data, same cores, same run: DALI (CPU), SPDL and LitData beside ours and the baseline.
 
-    python -m lightning_fastdata.bench.peers --json benchmarks/results/peers.json
+    python -m benchmarks.peers --json benchmarks/results/peers.json
     fastdata bench --suites peers ...   (the same rows, inside the bench's JSON)
 
 Every loader does the same job on the same JPEG folder: a random-resized crop to 224 px (torchvision's scale
@@ -26,7 +26,7 @@ nvidia-dali-cuda120 nvidia-nvimgcodec-cu12 spdl litdata`` (SPDL decodes through 
 ``libavcodec`` 4-9: Debian ``apt-get install libavcodec59 libavfilter8 libavformat59 libavdevice59``). The ceiling
 of the same run is one core reading and fully decoding every file (the faster of PIL and ``decode_jpeg``) times
 the workers. Data: the demo's photo-like JPEGs plus, with ``--kinds``, kinds of the JPEG matrix
-(:mod:`lightning_fastdata.bench.matrix`), so that no result rests on one kind of JPEG.
+(:mod:`benchmarks.matrix`), so that no result rests on one kind of JPEG.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_fastdata.bench.litdata_rows import LitDataImages, labelled_files, optimize_folder
-from lightning_fastdata.bench.matrix import KINDS, kind_folder
+from benchmarks.litdata_rows import LitDataImages, labelled_files, optimize_folder
+from benchmarks.matrix import KINDS, kind_folder
 from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.loading.jpeg.decode import random_resized_crop_box
 from lightning_fastdata.measure import (
@@ -264,7 +264,7 @@ def peers_suite(args: argparse.Namespace, say: Callable[[str], None] = print) ->
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
-        prog="python -m lightning_fastdata.bench.peers",
+        prog="python -m benchmarks.peers",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -10,12 +10,12 @@ without boto3: ``pip install lightning-fastdata[s3-bench]``). The decode ceiling
 is measured in the same run.
 
 Then the peer and the answer for data bigger than the local disk: LitData on the same bucket (its chunks, its
-local cache; :mod:`~lightning_fastdata.bench.litdata_rows`; with the ``s3-bench`` extra), with a cache smaller
+local cache; :mod:`~benchmarks.litdata_rows`; with the ``s3-bench`` extra), with a cache smaller
 than the data (every epoch downloads everything again) and with one that holds it; and the compact JPEG cache
 (``convert_folder_to_hdf5(src=url, max_side=256)``) built once from the bucket, timed (the build's images/s and
 its bytes per image are in the JSON's ``compact_cache``), then read by ``HDF5DataModule`` from the local disk.
 
-    python -m lightning_fastdata.bench.s3 --json benchmarks/results/s3-folder.json
+    python -m benchmarks.s3 --json benchmarks/results/s3-folder.json
 
 On a small machine the server and the proxy run on the same cores as the loader's workers and take CPU from
 them: the s3 rows are a lower bound of what a remote bucket gives. So each row also says where the machine's
@@ -40,7 +40,9 @@ from typing import Any
 
 import torch
 
-import lightning_fastdata.bench.litdata_rows as litdata_rows
+import benchmarks.litdata_rows as litdata_rows
+from benchmarks.fault_proxy import FaultProxy, fault_proxy
+from benchmarks.s3_server import local_s3_server, upload_folder
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
@@ -54,8 +56,6 @@ from lightning_fastdata.measure import (
     print_table,
     rows_for,
 )
-from lightning_fastdata.testing.fault_proxy import FaultProxy, fault_proxy
-from lightning_fastdata.testing.s3_server import local_s3_server, upload_folder
 
 __all__ = ["GetObjectDataset", "main"]
 

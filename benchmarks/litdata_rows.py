@@ -60,7 +60,7 @@ def optimize_folder(root: str | Path, out: Path, chunk_bytes: str) -> None:
 
 def optimize_to_bucket(root: Path, work: Path, url: str, storage_options: dict[str, Any], chunk_bytes: str) -> int:
     """``litdata.optimize`` the class folder ``root`` into ``work``, upload the chunks to ``url``; their total bytes."""
-    from lightning_fastdata.testing.s3_server import upload_folder
+    from benchmarks.s3_server import upload_folder
 
     out = work / "litdata-optimized"
     optimize_folder(root, out, chunk_bytes)

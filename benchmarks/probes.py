@@ -1,6 +1,6 @@
 """Measurements that need a fresh process each (memory deltas, a cold import state), run by the scale suite.
 
-``python -m lightning_fastdata.bench.probes PROBE ARGS...`` runs one and prints its result as one JSON line;
+``python -m benchmarks.probes PROBE ARGS...`` runs one and prints its result as one JSON line;
 :func:`run_probe` starts it and parses that line. Everything is imported before a probe measures, so a
 probe's memory delta is the data it built, not the code it loaded.
 """
@@ -15,6 +15,8 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from benchmarks import REPO
 
 __all__ = ["PROBES", "check", "main", "run_probe", "scan", "worker_pss"]
 
@@ -112,15 +114,16 @@ def run_probe(probe: str, *args: str, timeout: float = 1200) -> dict[str, Any]:
     Raises:
         RuntimeError: With the probe's stderr, if it failed.
     """
-    cmd = [sys.executable, "-m", "lightning_fastdata.bench.probes", probe, *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, "-m", "benchmarks.probes", probe, *args]
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)  # the lab: a checkout's
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": path})
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m lightning_fastdata.bench.probes PROBE ARGS...``: print the probe's result as JSON."""
+    """``python -m benchmarks.probes PROBE ARGS...``: print the probe's result as JSON."""
     probe, *args = sys.argv[1:] if argv is None else argv
     print(json.dumps(PROBES[probe](*args)))
 

@@ -1,6 +1,6 @@
 """The Lightning side of the GPU suite: settings, the timing callback, one timed ``Trainer.fit``, stand-in data.
 
-See :mod:`lightning_fastdata.bench.gpu` for what is measured and what the figures mean.
+See :mod:`benchmarks.gpu` for what is measured and what the figures mean.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Settings:
         fed_loaders: The ``fed`` part's loaders by name (empty: all).
         folder_workers: The ``fed`` part also runs the folder module with each of these worker counts.
         recipe_variants: The ``recipe`` part also trains the recipe less one piece for each name here
-            (``lightning_fastdata.bench.gpu_recipe.VARIANTS``).
+            (``benchmarks.gpu_recipe.VARIANTS``).
         reference_epochs: Epochs of the ``recipe`` part's reference-loader fit (``None``: ``epochs``); its slowest.
         recipe_diagnose: The ``recipe`` part's untimed fit with the op recorder and the profiler.
     """
