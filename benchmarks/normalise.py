@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from benchmarks import record
-from lightning_fastdata.loading.normalize import Normalizer
+from lightning_fastdata.augment.normalize import Normalizer
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

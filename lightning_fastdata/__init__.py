@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from lightning_fastdata.augment.normalize import Normalizer
     from lightning_fastdata.callbacks.fastdata import FastDataCallback
     from lightning_fastdata.callbacks.monitor import DataWaitMonitor
     from lightning_fastdata.datamodules.base import FastDataModule
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
     from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
     from lightning_fastdata.diagnose import DoctorReport, doctor
     from lightning_fastdata.loading.index.files import FileIndex, scan_image_folder
-    from lightning_fastdata.loading.normalize import Normalizer
     from lightning_fastdata.loading.sampler import EpochSampler
     from lightning_fastdata.loading.transport.loaders import (
         PrefetchingDataLoader,
@@ -49,7 +49,7 @@ _EXPORTS = {
     "ImageClassifier": "lightning_fastdata.models",
     "ImageFolderDataModule": "lightning_fastdata.datamodules.folder",
     "ImageFolderDataset": "lightning_fastdata.datasets.folder",
-    "Normalizer": "lightning_fastdata.loading.normalize",
+    "Normalizer": "lightning_fastdata.augment.normalize",
     "PrefetchingDataLoader": "lightning_fastdata.loading.transport.loaders",
     "PrefetchingStatefulDataLoader": "lightning_fastdata.loading.transport.loaders",
     "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",

@@ -18,10 +18,10 @@ from torch.utils.data import DataLoader, default_collate
 from torchvision import datasets
 from torchvision.transforms import v2
 
+from lightning_fastdata.augment.batched import KeyedTransform
+from lightning_fastdata.augment.pipeline import as_transform_list
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.errors import UsageError
-from lightning_fastdata.loading.augment.batch import as_transform_list
-from lightning_fastdata.loading.augment.policies import KeyedTransform
 from lightning_fastdata.shipped import CONFIG_DIR, ConfigNotFoundError, find_config, shipped_configs
 
 __all__ = [

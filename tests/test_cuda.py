@@ -142,9 +142,8 @@ def test_device_policies_on_cuda_draw_what_the_cpu_draws_and_match_its_pixels(im
     from torchvision.io import decode_jpeg, read_file
     from torchvision.transforms.v2 import functional as F
 
-    from lightning_fastdata.augment import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide
-    from lightning_fastdata.loading.augment import ops
-    from lightning_fastdata.loading.augment.keyed import uniforms
+    from lightning_fastdata.augment import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide, ops
+    from lightning_fastdata.augment.keyed import uniforms
 
     files = sorted(image_folder.glob("*/*.jpg"))[:16]
     batch = torch.stack([F.center_crop(decode_jpeg(read_file(str(p))), [64, 64]) for p in files])

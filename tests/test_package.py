@@ -270,3 +270,28 @@ def test_the_package_is_the_product_and_never_imports_the_lab() -> None:
     }
     assert not lab, f"package modules importing the lab: {sorted(lab)}"
     assert (PACKAGE.parent / "benchmarks" / "gpu.py").is_file() and (PACKAGE.parent / "benchmarks" / "s3.py").is_file()
+
+
+def test_augmentation_lives_in_one_room() -> None:
+    """``augment/`` holds every augmentation module and imports only ``errors``, ``loading.native`` (the compiled
+    kernels) and itself; no module elsewhere is about augmentation, and torchvision's private names are reached
+    through its one adapter."""
+    outside = [
+        name
+        for name in modules_cache
+        if "augment" in name.split(".")[-1] and not name.startswith(f"{PACKAGE.name}.augment")
+    ]
+    assert not outside, outside
+    allowed = {"lightning_fastdata.errors", "lightning_fastdata.loading", "lightning_fastdata.loading.native"}
+    for name, tree in modules_cache.items():
+        if name.startswith("lightning_fastdata.augment"):
+            stray = {m for m in imported(tree, top_level_only=False) if not m.startswith("lightning_fastdata.augment")}
+            assert stray <= allowed, (name, stray - allowed)
+            private = [
+                node.module
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("torchvision")
+                and any(part.startswith("_") for part in (node.module or "").split("."))
+            ]
+            assert not private or name.endswith("torchvision_internals"), (name, private)

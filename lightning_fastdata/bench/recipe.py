@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
+from lightning_fastdata.augment.pipeline import as_transform_list
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
-from lightning_fastdata.loading.augment.batch import as_transform_list
 from lightning_fastdata.loading.batch import move_to_device
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.measure import Candidate, count_images, count_normalised, measure, rows_for

@@ -15,16 +15,16 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
+from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
+from lightning_fastdata.augment.pipeline import DeviceAugment, as_transform_list
+from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_intervals
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
 from lightning_fastdata.datasets.base import AugmentedImageDataset
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading import native
-from lightning_fastdata.loading.augment.batch import DeviceAugment, as_transform_list
-from lightning_fastdata.loading.augment.sample import SampleTransform
 from lightning_fastdata.loading.batch import DeviceBatch, move_to_device
-from lightning_fastdata.loading.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched
 from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
 
+from lightning_fastdata.augment.crop import crop_resize_flip
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datamodules.folder import FolderSource
 from lightning_fastdata.datasets.cache import (
@@ -26,7 +27,6 @@ from lightning_fastdata.datasets.hdf5 import HDF5Dataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.batch import DeviceBatch
-from lightning_fastdata.loading.device_augment import crop_resize_flip
 from lightning_fastdata.loading.storage.bucket_index import DEFAULT_INDEX_TTL
 
 __all__ = ["TensorCacheDataModule"]

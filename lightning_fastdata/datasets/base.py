@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import DataError, StorageError
-from lightning_fastdata.loading.augment.sample import SampleTransform
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 from lightning_fastdata.loading.jpeg.decode import (
@@ -74,7 +74,7 @@ class AugmentedImageDataset(Dataset):
         transform: Applied to each sample after the crop (and flip): a uint8 ``3 x S x S`` tensor in, the same shape
             and dtype out (a ``torchvision.transforms.v2`` transform, a ``Compose``, any callable); its randomness
             comes from torch's generator seeded from the sample's key
-            (``lightning_fastdata.loading.augment.sample.SampleTransform``).
+            (``lightning_fastdata.augment.sample.SampleTransform``).
 
     Raises:
         ValueError: On an impossible argument (:class:`~lightning_fastdata.datasets.settings.AugmentSettings`).

@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
+from lightning_fastdata.augment.kernels import copy_image
+from lightning_fastdata.augment.keyed import sample_seed
+from lightning_fastdata.augment.worker import accelerate
 from lightning_fastdata.errors import InvalidTypeError
-from lightning_fastdata.loading.augment.fast import accelerate, copy_image
-from lightning_fastdata.loading.augment.keyed import sample_seed
 
 __all__ = ["SampleTransform", "describe_transform"]
 

@@ -4,7 +4,7 @@ A sample's augmentation must not depend on which worker made it, on the prefetch
 a run was resumed: everything random about a sample is drawn from its key. Two forms, one hash:
 
 * :func:`sample_seed`: a 63-bit seed for a sample (Python ints), to seed torch's generator around a user's
-  transform in a worker (:class:`~lightning_fastdata.loading.augment.sample.SampleTransform`);
+  transform in a worker (:class:`~lightning_fastdata.augment.sample.SampleTransform`);
 * :func:`uniforms`: ``N x count`` floats in ``[0, 1)`` for a whole batch of keys at once, on the keys' device, for
   the batched device ops (no generator, no synchronisation, the same numbers on a CPU and a GPU).
 

@@ -13,10 +13,9 @@ from torchvision.io import decode_jpeg, read_file
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from lightning_fastdata.augment import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide
-from lightning_fastdata.loading.augment import keyed, ops
-from lightning_fastdata.loading.augment.keyed import sample_seed, uniforms
-from lightning_fastdata.loading.augment.policies import to_batched
+from lightning_fastdata.augment import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide, keyed, ops
+from lightning_fastdata.augment.batched import to_batched
+from lightning_fastdata.augment.keyed import sample_seed, uniforms
 from lightning_fastdata.loading.sampler import EpochSampler
 
 
@@ -300,7 +299,7 @@ def test_worker_policies_apply_every_op_at_every_magnitude_as_torchvision(
     a fill, and with the AVX2 bilinear warp switched off (the one-pixel-at-a-time code other CPUs run)."""
     if not avx2:
         monkeypatch.setenv("LIGHTNING_FASTDATA_NO_AVX2", "1")
-    from lightning_fastdata.loading.augment.fast import accelerate
+    from lightning_fastdata.augment.worker import accelerate
     from lightning_fastdata.loading.native import imageops_available
 
     if not imageops_available():
@@ -325,7 +324,7 @@ def test_worker_policies_apply_every_op_at_every_magnitude_as_torchvision(
 
 def test_worker_policies_draw_and_apply_what_torchvision_does_under_the_same_seed(batch: torch.Tensor) -> None:
     """Whole policies, inside Compose and RandomApply, under the same torch seeds: the same images."""
-    from lightning_fastdata.loading.augment.fast import accelerate
+    from lightning_fastdata.augment.worker import accelerate
 
     pipelines = [
         v2.TrivialAugmentWide(),
@@ -384,7 +383,7 @@ def test_the_sharpness_kernel_gives_torchvisions_bytes_and_leaves_it_the_blends_
     the factors whose float32 blend could round differently fused and unfused go to torchvision's own code."""
     import numpy as np
 
-    from lightning_fastdata.loading.augment import fast
+    from lightning_fastdata.augment import worker as fast
     from lightning_fastdata.loading.native import imageops_available
 
     if not imageops_available():

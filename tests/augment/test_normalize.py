@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_fastdata.loading.normalize import Normalizer, advise_huge_pages
+from lightning_fastdata.augment.normalize import Normalizer, advise_huge_pages
 
 
 def reference(images: torch.Tensor, normalizer: Normalizer) -> torch.Tensor:

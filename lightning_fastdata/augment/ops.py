@@ -3,7 +3,7 @@
 Each function takes ``images`` (uint8 ``N x 3 x H x W``, any memory format, any device) and per-sample parameters
 as length-``N`` tensors, and returns what ``torchvision.transforms.v2.functional``'s op returns for each sample with
 its own parameter, computed for the whole batch at once (one affine grid per sample, one blend factor per sample,
-one histogram per sample and channel). ``tests/loading/test_augment_ops.py`` compares every op with torchvision's
+one histogram per sample and channel). ``tests/augment/test_augment.py`` compares every op with torchvision's
 on the same images and parameters: the integer ops (posterize, solarize, autocontrast, equalize, erase, and the
 affine ops at multiples of 90 degrees) bit for bit; the blends and the warps within the bounds stated there.
 """
@@ -14,12 +14,9 @@ import torch
 from torch.nn.functional import conv2d, grid_sample
 from torchvision.transforms.v2 import functional as F
 
-# torchvision's own colour-space conversions (batch-generic already); pinned by the hue test in
-# tests/loading/test_augment.py, which compares adjust_hue with torchvision's public F.adjust_hue
-from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
-
+import lightning_fastdata.augment.torchvision_internals as tv
+from lightning_fastdata.augment.kernels import warp_images
 from lightning_fastdata.loading import native
-from lightning_fastdata.loading.augment.fast import warp_images
 
 __all__ = [
     "adjust_brightness",
@@ -89,11 +86,18 @@ def adjust_contrast(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 
 
 def adjust_hue(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """``F.adjust_hue`` with a hue shift (-0.5 to 0.5) per sample."""
-    hsv = _rgb_to_hsv(F.to_dtype(images, torch.float32, scale=True))
+    """``F.adjust_hue`` with a hue shift (-0.5 to 0.5) per sample.
+
+    torchvision's own colour-space conversions (batch-generic already; :mod:`.torchvision_internals`); where they
+    are missing, ``F.adjust_hue`` per sample.
+    """
+    if tv.rgb_to_hsv is None or tv.hsv_to_rgb is None:
+        shifts = factor.to(torch.float64).tolist()
+        return torch.stack([F.adjust_hue(image, float(shift)) for image, shift in zip(images, shifts)])
+    hsv = tv.rgb_to_hsv(F.to_dtype(images, torch.float32, scale=True))
     h, s, v = hsv.unbind(dim=-3)
     h.add_(to_device(factor, images.device, torch.float64).to(torch.float32).view(-1, 1, 1)).remainder_(1.0)
-    return F.to_dtype(_hsv_to_rgb(torch.stack((h, s, v), dim=-3)), torch.uint8, scale=True)
+    return F.to_dtype(tv.hsv_to_rgb(torch.stack((h, s, v), dim=-3)), torch.uint8, scale=True)
 
 
 def adjust_sharpness(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The training device's part of a recipe: per-sample policies, normalisation, then batch transforms.
 
 ``device_transforms`` run on the uint8 batch (``N x 3 x S x S``) right after transfer: per-sample policies
-(:class:`~lightning_fastdata.loading.augment.policies.TrivialAugmentWide`, ``RandAugment``; torchvision's own
+(:class:`~lightning_fastdata.augment.batched.TrivialAugmentWide`, ``RandAugment``; torchvision's own
 objects are turned into these). Then the batch is normalised to float. Then ``batch_transforms`` run with the
 labels: ``RandomErasing`` (per sample), and anything that takes ``(images, labels)`` and returns them, such as
 ``torchvision.transforms.v2.MixUp``/``CutMix``/``RandomChoice``. Before the first of those, the labels become
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from lightning_fastdata.augment.batched import KeyedTransform, to_batched
+from lightning_fastdata.augment.keyed import batch_seed
 from lightning_fastdata.errors import InvalidTypeError
-from lightning_fastdata.loading.augment.keyed import batch_seed
-from lightning_fastdata.loading.augment.policies import KeyedTransform, to_batched
 
 __all__ = ["DeviceAugment", "as_transform_list"]
 

@@ -4,9 +4,9 @@
 torchvision itself, so the magnitudes are its magnitudes) with one difference that is the point: torchvision's
 transform applied to a batch applies *one* op with *one* magnitude to every image; these draw an op and a magnitude
 for each sample, as torchvision does when it runs once per image in a loader worker, and apply them to the whole
-batch at once with :mod:`~lightning_fastdata.loading.augment.ops`. :class:`RandomErasing` likewise erases one box
+batch at once with :mod:`~lightning_fastdata.augment.ops`. :class:`RandomErasing` likewise erases one box
 per sample. Every draw is a function of ``(seed, epoch, index, repeat)``
-(:func:`~lightning_fastdata.loading.augment.keyed.uniforms`): the same on a CPU and a GPU, with any worker count,
+(:func:`~lightning_fastdata.augment.keyed.uniforms`): the same on a CPU and a GPU, with any worker count,
 and after a resume.
 
 Each policy is a ``torch.nn.Module`` whose ``forward(images, keys, seed)`` returns the augmented batch; the
@@ -25,9 +25,10 @@ import torch
 from torch import nn
 from torchvision.transforms import v2
 
+import lightning_fastdata.augment.ops as ops
+import lightning_fastdata.augment.torchvision_internals as tv
+from lightning_fastdata.augment.keyed import uniforms
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.augment import ops
-from lightning_fastdata.loading.augment.keyed import uniforms
 
 __all__ = ["ColorJitter", "KeyedTransform", "RandAugment", "RandomErasing", "TrivialAugmentWide", "to_batched"]
 
@@ -149,6 +150,12 @@ class _Policy(KeyedTransform):
 
     def __init__(self, interpolation: str, fill: Any) -> None:
         super().__init__()
+        if not self.space:
+            raise InvalidValueError(
+                f"{type(self).__name__} on the device draws from torchvision's table of ops and magnitudes, which "
+                f"this torchvision lacks ({', '.join(tv.MISSING)}); give torchvision's own policy to train_transforms "
+                "(it runs per sample in the loader workers) instead."
+            )
         self.interpolation = _interpolation(interpolation)
         self.fill = _fill(fill)
         self._tables: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -215,7 +222,7 @@ class TrivialAugmentWide(_Policy):
         fill: Value outside a warped image; ``None`` is black.
     """
 
-    space = v2.TrivialAugmentWide._AUGMENTATION_SPACE
+    space = tv.augmentation_space(v2.TrivialAugmentWide) or {}
     stream = 0x7A1
 
     def __init__(self, num_magnitude_bins: int = 31, interpolation: str = "nearest", fill: float | None = None) -> None:
@@ -240,7 +247,7 @@ class RandAugment(_Policy):
         fill: Value outside a warped image; ``None`` is black.
     """
 
-    space = v2.RandAugment._AUGMENTATION_SPACE
+    space = tv.augmentation_space(v2.RandAugment) or {}
     stream = 0x7A2
 
     def __init__(

@@ -18,7 +18,7 @@ pixels:
 
 Every other case (sharpness and saturation, a fill per channel, a fill with bilinear warps, other interpolations,
 PIL images, videos, tensors on a GPU, an install without the compiled extension) is torchvision's own code.
-``tests/loading/test_augment.py`` compares each op at every magnitude bin and sign, and whole policies under the
+``tests/augment/test_augment.py`` compares each op at every magnitude bin and sign, and whole policies under the
 same seeds, with torchvision's, bit for bit (the bilinear warp runs eight pixels at a time with AVX2 and FMA where
 the CPU has them, else one at a time with the same arithmetic; ``LIGHTNING_FASTDATA_NO_AVX2=1`` forces the latter,
 which the tests compare too).
@@ -35,68 +35,25 @@ import numpy as np
 import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
-from torchvision.transforms.v2._utils import _get_fill
-from torchvision.transforms.v2.functional._color import _blend, _rgb_to_grayscale_image
-from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
 
+import lightning_fastdata.augment.torchvision_internals as tv
+from lightning_fastdata.augment.kernels import base_grid, copy_image, histograms, lookup, memory_of, warp_images
 from lightning_fastdata.loading import native
 
-__all__ = ["AugMix", "AutoAugment", "RandAugment", "TrivialAugmentWide", "accelerate", "copy_image", "warp_images"]
-
-
-@lru_cache(maxsize=64)
-def _base_grid(width: int, height: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """Torchvision's base grid (pixel centres relative to the image centre) and its rescaling, float32."""
-    bx = torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, steps=width)
-    by = torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5, steps=height)
-    return bx, by, np.array([0.5 * width, 0.5 * height], dtype=np.float32)
-
-
-def _memory(t: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, tuple[int, ...]]:
-    """A uint8 CPU tensor's memory as a C-contiguous array, with the tensor's strides into it (in bytes).
-
-    A dense tensor in any dimension order (a channels-last crop viewed as ``C x H x W``) is read where it lies;
-    anything else is copied first. Returns the tensor actually described (keep it alive while the array is used).
-    """
-    strides = t.stride()
-    order = sorted(range(t.dim()), key=lambda d: -strides[d])
-    if not t.permute(order).is_contiguous():
-        t = t.contiguous()
-        order = list(range(t.dim()))
-    return t, t.permute(order).numpy(), tuple(t.stride())
-
-
-def warp_images(images: torch.Tensor, scaled: torch.Tensor, fill: int | None, bilinear: bool) -> torch.Tensor:
-    """uint8 CPU ``images`` (``N x C x H x W``, any layout) warped with ``_ext/imageops.c``, in the same layout.
-
-    ``scaled`` (``N x 3 x 2``) is each image's rescaled affine (``rescaled_theta`` of torchvision's ``_affine_grid``).
-    ``fill``: the value outside the image, nearest only (``None``: black; bilinear: zeros padding).
-    """
-    n, c, h, w = images.shape
-    bx, by, _ = _base_grid(w, h)
-    src, src_memory, src_strides = _memory(images)
-    out, out_memory, out_strides = _memory(torch.empty_like(src))
-    params = scaled.transpose(1, 2).contiguous().numpy()  # per image: x's three coefficients, then y's
-    assert native.jpegroi is not None
-    native.jpegroi.warp(
-        src_memory,
-        src_strides,
-        out_memory,
-        out_strides,
-        (n, c, h, w),
-        bx.numpy(),
-        by.numpy(),
-        params,
-        fill or 0,
-        bilinear,
-    )
-    return out
+__all__ = [
+    "WorkerAugMix",
+    "WorkerAutoAugment",
+    "WorkerRandAugment",
+    "WorkerTrivialAugmentWide",
+    "accelerate",
+    "copy_image",
+]
 
 
 def _warp(image: torch.Tensor, matrix: list[float], fill: int | None, bilinear: bool) -> torch.Tensor:
     """``image`` (uint8 ``C x H x W``) warped by torchvision's inverse affine ``matrix`` (``fill``: nearest only)."""
     h, w = image.shape[-2:]
-    half = _base_grid(w, h)[2]
+    half = base_grid(w, h)[2]
     theta = np.asarray(matrix, dtype=np.float32).reshape(2, 3)  # torch.tensor(matrix, dtype=float32)
     scaled = torch.from_numpy(theta.T / half)  # _affine_grid's rescaled theta (3 x 2), the same float32 division
     return warp_images(image.unsqueeze(0), scaled.unsqueeze(0), fill, bilinear)[0]
@@ -107,7 +64,7 @@ _NO_FILL = -1
 
 def _fill_value(fill: Any) -> int | None:
     """The op's one fill value for a plain tensor, ``_NO_FILL`` for none (black), ``None`` if per channel."""
-    value = _get_fill(fill, torch.Tensor)
+    value = tv.get_fill(fill, torch.Tensor)
     if isinstance(value, (list, tuple)):
         if len(set(value)) != 1:
             return None
@@ -119,57 +76,9 @@ def _fill_value(fill: Any) -> int | None:
 _LEVELS = torch.arange(256, dtype=torch.uint8).view(1, 1, 256)
 
 
-def _lookup(image: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Each channel of ``image`` (``C x H x W``) through its row of ``table`` (one row for all channels, or ``C``)."""
-    rows = table.reshape(-1, 256).contiguous()
-    if native.imageops_available():
-        assert native.jpegroi is not None
-        src, src_memory, src_strides = _memory(image)
-        out, out_memory, out_strides = _memory(torch.empty_like(src))
-        native.jpegroi.lookup(
-            src_memory, src_strides, out_memory, out_strides, tuple(src.shape), rows.numpy(), len(rows)
-        )
-        return out
-    pixels, tables = image.contiguous().numpy(), rows.numpy()
-    return torch.from_numpy(np.stack([np.take(tables[c % len(tables)], pixels[c]) for c in range(len(pixels))]))
-
-
-def _histograms(image: torch.Tensor) -> np.ndarray:
-    """The counts of the 256 levels per channel, ``C x 256`` int64."""
-    if native.imageops_available():
-        assert native.jpegroi is not None
-        src, memory, strides = _memory(image)
-        counts = np.empty((src.shape[0], 256), dtype=np.int64)
-        native.jpegroi.histogram(memory, strides, tuple(src.shape), counts)
-        return counts
-    return np.stack([np.bincount(p.ravel(), minlength=256) for p in image.contiguous().numpy()])
-
-
-def copy_image(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)`` for uint8 CPU ``C x H x W`` tensors; planar to channels-last and back in C where installed."""
-    if (
-        native.imageops_available()
-        and dst.dtype == src.dtype == torch.uint8
-        and dst.device.type == src.device.type == "cpu"
-        and dst.dim() == 3
-        and dst.shape == src.shape
-    ):
-        c, h, w = src.shape
-        planar, interleaved = (h * w, w, 1), (1, w * c, c)
-        kinds = (tuple(src.stride()), tuple(dst.stride()))
-        assert native.jpegroi is not None
-        if kinds == (planar, interleaved):  # out of the transform into a channels-last batch slot
-            native.jpegroi.transpose(src.numpy(), dst.permute(1, 2, 0).numpy(), c, h * w)
-            return
-        if kinds == (interleaved, planar):  # out of the slot, for the transform
-            native.jpegroi.transpose(src.permute(1, 2, 0).numpy(), dst.numpy(), h * w, c)
-            return
-    dst.copy_(src)  # any other layouts: torch's copy
-
-
 def _equalize_table(image: torch.Tensor) -> torch.Tensor:
     """Torchvision's ``equalize_image`` lookup table per channel (integer arithmetic, PIL's scheme), ``C x 256``."""
-    hist = _histograms(image)
+    hist = histograms(image)
     cum = np.cumsum(hist, axis=1)
     top = hist[np.arange(len(hist)), np.argmax(cum, axis=1)]  # the count of each channel's highest level
     step = ((cum[:, -1] - top) // 255)[:, None]
@@ -181,7 +90,7 @@ def _equalize_table(image: torch.Tensor) -> torch.Tensor:
 
 def _autocontrast_table(image: torch.Tensor) -> torch.Tensor:
     """Torchvision's ``autocontrast_image`` per channel as a table: its float32 arithmetic on the 256 levels."""
-    present = _histograms(image) > 0
+    present = histograms(image) > 0
     minimum = np.argmax(present, axis=1).astype(np.float32)[:, None]  # each channel's lowest level (its amin)
     maximum = (255 - np.argmax(present[:, ::-1], axis=1)).astype(np.float32)[:, None]  # and highest (amax)
     flat = maximum == minimum
@@ -215,8 +124,8 @@ def _sharpen(image: torch.Tensor, factor: float) -> torch.Tensor | None:
     if not _blend_is_exact(float(np.float32(alpha))):
         return None
     assert native.jpegroi is not None
-    src, src_memory, src_strides = _memory(image)
-    out, out_memory, out_strides = _memory(torch.empty_like(src))
+    src, src_memory, src_strides = memory_of(image)
+    out, out_memory, out_strides = memory_of(torch.empty_like(src))
     native.jpegroi.sharpen(src_memory, src_strides, out_memory, out_strides, tuple(src.shape), alpha)
     return out
 
@@ -226,21 +135,21 @@ def _fast_op(image: torch.Tensor, name: str, magnitude: float, interpolation: An
     # the ops that map each level of a channel to one level: torchvision's own op applied to the 256 levels is the
     # table (the same float32 arithmetic per pixel), then one lookup per pixel (3-6x faster than the op on the image)
     if name == "Brightness":
-        return _lookup(image, F.adjust_brightness(_LEVELS, 1.0 + magnitude))
+        return lookup(image, F.adjust_brightness(_LEVELS, 1.0 + magnitude))
     if name == "Contrast" and image.shape[0] == 3:
-        gray = _rgb_to_grayscale_image(image, num_output_channels=1, preserve_dtype=False).floor_()
+        gray = tv.rgb_to_grayscale_image(image, num_output_channels=1, preserve_dtype=False).floor_()
         mean = torch.mean(gray, dim=(-3, -2, -1), keepdim=True)
-        return _lookup(image, _blend(_LEVELS, mean, 1.0 + magnitude))
+        return lookup(image, tv.blend(_LEVELS, mean, 1.0 + magnitude))
     if name == "Solarize":
         threshold = float(np.float32(255.0 * magnitude))  # torchvision compares uint8 with a float32 threshold
         if threshold > 255:
             return None  # torchvision raises: let it
         levels = np.arange(256, dtype=np.uint8)
-        return _lookup(image, torch.from_numpy(np.where(levels >= math.ceil(threshold), 255 - levels, levels)))
+        return lookup(image, torch.from_numpy(np.where(levels >= math.ceil(threshold), 255 - levels, levels)))
     if name == "AutoContrast":
-        return _lookup(image, _autocontrast_table(image))
+        return lookup(image, _autocontrast_table(image))
     if name == "Equalize":
-        return _lookup(image, _equalize_table(image))
+        return lookup(image, _equalize_table(image))
     if name == "Sharpness":
         return _sharpen(image, 1.0 + magnitude)
     if name not in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate") or not native.imageops_available():
@@ -260,15 +169,15 @@ def _fast_op(image: torch.Tensor, name: str, magnitude: float, interpolation: An
             return torch.rot90(image, k=2, dims=(-2, -1))
         if h == w and angle in (90, 270):
             return torch.rot90(image, k=1 if angle == 90 else 3, dims=(-2, -1))
-        matrix = _get_inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], 1.0, [0.0, 0.0])
+        matrix = tv.get_inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], 1.0, [0.0, 0.0])
     elif name in ("ShearX", "ShearY"):
         degrees = math.degrees(math.atan(magnitude))
         shear = [degrees, 0.0] if name == "ShearX" else [0.0, degrees]
         # F.affine's center=[0, 0], relative to the image centre
-        matrix = _get_inverse_affine_matrix([-w * 0.5, -h * 0.5], 0.0, [0.0, 0.0], 1.0, shear)
+        matrix = tv.get_inverse_affine_matrix([-w * 0.5, -h * 0.5], 0.0, [0.0, 0.0], 1.0, shear)
     else:
         shift = [float(int(magnitude)), 0.0] if name == "TranslateX" else [0.0, float(int(magnitude))]
-        matrix = _get_inverse_affine_matrix([0.0, 0.0], 0.0, shift, 1.0, [0.0, 0.0])
+        matrix = tv.get_inverse_affine_matrix([0.0, 0.0], 0.0, shift, 1.0, [0.0, 0.0])
     return _warp(image, matrix, None if value == _NO_FILL else value, mode == "bilinear")
 
 
@@ -292,28 +201,28 @@ class _FastOps:
         )
 
 
-class TrivialAugmentWide(_FastOps, v2.TrivialAugmentWide):
+class WorkerTrivialAugmentWide(_FastOps, v2.TrivialAugmentWide):
     """``v2.TrivialAugmentWide`` with faster exact kernels (see the module's text)."""
 
 
-class RandAugment(_FastOps, v2.RandAugment):
+class WorkerRandAugment(_FastOps, v2.RandAugment):
     """``v2.RandAugment`` with faster exact kernels."""
 
 
-class AutoAugment(_FastOps, v2.AutoAugment):
+class WorkerAutoAugment(_FastOps, v2.AutoAugment):
     """``v2.AutoAugment`` with faster exact kernels."""
 
 
-class AugMix(_FastOps, v2.AugMix):
+class WorkerAugMix(_FastOps, v2.AugMix):
     """``v2.AugMix`` with faster exact kernels."""
 
 
 #: Each torchvision policy's faster twin, built from the policy's public constructor arguments.
 _FAST: dict[type, tuple[type, tuple[str, ...]]] = {
-    v2.TrivialAugmentWide: (TrivialAugmentWide, ("num_magnitude_bins",)),
-    v2.RandAugment: (RandAugment, ("num_ops", "magnitude", "num_magnitude_bins")),
-    v2.AutoAugment: (AutoAugment, ("policy",)),
-    v2.AugMix: (AugMix, ("severity", "mixture_width", "chain_depth", "alpha", "all_ops")),
+    v2.TrivialAugmentWide: (WorkerTrivialAugmentWide, ("num_magnitude_bins",)),
+    v2.RandAugment: (WorkerRandAugment, ("num_ops", "magnitude", "num_magnitude_bins")),
+    v2.AutoAugment: (WorkerAutoAugment, ("policy",)),
+    v2.AugMix: (WorkerAugMix, ("severity", "mixture_width", "chain_depth", "alpha", "all_ops")),
 }
 _CONTAINERS = (v2.Compose, v2.RandomApply, v2.RandomChoice, v2.RandomOrder)
 
@@ -323,7 +232,7 @@ def accelerate(transform: Any) -> Any:
 
     A copy where anything changed, the user's object itself otherwise; the user's object is never modified.
     """
-    fast = _FAST.get(type(transform))
+    fast = _FAST.get(type(transform)) if not set(tv.WORKER_NAMES) & set(tv.MISSING) else None
     if fast is not None:  # a new object of the faster class, with the user's arguments (read from its attributes)
         cls, names = fast
         args = {name: getattr(transform, name) for name in (*names, "interpolation", "fill")}
