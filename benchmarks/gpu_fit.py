@@ -17,9 +17,9 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_fastdata import FastDataCallback, ImageClassifier, TensorCacheDataModule
+from lightning_fastdata.callbacks.meter import DataWaitMeter, DataWaitStats
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.loading.meter import DataWaitMeter, DataWaitStats
 from lightning_fastdata.measure import baseline_loader
 
 __all__ = [

@@ -10,8 +10,8 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
+from lightning_fastdata.callbacks.meter import DataWaitMeter, DataWaitStats
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.meter import DataWaitMeter, DataWaitStats
 
 __all__ = ["DataWaitMonitor"]
 

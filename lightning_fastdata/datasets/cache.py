@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from lightning_fastdata.datasets.arrays import MappedFile, gather_hwc
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.datasets.cache_build import build_tensor_cache, check_verify_source
 from lightning_fastdata.datasets.cache_manifest import (
@@ -41,7 +42,6 @@ from lightning_fastdata.datasets.cache_manifest import (
     write_manifest,
 )
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity
 from lightning_fastdata.loading.jpeg.decode import random_resized_crop_box

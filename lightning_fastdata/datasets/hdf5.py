@@ -10,9 +10,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from lightning_fastdata.datasets.arrays import MappedFile, gather_hwc
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
-from lightning_fastdata.loading.arrays import MappedFile, gather_hwc
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 
 __all__ = ["FORMAT_VERSION", "HDF5Dataset", "HDF5Layout", "inspect_hdf5", "open_hdf5"]

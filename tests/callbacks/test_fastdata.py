@@ -19,7 +19,7 @@ from lightning_fastdata import (
     ImageClassifier,
     ImageFolderDataModule,
 )
-from lightning_fastdata.loading.meter import DataWaitStats
+from lightning_fastdata.callbacks.meter import DataWaitStats
 from lightning_fastdata.testing import cpu_trainer
 
 

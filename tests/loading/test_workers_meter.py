@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from lightning_fastdata import CpuBudget, resolve_num_workers
-from lightning_fastdata.loading.meter import DataWaitMeter
+from lightning_fastdata.callbacks.meter import DataWaitMeter
 from lightning_fastdata.loading.workers import _read_cgroup_quota
 
 
