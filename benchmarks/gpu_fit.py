@@ -6,6 +6,7 @@ See :mod:`benchmarks.gpu` for what is measured and what the figures mean.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -154,6 +155,12 @@ class Timer(pl.Callback):
     def epochs_timed(self) -> int:
         return len({epoch for epoch, *_ in self.steps})
 
+    def gpu_step_ms(self) -> float | None:
+        """Median GPU milliseconds of a timed step (its events at the step's start and end)."""
+        if not cuda_available() or not self.steps:
+            return None
+        return round(statistics.median(s.elapsed_time(e) for _, s, e in self.steps), 2)
+
     def gpu_idle(self) -> float | None:
         """Gaps between consecutive steps of an epoch over gaps + steps, in GPU time."""
         if not cuda_available() or not self.steps:
@@ -194,6 +201,7 @@ class Timer(pl.Callback):
             "gpu_alloc_mb": self.gpu_alloc_mb,
             "host_rss_mb": self.host_rss_mb,
             "timed_steps": len(self.steps),
+            "gpu_step_ms": self.gpu_step_ms(),
         }
 
 

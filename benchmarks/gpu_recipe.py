@@ -30,7 +30,6 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -80,8 +79,7 @@ def recipe(s: Settings) -> dict[str, Any]:
     for name in s.recipe_variants:  # the recipe less one piece each: which piece costs the fed rate
         args = VARIANTS[name](dict(made))
         v_dm = ImageFolderDataModule(r.root, **common_args(r), **args)
-        with _AROUND.get(name, contextlib.nullcontext)():
-            v_row, v_host = timed(f"variant {name}", partial(_fit_with_host, r, v_dm, **_CALLBACK.get(name, {})))
+        v_row, v_host = timed(f"variant {name}", partial(_fit_with_host, r, v_dm, **_CALLBACK.get(name, {})))
         variants.append({"variant": name, **v_row, "fed_ratio": v_row["img_s"] / synthetic, "host": v_host})
     out = {
         "image_size": r.image_size,
@@ -191,27 +189,15 @@ VARIANTS = {
     "no-batch-transforms": _without("batch_transforms"),
     "no-repeats": _without("repeated_augmentations"),
     "crop-flip-only": lambda made: {},
-    "one-torch-thread": dict,  # the whole recipe; the training process's torch ops on one thread (_AROUND)
+    "one-torch-thread": dict,  # the whole recipe; FastDataCallback(host_threads=1): torch's ops on one thread
     "all-torch-threads": dict,  # the whole recipe; FastDataCallback(host_threads=None): torch's own thread count
     "policy-in-workers": _policy_in_workers,
 }
 
 
-@contextlib.contextmanager
-def _one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-#: What a variant changes around its fit rather than in the DataModule's arguments.
-_AROUND = {"one-torch-thread": _one_torch_thread}
 #: What a variant changes in FastDataCallback's arguments.
 _CALLBACK: dict[str, dict[str, Any]] = {
-    "one-torch-thread": {"host_threads": None},
+    "one-torch-thread": {"host_threads": 1},
     "all-torch-threads": {"host_threads": None},
 }
 
@@ -253,7 +239,7 @@ def _fit_with_host(
         "torch_threads": timeline.threads,
         "busiest_threads": busiest_threads(threads_before, thread_cpu_s()),
         **hook.summary(),
-        "timeline_ms": timeline.summary(),
+        "timeline_ms": timeline.summary(row["gpu_step_ms"]),
     }
     if diagnose:
         host["profile"] = profiler.table
@@ -333,12 +319,12 @@ class _StepProfiler(pl.Callback):
 
 
 class _StepTimeline(pl.Callback):
-    """Host milliseconds of each training step by phase, and the step's GPU time (CUDA events), as medians.
+    """Host milliseconds of each training step by phase, as medians, beside the step's GPU time.
 
     ``fetch``: from the end of one step to the start of the next, less the augmentation hook (the loader's
     ``next``, the transfer, Lightning's hooks); ``augment``: the hook (:class:`_HookTimer`); ``step``: from
     ``on_train_batch_start`` to ``on_train_batch_end`` (forward, loss, backward's call, the optimiser: host time,
-    the GPU runs behind); ``gpu_step``: the GPU time between events recorded at those two hooks. When the host's
+    the GPU runs behind); ``gpu_step``: the timer's GPU time of a timed step (``gpu_step_ms``). When the host's
     three add up to more than ``gpu_step``, the training process's thread, not the GPU, sets the pace. Also notes
     torch's intra-op thread count while training (after ``FastDataCallback.on_train_start``).
     """
@@ -347,7 +333,6 @@ class _StepTimeline(pl.Callback):
         self.hook = hook
         self.threads: int | None = None
         self.rows: list[tuple[float, float, float]] = []  # (fetch + augment, augment, step) seconds
-        self.events: list[tuple[Any, Any]] = []  # CUDA events at each step's start and end (read at the end)
         self._ended: float | None = None  # when the last step ended (None: an epoch starts)
         self._before: float | None = None
         self._began = 0.0
@@ -359,10 +344,6 @@ class _StepTimeline(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, i: int) -> None:
         self.threads = torch.get_num_threads()
         self._began, self._before = time.perf_counter(), self._ended
-        if cuda_available():
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-            self.events.append((start, torch.cuda.Event(enable_timing=True)))
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         now = time.perf_counter()
@@ -370,19 +351,16 @@ class _StepTimeline(pl.Callback):
         self._hooks_seen = len(self.hook.seconds)
         if self._before is not None:
             self.rows.append((self._began - self._before, augment, now - self._began))
-        if self.events:
-            self.events[-1][1].record()
         self._ended = now
 
-    def summary(self) -> dict[str, float] | None:
-        """Median milliseconds per step: ``fetch``, ``augment``, ``step`` (host) and ``gpu_step`` (on a GPU)."""
+    def summary(self, gpu_step_ms: float | None) -> dict[str, float] | None:
+        """Median milliseconds per step: ``fetch``, ``augment``, ``step`` (host), and ``gpu_step`` where given."""
         if not self.rows:
             return None
         wait, augment, step = (statistics.median(col) * 1000 for col in zip(*self.rows))
         out = {"fetch": round(wait - augment, 2), "augment": round(augment, 2), "step": round(step, 2)}
-        if self.events:
-            torch.cuda.synchronize()
-            out["gpu_step"] = round(statistics.median(a.elapsed_time(b) for a, b in self.events), 2)
+        if gpu_step_ms is not None:
+            out["gpu_step"] = gpu_step_ms
         return out
 
 

@@ -24,7 +24,7 @@ from lightning_fastdata.datasets.base import AugmentedImageDataset
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading import native
-from lightning_fastdata.loading.batch import DeviceBatch, move_to_device
+from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched
 from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
@@ -307,9 +307,11 @@ class FastDataModule(LightningDataModule):
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Move ``batch`` to ``device``; a ``DeviceBatch`` keeps its keys on the host.
 
-        The one move (:func:`~lightning_fastdata.loading.batch.move_to_device`), the prefetcher's too.
+        A ``DeviceBatch`` moves by ``DeviceBatch.to`` (the prefetcher's move too); any other batch as Lightning's.
         """
-        return move_to_device(batch, device)
+        if isinstance(batch, DeviceBatch):
+            return batch.to(device)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def augment_on_device(self, images: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor) -> tuple[Any, Any]:
         """``device_transforms``, normalisation and ``batch_transforms`` of one training batch (uint8 in)."""

@@ -5,11 +5,11 @@ batch transforms (``device_transforms``/``batch_transforms``), which draw their 
 and the tensor cache's crop on the device (``augment_on="device"``, with each sample's box and flip). Any other
 batch is the plain ``(images, labels)`` tuple.
 
-:func:`move_to_device` is the one move of a batch to the device: the DataModules' ``transfer_batch_to_device`` and
-the prefetcher (:class:`~lightning_fastdata.loading.transport.prefetch.DevicePrefetcher`, which takes it as a
-callable) both use it. It moves a :class:`DeviceBatch`'s pixels, labels, boxes and flips and leaves its keys on the
-host, where the augmentation draws from them without reading anything back from the device (which would wait for
-the previous training step's queued work).
+:meth:`DeviceBatch.to` moves its pixels, labels, boxes and flips and leaves its keys on the host, where the
+augmentation draws from them without reading anything back from the device (which would wait for the previous
+training step's queued work): the DataModules' ``transfer_batch_to_device`` moves a ``DeviceBatch`` so (any other
+batch as Lightning does), and :func:`move_to_device`, the prefetcher's move
+(:class:`~lightning_fastdata.loading.transport.prefetch.DevicePrefetcher` takes it as a callable), does too.
 """
 
 from __future__ import annotations

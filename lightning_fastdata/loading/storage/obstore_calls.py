@@ -21,8 +21,9 @@ def as_os_error(err: BaseException, url: str, credentials: str = "") -> OSError:
     """``err`` (obstore's) as the ``OSError`` a reader gets: missing, refused (naming ``credentials``), or failed."""
     from obstore.exceptions import NotFoundError, PermissionDeniedError, UnauthenticatedError
 
-    retried = err.seconds if isinstance(err, RetriesExhausted) else None
+    retried = None
     if isinstance(err, RetriesExhausted):  # the last error of a call retried for its whole budget
+        retried = err.seconds
         err = err.error
     text = str(err)
     if "NoSuchBucket" in text:

@@ -57,7 +57,7 @@ class DevicePrefetcher:
         current.wait_stream(self.stream)
 
         def mark(t: torch.Tensor) -> torch.Tensor:
-            if t.device == self.device:  # what the move left on the host (a batch's keys) is not the stream's
+            if t.device.type == self.device.type:  # what the move left on the host (a batch's keys) is not the stream's
                 t.record_stream(current)
             return t
 
