@@ -4,7 +4,7 @@ The extension links the system libjpeg-turbo where its headers are installed (De
 ``libjpeg62-turbo-dev`` or ``libjpeg-turbo8-dev``). Where they are not (no root to install them), it is compiled
 against the libjpeg-turbo headers shipped in ``lightning_fastdata/_ext/libjpeg-turbo`` and links no libjpeg: at
 import the package loads one already installed (Pillow's own copy, else the system's runtime library;
-``lightning_fastdata/loading/native.py``). ``FASTDATA_JPEG_HEADERS=vendored`` takes that path even where system
+``lightning_fastdata/_ext/native.py``). ``FASTDATA_JPEG_HEADERS=vendored`` takes that path even where system
 headers exist. If neither can be built (no C compiler), the install stops with what to do; with
 ``FASTDATA_ALLOW_NO_DECODER=1`` it goes on without the decoder, and decoding falls back to
 ``torchvision.io.decode_jpeg`` (slower; a training run warns once, and ``fastdata doctor`` says so).
@@ -22,7 +22,7 @@ VENDORED = "lightning_fastdata/_ext/libjpeg-turbo"
 
 def _speed_without() -> str:
     """The measured speed without the decoder, from the one place that states it (native.WITHOUT_DECODER_SPEED)."""
-    native = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lightning_fastdata", "loading", "native.py")
+    native = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lightning_fastdata", "_ext", "native.py")
     with open(native, encoding="utf-8") as f:
         found = re.search(r'^WITHOUT_DECODER_SPEED = "([^"]+)"', f.read(), re.M)
     return found.group(1) if found else "half"

@@ -12,4 +12,4 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,docs]' 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true
-.venv/bin/python -c "import torch, torchvision, lightning_fastdata; from lightning_fastdata.loading.native import decoder_summary as d; print('fastdata ready: torch', torch.__version__, 'torchvision', torchvision.__version__, '| JPEG decoder:', d())"
+.venv/bin/python -c "import torch, torchvision, lightning_fastdata; from lightning_fastdata import decoder_summary as d; print('fastdata ready: torch', torch.__version__, 'torchvision', torchvision.__version__, '| JPEG decoder:', d())"

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from benchmarks.matrix import KINDS, make_kind
-from lightning_fastdata.loading.jpeg.decode import decode_resized_crop, random_resized_crop_box
+from lightning_fastdata.augment.geometry import random_resized_crop_box
+from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.jpeg.entropy_index import index_file
 from lightning_fastdata.measure import save_results
 

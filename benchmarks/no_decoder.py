@@ -6,7 +6,7 @@ Whether the decoder loads is decided at import (``FASTDATA_DISABLE_DECODER=1`` t
 leaves it), so each measurement is a child process, alternated with and without it (``--repeats`` of each), on the
 same folder: ``ImageFolderDataModule`` with its defaults (with the decoder, the entropy index built before timing:
 epochs 2+; without it there is none) and the torchvision baseline for scale, 2 workers, batch 64, RandomResizedCrop
-224 + flip. The ratio (without / with) is what ``lightning_fastdata.loading.native.WITHOUT_DECODER_SPEED``, the
+224 + flip. The ratio (without / with) is what ``lightning_fastdata._ext.native.WITHOUT_DECODER_SPEED``, the
 install message and the training warning say.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 def child(root: str, index_dir: str, workers: int, batch: int, seconds: float) -> dict[str, float]:
     """One process's rates (images/s) of the baseline and of our default module."""
-    from lightning_fastdata.loading.native import entropy_index_available
+    from lightning_fastdata._ext.native import entropy_index_available
     from lightning_fastdata.measure import baseline_loader, count_images, ours_module, time_loader
 
     ours = ours_module(root, 224, batch, workers, entropy_index_dir=index_dir if entropy_index_available() else None)

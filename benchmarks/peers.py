@@ -46,8 +46,8 @@ import torch
 
 from benchmarks.litdata_rows import LitDataImages, labelled_files, optimize_folder
 from benchmarks.matrix import KINDS, kind_folder
+from lightning_fastdata.augment.geometry import random_resized_crop_box
 from lightning_fastdata.demos import ensure_demo_data
-from lightning_fastdata.loading.jpeg.decode import random_resized_crop_box
 from lightning_fastdata.measure import (
     Candidate,
     baseline_loader,

@@ -81,12 +81,12 @@ if [ -d "$STAGE/deb" ] && [ ! -f /usr/include/jpeglib.h ]; then
   export LDFLAGS="-Wl,-rpath,$J/lib/x86_64-linux-gnu"
 fi
 # the decoder's check imports no torch; the version line imports torch alone (each import costs seconds)
-ROI='from lightning_fastdata.loading import native; raise SystemExit(0 if native.jpegroi is not None else 1)'
+ROI='from lightning_fastdata._ext import native; raise SystemExit(0 if native.jpegroi is not None else 1)'
 "$PY" -c "$ROI" 2>/dev/null || "$PY" setup.py -q build_ext --inplace >/dev/null
 "$PY" - <<'EOF'
 from importlib.metadata import version
 import torch
-from lightning_fastdata.loading import native
+from lightning_fastdata._ext import native
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none: everything runs on the CPU"
 print(f"gpu-check: torch {torch.__version__} (CUDA {torch.version.cuda}), torchvision {version('torchvision')}, "
       f"GPU {gpu}, ROI JPEG decoder {'built' if native.jpegroi is not None else 'MISSING (slower fallback)'}")

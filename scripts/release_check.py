@@ -26,7 +26,7 @@ def main() -> None:
     from PIL import Image
 
     import lightning_fastdata
-    from lightning_fastdata.loading import native
+    from lightning_fastdata._ext import native
     from lightning_fastdata.loading.jpeg.decode import _decode_crop
     from lightning_fastdata.loading.jpeg.entropy_index import index_file
 

@@ -273,7 +273,7 @@ def test_the_package_is_the_product_and_never_imports_the_lab() -> None:
 
 
 def test_augmentation_lives_in_one_room() -> None:
-    """``augment/`` holds every augmentation module and imports only ``errors``, ``loading.native`` (the compiled
+    """``augment/`` holds every augmentation module and imports only ``errors``, ``_ext.native`` (the compiled
     kernels) and itself; no module elsewhere is about augmentation, and torchvision's private names are reached
     through its one adapter."""
     outside = [
@@ -282,7 +282,7 @@ def test_augmentation_lives_in_one_room() -> None:
         if "augment" in name.split(".")[-1] and not name.startswith(f"{PACKAGE.name}.augment")
     ]
     assert not outside, outside
-    allowed = {"lightning_fastdata.errors", "lightning_fastdata.loading", "lightning_fastdata.loading.native"}
+    allowed = {"lightning_fastdata.errors", "lightning_fastdata._ext", "lightning_fastdata._ext.native"}
     for name, tree in modules_cache.items():
         if name.startswith("lightning_fastdata.augment"):
             stray = {m for m in imported(tree, top_level_only=False) if not m.startswith("lightning_fastdata.augment")}

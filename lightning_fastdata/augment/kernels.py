@@ -3,7 +3,7 @@
 Warp, level lookup, histogram, planar/interleaved copy: what both halves of the room call, the worker policies
 (:mod:`.worker`) and the batched ops on a CPU (:mod:`.ops`). Each falls back to numpy/torch where the extension is
 not built, except :func:`warp_images`, which its callers use only when
-:func:`~lightning_fastdata.loading.native.imageops_available`.
+:func:`~lightning_fastdata._ext.native.imageops_available`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from lightning_fastdata.loading import native
+from lightning_fastdata._ext import native
 
 __all__ = ["base_grid", "copy_image", "histograms", "lookup", "memory_of", "warp_images"]
 

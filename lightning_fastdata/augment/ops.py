@@ -15,8 +15,8 @@ from torch.nn.functional import conv2d, grid_sample
 from torchvision.transforms.v2 import functional as F
 
 import lightning_fastdata.augment.torchvision_internals as tv
+from lightning_fastdata._ext import native
 from lightning_fastdata.augment.kernels import warp_images
-from lightning_fastdata.loading import native
 
 __all__ = [
     "adjust_brightness",

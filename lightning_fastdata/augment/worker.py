@@ -37,8 +37,8 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 import lightning_fastdata.augment.torchvision_internals as tv
+from lightning_fastdata._ext import native
 from lightning_fastdata.augment.kernels import base_grid, copy_image, histograms, lookup, memory_of, warp_images
-from lightning_fastdata.loading import native
 
 __all__ = [
     "WorkerAugMix",

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
+from lightning_fastdata._ext import native
 from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 from lightning_fastdata.augment.pipeline import DeviceAugment, as_transform_list
 from lightning_fastdata.augment.sample import SampleTransform
@@ -23,7 +24,6 @@ from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader,
 from lightning_fastdata.datasets.base import AugmentedImageDataset
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading import native
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched

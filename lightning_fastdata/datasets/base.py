@@ -12,18 +12,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from lightning_fastdata.augment.geometry import Box, center_crop_box, random_resized_crop_box, resize_crop_into
 from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import DataError, StorageError
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
-from lightning_fastdata.loading.jpeg.decode import (
-    Box,
-    center_crop_box,
-    decode_resized_crop,
-    random_resized_crop_box,
-    resize_crop_into,
-)
+from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.sampler import BatchLookahead, SampleKey
 from lightning_fastdata.loading.transport.collate import empty_image_batch
 

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from lightning_fastdata.augment.geometry import random_resized_crop_box
 from lightning_fastdata.datasets.arrays import MappedFile, gather_hwc
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.datasets.cache_build import build_tensor_cache, check_verify_source
@@ -44,7 +45,6 @@ from lightning_fastdata.datasets.cache_manifest import (
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity
-from lightning_fastdata.loading.jpeg.decode import random_resized_crop_box
 from lightning_fastdata.loading.sampler import SampleKey
 from lightning_fastdata.loading.transport.collate import empty_image_batch
 

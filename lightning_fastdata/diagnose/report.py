@@ -9,10 +9,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_fastdata._ext import native
 from lightning_fastdata.diagnose.probe import PERCENTILES, DataProbe
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import without_secrets
-from lightning_fastdata.loading import native
 from lightning_fastdata.loading.atomic import atomic_write_text
 from lightning_fastdata.loading.index.files import contains_path, find_classes
 

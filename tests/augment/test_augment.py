@@ -299,8 +299,8 @@ def test_worker_policies_apply_every_op_at_every_magnitude_as_torchvision(
     a fill, and with the AVX2 bilinear warp switched off (the one-pixel-at-a-time code other CPUs run)."""
     if not avx2:
         monkeypatch.setenv("LIGHTNING_FASTDATA_NO_AVX2", "1")
+    from lightning_fastdata._ext.native import imageops_available
     from lightning_fastdata.augment.worker import accelerate
-    from lightning_fastdata.loading.native import imageops_available
 
     if not imageops_available():
         pytest.skip("the compiled extension is not built: the worker path is torchvision's own code")
@@ -356,7 +356,7 @@ def test_the_image_kernels_refuse_buffers_smaller_than_the_shape_they_are_given(
     """The C entry points check every buffer against the shape and strides before touching memory."""
     import numpy as np
 
-    from lightning_fastdata.loading.native import imageops_available, jpegroi
+    from lightning_fastdata._ext.native import imageops_available, jpegroi
 
     if not imageops_available():
         pytest.skip("the compiled extension is not built")
@@ -383,8 +383,8 @@ def test_the_sharpness_kernel_gives_torchvisions_bytes_and_leaves_it_the_blends_
     the factors whose float32 blend could round differently fused and unfused go to torchvision's own code."""
     import numpy as np
 
+    from lightning_fastdata._ext.native import imageops_available
     from lightning_fastdata.augment import worker as fast
-    from lightning_fastdata.loading.native import imageops_available
 
     if not imageops_available():
         pytest.skip("the compiled extension is not built")

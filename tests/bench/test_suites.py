@@ -236,7 +236,7 @@ def test_the_peers_crop_box_follows_torchvisions_random_resized_crop() -> None:
     import torch
     from torchvision.transforms import RandomResizedCrop
 
-    from lightning_fastdata.loading.jpeg.decode import random_resized_crop_box
+    from lightning_fastdata.augment.geometry import random_resized_crop_box
 
     rng = np.random.default_rng(0)
     for width, height in [(500, 375), (64, 480), (2000, 1500), (33, 31)]:

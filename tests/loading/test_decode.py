@@ -8,8 +8,9 @@ import pytest
 import torch
 from PIL import Image
 
+from lightning_fastdata.augment.geometry import center_crop_box, random_resized_crop_box
 from lightning_fastdata.loading.jpeg import decode
-from lightning_fastdata.loading.jpeg.decode import center_crop_box, decode_resized_crop, random_resized_crop_box
+from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 
 
 def reference(data: bytes, box: tuple[int, int, int, int], size: int, flip: bool = False) -> np.ndarray:

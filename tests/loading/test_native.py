@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_fastdata.loading import native
+from lightning_fastdata._ext import native
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ = ROOT / "scripts" / "fuzz_jpeg.py"

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import os
 import re
 import struct
@@ -39,26 +38,19 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
+from lightning_fastdata._ext import native
+from lightning_fastdata.augment.geometry import Box, center_crop_box, resize_crop_into
 from lightning_fastdata.errors import DataError, InvalidValueError
-from lightning_fastdata.loading import native
 
 __all__ = [
-    "Box",
-    "center_crop_box",
     "decode_center_crop",
     "decode_center_crop_bytes",
     "decode_resized_crop",
     "pillow_simd_installed",
-    "random_resized_crop_box",
-    "resize_crop_into",
     "roi_decode_available",
 ]
-
-#: A crop in full-resolution pixel coordinates, ``(top, left, height, width)``.
-Box = tuple[int, int, int, int]
 
 log = logging.getLogger("lightning_fastdata")
 
@@ -66,54 +58,6 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 
 # built by setup.py against the system libjpeg-turbo; optional, everything works without it (None)
 _jpegroi: Any = native.jpegroi
-
-
-def random_resized_crop_box(
-    rng: np.random.Generator,
-    width: int,
-    height: int,
-    scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3 / 4, 4 / 3),
-) -> Box:
-    """Sample a crop as ``torchvision.transforms.RandomResizedCrop.get_params`` does, from ``rng``."""
-    area = width * height
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            top = int(rng.integers(0, height - h + 1))
-            left = int(rng.integers(0, width - w + 1))
-            return top, left, h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        w, h = int(round(height * max(ratio))), height
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
-
-
-def center_crop_box(width: int, height: int, crop_fraction: float = 0.875) -> Box:
-    """Return the box of ``Resize(round(S / crop_fraction)) + CenterCrop(S)`` in original pixels.
-
-    The classic evaluation transform resizes the shorter side to ``S / 0.875`` (256 for 224) and takes the
-    central ``S x S``; that is the central square of side ``crop_fraction * min(width, height)``.
-    """
-    side = max(1, int(round(min(width, height) * crop_fraction)))
-    return (height - side) // 2, (width - side) // 2, side, side
-
-
-def resize_crop_into(out: torch.Tensor, chw: torch.Tensor, flip: bool = False) -> None:
-    """Resize a ``3 x h x w`` crop (uint8 or float) into ``out`` (``3 x H x W``), flipping if asked."""
-    if tuple(chw.shape[1:]) != tuple(out.shape[1:]):
-        # torch's uint8 antialiased kernel is vectorised for channels-last input; planar input is 2x slower.
-        x = chw.unsqueeze(0).contiguous(memory_format=torch.channels_last)
-        chw = F.interpolate(x, size=tuple(out.shape[1:]), mode="bilinear", antialias=True)[0]
-    out.copy_(chw.flip(-1) if flip else chw)
 
 
 def _draft_scale(box: Box, out_hw: tuple[int, int]) -> int:

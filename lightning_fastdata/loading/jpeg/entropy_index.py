@@ -41,8 +41,9 @@ import numpy as np
 from filelock import FileLock
 from tqdm import tqdm
 
+from lightning_fastdata._ext import native
+from lightning_fastdata._ext.native import entropy_index_available
 from lightning_fastdata.errors import UsageError
-from lightning_fastdata.loading import native
 from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.jpeg.pace import BUILD_SHARE, InProcess, Pace
@@ -54,7 +55,6 @@ from lightning_fastdata.loading.jpeg.pieces import (
     resume_point,
     write_piece,
 )
-from lightning_fastdata.loading.native import entropy_index_available
 from lightning_fastdata.loading.storage.base import Storage, is_url
 from lightning_fastdata.loading.storage.source_reads import CHUNK, init_source_process, map_sources
 from lightning_fastdata.loading.workers import CpuBudget
