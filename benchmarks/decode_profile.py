@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from benchmarks import record
+from lightning_fastdata.augment import geometry
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.loading.jpeg import decode
 
@@ -55,7 +56,7 @@ def _per_image_ms(fn: Callable[[int], Any], n: int, repeats: int = 3) -> float:
 
 
 def _quality(
-    blobs: list[bytes], tensors: list[torch.Tensor], boxes: list[decode.Box], sizes: tuple[int, ...]
+    blobs: list[bytes], tensors: list[torch.Tensor], boxes: list[geometry.Box], sizes: tuple[int, ...]
 ) -> dict[str, dict[str, float]]:
     """PSNR of the default decode path against the reference: a full exact decode, the same box, antialiased resize.
 
@@ -78,7 +79,7 @@ def _quality(
             snapped = decode._scaled_box(boxes[i], (int(full.shape[2]), int(full.shape[1])), r)
             for box, into in ((boxes[i], psnr), (tuple(v * r for v in snapped), psnr_decode)):
                 top, left, h, w = box
-                decode.resize_crop_into(want, full[:, top : top + h, left : left + w])
+                geometry.resize_crop_into(want, full[:, top : top + h, left : left + w])
                 mse = float(((got.float() - want.float()) ** 2).mean())
                 into.append(99.0 if mse == 0 else 10 * float(np.log10(255**2 / mse)))
         shares = np.array([min(b[2], b[3]) >= 2 * size for b in boxes])
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n = len(blobs)
     rng = np.random.default_rng(0)
     sizes = [Image.open(io.BytesIO(b)).size for b in blobs]
-    boxes = [decode.random_resized_crop_box(rng, w, h) for w, h in sizes]
+    boxes = [geometry.random_resized_crop_box(rng.random(geometry.CROP_DRAWS), w, h) for w, h in sizes]
     out = torch.empty(3, args.size, args.size, dtype=torch.uint8)
     tensors = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from benchmarks.matrix import KINDS, make_kind
-from lightning_fastdata.augment.geometry import random_resized_crop_box
+from lightning_fastdata.augment.geometry import CROP_DRAWS, random_resized_crop_box
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.jpeg.entropy_index import index_file
 from lightning_fastdata.measure import save_results
@@ -44,7 +44,7 @@ def kind_row(folder: Path, kind: str, files: int, repeats: int) -> dict[str, Any
 
     def boxes(r: int) -> list[Any]:  # one RandomResizedCrop box per file and round, the same for both crop rows
         rngs = [np.random.default_rng(1000 * r + i) for i in range(len(datas))]
-        return [lambda w, h, g=g: random_resized_crop_box(g, w, h) for g in rngs]
+        return [lambda w, h, g=g: random_resized_crop_box(g.random(CROP_DRAWS), w, h) for g in rngs]
 
     steps = {
         "build": lambda d, i, box: index_file(d),

@@ -46,7 +46,7 @@ import torch
 
 from benchmarks.litdata_rows import LitDataImages, labelled_files, optimize_folder
 from benchmarks.matrix import KINDS, kind_folder
-from lightning_fastdata.augment.geometry import random_resized_crop_box
+from lightning_fastdata.augment.geometry import CROP_DRAWS, random_resized_crop_box
 from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.measure import (
     Candidate,
@@ -95,7 +95,7 @@ class spdl_loader:  # noqa: N801 - used like the other loader factories
         rng = np.random.default_rng((self.seed, epoch, index))
         packets = spdl.io.demux_image(path)
         codec = packets.codec
-        top, left, h, w = random_resized_crop_box(rng, codec.width, codec.height)
+        top, left, h, w = random_resized_crop_box(rng.random(CROP_DRAWS), codec.width, codec.height)
         flip = "hflip," if rng.random() < 0.5 else ""
         graph = f"crop={w}:{h}:{left}:{top},scale={self.size}:{self.size}:flags=bilinear,{flip}format=rgb24"
         frames = spdl.io.decode_packets(packets, filter_desc=graph)

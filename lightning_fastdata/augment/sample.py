@@ -25,7 +25,7 @@ from lightning_fastdata.errors import InvalidTypeError
 
 __all__ = ["SampleTransform", "describe_transform"]
 
-#: A key's stream for the user's transform (the crop and flip use numpy's generator from the same key).
+#: A key's stream for the user's transform (the crop and flip draw theirs from the same key, on their own stream).
 _STREAM = 0x7F1
 
 

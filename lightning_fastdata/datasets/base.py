@@ -12,7 +12,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from lightning_fastdata.augment.geometry import Box, center_crop_box, random_resized_crop_box, resize_crop_into
+from lightning_fastdata.augment.geometry import (
+    Box,
+    center_crop_box,
+    crop_draws,
+    flip_of,
+    random_resized_crop_box,
+    resize_crop_into,
+)
 from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import DataError, StorageError
@@ -201,32 +208,31 @@ class AugmentedImageDataset(Dataset):
             raise IndexError(f"index {full[1]} is out of range for a dataset of {len(self)} images.")
         return full
 
-    def _plan(self, key: tuple[int, int, int]) -> tuple[int, np.random.Generator | None]:
-        """The index and the crop's generator of a full key (:meth:`_key`)."""
-        epoch, index, repeat = key
-        # repeat 0 draws what a key without repeats always drew (a run with repeats=1 is unchanged)
-        entropy = [self.seed, epoch, index] + ([repeat] if repeat else [])
-        return index, (np.random.default_rng(entropy) if self.train else None)
+    def _crop_draws(self, full_keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
+        """Each sample's crop-and-flip draws (training), or ``None`` per sample (the centre crop, no flip)."""
+        if not self.train:
+            return [None] * len(full_keys)
+        return list(crop_draws(self.seed, full_keys))
 
     def _render(
         self,
         out: torch.Tensor,
         source: bytes | torch.Tensor,
-        rng: np.random.Generator | None,
+        draws: np.ndarray | None,
         name: str,
         entropy_index: bytes | None = None,
     ) -> None:
         """Write the (augmented) resized crop of ``source`` into ``out``."""
-        if rng is None:
+        if draws is None:
             flip = False
 
             def box_fn(w: int, h: int) -> Box:
                 return center_crop_box(w, h, self.crop_fraction)
         else:
-            flip = bool(rng.random() < 0.5)
+            flip = flip_of(draws)
 
             def box_fn(w: int, h: int) -> Box:
-                return random_resized_crop_box(rng, w, h, self.scale, self.ratio)
+                return random_resized_crop_box(draws, w, h, self.scale, self.ratio)
 
         if isinstance(source, torch.Tensor):
             top, left, h, w = box_fn(int(source.shape[2]), int(source.shape[1]))
@@ -282,8 +288,8 @@ class AugmentedImageDataset(Dataset):
     def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...] | DeviceBatch:
         """Fetch and render a whole batch into one shared uint8 tensor; ``(images, labels)`` or a ``DeviceBatch``."""
         full_keys = [self._key(key) for key in keys]
-        plans = [self._plan(key) for key in full_keys]
-        indices = np.fromiter((index for index, _ in plans), dtype=np.int64, count=len(plans))
+        draws = self._crop_draws(full_keys)
+        indices = np.fromiter((key[1] for key in full_keys), dtype=np.int64, count=len(full_keys))
         sources = self.read_sources(indices)
         # a list may hold decoded tensors (their dtype sets the batch's); an iterator yields encoded bytes as they
         # arrive, decoded while the rest are still being fetched
@@ -291,7 +297,7 @@ class AugmentedImageDataset(Dataset):
         dtype = torch.uint8 if first is None else first.dtype
         images = empty_image_batch(len(keys), self.image_size, self.image_size, dtype=dtype)
         kept = np.ones(len(keys), dtype=bool)
-        for slot, (key, (index, rng), source) in enumerate(zip(keys, plans, sources)):
+        for slot, (key, index, sample_draws, source) in enumerate(zip(keys, indices.tolist(), draws, sources)):
             if slot == 0 and self.lookahead is not None and (info := get_worker_info()) is not None:
                 ahead = self.lookahead.after(keys, info.num_workers)  # this batch's reads are under way now
                 if ahead is not None:
@@ -303,7 +309,7 @@ class AugmentedImageDataset(Dataset):
                     "the file) and resume from the last checkpoint."
                 ) from source
             try:
-                self._render(images[slot], source, rng, self.describe(index), self.entropy_index_of(index))
+                self._render(images[slot], source, sample_draws, self.describe(index), self.entropy_index_of(index))
             except OSError as err:
                 self._skip(key, index, err)
                 kept[slot] = False

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from lightning_fastdata.augment.geometry import random_resized_crop_box
+from lightning_fastdata.augment.geometry import crop_draws, flip_of, random_resized_crop_box
 from lightning_fastdata.datasets.arrays import MappedFile, gather_hwc
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.datasets.cache_build import build_tensor_cache, check_verify_source
@@ -163,17 +163,16 @@ class TensorCacheDataset(AugmentedImageDataset):
         if not (self.train and self.augment_on == "device"):
             return super().__getitems__(keys)
         full_keys = [self._key(key) for key in keys]
-        plans = [self._plan(key) for key in full_keys]
-        indices = np.fromiter((index for index, _ in plans), dtype=np.int64, count=len(plans))
+        draws = crop_draws(self.seed, full_keys)
+        indices = np.fromiter((key[1] for key in full_keys), dtype=np.int64, count=len(full_keys))
         sources = gather_hwc(self._array().__getitem__, indices)
         side = int(sources[0].shape[-1])
         images = empty_image_batch(len(keys), side, side)
         boxes = torch.empty((len(keys), 4), dtype=torch.int64)
         flips = torch.empty(len(keys), dtype=torch.bool)
-        for slot, ((_, rng), source) in enumerate(zip(plans, sources)):
-            assert rng is not None
-            # Same draws, in the same order, as the workers path (AugmentedImageDataset._render).
-            flips[slot] = bool(rng.random() < 0.5)
-            boxes[slot] = torch.tensor(random_resized_crop_box(rng, side, side, self.scale, self.ratio))
+        for slot, (sample_draws, source) in enumerate(zip(draws, sources)):
+            # the same draws as the workers path (AugmentedImageDataset._render)
+            flips[slot] = flip_of(sample_draws)
+            boxes[slot] = torch.tensor(random_resized_crop_box(sample_draws, side, side, self.scale, self.ratio))
             images[slot].copy_(source)
         return self._batch(images, torch.from_numpy(self._labels[indices]), full_keys, boxes=boxes, flips=flips)

@@ -236,17 +236,17 @@ def test_the_peers_crop_box_follows_torchvisions_random_resized_crop() -> None:
     import torch
     from torchvision.transforms import RandomResizedCrop
 
-    from lightning_fastdata.augment.geometry import random_resized_crop_box
+    from lightning_fastdata.augment.geometry import CROP_DRAWS, random_resized_crop_box
 
     rng = np.random.default_rng(0)
     for width, height in [(500, 375), (64, 480), (2000, 1500), (33, 31)]:
         for _ in range(200):
-            y, x, h, w = random_resized_crop_box(rng, width, height)
+            y, x, h, w = random_resized_crop_box(rng.random(CROP_DRAWS), width, height)
             assert 0 <= x and x + w <= width and 0 <= y and y + h <= height and w > 0 and h > 0
             assert 0.08 * width * height - width - height <= w * h <= width * height
     for width, height in [(1000, 10), (10, 1000)]:  # no try fits: torchvision's fallback, exactly
         top, left, h, w = RandomResizedCrop.get_params(torch.empty(0, height, width), (0.08, 1.0), (3 / 4, 4 / 3))
-        assert random_resized_crop_box(rng, width, height) == (top, left, h, w)
+        assert random_resized_crop_box(rng.random(CROP_DRAWS), width, height) == (top, left, h, w)
 
 
 @pytest.mark.slow

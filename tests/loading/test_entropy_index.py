@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from lightning_fastdata import ImageFolderDataModule
+from lightning_fastdata.augment import geometry
 from lightning_fastdata.demos import make_image_folder, photo_like_image
 from lightning_fastdata.loading.index.files import scan_image_folder
 from lightning_fastdata.loading.jpeg import decode
@@ -44,7 +45,7 @@ def crop(data: bytes, box: tuple[int, int, int, int], size: int, exact: bool, in
 
 def boxes(width: int, height: int, rng: np.random.Generator) -> list[tuple[int, int, int, int]]:
     """Random crops, and crops whose edges sit on, beside and one pixel off the 16-pixel MCU grid and the image's."""
-    out = [decode.random_resized_crop_box(rng, width, height) for _ in range(24)]
+    out = [geometry.random_resized_crop_box(rng.random(geometry.CROP_DRAWS), width, height) for _ in range(24)]
     for top, left in ((0, 0), (16, 16), (15, 17), (17, 31), (32, 1)):
         for h, w in ((16, 16), (height - top, width - left), (47, 33), (height - top - 1, width - left - 2)):
             if h > 0 and w > 0 and top + h <= height and left + w <= width:
@@ -90,7 +91,9 @@ def test_an_entry_every_k_mcus_gives_the_same_pixels_for_every_k(restarts: int) 
     width, height, _ = decode._jpegroi.header(data)
     per_row = -(-width // 16)
     rng = np.random.default_rng(1)
-    crops = [decode.random_resized_crop_box(rng, width, height) for _ in range(12)] + [(0, 0, 40, width)]
+    crops = [geometry.random_resized_crop_box(rng.random(geometry.CROP_DRAWS), width, height) for _ in range(12)] + [
+        (0, 0, 40, width)
+    ]
     want = [crop(data, box, 64, False, None) for box in crops]
     sizes = []
     for every in (1, 2, 3, 5, per_row - 1, per_row):
