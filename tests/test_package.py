@@ -295,3 +295,58 @@ def test_augmentation_lives_in_one_room() -> None:
                 and any(part.startswith("_") for part in (node.module or "").split("."))
             ]
             assert not private or name.endswith("torchvision_internals"), (name, private)
+
+
+_LIBRARIES = ("torch", "torchvision", "torchdata", "lightning")
+#: The one adapter per library through which its private names are reached (Lightning's: its pinned behaviours).
+_INTERNALS_ADAPTERS = {
+    "lightning_fastdata.loading.transport.torch_internals",
+    "lightning_fastdata.loading.transport.torchdata_internals",
+    "lightning_fastdata.augment.torchvision_internals",
+    "lightning_fastdata.datamodules.lightning_compat",
+}
+
+
+def _private_uses(tree: ast.Module) -> list[str]:
+    """Private names of torch, torchvision, torchdata or Lightning a module imports or reads as attributes."""
+    aliases: set[str] = set()
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in _LIBRARIES:
+                    aliases.add((a.asname or a.name).split(".")[0])
+                    if any(p.startswith("_") for p in a.name.split(".")):
+                        found.append(a.name)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in _LIBRARIES:
+            module = node.module or ""
+            private_module = any(p.startswith("_") for p in module.split("."))
+            for a in node.names:
+                if private_module or (a.name.startswith("_") and not a.name.startswith("__")):
+                    found.append(f"{module}.{a.name}")
+                else:
+                    aliases.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            root: ast.expr = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in aliases:
+                found.append(f"{root.id}...{node.attr}")
+    return found
+
+
+def test_private_names_of_the_libraries_are_reached_through_their_one_adapter() -> None:
+    """torch's, torchvision's, torchdata's and Lightning's private names (imported, or read off a module) appear
+    only in the adapter modules the architecture page's internals table lists."""
+    outside = {
+        name: uses
+        for name, tree in modules_cache.items()
+        if name not in _INTERNALS_ADAPTERS and (uses := _private_uses(tree))
+    }
+    assert not outside, outside
+    probe = ast.parse("import torch\nfrom torchvision.transforms.v2 import _utils\nx = torch._C._storage_Use_Count\n")
+    assert _private_uses(probe) == ["torchvision.transforms.v2._utils", "torch..._storage_Use_Count", "torch..._C"]
+    table = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    for adapter in _INTERNALS_ADAPTERS:
+        assert adapter.removeprefix("lightning_fastdata.").replace(".", "/") + ".py" in table, adapter

@@ -15,7 +15,8 @@ pins each behaviour, so that a Lightning upgrade that changes one fails there fi
 - The order of ``fit_loop.setup_data()``: the DataModule's ``train_dataloader()`` is called before the fit loop
   loads the checkpoint's loader state into that loader (``_load_combined_loader_states``), and that state is rank
   0's on every rank. :class:`~lightning_fastdata.datamodules.resume.LoaderResume` restores each rank's own state
-  when the loader is built and has the loader ignore the fit loop's load that follows.
+  when the loader is built; the loader keeps its state out of Lightning's (an empty ``state_dict``, a
+  ``load_state_dict`` that changes nothing), so the fit loop's load that follows is harmless.
 """
 
 from __future__ import annotations

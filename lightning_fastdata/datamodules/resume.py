@@ -15,6 +15,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_fastdata.datamodules.lightning_compat import reopen_epoch, shift_batches_done
 from lightning_fastdata.loading.index.identity import check_same_data
 from lightning_fastdata.loading.transport.loaders import PrefetchingStatefulDataLoader
+from lightning_fastdata.loading.transport.torchdata_internals import sampler_state
 
 __all__ = ["LoaderResume", "ResumableLoader", "quiet_torchdata_in_order"]
 
@@ -35,25 +36,32 @@ def quiet_torchdata_in_order() -> Iterator[None]:
 
 
 class ResumableLoader(PrefetchingStatefulDataLoader):
-    """The train loader: prefetching and stateful; restored per rank by :class:`LoaderResume`, not by Lightning.
+    """The train loader: prefetching and stateful; its state is the DataModule's, every rank's, not Lightning's.
 
-    Lightning's fit loop loads rank 0's loader state into every rank's loader after ``train_dataloader()``;
-    :meth:`LoaderResume.apply` has already loaded this rank's own state then, and sets :attr:`skip_next_load`.
+    Lightning's fit loop saves its train loader's ``state_dict`` in each checkpoint (rank 0's alone) and loads that
+    one into every rank's loader after ``train_dataloader()``. This loader's state travels in the DataModule's
+    ``state_dict`` instead (every rank's entry, :class:`LoaderResume`), restored by :meth:`restore` when the loader
+    is built; so to Lightning it has none: :meth:`state_dict` is empty and :meth:`load_state_dict` changes nothing
+    (loading is idempotent; a checkpoint from an older version, with rank 0's state there, is ignored the same way).
     """
 
-    skip_next_load = False
-
     def state_dict(self) -> dict[str, Any]:
-        """The state after the batch last returned (torchdata's in_order=False warning is said once, elsewhere)."""
-        with nullcontext() if self.exact_state else quiet_torchdata_in_order():
-            return super().state_dict()
+        """Empty: what Lightning's loop saves (the loader's state is in the DataModule's; see the class)."""
+        return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load ``state_dict``, unless :class:`LoaderResume` restored this rank's own state just before."""
-        if self.skip_next_load:
-            self.skip_next_load = False
-            return
-        super().load_state_dict(state_dict)
+        """Nothing: Lightning's loop loads rank 0's state on every rank; :meth:`restore` loads this rank's own."""
+
+    def loader_state(self, before_current_batch: bool = False) -> dict[str, Any]:
+        """Torchdata's state after the batch last returned, or before it (a resume trains that batch again)."""
+        with nullcontext() if self.exact_state else quiet_torchdata_in_order():
+            if before_current_batch:
+                return self.state_before_current_batch()
+            return self.state_after_current_batch()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Load a :meth:`loader_state` of this rank (torchdata's ``load_state_dict``)."""
+        super().load_state_dict(state)
 
 
 class LoaderResume:
@@ -78,9 +86,9 @@ class LoaderResume:
     - *continue* / *elastic* / *restart* -> *fresh*: :meth:`apply`, from ``train_dataloader()`` when the loader is
       built. It loads the rank's state (or continues the epoch from the old ranks' positions, or sets the restart
       epoch on the sampler), reopens a mid-epoch epoch in Lightning's counters (an elastic one also shifts the
-      epoch's batch count so that it ends with this loader's last batch), and makes the loader ignore the fit
-      loop's own load that follows (rank 0's state for every rank; see
-      :mod:`~lightning_fastdata.datamodules.lightning_compat`).
+      epoch's batch count so that it ends with this loader's last batch). The fit loop's own load that follows (rank
+      0's state for every rank; see :mod:`~lightning_fastdata.datamodules.lightning_compat`) changes nothing:
+      :class:`ResumableLoader` keeps its state out of Lightning's.
 
     :meth:`save` builds the checkpoint's content and changes no state. It includes the train dataset's identity
     (:mod:`~lightning_fastdata.loading.index.identity`), and :meth:`apply` refuses, naming what changed, to resume on
@@ -115,7 +123,7 @@ class LoaderResume:
         """
         if loader is None:
             return {}
-        state = loader.state_before_current_batch() if interrupted else loader.state_dict()
+        state = loader.loader_state(before_current_batch=interrupted)
         world_size, rank = 1, 0
         states: list[dict[str, Any] | None] = [state]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -200,7 +208,7 @@ class LoaderResume:
                 self.rank_state, self.elastic = None, self._fallback
         self._fallback = None
         if self.rank_state is not None:
-            loader.load_state_dict(self.rank_state)
+            loader.restore(self.rank_state)
             batch = loader.batch_size or 1
             position = _sampler_position(self.rank_state, batch)
             if self.mid_epoch is not None and position is not None:  # the epoch's batches before the checkpoint
@@ -214,7 +222,6 @@ class LoaderResume:
             loader.sampler.set_epoch(self.restart_epoch)
         else:
             return
-        loader.skip_next_load = True
         self.rank_state, self.mid_epoch, self.restart_epoch, self.elastic = None, None, None, None
 
     def _continue_elastic(self, loader: ResumableLoader, trainer: Any) -> None:
@@ -248,24 +255,13 @@ class LoaderResume:
 def _sampler_position(state: Mapping[str, Any] | None, batch_size: int) -> dict[str, Any] | None:
     """This rank's :class:`~lightning_fastdata.loading.sampler.EpochSampler` position in a torchdata loader state.
 
-    With sparse snapshots (``snapshot_every_n_steps``) the sampler state inside is the last snapshot's; the
-    ``_steps_since_snapshot`` batches of ``batch_size`` returned after it (torchdata replays them on load) were
-    consumed too, and are added to ``yielded``.
+    With sparse snapshots (``snapshot_every_n_steps``) the sampler state inside is the last snapshot's; the batches
+    of ``batch_size`` returned after it (torchdata replays them on load) were consumed too, and are added to
+    ``yielded``.
     """
-    found = _find_sampler_state(state)
-    if found is None or not isinstance(state, Mapping):
+    found = sampler_state(state)
+    if found is None:
         return None
-    found["yielded"] = int(found["yielded"]) + int(state.get("_steps_since_snapshot") or 0) * batch_size
-    return found
-
-
-def _find_sampler_state(state: Any) -> dict[str, Any] | None:
-    if not isinstance(state, Mapping):
-        return None
-    if {"epoch", "seed", "yielded"} <= state.keys():
-        return dict(state)
-    for value in state.values():
-        found = _find_sampler_state(value)
-        if found is not None:
-            return found
-    return None
+    position, steps_since = found
+    position["yielded"] = int(position["yielded"]) + steps_since * batch_size
+    return position

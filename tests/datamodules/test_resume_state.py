@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import Dataset
 
+from lightning_fastdata import ImageFolderDataModule
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched
@@ -38,9 +40,9 @@ def test_continue_resumes_at_the_next_batch_and_ignores_the_fit_loops_load() -> 
     assert resume.state == "continue" and resume.mid_epoch == 0
     second = loader()
     resume.apply(second, trainer=None)
-    assert resume.state == "fresh" and second.skip_next_load
-    second.load_state_dict({"not": "read"})  # the fit loop's load of rank 0's state: ignored once
-    assert not second.skip_next_load
+    assert resume.state == "fresh" and second.state_dict() == {}  # nothing of it in Lightning's loop state
+    second.load_state_dict({"not": "read"})  # the fit loop's load of rank 0's state: changes nothing
+    second.load_state_dict(first.loader_state())  # nor does a real state (a checkpoint of an older version)
     rest = [b[1].tolist() for b in second]
     whole = [b[1].tolist() for b in loader()]
     assert seen + rest == whole
@@ -54,7 +56,7 @@ def test_a_checkpoint_without_sampler_positions_restarts_the_epoch_with_a_warnin
     assert resume.state == "restart" and resume.restart_epoch == 3
     fresh = loader()
     resume.apply(fresh, trainer=None)
-    assert resume.state == "fresh" and fresh.sampler.epoch == 3 and fresh.skip_next_load
+    assert resume.state == "fresh" and fresh.sampler.epoch == 3
 
 
 def test_a_checkpoint_missing_a_ranks_state_restarts_the_epoch() -> None:
@@ -69,7 +71,7 @@ def test_nothing_saved_leaves_it_fresh_and_the_loader_as_built() -> None:
     resume.load({}, world_size=1, rank=0)
     fresh = loader()
     resume.apply(fresh, trainer=None)
-    assert resume.state == "fresh" and not fresh.skip_next_load
+    assert resume.state == "fresh" and [b[1].tolist() for b in fresh] == [b[1].tolist() for b in loader()]
 
 
 def rank_loader(rank: int, world: int, batch_size: int = 4) -> ResumableLoader:
@@ -89,7 +91,7 @@ def test_two_ranks_checkpoint_continues_on_one_rank_with_the_samples_left() -> N
     assert resume.state == "elastic"
     new = rank_loader(0, 1)
     resume.apply(new, trainer=None)
-    assert resume.state == "fresh" and new.skip_next_load
+    assert resume.state == "fresh"
     rest = [i for b in new for i in b[1].tolist()]
     assert sorted(seen + rest) == list(range(12)) and len(rest) == 6
     assert new.sampler.epoch_length() == 6 and len(new) == 3  # 2 batches left of 3: the first counts as done
@@ -141,3 +143,29 @@ def test_a_continued_epoch_counts_the_batches_before_the_checkpoint() -> None:
     assert len(list(rest)) == 2
     assert second.batches_done() == len(second) == 3
     assert not LoaderResume().save(second, interrupted=False)["mid_epoch"]
+
+
+@pytest.mark.timeout(120)
+def test_outside_a_trainer_the_datamodules_state_resumes_mid_epoch(image_folder: Path) -> None:
+    """A loop of one's own (a notebook): ``dm.state_dict()`` mid-epoch, then ``load_state_dict`` on a new DataModule
+    before its ``train_dataloader()``: the rest of the epoch, nothing skipped or repeated; the loader's own
+    ``state_dict`` (what Lightning's loop saves) is empty."""
+
+    def module() -> ImageFolderDataModule:
+        dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=4, num_workers=2, val_fraction=0)
+        dm.setup("fit")
+        return dm
+
+    whole = [b[1].tolist() for b in module().train_dataloader()]
+    dm = module()
+    loader = dm.train_dataloader()
+    it = iter(loader)
+    first = [next(it)[1].tolist() for _ in range(3)]
+    state = dm.state_dict()
+    assert loader.state_dict() == {}
+    del it
+    again = module()
+    again.load_state_dict(state)
+    again.load_state_dict(state)  # loading is idempotent
+    rest = [b[1].tolist() for b in again.train_dataloader()]
+    assert first + rest == whole and len(whole) >= 5

@@ -191,6 +191,10 @@ class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
         return None if self._current is None else self._current()
 
     def state_dict(self) -> dict[str, Any]:
+        """The state after the batch last returned (:meth:`state_after_current_batch`)."""
+        return self.state_after_current_batch()
+
+    def state_after_current_batch(self) -> dict[str, Any]:
         """The state after the batch last returned (a look-ahead batch is left out, so a resume replays it)."""
         it = self._iterator_now()
         if it is not None and it.state_after is not None:
@@ -202,7 +206,7 @@ class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
         it = self._iterator_now()
         if it is not None and it.state_before is not None:
             return it.state_before
-        return self.state_dict()
+        return self.state_after_current_batch()
 
     def batches_done(self, before_current_batch: bool = False) -> int | None:
         """Batches of the current epoch already handed out (``None``: no epoch in progress)."""
