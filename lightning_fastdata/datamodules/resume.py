@@ -209,10 +209,6 @@ class LoaderResume:
         self._fallback = None
         if self.rank_state is not None:
             loader.restore(self.rank_state)
-            batch = loader.batch_size or 1
-            position = _sampler_position(self.rank_state, batch)
-            if self.mid_epoch is not None and position is not None:  # the epoch's batches before the checkpoint
-                loader.batches_before_iterator = int(position["yielded"]) // batch
             epoch = self.mid_epoch
             if epoch is not None and reopen_epoch(trainer, epoch):
                 rank_zero_info(f"lightning_fastdata: resuming inside epoch {epoch}, where the checkpoint's loader was.")
@@ -241,7 +237,6 @@ class LoaderResume:
         left = sampler.epoch_length()
         steps = left // batch if loader.drop_last else -(-left // batch)
         skipped = len(loader) - steps  # the epoch ends with this loader's last batch, in Lightning's counters
-        loader.batches_before_iterator = skipped
         reopened = reopen_epoch(trainer, epoch)
         shift_batches_done(trainer, skipped - int(saved.get("batches_done") or 0))
         rank_zero_info(

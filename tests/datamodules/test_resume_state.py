@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -169,3 +170,38 @@ def test_outside_a_trainer_the_datamodules_state_resumes_mid_epoch(image_folder:
     again.load_state_dict(state)  # loading is idempotent
     rest = [b[1].tolist() for b in again.train_dataloader()]
     assert first + rest == whole and len(whole) >= 5
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_iterator_counts_the_epochs_batches_from_the_restored_state(workers: int) -> None:
+    """The prefetching iterator's count of the epoch's batches (what a checkpoint saves as ``batches_done``) starts
+    from the state it was restored from (torchdata's count) and, in an epoch continued on another world, from the
+    batches that world leaves out; a fresh epoch starts from 0."""
+
+    def make(world: int = 1, batch_size: int = 2) -> ResumableLoader:
+        sampler = EpochSampler(12, num_replicas=world, shuffle=True, seed=3)
+        return ResumableLoader(
+            Keys(), batch_size=batch_size, sampler=sampler, collate_fn=collate_prebatched, num_workers=workers
+        )
+
+    first = make()
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    assert first.batches_done() == 4
+    second = make()
+    second.restore(first.loader_state())
+    it2 = iter(second)
+    next(it2)
+    assert second.batches_done() == 5  # 4 restored + 1
+    del it, it2
+    continued = make()
+    continued.sampler.continue_epoch(0, np.arange(12) < 8)  # 8 of 12 consumed elsewhere: 2 batches of 2 left
+    it3 = iter(continued)
+    next(it3)
+    assert len(continued) == 6 and continued.batches_done() == 4 + 1
+    del it3
+    fresh = make()
+    it4 = iter(fresh)
+    next(it4)
+    assert fresh.batches_done() == 1

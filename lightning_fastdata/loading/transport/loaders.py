@@ -31,6 +31,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_fastdata.loading.transport import shm_pool
 from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher, PrefetchIterator
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport, PoolWorkerInit
+from lightning_fastdata.loading.transport.torchdata_internals import batches_yielded
 
 __all__ = ["PrefetchingDataLoader", "PrefetchingStatefulDataLoader", "with_prefetch"]
 
@@ -171,7 +172,6 @@ class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
         self.prefetch_device = prefetch_device
         self._prefetcher = _prefetcher(prefetch_device)
         self._current: weakref.ref[PrefetchIterator] | None = None
-        self.batches_before_iterator = 0  # the next iterator's epoch counts these as done (an elastic resume)
 
     @property
     def exact_state(self) -> bool:
@@ -183,9 +183,24 @@ class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
         inner = super().__iter__()
         self._watch(inner)
         it = PrefetchIterator(inner, self._prefetcher, state_fn, self._on_exhausted())
-        it.returned, self.batches_before_iterator = self.batches_before_iterator, 0
+        it.returned = self._batches_done_before(inner)
         self._current = weakref.ref(it)
         return it
+
+    def _batches_done_before(self, inner: Any) -> int:
+        """Batches of this epoch handed out before ``inner`` began.
+
+        Those of the state it was restored from (torchdata's count), plus those an epoch continued on another world
+        or batch size leaves out (its sampler's
+        :meth:`~lightning_fastdata.loading.sampler.EpochSampler.epoch_length` is shorter than a whole epoch's).
+        """
+        done = batches_yielded(inner)
+        epoch_length = getattr(self.sampler, "epoch_length", None)
+        if callable(epoch_length) and self.batch_size:
+            left = int(epoch_length())
+            batches_left = left // self.batch_size if self.drop_last else -(-left // self.batch_size)
+            done += max(0, len(self) - batches_left)
+        return done
 
     def _iterator_now(self) -> PrefetchIterator | None:
         return None if self._current is None else self._current()

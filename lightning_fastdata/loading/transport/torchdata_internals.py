@@ -14,6 +14,10 @@ names them:
   ``snapshot_every_n_steps``), which a load replays;
 - ``sampler._BatchSamplerIterator._SAMPLER_STATE`` (``"sampler_state"``): the sampler's own ``state_dict`` inside.
 
+And one attribute of a loader's iterator: ``_StatefulSingleProcessDataLoaderIter._NUM_YIELDED`` (``"_num_yielded"``,
+torch's own iterator attribute): the batches of the epoch already handed out, which an iterator made from a restored
+state starts from (:func:`batches_yielded`: what the prefetching iterator counts its epoch's batches from).
+
 The names are read from torchdata's classes, not spelled here, so a torchdata that renames one is caught at
 import: :data:`MISSING` lists what this torchdata lacks, and :func:`sampler_state` then returns ``None`` (an
 elastic resume restarts its epoch, warned by the caller; a resume on the same world loads torchdata's state whole
@@ -29,7 +33,7 @@ from typing import Any
 from torchdata.stateful_dataloader import sampler as _sampler
 from torchdata.stateful_dataloader import stateful_dataloader as _loader
 
-__all__ = ["MISSING", "sampler_state"]
+__all__ = ["MISSING", "batches_yielded", "sampler_state"]
 
 
 def _name(owner: Any, attribute: str) -> str | None:
@@ -45,6 +49,9 @@ _KEYS = {
     "_StatefulMultiProcessingDataLoaderIter._MAIN_SNAPSHOT": _name(_MULTI, "_MAIN_SNAPSHOT"),
     "_StatefulMultiProcessingDataLoaderIter._STEPS_SINCE_SNAPSHOT": _name(_MULTI, "_STEPS_SINCE_SNAPSHOT"),
     "_BatchSamplerIterator._SAMPLER_STATE": _name(_BATCH_ITER, "_SAMPLER_STATE"),
+    "_StatefulSingleProcessDataLoaderIter._NUM_YIELDED": _name(
+        getattr(_loader, "_StatefulSingleProcessDataLoaderIter", None), "_NUM_YIELDED"
+    ),
 }
 
 #: The torchdata names above that this torchdata lacks (empty where all are there).
@@ -59,7 +66,7 @@ def sampler_state(loader_state: Mapping[str, Any] | None) -> tuple[dict[str, Any
     """
     if MISSING or not isinstance(loader_state, Mapping):
         return None
-    iter_key, snapshot_key, main_key, since_key, sampler_key = (str(key) for key in _KEYS.values())
+    iter_key, snapshot_key, main_key, since_key, sampler_key, _ = (str(key) for key in _KEYS.values())
     steps_since = 0
     if snapshot_key in loader_state:  # workers: the main process's part of the last snapshot
         snapshot = loader_state[snapshot_key]
@@ -72,3 +79,14 @@ def sampler_state(loader_state: Mapping[str, Any] | None) -> tuple[dict[str, Any
     if not isinstance(found, Mapping) or not {"epoch", "seed", "yielded"} <= found.keys():
         return None
     return dict(found), steps_since
+
+
+def batches_yielded(iterator: Any) -> int:
+    """Batches of the epoch a ``StatefulDataLoader`` iterator has handed out, those of a restored state included.
+
+    0 where this torchdata lacks the name (a resumed epoch's count then starts at 0: Lightning's own counter, which
+    ends the epoch, is unaffected).
+    """
+    if MISSING:
+        return 0
+    return int(getattr(iterator, str(_KEYS["_StatefulSingleProcessDataLoaderIter._NUM_YIELDED"]), 0) or 0)
