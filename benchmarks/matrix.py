@@ -22,7 +22,6 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,9 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from lightning_fastdata.demos import photo_like_image
+from lightning_fastdata.loading.index.files import scan_image_folder
 from lightning_fastdata.loading.jpeg import entropy_index as entropy
+from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.measure import Candidate, ceiling_img_s, count_images, measure, ours_module, save_results
 
 __all__ = ["FILES", "KINDS", "first_epoch", "flat_image", "kind_folder", "main", "make_kind", "matrix_suite"]
@@ -105,17 +106,6 @@ def kind_folder(scratch: str | os.PathLike[str], kind: str, files: int) -> Path:
     return make_kind(Path(scratch, "data"), kind, max(16, int(files * min(1.0, 1.5e6 / (width * height)))))
 
 
-@contextlib.contextmanager
-def _fraction(value: float) -> Iterator[None]:
-    """Indexes built with another budget (1.0: one entry per MCU, the format before K)."""
-    old = entropy.INDEX_FRACTION
-    entropy.INDEX_FRACTION = value
-    try:
-        yield
-    finally:
-        entropy.INDEX_FRACTION = old
-
-
 def _index_share(index_dir: str, dm: Any, jpeg_bytes: int) -> float:
     """The index's bytes over the JPEG bytes of the files it indexes."""
     folder = entropy.entropy_index_folder(index_dir, dm.train_dataset.index)
@@ -130,10 +120,9 @@ def kind_rows(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, An
     built: dict[str, Any] = {}
     for name, fraction in (("dense", 1.0), ("sparse", entropy.INDEX_FRACTION)):
         where = str(scratch / f"index-{name}")
-        with _fraction(fraction):
-            built[name] = ours_module(
-                str(folder), args.image_size, args.batch_size, args.workers, entropy_index_dir=where
-            )
+        # built here with its budget; the module then reuses it (an index is reused whatever its budget)
+        entropy.build_entropy_index(scan_image_folder(str(folder)), open_storage(str(folder)), where, fraction=fraction)
+        built[name] = ours_module(str(folder), args.image_size, args.batch_size, args.workers, entropy_index_dir=where)
         built[name + "_share"] = _index_share(where, built[name], jpeg_bytes)
     plain = ours_module(str(folder), args.image_size, args.batch_size, args.workers)
     candidates: list[Candidate] = [

@@ -49,7 +49,7 @@ def scan(how: str, root: str, index_dir: str) -> dict[str, Any]:
     import torchvision
 
     from lightning_fastdata.loading.index.files import scan_image_folder
-    from lightning_fastdata.loading.index.store import indexed_folder
+    from lightning_fastdata.loading.index.store import IndexStore
 
     before, start = _rss_mb(), time.perf_counter()
     kept: Any
@@ -58,7 +58,7 @@ def scan(how: str, root: str, index_dir: str) -> dict[str, Any]:
     elif how == "ours":
         kept = scan_image_folder(root)
     else:
-        kept, lookup = indexed_folder(root, index_dir=index_dir)
+        kept, lookup = IndexStore(index_dir).folder(root)
         if lookup.reused != (how == "reuse"):
             raise RuntimeError(f"index lookup {lookup} for {how!r}")
     return {"s": time.perf_counter() - start, "mb": _rss_mb() - before, "files": len(kept)}
@@ -67,9 +67,9 @@ def scan(how: str, root: str, index_dir: str) -> dict[str, Any]:
 def check(mode: str, root: str, index_dir: str, cache_dir: str) -> dict[str, Any]:
     """Seconds to check a current cache of ``root`` with ``verify_source=mode`` (raises if it is stale)."""
     from lightning_fastdata.datasets.cache_build import build_tensor_cache
-    from lightning_fastdata.loading.index.store import indexed_folder
+    from lightning_fastdata.loading.index.store import IndexStore
 
-    index, lookup = indexed_folder(root, index_dir=index_dir)
+    index, lookup = IndexStore(index_dir).folder(root)
     start = time.perf_counter()
     build_tensor_cache(cache_dir, index, None, read_only=True, progress=False, verify_source=mode)  # type: ignore[arg-type]
     return {"s": time.perf_counter() - start, "files": len(index), "index_reused": lookup.reused}

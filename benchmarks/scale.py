@@ -116,9 +116,9 @@ def staleness_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, An
     """
     from lightning_fastdata.datasets.cache_manifest import CacheParams, write_manifest
     from lightning_fastdata.datasets.cache_source import fingerprint, source_record
-    from lightning_fastdata.loading.index.store import indexed_folder
+    from lightning_fastdata.loading.index.store import IndexStore
 
-    index, _ = indexed_folder(root, index_dir=index_dir)
+    index, _ = IndexStore(index_dir).folder(root)
     cache_dir = Path(f"{root.rstrip(os.sep)}-manifest-only-cache")
     shutil.rmtree(cache_dir, ignore_errors=True)
     cache_dir.mkdir(parents=True)

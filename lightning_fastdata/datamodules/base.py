@@ -21,7 +21,7 @@ from lightning_fastdata.augment.pipeline import DeviceAugment, as_transform_list
 from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_intervals
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
-from lightning_fastdata.datasets.base import AugmentedImageDataset
+from lightning_fastdata.datasets.base import AugmentedImageDataset, LoaderPlan
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.batch import DeviceBatch
@@ -456,11 +456,14 @@ class FastDataModule(LightningDataModule):
             repeats=self.repeated_augmentations if train else 1,
         )
         if isinstance(dataset, AugmentedImageDataset):
-            dataset.return_keys = train and bool(self.device_augment)
             # the next batch's reads start early (from a bucket)
             ahead = train and workers > 0 and self.in_order and dataset.reads_ahead
-            dataset.lookahead = BatchLookahead(sampler) if ahead else None
-            dataset.epoch_samples = len(sampler)  # what max_corrupt_fraction is a fraction of
+            plan = LoaderPlan(
+                return_keys=train and bool(self.device_augment),
+                lookahead=BatchLookahead(sampler) if ahead else None,
+                epoch_samples=len(sampler),  # what max_corrupt_fraction is a fraction of
+            )
+            dataset = dataset.for_loader(plan)
         persistent = workers > 0 if self.persistent_workers is None else (self.persistent_workers and workers > 0)
         kwargs: dict[str, Any] = dict(
             batch_size=self.batch_size,

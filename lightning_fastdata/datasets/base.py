@@ -6,7 +6,8 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, Self
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.sampler import BatchLookahead, SampleKey
 from lightning_fastdata.loading.transport.collate import empty_image_batch
 
-__all__ = ["AugmentedImageDataset", "Source"]
+__all__ = ["AugmentedImageDataset", "LoaderPlan", "Source"]
 
 log = logging.getLogger("lightning_fastdata")
 
@@ -42,6 +43,26 @@ Source = bytes | torch.Tensor | OSError
 # process, 1 + worker_id for workers, so no two processes ever write the same cell.
 _EPOCH_ROWS = 8
 _MAX_SLOTS = 64
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """How one loader reads an :class:`AugmentedImageDataset` (:meth:`AugmentedImageDataset.for_loader`).
+
+    Known when the loader is built (its sampler, its workers, the device work), not when the dataset is.
+
+    Attributes:
+        return_keys: Batches carry each sample's key (``N x 3`` int64 ``(epoch, index, repeat)``) in a
+            :class:`~lightning_fastdata.loading.batch.DeviceBatch`: the device augmentation draws from them.
+        lookahead: The loader's next batch's samples, for :meth:`AugmentedImageDataset.read_ahead` (a bucket read
+            by workers); ``None``: no reads ahead.
+        epoch_samples: Samples one epoch of this loader reads (this rank's), what ``max_corrupt_fraction`` is a
+            fraction of; ``None``: the whole dataset.
+    """
+
+    return_keys: bool = False
+    lookahead: BatchLookahead | None = None
+    epoch_samples: int | None = None
 
 
 class AugmentedImageDataset(Dataset):
@@ -108,16 +129,35 @@ class AugmentedImageDataset(Dataset):
         self.exact_decode = settings.exact_decode
         self.max_corrupt_fraction = settings.max_corrupt_fraction
         self.transform = None if transform is None else SampleTransform(transform, self.seed)
-        #: Also return each sample's key (``N x 3`` int64 ``(epoch, index, repeat)``) as the batch's last element: the
-        #: DataModule sets it when device augmentation draws from the keys.
-        self.return_keys = False
-        #: Samples one epoch reads (the DataModule sets this rank's count); ``None``: the whole dataset.
-        self.epoch_samples: int | None = None
+        self._loading = LoaderPlan()
         self._identity: DataIdentity | None = None
         # Shared memory, so that counts made in worker processes are visible to the main process.
         self._skipped = torch.zeros((_EPOCH_ROWS + 1, _MAX_SLOTS), dtype=torch.int64).share_memory_()
-        #: Set by the DataModule on its train set. The next batch's samples, for :meth:`read_ahead`.
-        self.lookahead: BatchLookahead | None = None
+
+    def for_loader(self, plan: LoaderPlan) -> Self:
+        """This dataset as one loader reads it: a shallow copy with ``plan``; this object is left as it is.
+
+        The copy shares the data, the identity and the corrupt-image counts (:meth:`skipped_count` of either is the
+        same); per-process handles are opened by whichever process reads.
+        """
+        twin = object.__new__(type(self))  # not copy.copy: that goes through __getstate__, which drops the handles
+        twin.__dict__.update(self.__dict__, _loading=plan)
+        return twin
+
+    @property
+    def return_keys(self) -> bool:
+        """Whether batches carry their samples' keys (:attr:`LoaderPlan.return_keys`)."""
+        return self._loading.return_keys
+
+    @property
+    def epoch_samples(self) -> int | None:
+        """Samples one epoch reads (:attr:`LoaderPlan.epoch_samples`); ``None``: the whole dataset."""
+        return self._loading.epoch_samples
+
+    @property
+    def lookahead(self) -> BatchLookahead | None:
+        """The next batch's samples, for :meth:`read_ahead` (:attr:`LoaderPlan.lookahead`)."""
+        return self._loading.lookahead
 
     #: Attributes that hold per-process handles such as open files and memory maps. Never pickled, and dropped in a
     #: process that inherited them through ``fork``, so that each process opens its own.
@@ -154,7 +194,7 @@ class AugmentedImageDataset(Dataset):
 
     @property
     def reads_ahead(self) -> bool:
-        """Whether :meth:`read_ahead` does anything (the DataModule sets :attr:`lookahead` only then)."""
+        """Whether :meth:`read_ahead` does anything (the DataModule plans a :attr:`lookahead` only then)."""
         return False
 
     def read_ahead(self, indices: np.ndarray) -> None:

@@ -13,20 +13,20 @@ from pathlib import Path
 
 from lightning_fastdata import ImageClassifier, ImageFolderDataModule, TensorCacheDataModule
 from lightning_fastdata.datamodules import cache as cache_dm
-from lightning_fastdata.loading.storage import local as local_storage
+from lightning_fastdata.loading.index.store import IndexStore
 from lightning_fastdata.testing import cpu_trainer
 
 if __name__ == "__main__":
     root, out, node, kind, index_dir, cache_dir, per_node = sys.argv[1:8]
     events: list[dict] = []
-    found = local_storage.indexed_folder  # what LocalStorage.indexed calls: one lookup of a kept scan
+    found = IndexStore.folder  # what LocalStorage.indexed calls: one lookup of a kept scan
 
-    def recorded(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        index, lookup = found(*args, **kwargs)
+    def recorded(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        index, lookup = found(self, *args, **kwargs)
         events.append({"event": "index", "reused": lookup.reused, "why": lookup.why, "files": len(index)})
         return index, lookup
 
-    local_storage.indexed_folder = recorded
+    IndexStore.folder = recorded
     build = cache_dm.build_tensor_cache
 
     def build_recorded(cache_dir_, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202

@@ -17,7 +17,7 @@ from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.loading import atomic
 from lightning_fastdata.loading.index import store as index_store
 from lightning_fastdata.loading.index.files import scan_image_folder
-from lightning_fastdata.loading.index.store import FORMAT, index_file, indexed_folder
+from lightning_fastdata.loading.index.store import FORMAT, IndexStore
 
 
 def _age(root: Path, seconds: float = 60.0) -> None:
@@ -45,8 +45,8 @@ def _same(a, b) -> None:  # noqa: ANN001
 def test_second_lookup_reuses_the_index_without_listing_any_folder(
     tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first, lookup = indexed_folder(str(tree), index_dir=tmp_path / "idx")
-    assert not lookup.reused and lookup.why is None and index_file(tmp_path / "idx", str(tree)).exists()
+    first, lookup = IndexStore(tmp_path / "idx").folder(str(tree))
+    assert not lookup.reused and lookup.why is None and IndexStore(tmp_path / "idx").folder_path(str(tree)).exists()
     _same(first, scan_image_folder(str(tree)))
 
     def no_listing(*args: object) -> None:
@@ -54,14 +54,14 @@ def test_second_lookup_reuses_the_index_without_listing_any_folder(
 
     monkeypatch.setattr(os, "listdir", no_listing)
     monkeypatch.setattr(os, "scandir", no_listing)
-    second, lookup = indexed_folder(str(tree), first.classes, index_dir=tmp_path / "idx")
+    second, lookup = IndexStore(tmp_path / "idx").folder(str(tree), first.classes)
     assert lookup.reused
     _same(second, first)
 
 
 @pytest.mark.parametrize("change", ["add", "remove", "rename", "nested"])
 def test_a_changed_folder_is_named_and_rescanned(tree: Path, tmp_path: Path, change: str) -> None:
-    indexed_folder(str(tree), index_dir=tmp_path / "idx")
+    IndexStore(tmp_path / "idx").folder(str(tree))
     victim = tree / "class_002" / "img_000001.jpg"
     if change == "add":
         (tree / "class_002" / "new.jpg").write_bytes(victim.read_bytes())
@@ -71,7 +71,7 @@ def test_a_changed_folder_is_named_and_rescanned(tree: Path, tmp_path: Path, cha
         victim.rename(victim.with_name("zzz.jpg"))
     else:
         (tree / "class_001" / "nested" / "deep.jpg").unlink()
-    index, lookup = indexed_folder(str(tree), index_dir=tmp_path / "idx")
+    index, lookup = IndexStore(tmp_path / "idx").folder(str(tree))
     changed = "nested" if change == "nested" else "class_002"
     assert not lookup.reused and changed in lookup.why and "changed" in lookup.why
     _same(index, scan_image_folder(str(tree)))  # the fresh list, never the stale one
@@ -82,13 +82,13 @@ def test_folders_modified_just_before_the_scan_are_scanned_again_without_a_warni
     instant: it is scanned again next time, said at info level (``how``), not warned (``why``): routine right
     after data is made, as in tests and benchmarks (33 of the suite's warnings were these)."""
     fresh = make_image_folder(tmp_path / "fresh", num_classes=2, per_class=2, size=(16, 16))  # written just now
-    indexed_folder(str(fresh), index_dir=tmp_path / "idx")
-    _, lookup = indexed_folder(str(fresh), index_dir=tmp_path / "idx")
+    IndexStore(tmp_path / "idx").folder(str(fresh))
+    _, lookup = IndexStore(tmp_path / "idx").folder(str(fresh))
     assert not lookup.reused and lookup.why is None
     assert lookup.how is not None and "modified within 2 s before the last scan" in lookup.how
     _age(fresh)
-    indexed_folder(str(fresh), index_dir=tmp_path / "idx")
-    assert indexed_folder(str(fresh), index_dir=tmp_path / "idx")[1].reused
+    IndexStore(tmp_path / "idx").folder(str(fresh))
+    assert IndexStore(tmp_path / "idx").folder(str(fresh))[1].reused
 
 
 def _rewrite_meta(path: Path, **changes: object) -> None:
@@ -104,8 +104,8 @@ def _rewrite_meta(path: Path, **changes: object) -> None:
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "newer_format", "other_tree", "inconsistent"])
 def test_a_bad_index_file_is_named_and_rebuilt(tree: Path, tmp_path: Path, damage: str) -> None:
     idx = tmp_path / "idx"
-    indexed_folder(str(tree), index_dir=idx)
-    path = index_file(idx, str(tree))
+    IndexStore(idx).folder(str(tree))
+    path = IndexStore(idx).folder_path(str(tree))
     if damage == "truncated":
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     elif damage == "garbage":
@@ -116,7 +116,7 @@ def test_a_bad_index_file_is_named_and_rebuilt(tree: Path, tmp_path: Path, damag
         _rewrite_meta(path, root=str(tmp_path / "elsewhere"))
     else:
         _rewrite_meta(path, files=5)
-    index, lookup = indexed_folder(str(tree), index_dir=idx)
+    index, lookup = IndexStore(idx).folder(str(tree))
     expected = {
         "truncated": "unreadable",
         "garbage": "unreadable",
@@ -126,14 +126,14 @@ def test_a_bad_index_file_is_named_and_rebuilt(tree: Path, tmp_path: Path, damag
     }[damage]
     assert not lookup.reused and str(path) in lookup.why and expected in lookup.why
     _same(index, scan_image_folder(str(tree)))
-    assert indexed_folder(str(tree), index_dir=idx)[1].reused  # rewritten whole
+    assert IndexStore(idx).folder(str(tree))[1].reused  # rewritten whole
 
 
 def test_new_class_folder_invalidates(tree: Path, tmp_path: Path) -> None:
-    indexed_folder(str(tree), index_dir=tmp_path / "idx")
+    IndexStore(tmp_path / "idx").folder(str(tree))
     (tree / "class_003").mkdir()
     (tree / "class_003" / "a.jpg").write_bytes((tree / "class_000" / "img_000000.jpg").read_bytes())
-    index, lookup = indexed_folder(str(tree), index_dir=tmp_path / "idx")
+    index, lookup = IndexStore(tmp_path / "idx").folder(str(tree))
     assert not lookup.reused and "class folders" in lookup.why and len(index.classes) == 4
 
 
@@ -145,7 +145,7 @@ def test_a_failed_write_leaves_no_index_and_no_temporary_file(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(index_store.np, "savez", dies_halfway)
-    index, lookup = indexed_folder(str(tree), index_dir=tmp_path / "idx")
+    index, lookup = IndexStore(tmp_path / "idx").folder(str(tree))
     assert "could not write" in lookup.why and "No space left" in lookup.why
     assert list((tmp_path / "idx").iterdir()) == []  # neither the index nor its temporary file
     _same(index, scan_image_folder(str(tree)))
@@ -154,7 +154,7 @@ def test_a_failed_write_leaves_no_index_and_no_temporary_file(
 def test_an_unwritable_index_dir_still_trains_on_a_fresh_scan(tree: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    index, lookup = indexed_folder(str(tree), index_dir=blocker / "idx")
+    index, lookup = IndexStore(blocker / "idx").folder(str(tree))
     assert not lookup.reused and "could not write" in lookup.why
     _same(index, scan_image_folder(str(tree)))
 
@@ -171,7 +171,7 @@ def test_datamodule_prepares_once_then_every_setup_reuses(
     kw = dict(index_dir=str(tmp_path / "idx"), image_size=16, batch_size=4, num_workers=0, val_fraction=0.25)
     dm = ImageFolderDataModule(str(tree), **kw)
     dm.prepare_data()
-    assert index_file(tmp_path / "idx", str(tree)).exists()
+    assert IndexStore(tmp_path / "idx").folder_path(str(tree)).exists()
     caplog.clear()  # prepare_data reads the list again for the entropy index ("auto"): count the setups only
     with caplog.at_level("INFO"):
         dm.setup("fit")
@@ -191,7 +191,7 @@ from lightning_fastdata.loading.index import store as index_store
 def killed(src, dst):
     os._exit(3)  # as SIGKILL: no exception handler, no cleanup
 atomic.os.replace = killed
-index_store.indexed_folder(sys.argv[1], index_dir=sys.argv[2])
+index_store.IndexStore(sys.argv[2]).folder(sys.argv[1])
 """
 
 
@@ -199,18 +199,18 @@ def test_a_writer_killed_mid_write_leaves_no_index(tree: Path, tmp_path: Path) -
     idx = tmp_path / "idx"
     died = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tree), str(idx)], timeout=120)
     assert died.returncode == 3
-    path = index_file(idx, str(tree))
+    path = IndexStore(idx).folder_path(str(tree))
     assert not path.exists() and len(list(idx.glob(".*.tmp"))) == 1  # the whole file exists only under its tmp name
     leftover = next(idx.glob(".*.tmp"))
     # a live writer on another host (a shared file system): kept until it has not been touched for an hour
     foreign = leftover.with_name(f".{path.name}.otherhost-{os.getpid()}.tmp")
     foreign.write_bytes(b"partial")
-    _, lookup = indexed_folder(str(tree), index_dir=idx)
+    _, lookup = IndexStore(idx).folder(str(tree))
     assert not lookup.reused and lookup.why is None  # no index yet: a plain first scan
     assert not leftover.exists() and foreign.exists()  # this host's dead writer's file went at once
-    assert indexed_folder(str(tree), index_dir=idx)[1].reused
+    assert IndexStore(idx).folder(str(tree))[1].reused
     old = time.time() - 2 * atomic.STALE_SECONDS
     os.utime(foreign, (old, old))
     (tree / "class_000" / "img_000000.jpg").unlink()  # changed: the next lookup rewrites, and clears the leftover
-    indexed_folder(str(tree), index_dir=idx)
+    IndexStore(idx).folder(str(tree))
     assert not foreign.exists()

@@ -99,8 +99,9 @@ def _walk(top: str) -> list[tuple[str, list[str], int, bool]]:
     A symlink to a folder that contains it (``a/b -> ..``) would index the same images again and again
     (torchvision's ``ImageFolder`` does, until the path is too long), and one to a folder already walked indexes
     its images twice: both are skipped with a warning naming the link. One ``scandir`` and one ``stat`` per
-    folder, none per file (``DirEntry.is_dir`` reads the entry's type). The folders' mtimes let a persisted
-    index (:func:`load_index`) notice a file added, removed or renamed.
+    folder, none per file (``DirEntry.is_dir`` reads the entry's type). The folders' mtimes let a persisted index
+    (:meth:`~lightning_fastdata.loading.index.store.IndexStore.load_folder`) notice a file added, removed or
+    renamed.
     """
     st = os.stat(top)
     seen: set[tuple[int, int]] = {(st.st_dev, st.st_ino)}

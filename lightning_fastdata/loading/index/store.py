@@ -1,7 +1,7 @@
 """A persisted :class:`~lightning_fastdata.FileIndex`: one scan per node (or in total), reused while no folder changed.
 
 Listing 1.28M files costs seconds on a local disk and minutes on NFS/Lustre, and every DDP rank of every run
-did it again. :func:`indexed_folder` writes the scan to ``index_dir`` (a cache folder you name: never beside the
+did it again. :meth:`IndexStore.folder` writes the scan to ``index_dir`` (a cache folder you name: never beside the
 data, which is read-only to us) as one ``.npz`` file, written under a temporary name and renamed, so a rank that
 dies while writing leaves no half-written index. Before reuse it checks, in ``O(folders)`` ``stat`` calls and no
 per-file work, that the file is whole, of a format this version reads, of this very folder (real path), with the
@@ -36,15 +36,9 @@ __all__ = [
     "RACY_SECONDS",
     "IndexLookup",
     "IndexStale",
+    "IndexStore",
     "changed_folder",
-    "checked_index",
     "folder_record",
-    "index_file",
-    "indexed_folder",
-    "load_index",
-    "read_index_file",
-    "save_index",
-    "write_index_file",
 ]
 
 #: The index file format this version writes; an index of a newer format is not read.
@@ -64,14 +58,6 @@ class IndexStale(Exception):  # noqa: N818 - a reason to rescan, not an error of
         super().__init__(message)
         self.missing = missing
         self.quiet = quiet
-
-
-def index_file(index_dir: str | os.PathLike[str], root: str) -> Path:
-    """The index file of ``root`` in ``index_dir``: the folder's name plus a hash of its real path."""
-    real = os.path.realpath(root)
-    digest = hashlib.sha1(os.fsencode(real)).hexdigest()[:16]
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(real.rstrip(os.sep)))
-    return Path(index_dir) / f"{name or 'root'}-{digest}.fdindex.npz"
 
 
 def folder_record(mtimes: Iterable[tuple[str, int]], started: float) -> list[list[Any]]:
@@ -100,105 +86,9 @@ def changed_folder(root: str, rows: Iterable[Sequence[Any]]) -> tuple[str, bool]
     return None
 
 
-def save_index(path: str | os.PathLike[str], index: FileIndex, dirs: list[tuple[str, int]], started: float) -> None:
-    """Write ``index`` and its folders' mtimes to ``path`` atomically (temporary name, then rename)."""
-    meta = {
-        "format": FORMAT,
-        "root": os.path.realpath(index.root),
-        "classes": list(index.classes),
-        "dirs": folder_record(dirs, started),
-        "files": len(index),
-    }
-    write_index_file(path, meta, index)
-
-
-def write_index_file(path: str | os.PathLike[str], meta: dict[str, Any], index: FileIndex) -> None:
-    """Write ``meta`` (JSON) and ``index``'s arrays to ``path`` as one ``.npz``, atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {"path_bytes": index.path_bytes, "offsets": index.offsets, "labels": index.labels}
-    if index.versions is not None:
-        arrays["versions"] = index.versions
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        np.savez(fh, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)  # type: ignore[arg-type]
-
-
-def load_index(path: str | os.PathLike[str], root: str, classes: tuple[str, ...]) -> FileIndex:
-    """The index at ``path`` if it is whole and still describes ``root``; paths stay relative to ``root`` as given.
-
-    Raises:
-        IndexStale: Naming the file and why it cannot be used (missing, truncated, newer format, another folder,
-            other class folders, a folder changed since the scan).
-    """
-    meta, arrays = read_index_file(path)
-    if meta["root"] != os.path.realpath(root):
-        raise IndexStale(f"the index {path} is of {meta['root']!r}, not of {os.path.realpath(root)!r}")
-    if tuple(meta["classes"]) != tuple(classes):
-        raise IndexStale(f"the class folders of {root!r} changed since the index {path} was written")
-    changed = changed_folder(root, meta["dirs"])
-    if changed is not None:
-        folder, racy = changed
-        if racy:
-            raise IndexStale(
-                f"{folder!r} was modified within {RACY_SECONDS:g} s before the last scan (its mtime cannot show a "
-                "file added in the same instant), so it was scanned again",
-                quiet=True,
-            )
-        raise IndexStale(f"{folder!r} changed since the index {path} was written")
-    return checked_index(path, root, classes, meta, arrays)
-
-
-def read_index_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """``(meta, arrays)`` of an index file of this format.
-
-    Raises:
-        IndexStale: If it is missing, unreadable or of another format.
-    """
-    path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            meta = json.loads(npz["meta"].tobytes())
-            arrays = {k: npz[k] for k in ("path_bytes", "offsets", "labels")}
-            if "versions" in npz.files:  # a bucket's listing: each object's size and ETag, hashed
-                arrays["versions"] = npz["versions"]
-    except FileNotFoundError:
-        raise IndexStale(f"no index at {path}", missing=True) from None
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
-        raise IndexStale(f"the index {path} is unreadable (truncated or not an index file: {err})") from err
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        found = meta.get("format") if isinstance(meta, dict) else None
-        raise IndexStale(f"the index {path} has format {found!r}; this version reads format {FORMAT}")
-    return meta, arrays
-
-
-def checked_index(
-    path: str | os.PathLike[str],
-    root: str,
-    classes: tuple[str, ...],
-    meta: dict[str, Any],
-    arrays: dict[str, np.ndarray],
-) -> FileIndex:
-    """The :class:`~lightning_fastdata.FileIndex` of ``arrays`` if they agree with ``meta``.
-
-    Raises:
-        IndexStale: If they do not (a damaged file).
-    """
-    n = int(meta["files"])
-    path_bytes, offsets, labels = arrays["path_bytes"], arrays["offsets"], arrays["labels"]
-    versions = arrays.get("versions")
-    if (
-        (versions is not None and len(versions) != n)
-        or len(labels) != n
-        or len(offsets) != n + 1
-        or (n and (offsets[-1] != len(path_bytes) or labels.min() < 0 or labels.max() >= len(classes)))
-    ):
-        raise IndexStale(f"the index {path} is inconsistent (its arrays do not agree); it was damaged")
-    return FileIndex(root, tuple(classes), path_bytes, offsets, labels, versions)
-
-
 @dataclass(frozen=True)
 class IndexLookup:
-    """What :func:`indexed_folder` did: ``reused`` the file at ``path``, or scanned because of ``why``.
+    """What a lookup in an :class:`IndexStore` did: ``reused`` the file at ``path``, or scanned because of ``why``.
 
     ``why`` is ``None`` when nothing was persisted before (no ``index_dir``, or a first run) or nothing is worth a
     warning; ``how`` says how a reused index was validated, or what a new scan found.
@@ -210,30 +100,156 @@ class IndexLookup:
     how: str | None = None
 
 
-def indexed_folder(
-    root: str,
-    classes: tuple[str, ...] | None = None,
-    index_dir: str | os.PathLike[str] | None = None,
-    write: bool = True,
-) -> tuple[FileIndex, IndexLookup]:
-    """``root``'s index, reused from ``index_dir`` when it is still valid, else scanned (and saved if ``write``).
+class IndexStore:
+    """The indexes kept in one ``index_dir``: one ``.npz`` file per folder or bucket prefix (the module docstring).
 
-    A failed save (a read-only ``index_dir``) is reported in ``why``; the fresh scan is returned all the same.
+    The one place that names, reads, checks and writes them: a folder's (:meth:`folder`, validated by its folders'
+    mtimes) and a bucket's (:func:`~lightning_fastdata.loading.storage.bucket_index.indexed_bucket`, validated by
+    its age, through :meth:`bucket_path`, :meth:`read`, :meth:`checked` and :meth:`write`). ``index_dir=None``
+    keeps nothing: :meth:`folder` scans every time.
+
+    Args:
+        index_dir: A cache folder of the user's (never inside the data); created on the first write.
     """
-    classes = find_classes(root) if classes is None else classes
-    if index_dir is None:
-        return scan_with_mtimes(root, classes)[0], IndexLookup(False, None, None)
-    path = index_file(index_dir, root)
-    try:
-        return load_index(path, root, classes), IndexLookup(True, path, None, "no folder changed (folder mtimes)")
-    except IndexStale as stale:
-        why = None if stale.missing or stale.quiet else str(stale)
-        how = str(stale) if stale.quiet else None
-    started = time.time()
-    index, dirs = scan_with_mtimes(root, classes)
-    if write:
+
+    def __init__(self, index_dir: str | os.PathLike[str] | None) -> None:
+        self.index_dir = None if index_dir is None else Path(index_dir)
+
+    def _dir(self) -> Path:
+        if self.index_dir is None:
+            raise ValueError("this IndexStore keeps nothing (index_dir=None)")
+        return self.index_dir
+
+    def folder_path(self, root: str) -> Path:
+        """The index file of the folder ``root``: the folder's name plus a hash of its real path."""
+        real = os.path.realpath(root)
+        digest = hashlib.sha1(os.fsencode(real)).hexdigest()[:16]
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(real.rstrip(os.sep)))
+        return self._dir() / f"{name or 'root'}-{digest}.fdindex.npz"
+
+    def bucket_path(self, root: str, fingerprint: str) -> Path:
+        """The index file of a bucket prefix: its last path part plus the storage's fingerprint (URL, endpoint)."""
+        last = root.rstrip("/").rsplit("/", 1)[-1]
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in last)
+        return self._dir() / f"{name or 'bucket'}-{fingerprint}.fdindex.npz"
+
+    def folder(
+        self, root: str, classes: tuple[str, ...] | None = None, write: bool = True
+    ) -> tuple[FileIndex, IndexLookup]:
+        """``root``'s index, reused when it is still valid, else scanned (and kept if ``write``).
+
+        A failed write (a read-only ``index_dir``) is reported in ``why``; the fresh scan is returned all the same.
+        """
+        classes = find_classes(root) if classes is None else classes
+        if self.index_dir is None:
+            return scan_with_mtimes(root, classes)[0], IndexLookup(False, None, None)
+        path = self.folder_path(root)
         try:
-            save_index(path, index, dirs, started)
-        except OSError as err:
-            why = (why + "; " if why else "") + f"could not write {path} ({err}): is index_dir writable?"
-    return index, IndexLookup(False, path, why, how)
+            return self.load_folder(root, classes), IndexLookup(True, path, None, "no folder changed (folder mtimes)")
+        except IndexStale as stale:
+            why = None if stale.missing or stale.quiet else str(stale)
+            how = str(stale) if stale.quiet else None
+        started = time.time()
+        index, dirs = scan_with_mtimes(root, classes)
+        if write:
+            try:
+                self.save_folder(index, dirs, started)
+            except OSError as err:
+                why = (why + "; " if why else "") + f"could not write {path} ({err}): is index_dir writable?"
+        return index, IndexLookup(False, path, why, how)
+
+    def load_folder(self, root: str, classes: tuple[str, ...]) -> FileIndex:
+        """The kept index of ``root`` if it is whole and still describes it; paths stay relative to ``root``.
+
+        Raises:
+            IndexStale: Naming the file and why it cannot be used (missing, truncated, newer format, another folder,
+                other class folders, a folder changed since the scan).
+        """
+        path = self.folder_path(root)
+        meta, arrays = self.read(path)
+        if meta["root"] != os.path.realpath(root):
+            raise IndexStale(f"the index {path} is of {meta['root']!r}, not of {os.path.realpath(root)!r}")
+        if tuple(meta["classes"]) != tuple(classes):
+            raise IndexStale(f"the class folders of {root!r} changed since the index {path} was written")
+        changed = changed_folder(root, meta["dirs"])
+        if changed is not None:
+            folder, racy = changed
+            if racy:
+                raise IndexStale(
+                    f"{folder!r} was modified within {RACY_SECONDS:g} s before the last scan (its mtime cannot show "
+                    "a file added in the same instant), so it was scanned again",
+                    quiet=True,
+                )
+            raise IndexStale(f"{folder!r} changed since the index {path} was written")
+        return self.checked(path, root, classes, meta, arrays)
+
+    def save_folder(self, index: FileIndex, dirs: list[tuple[str, int]], started: float) -> None:
+        """Keep ``index`` and its folders' mtimes (atomically: a temporary name, then a rename)."""
+        meta = {
+            "format": FORMAT,
+            "root": os.path.realpath(index.root),
+            "classes": list(index.classes),
+            "dirs": folder_record(dirs, started),
+            "files": len(index),
+        }
+        self.write(self.folder_path(index.root), meta, index)
+
+    @staticmethod
+    def write(path: str | os.PathLike[str], meta: dict[str, Any], index: FileIndex) -> None:
+        """Write ``meta`` (JSON) and ``index``'s arrays to ``path`` as one ``.npz``, atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {"path_bytes": index.path_bytes, "offsets": index.offsets, "labels": index.labels}
+        if index.versions is not None:
+            arrays["versions"] = index.versions
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            meta_bytes = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+            np.savez(fh, meta=meta_bytes, **arrays)  # type: ignore[arg-type]
+
+    @staticmethod
+    def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """``(meta, arrays)`` of an index file of this format.
+
+        Raises:
+            IndexStale: If it is missing, unreadable or of another format.
+        """
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                meta = json.loads(npz["meta"].tobytes())
+                arrays = {k: npz[k] for k in ("path_bytes", "offsets", "labels")}
+                if "versions" in npz.files:  # a bucket's listing: each object's size and ETag, hashed
+                    arrays["versions"] = npz["versions"]
+        except FileNotFoundError:
+            raise IndexStale(f"no index at {path}", missing=True) from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+            raise IndexStale(f"the index {path} is unreadable (truncated or not an index file: {err})") from err
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
+            raise IndexStale(f"the index {path} has format {found!r}; this version reads format {FORMAT}")
+        return meta, arrays
+
+    @staticmethod
+    def checked(
+        path: str | os.PathLike[str],
+        root: str,
+        classes: tuple[str, ...],
+        meta: dict[str, Any],
+        arrays: dict[str, np.ndarray],
+    ) -> FileIndex:
+        """The :class:`~lightning_fastdata.FileIndex` of ``arrays`` if they agree with ``meta``.
+
+        Raises:
+            IndexStale: If they do not (a damaged file).
+        """
+        n = int(meta["files"])
+        path_bytes, offsets, labels = arrays["path_bytes"], arrays["offsets"], arrays["labels"]
+        versions = arrays.get("versions")
+        if (
+            (versions is not None and len(versions) != n)
+            or len(labels) != n
+            or len(offsets) != n + 1
+            or (n and (offsets[-1] != len(path_bytes) or labels.min() < 0 or labels.max() >= len(classes)))
+        ):
+            raise IndexStale(f"the index {path} is inconsistent (its arrays do not agree); it was damaged")
+        return FileIndex(root, tuple(classes), path_bytes, offsets, labels, versions)

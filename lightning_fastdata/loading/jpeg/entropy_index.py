@@ -110,15 +110,16 @@ def entropy_index_folder(index_dir: str | os.PathLike[str], index: FileIndex) ->
     return Path(index_dir) / f"entropy-{hashlib.sha256(os.fsencode(_root(index))).hexdigest()[:16]}"
 
 
-def index_file(data: bytes, url: str = "") -> bytes:
+def index_file(data: bytes, url: str = "", fraction: float = INDEX_FRACTION) -> bytes:
     """One file's entropy index, or ``b""`` where there is none.
 
     None: not a JPEG this index can serve, or one too cheap to decode for an index to pay
-    (:data:`INDEX_MIN_BYTES_PER_BLOCK`). ``url`` names the file (unused: the signature of a build's per-file step).
+    (:data:`INDEX_MIN_BYTES_PER_BLOCK`). ``url`` names the file (unused: the signature of a build's per-file step);
+    ``fraction``: the index's budget as a share of the file's bytes (1.0: an entry per MCU).
     """
     if _jpegroi is None or not data.startswith(b"\xff\xd8\xff"):
         return b""
-    built = _jpegroi.entropy_index(data, INDEX_FRACTION, 0, INDEX_MIN_BYTES_PER_BLOCK)
+    built = _jpegroi.entropy_index(data, fraction, 0, INDEX_MIN_BYTES_PER_BLOCK)
     return b"" if built is None else bytes(built)
 
 
@@ -225,6 +226,7 @@ def build_entropy_index(
     index_dir: str | os.PathLike[str],
     processes: int | None = None,
     progress: bool = True,
+    fraction: float = INDEX_FRACTION,
 ) -> EntropyIndexes | None:
     """Build (or reuse) the entropy indexes of every file in ``index``, kept in ``index_dir``.
 
@@ -241,6 +243,8 @@ def build_entropy_index(
         index_dir: A folder of ours (never inside the data); created if missing.
         processes: Processes that read and index the files.
         progress: Show a progress bar.
+        fraction: Each file's index budget as a share of its bytes (:data:`INDEX_FRACTION`, the measured best;
+            1.0: an entry per MCU). An index already there is reused whatever budget it was built with.
 
     Raises:
         DataError: If a file cannot be read (naming it); StorageError: if a bucket does not answer.
@@ -255,7 +259,7 @@ def build_entropy_index(
     try:
         Path(index_dir).mkdir(parents=True, exist_ok=True)
         with FileLock(f"{folder}.lock"):
-            return _build_locked(index, storage, folder, processes, progress)
+            return _build_locked(index, storage, folder, processes, progress, fraction=fraction)
     except UsageError:
         raise  # the data itself (a file that cannot be read, a bucket that does not answer): the user must know
     except OSError as err:  # index_dir read-only, full, or not a folder: train on without writing the index
@@ -282,7 +286,13 @@ def _stamp(index: FileIndex) -> str:
 
 
 def _build_locked(
-    index: FileIndex, storage: Storage, folder: Path, processes: int | None, progress: bool, pace: Pace | None = None
+    index: FileIndex,
+    storage: Storage,
+    folder: Path,
+    processes: int | None,
+    progress: bool,
+    pace: Pace | None = None,
+    fraction: float = INDEX_FRACTION,
 ) -> EntropyIndexes:
     """:func:`build_entropy_index` holding the folder's lock (no other build of it runs: leftovers are dead).
 
@@ -312,7 +322,8 @@ def _build_locked(
     with pool_cm as pool:
         bar = tqdm(total=len(index), initial=first, desc="entropy index", unit="img", disable=not progress)
         piece: list[bytes] = []
-        for entry in map_sources(pool, storage, index, index_file, start=first, chunk=min(CHUNK, size)):
+        chunk = min(CHUNK, size)
+        for entry in map_sources(pool, storage, index, index_file, (fraction,), start=first, chunk=chunk):
             piece.append(entry)
             bar.update()
             if len(piece) == size or first + len(piece) == len(index):

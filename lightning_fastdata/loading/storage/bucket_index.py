@@ -27,14 +27,7 @@ import numpy as np
 from lightning_fastdata.errors import PathNotFoundError
 from lightning_fastdata.loading.index.files import IMG_EXTENSIONS, FileIndex
 from lightning_fastdata.loading.index.identity import string_hash
-from lightning_fastdata.loading.index.store import (
-    FORMAT,
-    IndexLookup,
-    IndexStale,
-    checked_index,
-    read_index_file,
-    write_index_file,
-)
+from lightning_fastdata.loading.index.store import FORMAT, IndexLookup, IndexStale, IndexStore
 from lightning_fastdata.loading.storage.base import ObjectStat
 
 __all__ = [
@@ -134,10 +127,8 @@ def list_bucket_folder(storage: BucketLister, classes: Sequence[str] | None = No
 
 
 def bucket_index_file(index_dir: str | os.PathLike[str], storage: BucketLister) -> Path:
-    """The index file of the storage's root in ``index_dir``: its last path part plus a hash of URL and endpoint."""
-    last = storage.root.rstrip("/").rsplit("/", 1)[-1]
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in last)
-    return Path(index_dir) / f"{name or 'bucket'}-{storage.fingerprint()}.fdindex.npz"
+    """The index file of the storage's root in ``index_dir`` (:meth:`IndexStore.bucket_path`)."""
+    return IndexStore(index_dir).bucket_path(storage.root, storage.fingerprint())
 
 
 def indexed_bucket(
@@ -155,14 +146,15 @@ def indexed_bucket(
     classes = tuple(classes)
     if index_dir is None:
         return list_bucket_folder(storage, classes)[0], IndexLookup(False, None, None)
-    path = bucket_index_file(index_dir, storage)
+    store = IndexStore(index_dir)
+    path = store.bucket_path(storage.root, storage.fingerprint())
     old: dict[str, Any] | None = None
     why: str | None = None
     try:
-        meta, arrays = read_index_file(path)
+        meta, arrays = store.read(path)
         if meta.get("root") != storage.root or tuple(meta.get("classes", ())) != classes:
             raise IndexStale(f"the index {path} is of another URL or other class prefixes")
-        index = checked_index(path, storage.root, classes, meta, arrays)
+        index = store.checked(path, storage.root, classes, meta, arrays)
         age = time.time() - float(meta["listed_at"])
         if 0 <= age <= index_ttl:
             fresh = f"listed {age:.0f} s ago, within index_ttl={index_ttl:g} s; no request made"
@@ -191,8 +183,7 @@ def indexed_bucket(
             "files": len(index),
         }
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_index_file(path, meta, index)
+            store.write(path, meta, index)
         except OSError as err:
             why = (why + "; " if why else "") + f"could not write {path} ({err}): is index_dir writable?"
     return index, IndexLookup(False, path, why, how)

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 
 from lightning_fastdata.loading.index.files import FileIndex, find_classes, scan_image_folder
-from lightning_fastdata.loading.index.store import IndexLookup, indexed_folder
+from lightning_fastdata.loading.index.store import IndexLookup, IndexStore
 from lightning_fastdata.loading.storage.base import ObjectStat
 
 __all__ = ["LocalStorage", "fingerprint"]
@@ -41,7 +41,7 @@ class LocalStorage:
         self, classes: Sequence[str], index_dir: str | os.PathLike[str] | None, index_ttl: float = 0.0
     ) -> tuple[FileIndex, IndexLookup]:
         """The scan, kept in ``index_dir`` and reused while every folder's mtime is unchanged (``index_ttl`` unused)."""
-        return indexed_folder(self.root, tuple(classes), index_dir)
+        return IndexStore(index_dir).folder(self.root, tuple(classes))
 
     def content_fingerprint(self, index: FileIndex) -> str:
         """:func:`fingerprint` of ``index``: one ``stat`` per file."""
