@@ -9,6 +9,7 @@ status 1) and shows the whole traceback for anything else, which is a bug to rep
 from __future__ import annotations
 
 __all__ = [
+    "CORRUPT_IMAGE_ADVICE",
     "AccessError",
     "DataError",
     "InvalidTypeError",
@@ -51,6 +52,14 @@ class AccessError(UsageError, PermissionError):
 
 class DataError(UsageError, OSError):
     """The data are unusable as they are: a corrupt or changed file, a full disk, a stale cache (named)."""
+
+
+#: The last sentence of the error of an image that does not decode, which advises ``on_corrupt='skip'``; left out
+#: where that does not apply (the ``max_corrupt_fraction`` error, raised to a user who already skips).
+CORRUPT_IMAGE_ADVICE = (
+    " The file is corrupt, truncated or too large: replace or delete it, or pass on_corrupt='skip' to skip such files "
+    "(each is logged and counted)."
+)
 
 
 class StorageError(UsageError, OSError):

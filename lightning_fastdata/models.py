@@ -57,6 +57,7 @@ class ImageClassifier(LightningModule):
             self.model = self.model.to(memory_format=torch.channels_last)
         self.loss = nn.CrossEntropyLoss()
         self.train_loss = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self._evaluation_sums: dict[str, torch.Tensor] = {}
 
     @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -70,10 +71,39 @@ class ImageClassifier(LightningModule):
         logits = self(images)
         loss = (self.train_loss if stage == "train" else self.loss)(logits, labels)
         classes = labels.argmax(dim=1) if labels.is_floating_point() else labels  # soft targets: the largest
-        acc = (logits.argmax(dim=1) == classes).float().mean()
-        self.log(f"{stage}_loss", loss, prog_bar=True, batch_size=len(labels), sync_dist=stage != "train")
-        self.log(f"{stage}_acc", acc, prog_bar=True, batch_size=len(labels), sync_dist=stage != "train")
+        hits = logits.argmax(dim=1) == classes
+        if stage == "train":
+            self.log("train_loss", loss, prog_bar=True, batch_size=len(labels))
+            self.log("train_acc", hits.float().mean(), prog_bar=True, batch_size=len(labels))
+            return loss
+        # evaluation: sums over the epoch, reduced over ranks once at its end (:meth:`_log_evaluation`)
+        top5 = (logits.topk(min(5, logits.shape[1]), dim=1).indices == classes.view(-1, 1)).any(dim=1)
+        n = len(labels)
+        row = torch.stack([loss.detach().double() * n, hits.sum().double(), top5.sum().double()])
+        row = torch.cat([row, row.new_tensor([n])])
+        self._evaluation_sums[stage] = self._evaluation_sums.get(stage, 0) + row
         return loss
+
+    def _log_evaluation(self, stage: str) -> None:
+        """Log ``{stage}_loss``, ``{stage}_acc`` (and ``{stage}_acc_top5`` above 5 classes) over the whole epoch.
+
+        Sums of the epoch's losses, hits and samples, added over ranks (every sample is evaluated on exactly one
+        rank), then divided: the metrics of N ranks equal one rank's. (Lightning's own ``sync_dist`` mean divides
+        the sample count, an integer, by the world size with integer division, which is off whenever the ranks'
+        total count is odd.)
+        """
+        row = self._evaluation_sums.pop(stage, None)
+        if row is None:  # this rank had no batch: it still takes part in the reduction
+            row = torch.zeros(4, dtype=torch.float64, device=self.device)
+        total = self.trainer.strategy.reduce(row, reduce_op="sum")
+        if float(total[3]) == 0:
+            return
+        # the same value on every rank already; sync_dist averages equal values (exact), and without it Lightning
+        # warns that an epoch-level value is not synced
+        self.log(f"{stage}_loss", total[0] / total[3], prog_bar=True, sync_dist=True)
+        self.log(f"{stage}_acc", total[1] / total[3], prog_bar=True, sync_dist=True)
+        if self.hparams["num_classes"] > 5:
+            self.log(f"{stage}_acc_top5", total[2] / total[3], sync_dist=True)
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -82,8 +112,21 @@ class ImageClassifier(LightningModule):
 
     @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        """Validation loss and accuracy."""
+        """Validation loss, top-1 and (more than 5 classes) top-5 accuracy, logged over the epoch."""
         self._shared_step(batch, "val")
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        self._log_evaluation("val")
+
+    @override
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        """Test loss, top-1 and (more than 5 classes) top-5 accuracy: ``test_loss``, ``test_acc``, ``test_acc_top5``."""
+        self._shared_step(batch, "test")
+
+    @override
+    def on_test_epoch_end(self) -> None:
+        self._log_evaluation("test")
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -9,7 +9,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -19,12 +18,13 @@ from lightning_fastdata._ext import native
 from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 from lightning_fastdata.augment.pipeline import DeviceAugment, as_transform_list
 from lightning_fastdata.augment.sample import SampleTransform
+from lightning_fastdata.datamodules.arguments import check_loader_arguments
 from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_intervals
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
+from lightning_fastdata.datamodules.transfer import DeviceTransferHooks
 from lightning_fastdata.datasets.base import AugmentedImageDataset, LoaderPlan
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched
 from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
@@ -36,12 +36,13 @@ __all__ = ["FastDataModule"]
 log = logging.getLogger("lightning_fastdata")
 
 
-class FastDataModule(LightningDataModule):
+class FastDataModule(DeviceTransferHooks):
     """Base of the package's DataModules: loaders, device-side normalisation, worker resolution.
 
     Loaders return ``(images, labels)`` with images uint8 ``N x 3 x H x W`` (channels-last); after they reach
-    the training device, :meth:`on_after_batch_transfer` turns them into normalised float32, so a quarter of
-    the bytes cross shared memory and PCIe. The train loader is a torchdata ``StatefulDataLoader``.
+    the training device, its ``on_after_batch_transfer``
+    (:class:`~lightning_fastdata.datamodules.transfer.DeviceTransferHooks`) turns them into normalised float32, so
+    a quarter of the bytes cross shared memory and PCIe. The train loader is a torchdata ``StatefulDataLoader``.
 
     Args:
         image_size: Side of the square training and validation images.
@@ -141,30 +142,16 @@ class FastDataModule(LightningDataModule):
         repeated_augmentations: int = 1,
     ) -> None:
         super().__init__()
-        if not 0 <= val_fraction < 1:
-            raise InvalidValueError(f"val_fraction should be in [0, 1), got {val_fraction!r}.")
-        if not isinstance(batch_size, int) or batch_size <= 0:
-            raise InvalidValueError(
-                f"batch_size should be a positive integer value, but got batch_size={batch_size!r}."
-            )
-        resolve_num_workers(num_workers)  # validates; resolved again once the Trainer's device count is known
-        if num_workers == 0 and prefetch_factor is not None:
-            raise InvalidValueError(
-                f"prefetch_factor={prefetch_factor!r} needs worker processes; use num_workers > 0 or leave "
-                "prefetch_factor unset."
-            )
-        if num_workers == 0 and persistent_workers:
-            raise InvalidValueError("persistent_workers=True needs worker processes; use num_workers > 0.")
-        if prefetch_factor is not None and prefetch_factor < 1:
-            raise InvalidValueError(f"prefetch_factor should be a positive int, got {prefetch_factor!r}.")
-        if block_shuffle is not None and block_shuffle < 1:
-            raise InvalidValueError(f"block_shuffle should be a positive int or None, got {block_shuffle!r}.")
-        if snapshot_every_n_steps is not None and snapshot_every_n_steps < 1:
-            raise InvalidValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
-        if not isinstance(repeated_augmentations, int) or repeated_augmentations < 1:
-            raise InvalidValueError(
-                f"repeated_augmentations should be a positive int (1: off), got {repeated_augmentations!r}."
-            )
+        check_loader_arguments(
+            val_fraction,
+            batch_size,
+            num_workers,
+            prefetch_factor,
+            persistent_workers,
+            block_shuffle,
+            snapshot_every_n_steps,
+            repeated_augmentations,
+        )
         for name, value in (("train_transforms", train_transforms), ("val_transforms", val_transforms)):
             if value is not None:
                 SampleTransform(value, seed, name)  # validates (callable)
@@ -210,6 +197,7 @@ class FastDataModule(LightningDataModule):
         self._offered_workers: int | Literal["auto"] | None = None
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
+        self.test_dataset: Dataset | None = None
         self._resolved_workers: int | None = None
         # Exact resume: the train loader last built, and what a checkpoint asked of the next one.
         self._train_loader: ResumableLoader | None = None
@@ -221,6 +209,13 @@ class FastDataModule(LightningDataModule):
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """Return ``(train_dataset, val_dataset_or_None)``; called once, from :meth:`setup`."""
         raise NotImplementedError
+
+    #: The argument that gives a subclass its test set (named by ``test_dataloader`` when it is missing).
+    test_argument = "test_root"
+
+    def build_test_dataset(self) -> Dataset | None:
+        """The test set (validation transforms), or ``None`` where none was given; called from ``setup("test")``."""
+        return None
 
     def split(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Seeded train/validation split of ``range(n)`` by ``val_fraction`` (same on every rank), each sorted."""
@@ -244,8 +239,14 @@ class FastDataModule(LightningDataModule):
     # -- Lightning hooks -------------------------------------------------------------------------------
     @override
     def setup(self, stage: str) -> None:
-        """Build the datasets once (every rank builds its own; they are cheap indexes)."""
-        if self.train_dataset is None:
+        """Build the datasets a stage needs, once (every rank builds its own; they are cheap indexes).
+
+        ``fit`` and ``validate``: the training and validation sets; ``test``: the test set alone.
+        """
+        if stage == "test":
+            if self.test_dataset is None:
+                self.test_dataset = self.build_test_dataset()
+        elif self.train_dataset is None:
             self.train_dataset, self.val_dataset = self.build_datasets()
         if self.decodes_images():
             native.warn_if_missing()  # once per process, rank zero: JPEGs decode slower without the extension
@@ -270,6 +271,20 @@ class FastDataModule(LightningDataModule):
         if self.val_dataset is None:
             return []
         return self._loader(self.val_dataset, train=False)
+
+    @override
+    def test_dataloader(self) -> DataLoader:
+        """The test loader: the validation transforms, in order, every sample exactly once over all ranks.
+
+        Raises:
+            ValueError: If this DataModule was given no test set (naming the argument that gives one).
+        """
+        if self.test_dataset is None:
+            raise InvalidValueError(
+                f"{type(self).__name__} has no test set: pass {self.test_argument}=... (the same layout as the "
+                "training data), then trainer.test(model, datamodule=dm)."
+            )
+        return self._loader(self.test_dataset, train=False)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -302,42 +317,6 @@ class FastDataModule(LightningDataModule):
                 self._report_skipped(self._skip_epoch)
             self._skip_epoch = trainer.current_epoch
         return batch
-
-    @override
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Move ``batch`` to ``device``; a ``DeviceBatch`` keeps its keys on the host.
-
-        A ``DeviceBatch`` moves by ``DeviceBatch.to`` (the prefetcher's move too); any other batch as Lightning's.
-        """
-        if isinstance(batch, DeviceBatch):
-            return batch.to(device)
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
-    def augment_on_device(self, images: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor) -> tuple[Any, Any]:
-        """``device_transforms``, normalisation and ``batch_transforms`` of one training batch (uint8 in)."""
-        num_classes = getattr(self, "num_classes", None)
-        images, targets = self.device_augment(images, labels, keys, self.normalizer, num_classes)
-        return self.format_images(images), targets
-
-    @override
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Convert the uint8 images of ``(images, labels, ...)`` to normalised float on the device.
-
-        A training batch that carries its keys (a ``DeviceBatch``: ``device_transforms``/``batch_transforms``
-        given) is augmented here first and returned as ``(images, targets)``; the augmentation draws its
-        parameters from the keys, which :meth:`transfer_batch_to_device` left on the host.
-        """
-        if isinstance(batch, DeviceBatch) and batch.keys is not None and batch.images.dtype == torch.uint8:
-            return self.augment_on_device(batch.images, batch.labels, batch.keys)
-        if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
-            if batch[0].dtype == torch.uint8:
-                return (self.format_images(self.normalizer(batch[0])), *batch[1:])
-        return batch
-
-    def format_images(self, images: torch.Tensor) -> torch.Tensor:
-        """Apply the output memory format (``channels_last``, the default, or contiguous NCHW)."""
-        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        return images.contiguous(memory_format=fmt)
 
     def configure_transfer(
         self,
@@ -454,6 +433,7 @@ class FastDataModule(LightningDataModule):
             drop_last=self.drop_last and train,
             block_size=self.block_shuffle if train else None,
             repeats=self.repeated_augmentations if train else 1,
+            even=train,  # evaluation: every sample once over all ranks, so N ranks' metrics equal one rank's
         )
         if isinstance(dataset, AugmentedImageDataset):
             # the next batch's reads start early (from a bucket)

@@ -62,19 +62,20 @@ class FolderSource:
         index_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
         index_ttl: float = DEFAULT_INDEX_TTL,
+        test_root: str | None = None,
     ) -> None:
         self.root = root if is_url(root) else os.fspath(root)
         self.val_root = None if val_root is None else (val_root if is_url(val_root) else os.fspath(val_root))
+        self.test_root = None if test_root is None else (test_root if is_url(test_root) else os.fspath(test_root))
         self.index_dir = None if index_dir is None else os.fspath(index_dir)
         if index_ttl < 0:
             raise InvalidValueError(f"index_ttl should be >= 0 seconds, got {index_ttl!r}.")
         self.index_ttl = float(index_ttl)
         self.storage_options = storage_options
         self._listed: dict[str, FileIndex] = {}
-        self.storages: dict[str, Storage] = {
-            data: open_storage(data, storage_options) for data in (self.root, self.val_root) if data is not None
-        }
-        for data in (self.root, self.val_root):
+        given = [data for data in (self.root, self.val_root, self.test_root) if data is not None]
+        self.storages: dict[str, Storage] = {data: open_storage(data, storage_options) for data in given}
+        for data in given:
             if (
                 self.index_dir is not None
                 and data is not None
@@ -86,12 +87,14 @@ class FolderSource:
                     "writes to; choose a folder outside it (e.g. a cache folder on the node's local disk)."
                 )
         self.classes = self._classes(self.root)
-        if self.val_root is not None:
-            val_classes = self._classes(self.val_root)
-            if val_classes != self.classes:
+        for name, other_root in (("val_root", self.val_root), ("test_root", self.test_root)):
+            if other_root is None:
+                continue
+            other = self._classes(other_root)
+            if other != self.classes:
                 raise InvalidValueError(
-                    f"val_root {self.val_root!r} has class folders {list(val_classes)} but root {self.root!r} has "
-                    f"{list(self.classes)}; both need the same class folders."
+                    f"{name} {other_root!r} has class folders {list(other)} but root {self.root!r} has "
+                    f"{list(self.classes)}; both need the same class folders (a label is a class folder's position)."
                 )
 
     def _classes(self, root: str) -> tuple[str, ...]:
@@ -139,9 +142,9 @@ class ImageFolderDataModule(FastDataModule):
     """Train (and validate) from ``root/<class>/<image>``, with torchvision ``ImageFolder``'s labels.
 
     Training samples get ``RandomResizedCrop(image_size, scale, ratio)`` and a horizontal flip, decoded
-    straight into the crop; validation samples the classic ``Resize(image_size / crop_fraction)`` +
+    straight into the crop; validation and test samples the classic ``Resize(image_size / crop_fraction)`` +
     ``CenterCrop(image_size)``. Validation comes from ``val_root`` (same class folders) or, if it is not
-    given, from a seeded split of ``val_fraction`` of ``root``.
+    given, from a seeded split of ``val_fraction`` of ``root``; the test set from ``test_root``.
 
     Args:
         root: Folder of class sub-folders, or a bucket URL of class prefixes (``s3://bucket/imagenet/train``).
@@ -158,6 +161,8 @@ class ImageFolderDataModule(FastDataModule):
             (:class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`).
             ``None``: the environment's (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, roles).
         index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused before the bucket is listed again.
+        test_root: Test folder (or URL) of the same class sub-folders, for ``trainer.test``: the validation
+            transforms, every image once over all ranks. ``None``: no test set (``trainer.test`` says so).
         entropy_index: Decode each JPEG crop from its own bits alone, with an entropy index of the training files
             (:mod:`~lightning_fastdata.loading.jpeg.entropy_index`): the same pixels, ~0.15 ms less per 500 x 375
             image at 224 px; at most 1.5% of the JPEG bytes on disk, in ``index_dir``, else in the per-user cache folder
@@ -185,6 +190,7 @@ class ImageFolderDataModule(FastDataModule):
         storage_options: dict[str, Any] | None = None,
         index_ttl: float = DEFAULT_INDEX_TTL,
         entropy_index: bool | Literal["auto"] = "auto",
+        test_root: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -199,7 +205,7 @@ class ImageFolderDataModule(FastDataModule):
         #: True (built in prepare_data), "auto" (built in the background, taken up as it is built) or False
         self.entropy_index: bool | str = entropy_index if entropy_index_available() else False
         self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
-        self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl)
+        self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl, test_root)
         self.classes = self.source.classes
 
     @override
@@ -209,9 +215,9 @@ class ImageFolderDataModule(FastDataModule):
         With ``entropy_index``, also build (or check and reuse) the training files' entropy index there.
         """
         if self.source.index_dir is not None:
-            self.source.index(self.source.root)
-            if self.source.val_root is not None:
-                self.source.index(self.source.val_root)
+            for data in (self.source.root, self.source.val_root, self.source.test_root):
+                if data is not None:
+                    self.source.index(data)
         if self.entropy_index:
             train_index, _ = self.source.indexes(self.split)
             storage = self.source.storages[self.source.root]
@@ -239,3 +245,11 @@ class ImageFolderDataModule(FastDataModule):
         train = ImageFolderDataset(train_index, options, entropy, **self.split_kwargs(True))
         val = None if val_index is None else ImageFolderDataset(val_index, options, **self.split_kwargs(False))
         return train, val
+
+    @override
+    def build_test_dataset(self) -> Dataset | None:
+        """``test_root``'s images with the validation transforms (``None`` without ``test_root``)."""
+        if self.source.test_root is None:
+            return None
+        index = self.source.index(self.source.test_root)
+        return ImageFolderDataset(index, self.source.storage_options, **self.split_kwargs(False))

@@ -20,7 +20,7 @@ __all__ = ["HDF5DataModule"]
 
 
 class HDF5DataModule(FastDataModule):
-    """Train (and validate) from one HDF5 file; see :class:`~lightning_fastdata.HDF5Dataset` for the layouts.
+    """Train, validate and test from HDF5 files; see :class:`~lightning_fastdata.HDF5Dataset` for the layouts.
 
     Write such a file with ``fastdata convert hdf5 --src FOLDER --dst FILE`` (or
     :func:`~lightning_fastdata.convert_folder_to_hdf5`); files you wrote yourself are read by naming the keys
@@ -42,6 +42,8 @@ class HDF5DataModule(FastDataModule):
         entropy_index: Decode each training crop with the entropy index kept in the file, where it has one (files
             written by ``fastdata convert hdf5`` in encoded mode, and the tensor cache's ``storage="jpeg"``): the
             same pixels, each crop entropy-decoded alone. ``False``: never.
+        test_path: A test file (or URL) of the same layout and labels, for ``trainer.test``: the validation
+            transforms, every sample once over all ranks. ``None``: no test set.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -61,31 +63,35 @@ class HDF5DataModule(FastDataModule):
         cache_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
         entropy_index: bool = True,
+        test_path: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         save_init_hparams(self)
         self.entropy_index = bool(entropy_index)
-        for given in (path, val_path):
+        for given in (path, val_path, test_path):
             if given is not None and is_url(given) and cache_dir is None:
                 raise InvalidValueError(
                     f"{given!r} is in a bucket: pass cache_dir, a local folder to copy it into (node-local disk)."
                 )
         self.path = self._local(path, cache_dir, storage_options)
         self.val_path = None if val_path is None else self._local(val_path, cache_dir, storage_options)
+        self.test_path = None if test_path is None else self._local(test_path, cache_dir, storage_options)
         self.file_kwargs: dict[str, Any] = dict(
             images_key=images_key, labels_key=labels_key, layout=layout, offsets_key=offsets_key, locking=locking
         )
         inspected = inspect_hdf5(self.path, images_key, labels_key, layout, offsets_key, locking)
         self.classes = inspected.classes
-        if self.val_path is not None:
-            val = inspect_hdf5(self.val_path, images_key, labels_key, layout, offsets_key, locking)
-            bad = np.flatnonzero(val.labels >= len(self.classes))
+        for what, other_path in (("validation", self.val_path), ("test", self.test_path)):
+            if other_path is None:
+                continue
+            other = inspect_hdf5(other_path, images_key, labels_key, layout, offsets_key, locking)
+            bad = np.flatnonzero(other.labels >= len(self.classes))
             if bad.size:
                 raise InvalidValueError(
-                    f"{self.val_path!r}[{labels_key!r}][{bad[0]}] = {val.labels[bad[0]]} is out of range for the "
+                    f"{other_path!r}[{labels_key!r}][{bad[0]}] = {other.labels[bad[0]]} is out of range for the "
                     f"{len(self.classes)} classes of the training file {self.path!r} ({bad.size} such labels); the "
-                    "validation file must use the training file's labels."
+                    f"{what} file must use the training file's labels."
                 )
 
     @staticmethod
@@ -120,3 +126,14 @@ class HDF5DataModule(FastDataModule):
         train = HDF5Dataset(layout, indices=train_rows, locking=locking, **train_kw)
         val = None if val_rows is None else HDF5Dataset(layout, indices=val_rows, locking=locking, **val_kw)
         return train, val
+
+    test_argument = "test_path"
+
+    @override
+    def build_test_dataset(self) -> Dataset | None:
+        """``test_path``'s samples with the validation transforms (``None`` without ``test_path``)."""
+        if self.test_path is None:
+            return None
+        layout = inspect_hdf5(self.test_path, **self.file_kwargs)
+        test_kw = {**self.split_kwargs(False), "entropy_index": False}
+        return HDF5Dataset(layout, locking=self.file_kwargs["locking"], **test_kw)

@@ -23,7 +23,7 @@ from lightning_fastdata.augment.geometry import (
 )
 from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datasets.settings import AugmentSettings
-from lightning_fastdata.errors import DataError, StorageError
+from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, DataError, StorageError
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
@@ -291,15 +291,17 @@ class AugmentedImageDataset(Dataset):
         skipped = int(self._skipped[row].sum())
         samples = len(self) if self.epoch_samples is None else self.epoch_samples
         limit = math.ceil(self.max_corrupt_fraction * samples)
+        # the file's error without its advice (to skip such files: this user does) or its full stop
+        reason = str(err).removesuffix(CORRUPT_IMAGE_ADVICE).rstrip(". ")
         if skipped > limit:
             where = f"epoch {key[0]}" if isinstance(key, (tuple, list)) else "this pass over the data"
             raise DataError(
                 f"{skipped} corrupt image(s) skipped in {where}, more than max_corrupt_fraction="
                 f"{self.max_corrupt_fraction:g} of its {samples} samples allows ({limit}); the last: "
-                f"{self.describe(index)}: {err}. So many point to the data as a whole (a wrong format, a bad "
+                f"{self.describe(index)}: {reason}. So many point to the data as a whole (a wrong format, a bad "
                 "conversion, a truncated copy): fix them, or raise max_corrupt_fraction (1 never stops)."
-            ) from err
-        log.warning("Skipped corrupt image %s (on_corrupt='skip'): %s", self.describe(index), err)
+            ) from None  # its reason is quoted above; its own text would repeat the advice
+        log.warning("Skipped corrupt image %s (on_corrupt='skip'): %s.", self.describe(index), reason)
 
     def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
         images, labels = self.__getitems__([key])[:2]

@@ -174,12 +174,13 @@ def inspect_hdf5(
                     "labels_key=."
                 )
         images, labels_ds = f[images_key], f[labels_key]
-        if labels_ds.ndim != 1 or labels_ds.dtype.kind not in "iu":
+        # one integer label per sample; trailing size-1 dimensions (PCam's N x 1 x 1 x 1) are that too
+        if labels_ds.ndim < 1 or any(d != 1 for d in labels_ds.shape[1:]) or labels_ds.dtype.kind not in "iu":
             raise InvalidValueError(
-                f"{path!r}[{labels_key!r}] should be a 1-D integer dataset, got shape {labels_ds.shape} "
-                f"dtype {labels_ds.dtype}."
+                f"{path!r}[{labels_key!r}] should hold one integer label per sample (shape (N,), or (N, 1, ...) "
+                f"with size-1 dimensions after the first), got shape {labels_ds.shape} dtype {labels_ds.dtype}."
             )
-        labels = labels_ds[()].astype(np.int64)
+        labels = labels_ds[()].astype(np.int64).reshape(-1)
         vlen_base = h5py.check_vlen_dtype(images.dtype)
         stored_kind = f.attrs.get("mode", None)
         has_offsets = offsets_key in f and images.ndim == 1 and images.dtype == np.uint8

@@ -23,7 +23,8 @@ class EpochSampler(DistributedSampler):
 
     It subclasses ``DistributedSampler`` so that Lightning does not replace it with its own under DDP
     (``use_distributed_sampler`` only injects one when the loader's sampler is not a
-    ``DistributedSampler``). Like torch's, it pads ranks to equal length unless ``drop_last``.
+    ``DistributedSampler``). Like torch's, it pads ranks to equal length unless ``drop_last`` (training), or, with
+    ``even=False`` (evaluation), gives every sample to exactly one rank and lets the shares differ by one.
 
     Args:
         length: Number of samples in the dataset.
@@ -41,6 +42,13 @@ class EpochSampler(DistributedSampler):
             rank, into one batch) and each gets its own augmentation (keys ``(epoch, index, repeat)``). An epoch keeps
             its length: each rank yields ``len(self)`` keys, as without repeats (torchvision's rounds that down to a
             multiple of 256 samples in all; ours does not). 1: off.
+        even: Every rank gets the same count (padded with the epoch's first samples, or cut with ``drop_last``): what
+            training under DDP needs. ``False``: every sample exactly once over all ranks, rank ``r`` taking every
+            ``num_replicas``-th from ``r`` (the first ``length % num_replicas`` ranks one more): what evaluation needs,
+            so that metrics over N ranks equal one rank's (a padded shard counts its repeated samples twice).
+
+    Raises:
+        ValueError: On an impossible argument (named), e.g. ``even=False`` with ``drop_last`` or ``repeats``.
     """
 
     def __init__(
@@ -53,7 +61,13 @@ class EpochSampler(DistributedSampler):
         drop_last: bool = False,
         block_size: int | None = None,
         repeats: int = 1,
+        even: bool = True,
     ) -> None:
+        if not even and (drop_last or repeats != 1 or block_size is not None):
+            raise ValueError(
+                "even=False (every sample once, for evaluation) takes no drop_last, repeats or block_size: those "
+                f"shape training epochs; got drop_last={drop_last!r}, repeats={repeats!r}, block_size={block_size!r}."
+            )
         if repeats < 1:
             raise ValueError(f"repeats should be a positive int (1: off), got {repeats!r}.")
         if block_size is not None and block_size < 1:
@@ -76,6 +90,10 @@ class EpochSampler(DistributedSampler):
         self.repeats = repeats
         #: How many entries one epoch's order has (each sample ``repeats`` times, as ``index * repeats + repeat``).
         self.slots = length * repeats
+        self.even = even
+        if not even:  # this rank's own share, unpadded
+            self.num_samples = len(range(rank, length, num_replicas))
+            self.total_size = length
         self.yielded = 0  # keys handed out by the current iteration
         self._resume_at: int | None = None  # set by load_state_dict: where the next iteration starts
         # continue_epoch: the samples of epoch _consumed_epoch consumed before this run (not yielded again)
@@ -124,6 +142,8 @@ class EpochSampler(DistributedSampler):
         Cut with ``drop_last``, else padded with ``order``'s first samples; contiguous runs with block shuffle (reads
         stay sequential), every ``replicas``-th sample otherwise.
         """
+        if not self.even:
+            return left[rank::replicas]
         if self.drop_last:
             left = left[: len(left) - len(left) % replicas]
         elif len(left) % replicas:

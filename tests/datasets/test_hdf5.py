@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -219,6 +220,8 @@ def bad_file(tmp_path: Path, case: str) -> tuple[Path, dict]:
             f["images"], f["labels"] = imgs, np.zeros(5, np.int64)
         elif case == "label_dtype":
             f["images"], f["labels"] = imgs, np.zeros(4, np.float32)
+        elif case == "label_shape":  # two labels per sample (multi-label belongs in labels= tables, not here)
+            f["images"], f["labels"] = imgs, np.zeros((4, 2), np.int64)
         elif case == "rank":
             f["images"], f["labels"] = np.zeros((4, 8, 8), np.uint8), np.zeros(4, np.int64)
         elif case == "range":
@@ -239,7 +242,8 @@ def bad_file(tmp_path: Path, case: str) -> tuple[Path, dict]:
     [
         ("missing_key", r"no dataset 'labels'.*labels_key="),
         ("length", r"4 images but 5 labels"),
-        ("label_dtype", r"1-D integer dataset"),
+        ("label_dtype", r"one integer label per sample.*dtype float32"),
+        ("label_shape", r"one integer label per sample.*shape \(4, 2\)"),
         ("rank", r"Cannot tell the layout.*layout="),
         ("range", r"\['labels'\]\[2\] = 2 is out of range \[0, 2\)"),
         ("negative", r"\['labels'\]\[1\] = -1"),
@@ -368,3 +372,42 @@ def test_the_jpeg_tensor_cache_trains_with_its_entropy_index(tmp_path: Path) -> 
     dm.train_dataset.use_entropy_index = False
     without = list(dm.train_dataloader())
     assert_same(without, with_index)
+
+
+@pytest.mark.timeout(120)
+def test_a_pcam_layout_file_trains_and_tests_through_workers(tmp_path: Path) -> None:
+    """PCam's layout: ``x`` N x 96 x 96 x 3 uint8, ``y`` N x 1 x 1 x 1 (labels with trailing size-1 dimensions):
+    read as N labels, through two worker processes, for training and ``trainer.test``."""
+    import lightning_fastdata
+    from lightning_fastdata.testing import cpu_trainer
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, size=(24, 1, 1, 1)).astype(np.uint8)
+    for name in ("train", "test"):
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:
+            f["x"] = rng.integers(0, 256, size=(24, 96, 96, 3), dtype=np.uint8)
+            f["y"] = labels
+    dm = HDF5DataModule(
+        str(tmp_path / "train.h5"),
+        test_path=str(tmp_path / "test.h5"),
+        images_key="x",
+        labels_key="y",
+        image_size=32,
+        batch_size=5,
+        num_workers=2,
+        val_fraction=0,
+    )
+    assert dm.num_classes == 2
+    seen: list[int] = []
+
+    class Labels(lightning_fastdata.ImageClassifier):
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            seen.extend(batch[1].tolist())
+            super().test_step(batch, batch_idx)
+
+    model = Labels(num_classes=2)
+    trainer = cpu_trainer(max_steps=2)
+    trainer.fit(model, dm)
+    result = trainer.test(model, datamodule=dm, verbose=False)[0]
+    assert sorted(seen) == sorted(labels.reshape(-1).tolist()) and len(seen) == 24
+    assert {"test_loss", "test_acc"} <= result.keys()

@@ -127,7 +127,10 @@ def list_bucket_folder(storage: BucketLister, classes: Sequence[str] | None = No
 
 
 def bucket_index_file(index_dir: str | os.PathLike[str], storage: BucketLister) -> Path:
-    """The index file of the storage's root in ``index_dir`` (:meth:`IndexStore.bucket_path`)."""
+    """The index file of the storage's root in ``index_dir``.
+
+    (:meth:`~lightning_fastdata.loading.index.store.IndexStore.bucket_path`: its last path part, the fingerprint.)
+    """
     return IndexStore(index_dir).bucket_path(storage.root, storage.fingerprint())
 
 

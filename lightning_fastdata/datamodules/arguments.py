@@ -1,0 +1,49 @@
+"""The loader arguments every DataModule takes, checked before anything is built (each error names its argument)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.workers import resolve_num_workers
+
+__all__ = ["check_loader_arguments"]
+
+
+def check_loader_arguments(
+    val_fraction: float,
+    batch_size: int,
+    num_workers: int | Literal["auto"],
+    prefetch_factor: int | None,
+    persistent_workers: bool | None,
+    block_shuffle: int | None,
+    snapshot_every_n_steps: int | None,
+    repeated_augmentations: int,
+) -> None:
+    """Raise on an impossible value or combination of :class:`~lightning_fastdata.FastDataModule`'s loader arguments.
+
+    Raises:
+        ValueError: Naming the argument and what it takes.
+    """
+    if not 0 <= val_fraction < 1:
+        raise InvalidValueError(f"val_fraction should be in [0, 1), got {val_fraction!r}.")
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise InvalidValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}.")
+    resolve_num_workers(num_workers)  # validates; resolved again once the Trainer's device count is known
+    if num_workers == 0 and prefetch_factor is not None:
+        raise InvalidValueError(
+            f"prefetch_factor={prefetch_factor!r} needs worker processes; use num_workers > 0 or leave "
+            "prefetch_factor unset."
+        )
+    if num_workers == 0 and persistent_workers:
+        raise InvalidValueError("persistent_workers=True needs worker processes; use num_workers > 0.")
+    if prefetch_factor is not None and prefetch_factor < 1:
+        raise InvalidValueError(f"prefetch_factor should be a positive int, got {prefetch_factor!r}.")
+    if block_shuffle is not None and block_shuffle < 1:
+        raise InvalidValueError(f"block_shuffle should be a positive int or None, got {block_shuffle!r}.")
+    if snapshot_every_n_steps is not None and snapshot_every_n_steps < 1:
+        raise InvalidValueError(f"snapshot_every_n_steps should be a positive int, got {snapshot_every_n_steps!r}.")
+    if not isinstance(repeated_augmentations, int) or repeated_augmentations < 1:
+        raise InvalidValueError(
+            f"repeated_augmentations should be a positive int (1: off), got {repeated_augmentations!r}."
+        )

@@ -1,0 +1,57 @@
+"""``trainer.validate`` and ``trainer.test`` on DEVICES CPU processes (gloo), the folder and the HDF5 modules.
+
+Writes OUT/eval-<devices>-rank<k>.json: the metrics each call returned and the sample indices each rank's
+validation and test loaders served. argv: OUT DEVICES ROOT TEST_ROOT TEST_H5 TRAIN_H5.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lightning_fastdata import HDF5DataModule, ImageClassifier, ImageFolderDataModule
+from lightning_fastdata.testing import cpu_trainer
+
+
+class Served(pl.Callback):
+    """The indices each evaluation loader of this rank serves (its sampler's share)."""
+
+    def __init__(self) -> None:
+        self.served: dict[str, list[int]] = {}
+
+    def _record(self, name: str, loaders: Any) -> None:
+        loader = loaders[0] if isinstance(loaders, list) else loaders
+        self.served[name] = [int(i) for i in loader.sampler.indices().tolist()]
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._record("validate", trainer.val_dataloaders)
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._record("test", trainer.test_dataloaders)
+
+
+if __name__ == "__main__":
+    faulthandler.dump_traceback_later(270, exit=True)  # a rank that hangs says where, before the test's timeout
+    out, devices, root, test_root, test_h5, train_h5 = sys.argv[1:7]
+    kw: dict[str, Any] = dict(image_size=16, batch_size=4, num_workers=2, val_fraction=0, seed=0)
+    results: dict[str, Any] = {}
+    trainer: Any = None
+    for kind in ("folder", "hdf5"):
+        if kind == "folder":
+            dm: Any = ImageFolderDataModule(root, val_root=test_root, test_root=test_root, **kw)
+        else:
+            dm = HDF5DataModule(train_h5, val_path=test_h5, test_path=test_h5, **kw)
+        pl.seed_everything(0)
+        model = ImageClassifier(num_classes=dm.num_classes)  # the same weights in every run
+        served = Served()
+        strategy = "ddp" if int(devices) > 1 else "auto"
+        trainer = cpu_trainer(served, strategy=strategy, devices=int(devices))
+        results[f"{kind} validate"] = trainer.validate(model, datamodule=dm, verbose=False)[0]
+        results[f"{kind} test"] = trainer.test(model, datamodule=dm, verbose=False)[0]
+        results[f"{kind} served"] = served.served
+    Path(out, f"eval-{devices}-rank{trainer.global_rank}.json").write_text(json.dumps(results))
