@@ -10,9 +10,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from lightning_fastdata._ext.native import decoder_summary
     from lightning_fastdata.augment.normalize import Normalizer
     from lightning_fastdata.callbacks.fastdata import FastDataCallback
     from lightning_fastdata.callbacks.monitor import DataWaitMonitor
+    from lightning_fastdata.callbacks.predictions import PredictionWriter
     from lightning_fastdata.datamodules.base import FastDataModule
     from lightning_fastdata.datamodules.cache import TensorCacheDataModule
     from lightning_fastdata.datamodules.folder import ImageFolderDataModule
@@ -50,6 +52,7 @@ _EXPORTS = {
     "ImageFolderDataModule": "lightning_fastdata.datamodules.folder",
     "ImageFolderDataset": "lightning_fastdata.datasets.folder",
     "Normalizer": "lightning_fastdata.augment.normalize",
+    "PredictionWriter": "lightning_fastdata.callbacks.predictions",
     "PrefetchingDataLoader": "lightning_fastdata.loading.transport.loaders",
     "PrefetchingStatefulDataLoader": "lightning_fastdata.loading.transport.loaders",
     "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",
@@ -79,6 +82,7 @@ __all__ = [
     "ImageFolderDataModule",
     "ImageFolderDataset",
     "Normalizer",
+    "PredictionWriter",
     "PrefetchingDataLoader",
     "PrefetchingStatefulDataLoader",
     "TensorCacheDataModule",

@@ -129,6 +129,11 @@ class ImageClassifier(LightningModule):
         self._log_evaluation("test")
 
     @override
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """Class probabilities (softmax of the logits) of a batch's images: ``N x num_classes``."""
+        return self(batch[0]).float().softmax(dim=1)
+
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """AdamW over all parameters."""
         return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])

@@ -121,7 +121,7 @@ class LabSuite:
 
 
 #: The suites installed with the package: what a user measures on their own data and recipe.
-SUITES = ("folder", "hdf5", "cache", "callback", "recipe")
+SUITES = ("folder", "hdf5", "cache", "callback", "recipe", "predict")
 
 
 def main(
@@ -262,6 +262,13 @@ def _run(args: argparse.Namespace, lab: Mapping[str, LabSuite]) -> dict[str, Any
         )
         print_table(out["rows"])
         result["suites"]["recipe"] = {**out, "recipe": args.recipe}
+    if "predict" in args.suites:
+        from lightning_fastdata.bench.predict import predict_suite
+
+        rows = predict_suite(args)
+        print("\nSuite predict: trainer.predict's loader (Resize + CenterCrop, in order, no labels needed)\n")
+        print_table(rows)
+        result["suites"]["predict"] = rows
     for name, suite in lab.items():
         if name in args.suites:
             result["suites"][name] = suite.run(args)

@@ -23,6 +23,7 @@ from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_inte
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
 from lightning_fastdata.datamodules.transfer import DeviceTransferHooks
 from lightning_fastdata.datasets.base import AugmentedImageDataset, LoaderPlan
+from lightning_fastdata.datasets.folder import ImageFolderDataset, prediction_index
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
@@ -101,6 +102,11 @@ class FastDataModule(DeviceTransferHooks):
         val_resize_size: Validation resize of the shorter side before the central crop (torchvision's reference:
             232 for a 224 crop); ``None``: ``val_crop_size / crop_fraction``.
         val_crop_size: Side of the validation images; ``None``: ``image_size``.
+        predict_root: What ``trainer.predict`` reads: a folder of images (flat or nested), a bucket prefix, or a
+            ``.txt`` file of image paths (``datasets.folder.prediction_index``); batches are
+            ``(images, indices)``, :meth:`predict_path` names image ``i``, and
+            :class:`~lightning_fastdata.PredictionWriter` writes the table. The validation transforms; ``None``:
+            nothing to predict on.
         repeated_augmentations: Each training sample this many times per epoch with different augmentations, the
             repeats on different ranks (torchvision's ``--ra-sampler --ra-reps``); an epoch keeps its length
             (``len(dataset)`` samples over all ranks). 1: off.
@@ -140,6 +146,7 @@ class FastDataModule(DeviceTransferHooks):
         val_resize_size: int | None = None,
         val_crop_size: int | None = None,
         repeated_augmentations: int = 1,
+        predict_root: str | None = None,
     ) -> None:
         super().__init__()
         check_loader_arguments(
@@ -198,6 +205,8 @@ class FastDataModule(DeviceTransferHooks):
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None
+        self.predict_root = predict_root
+        self.predict_dataset: ImageFolderDataset | None = None
         self._resolved_workers: int | None = None
         # Exact resume: the train loader last built, and what a checkpoint asked of the next one.
         self._train_loader: ResumableLoader | None = None
@@ -216,6 +225,24 @@ class FastDataModule(DeviceTransferHooks):
     def build_test_dataset(self) -> Dataset | None:
         """The test set (validation transforms), or ``None`` where none was given; called from ``setup("test")``."""
         return None
+
+    def build_predict_dataset(self) -> ImageFolderDataset | None:
+        """``predict_root``'s images with the validation transforms, unlabelled; called from ``setup("predict")``."""
+        if self.predict_root is None:
+            return None
+        options = self.predict_storage_options()
+        index = prediction_index(self.predict_root, options)
+        return ImageFolderDataset(index, options, **self.split_kwargs(False))
+
+    def predict_storage_options(self) -> dict[str, Any] | None:
+        """The object-store settings a bucket ``predict_root`` is read with (the module's own ``storage_options``)."""
+        return None
+
+    def predict_path(self, index: int) -> str:
+        """The path (or URL) of prediction input ``index``: what a predict batch's second element refers to."""
+        if self.predict_dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.predict_path() needs setup('predict') with predict_root=.")
+        return self.predict_dataset.storage.url(self.predict_dataset.index.relpath(index))
 
     def split(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Seeded train/validation split of ``range(n)`` by ``val_fraction`` (same on every rank), each sorted."""
@@ -246,6 +273,9 @@ class FastDataModule(DeviceTransferHooks):
         if stage == "test":
             if self.test_dataset is None:
                 self.test_dataset = self.build_test_dataset()
+        elif stage == "predict":
+            if self.predict_dataset is None:
+                self.predict_dataset = self.build_predict_dataset()
         elif self.train_dataset is None:
             self.train_dataset, self.val_dataset = self.build_datasets()
         if self.decodes_images():
@@ -287,6 +317,22 @@ class FastDataModule(DeviceTransferHooks):
         return self._loader(self.test_dataset, train=False)
 
     @override
+    def predict_dataloader(self) -> DataLoader:
+        """The prediction loader: ``(images, indices)`` batches, each image once over all ranks, in order.
+
+        ``predict_path(i)`` names image ``i``; the validation transforms.
+
+        Raises:
+            ValueError: If this DataModule was given no ``predict_root``.
+        """
+        if self.predict_dataset is None:
+            raise InvalidValueError(
+                f"{type(self).__name__} has nothing to predict on: pass predict_root=... (a folder of images, flat or "
+                "nested; a bucket prefix; or a .txt file of image paths), then trainer.predict(model, datamodule=dm)."
+            )
+        return self._loader(self.predict_dataset, train=False)
+
+    @override
     def state_dict(self) -> dict[str, Any]:
         """Every rank's train-loader state, gathered.
 
@@ -317,50 +363,6 @@ class FastDataModule(DeviceTransferHooks):
                 self._report_skipped(self._skip_epoch)
             self._skip_epoch = trainer.current_epoch
         return batch
-
-    def configure_transfer(
-        self,
-        prefetch: bool | None = None,
-        pin_memory: bool | None = None,
-        num_workers: int | Literal["auto"] | None = None,
-        channels_last: bool | None = None,
-        prefetch_device: torch.device | str | None = None,
-    ) -> dict[str, str]:
-        """Take the transfer settings a callback offers (``FastDataCallback`` calls this in its ``setup``).
-
-        Call before the loaders are built. ``None`` means no opinion. ``pin_memory`` and ``num_workers`` are used
-        only where this DataModule's own value was left at its default (``None`` / ``"auto"``): a value given to
-        the DataModule always wins, and the returned mapping says, per setting, whose value is used.
-
-        Args:
-            prefetch: Copy the next batch to the device one step ahead (the Trainer's device, or ``prefetch_device``).
-            pin_memory: Pinned host batches (where this module's ``pin_memory`` is ``None``).
-            num_workers: Worker processes (where this module's ``num_workers`` is ``"auto"``).
-            channels_last: Output images in channels-last memory format after transfer.
-            prefetch_device: Prefetch to this device instead of the Trainer's (e.g. without a Trainer).
-
-        Returns:
-            ``{"pin_memory": "DataModule" | "callback" | "default", "num_workers": ..., ...}``.
-        """
-        if num_workers is not None:
-            resolve_num_workers(num_workers)  # validates
-        source: dict[str, str] = {}
-        if prefetch is not None:
-            self._prefetch, source["prefetch"] = prefetch, "callback"
-        if prefetch_device is not None:
-            self._prefetch_to = prefetch_device
-        if channels_last is not None:
-            self.channels_last, source["channels_last"] = channels_last, "callback"
-        self._offered_pin_memory = pin_memory
-        source["pin_memory"] = (
-            "DataModule" if self.pin_memory is not None else "callback" if pin_memory is not None else "default"
-        )
-        self._offered_workers = num_workers
-        self._resolved_workers = None
-        source["num_workers"] = (
-            "DataModule" if self.num_workers != "auto" else "callback" if num_workers is not None else "default"
-        )
-        return source
 
     @override
     def teardown(self, stage: str) -> None:

@@ -138,6 +138,11 @@ class TensorCacheDataModule(FastDataModule):
         return len(self.classes)
 
     @override
+    def predict_storage_options(self) -> dict[str, Any] | None:
+        """This module's ``storage_options`` (also for a bucket ``predict_root``)."""
+        return self.source.storage_options
+
+    @override
     def prepare_data(self) -> None:
         """Build the cache if it is missing or stale (or raise, with ``read_only``)."""
         train_index, val_index = self.source.indexes(self.split)

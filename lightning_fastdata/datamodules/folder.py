@@ -209,6 +209,11 @@ class ImageFolderDataModule(FastDataModule):
         self.classes = self.source.classes
 
     @override
+    def predict_storage_options(self) -> dict[str, Any] | None:
+        """This module's ``storage_options`` (also for a bucket ``predict_root``)."""
+        return self.source.storage_options
+
+    @override
     def prepare_data(self) -> None:
         """With ``index_dir``: scan the folder(s) once here (one process per node), so every rank reuses it.
 

@@ -74,6 +74,7 @@ class HDF5DataModule(FastDataModule):
                 raise InvalidValueError(
                     f"{given!r} is in a bucket: pass cache_dir, a local folder to copy it into (node-local disk)."
                 )
+        self.storage_options = storage_options
         self.path = self._local(path, cache_dir, storage_options)
         self.val_path = None if val_path is None else self._local(val_path, cache_dir, storage_options)
         self.test_path = None if test_path is None else self._local(test_path, cache_dir, storage_options)
@@ -101,6 +102,11 @@ class HDF5DataModule(FastDataModule):
         if storage_options:
             raise InvalidValueError(f"storage_options is for a URL path, but {path!r} is local; remove it.")
         return os.fspath(path)
+
+    @override
+    def predict_storage_options(self) -> dict[str, Any] | None:
+        """This module's ``storage_options`` (also for a bucket ``predict_root``)."""
+        return self.storage_options
 
     @property
     def num_classes(self) -> int:

@@ -1,8 +1,8 @@
-"""The DataModules' transfer hooks: how a batch reaches the training device and what happens to it there."""
+"""The DataModules' transfer hooks and settings: how a batch reaches the training device and what happens there."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -11,6 +11,7 @@ from typing_extensions import override
 from lightning_fastdata.augment.normalize import Normalizer
 from lightning_fastdata.augment.pipeline import DeviceAugment
 from lightning_fastdata.loading.batch import DeviceBatch
+from lightning_fastdata.loading.workers import resolve_num_workers
 
 __all__ = ["DeviceTransferHooks"]
 
@@ -28,6 +29,14 @@ class DeviceTransferHooks(LightningDataModule):
     device_augment: DeviceAugment
     normalizer: Normalizer
     channels_last: bool
+    # the DataModule's own transfer settings, and what a callback offered (configure_transfer)
+    pin_memory: bool | None
+    num_workers: int | Literal["auto"]
+    _prefetch: bool
+    _prefetch_to: torch.device | str | None
+    _offered_pin_memory: bool | None
+    _offered_workers: int | Literal["auto"] | None
+    _resolved_workers: int | None
 
     @override
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
@@ -64,3 +73,47 @@ class DeviceTransferHooks(LightningDataModule):
         """Apply the output memory format (``channels_last``, the default, or contiguous NCHW)."""
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         return images.contiguous(memory_format=fmt)
+
+    def configure_transfer(
+        self,
+        prefetch: bool | None = None,
+        pin_memory: bool | None = None,
+        num_workers: int | Literal["auto"] | None = None,
+        channels_last: bool | None = None,
+        prefetch_device: torch.device | str | None = None,
+    ) -> dict[str, str]:
+        """Take the transfer settings a callback offers (``FastDataCallback`` calls this in its ``setup``).
+
+        Call before the loaders are built. ``None`` means no opinion. ``pin_memory`` and ``num_workers`` are used
+        only where this DataModule's own value was left at its default (``None`` / ``"auto"``): a value given to
+        the DataModule always wins, and the returned mapping says, per setting, whose value is used.
+
+        Args:
+            prefetch: Copy the next batch to the device one step ahead (the Trainer's device, or ``prefetch_device``).
+            pin_memory: Pinned host batches (where this module's ``pin_memory`` is ``None``).
+            num_workers: Worker processes (where this module's ``num_workers`` is ``"auto"``).
+            channels_last: Output images in channels-last memory format after transfer.
+            prefetch_device: Prefetch to this device instead of the Trainer's (e.g. without a Trainer).
+
+        Returns:
+            ``{"pin_memory": "DataModule" | "callback" | "default", "num_workers": ..., ...}``.
+        """
+        if num_workers is not None:
+            resolve_num_workers(num_workers)  # validates
+        source: dict[str, str] = {}
+        if prefetch is not None:
+            self._prefetch, source["prefetch"] = prefetch, "callback"
+        if prefetch_device is not None:
+            self._prefetch_to = prefetch_device
+        if channels_last is not None:
+            self.channels_last, source["channels_last"] = channels_last, "callback"
+        self._offered_pin_memory = pin_memory
+        source["pin_memory"] = (
+            "DataModule" if self.pin_memory is not None else "callback" if pin_memory is not None else "default"
+        )
+        self._offered_workers = num_workers
+        self._resolved_workers = None
+        source["num_workers"] = (
+            "DataModule" if self.num_workers != "auto" else "callback" if num_workers is not None else "default"
+        )
+        return source

@@ -11,13 +11,14 @@ import numpy as np
 import torch
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
-from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.errors import InvalidValueError, PathNotFoundError
+from lightning_fastdata.loading.index.files import FileIndex, is_image_name
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, segment_hashes
 from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes, PendingEntropyIndex
+from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.registry import open_storage
 
-__all__ = ["ImageFolderDataset"]
+__all__ = ["ImageFolderDataset", "prediction_index"]
 
 log = logging.getLogger("lightning_fastdata")
 
@@ -147,3 +148,33 @@ class ImageFolderDataset(AugmentedImageDataset):
                 self.describe(index),
                 more,
             )
+
+
+def prediction_index(source: str, storage_options: dict[str, Any] | None = None) -> FileIndex:
+    """The images to predict on, in order; each one's label is its position (what predictions are matched by).
+
+    ``source`` is a folder of images (flat or nested: every image at any depth, sorted by path), a bucket prefix
+    (the same, by key), or a text file (``.txt``) with one image path per line (relative to the file's folder, or
+    absolute; blank lines and lines starting with ``#`` skipped), kept in the file's order.
+
+    Raises:
+        FileNotFoundError: If the folder, prefix or list holds no image, or a listed file is missing (named).
+    """
+    if not is_url(source) and source.endswith(".txt") and os.path.isfile(source):
+        base = os.path.dirname(os.path.abspath(source))
+        with open(source, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+        paths = [line for line in lines if line and not line.startswith("#")]
+        if not paths:
+            raise PathNotFoundError(f"{source!r} lists no image (one path per line).")
+        missing = [p for p in paths if not os.path.isfile(os.path.join(base, p))]
+        if missing:
+            raise PathNotFoundError(
+                f"{len(missing)} of the {len(paths)} images listed in {source!r} do not exist, e.g. "
+                f"{os.path.join(base, missing[0])!r} (paths are relative to the list's folder, or absolute)."
+            )
+        odd = [p for p in paths if not is_image_name(p)]
+        if odd:
+            log.warning("%d listed file(s) of %r have no image extension, e.g. %r.", len(odd), source, odd[0])
+        return FileIndex.of_paths(base, paths)
+    return open_storage(source, storage_options).list_images()

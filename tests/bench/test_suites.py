@@ -287,3 +287,18 @@ def test_the_first_epoch_measurement_times_the_default_module_while_its_index_is
     assert kind["while_built_vs_off"] == kind["img_s"]["auto: while built"] / kind["img_s"]["off: epochs 2-3"]
     # each repeat built (or began to build) its own index in its own fresh folder under the kind's scratch
     assert len(list((tmp_path / "s" / "photo_256x192_q75").glob("first-epoch-*"))) == 2
+
+
+@pytest.mark.timeout(300)
+def test_bench_predict_suite_times_the_baseline_and_our_predict_loader(tmp_path: Path) -> None:
+    """The predict suite's three rows at each worker count, each a measured rate over the same images."""
+    result = main(
+        [
+            "--root", str(tmp_path / "bench"), "--num-classes", "2", "--per-class", "12", "--suites", "predict",
+            "--workers", "0", "2", "--batch-size", "8", "--image-size", "48", "--repeats", "1", "--min-seconds", "0",
+        ]
+    )  # fmt: skip
+    rows = result["suites"]["predict"]
+    assert [r["num_workers"] for r in rows] == [0, 0, 0, 2, 2, 2]
+    assert rows[0]["loader"].startswith("baseline") and "predict_dataloader" in rows[1]["loader"]
+    assert all(r["images_per_s"] > 0 for r in rows) and rows[0]["vs_baseline"] == 1.0

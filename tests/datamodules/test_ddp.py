@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import csv
 import json
 import os
 import socket
@@ -168,7 +169,8 @@ def test_two_nodes_build_a_cache_from_a_bucket_once_in_total_or_once_per_node(
 def test_evaluation_on_two_ranks_equals_one_rank_and_sees_every_sample_once(tmp_path: Path) -> None:
     """63 test images, 2 ranks, batch 4 (neither divides it): every image on exactly one rank, and ``validate`` and
     ``test`` give one rank's loss and accuracy (a padded shard would count one image twice: 64 samples), for the
-    folder module (``val_root``/``test_root``) and the HDF5 module (``val_path``/``test_path``)."""
+    folder module (``val_root``/``test_root``) and the HDF5 module (``val_path``/``test_path``); ``predict`` writes
+    one rank's table (``PredictionWriter`` merges the ranks' rows in input order)."""
     root = make_image_folder(tmp_path / "train", num_classes=3, per_class=4, size=(32, 24))
     test_root = make_image_folder(tmp_path / "test", num_classes=3, per_class=21, size=(32, 24), seed=5)
     train_h5 = convert_folder_to_hdf5(root, tmp_path / "train.h5", processes=1, progress=False)
@@ -193,3 +195,8 @@ def test_evaluation_on_two_ranks_equals_one_rank_and_sees_every_sample_once(tmp_
             for r in two:  # both ranks report the synced value
                 for name, value in metrics.items():
                     assert abs(r[f"{kind} {stage}"][name] - value) < 1e-5, (kind, stage, name)
+        # the prediction table: every image once, in path order, the same classes and probabilities
+        tables = [list(csv.reader(open(tmp_path / f"pred-{d}-{kind}.csv", newline=""))) for d in ("1", "2")]
+        assert len(tables[0]) == 64 and [r[:2] + r[3:4] for r in tables[0]] == [r[:2] + r[3:4] for r in tables[1]]
+        for a, b in zip(tables[0][1:], tables[1][1:]):
+            assert abs(float(a[2]) - float(b[2])) < 1e-4 and abs(float(a[4]) - float(b[4])) < 1e-4

@@ -1,7 +1,8 @@
-"""``trainer.validate`` and ``trainer.test`` on DEVICES CPU processes (gloo), the folder and the HDF5 modules.
+"""``trainer.validate``, ``test`` and ``predict`` on DEVICES CPU processes (gloo), the folder and the HDF5 modules.
 
 Writes OUT/eval-<devices>-rank<k>.json: the metrics each call returned and the sample indices each rank's
-validation and test loaders served. argv: OUT DEVICES ROOT TEST_ROOT TEST_H5 TRAIN_H5.
+validation and test loaders served; and OUT/pred-<devices>-<kind>.csv, the prediction table of TEST_ROOT's images.
+argv: OUT DEVICES ROOT TEST_ROOT TEST_H5 TRAIN_H5.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_fastdata import HDF5DataModule, ImageClassifier, ImageFolderDataModule
+from lightning_fastdata import HDF5DataModule, ImageClassifier, ImageFolderDataModule, PredictionWriter
 from lightning_fastdata.testing import cpu_trainer
 
 
@@ -43,15 +44,17 @@ if __name__ == "__main__":
     trainer: Any = None
     for kind in ("folder", "hdf5"):
         if kind == "folder":
-            dm: Any = ImageFolderDataModule(root, val_root=test_root, test_root=test_root, **kw)
+            dm: Any = ImageFolderDataModule(root, val_root=test_root, test_root=test_root, predict_root=test_root, **kw)
         else:
-            dm = HDF5DataModule(train_h5, val_path=test_h5, test_path=test_h5, **kw)
+            dm = HDF5DataModule(train_h5, val_path=test_h5, test_path=test_h5, predict_root=test_root, **kw)
         pl.seed_everything(0)
         model = ImageClassifier(num_classes=dm.num_classes)  # the same weights in every run
         served = Served()
         strategy = "ddp" if int(devices) > 1 else "auto"
-        trainer = cpu_trainer(served, strategy=strategy, devices=int(devices))
+        writer = PredictionWriter(str(Path(out, f"pred-{devices}-{kind}.csv")), top_k=2)
+        trainer = cpu_trainer(served, writer, strategy=strategy, devices=int(devices))
         results[f"{kind} validate"] = trainer.validate(model, datamodule=dm, verbose=False)[0]
         results[f"{kind} test"] = trainer.test(model, datamodule=dm, verbose=False)[0]
+        trainer.predict(model, datamodule=dm, return_predictions=False)
         results[f"{kind} served"] = served.served
     Path(out, f"eval-{devices}-rank{trainer.global_rank}.json").write_text(json.dumps(results))

@@ -11,7 +11,16 @@ from torchvision.datasets import folder as tv_folder
 
 from lightning_fastdata.errors import PathNotFoundError
 
-__all__ = ["IMG_EXTENSIONS", "FileIndex", "contains_path", "find_classes", "scan_image_folder", "scan_with_mtimes"]
+__all__ = [
+    "IMG_EXTENSIONS",
+    "FileIndex",
+    "contains_path",
+    "find_classes",
+    "is_image_name",
+    "scan_image_folder",
+    "scan_unlabelled",
+    "scan_with_mtimes",
+]
 
 #: The extensions torchvision's ``ImageFolder`` accepts (its own constant; compared lower-cased).
 IMG_EXTENSIONS: tuple[str, ...] = tuple(tv_folder.IMG_EXTENSIONS)
@@ -70,6 +79,48 @@ class FileIndex:
         return FileIndex(
             self.root, self.classes, self.path_bytes[gather], offsets, self.labels[indices].copy(), versions
         )
+
+    @classmethod
+    def of_paths(
+        cls, root: str, relpaths: list[str], versions: np.ndarray | None = None, classes: tuple[str, ...] = ()
+    ) -> FileIndex:
+        """An index of ``relpaths`` (relative to ``root``, or absolute) in that order.
+
+        Each one's label is its position in the list (unlabelled images: what predictions are matched back to their
+        files by).
+        """
+        encoded = [os.fsencode(p) for p in relpaths]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        blob = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
+        return cls(root, classes, blob, offsets, np.arange(len(encoded), dtype=np.int64), versions)
+
+
+def is_image_name(name: str) -> bool:
+    """Whether ``name`` has one of torchvision's image extensions (any case)."""
+    return name.endswith(_EXT_CASES) or name.lower().endswith(IMG_EXTENSIONS)
+
+
+def scan_unlabelled(root: str) -> FileIndex:
+    """Every image under ``root`` at any depth (flat or nested), sorted by path; labels are positions.
+
+    Raises:
+        FileNotFoundError: If ``root`` is not a folder or holds no image (named).
+    """
+    if not os.path.isdir(root):
+        raise PathNotFoundError(f"{root!r} is not a folder; pass a folder of images (flat or nested) or a text file.")
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        reldir = os.path.relpath(dirpath, root)
+        found.extend(
+            name if reldir == "." else os.path.join(reldir, name) for name in sorted(filenames) if is_image_name(name)
+        )
+    if not found:
+        raise PathNotFoundError(
+            f"Found no image under {root!r} (at any depth). Supported extensions are {', '.join(IMG_EXTENSIONS)}."
+        )
+    return FileIndex.of_paths(root, sorted(found))
 
 
 def find_classes(root: str) -> tuple[str, ...]:

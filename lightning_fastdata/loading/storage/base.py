@@ -102,6 +102,16 @@ class Storage(Protocol):
         """
         ...
 
+    def list_images(self) -> FileIndex:
+        """Every image under the root at any depth (flat or nested), sorted by path, unlabelled (labels: positions).
+
+        What a prediction set is read from.
+
+        Raises:
+            FileNotFoundError: If there is none (named).
+        """
+        ...
+
     def indexed(
         self, classes: Sequence[str], index_dir: str | os.PathLike[str] | None, index_ttl: float
     ) -> tuple[FileIndex, IndexLookup]:

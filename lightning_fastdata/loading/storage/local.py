@@ -6,7 +6,7 @@ import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 
-from lightning_fastdata.loading.index.files import FileIndex, find_classes, scan_image_folder
+from lightning_fastdata.loading.index.files import FileIndex, find_classes, scan_image_folder, scan_unlabelled
 from lightning_fastdata.loading.index.store import IndexLookup, IndexStore
 from lightning_fastdata.loading.storage.base import ObjectStat
 
@@ -36,6 +36,10 @@ class LocalStorage:
     def list_files(self, classes: Sequence[str] | None = None) -> FileIndex:
         """The scan of ``root/<class>/**/<image>`` (:func:`~lightning_fastdata.scan_image_folder`); no versions."""
         return scan_image_folder(self.root, None if classes is None else tuple(classes))
+
+    def list_images(self) -> FileIndex:
+        """Every image under the folder at any depth, sorted by path (``scan_unlabelled``)."""
+        return scan_unlabelled(self.root)
 
     def indexed(
         self, classes: Sequence[str], index_dir: str | os.PathLike[str] | None, index_ttl: float = 0.0

@@ -45,8 +45,10 @@ from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.index.files import FileIndex
+import numpy as np
+
+from lightning_fastdata.errors import InvalidValueError, PathNotFoundError
+from lightning_fastdata.loading.index.files import FileIndex, is_image_name
 from lightning_fastdata.loading.index.store import IndexLookup
 from lightning_fastdata.loading.storage.base import ObjectStat, is_url, join_url
 from lightning_fastdata.loading.storage.bucket_index import (
@@ -54,6 +56,7 @@ from lightning_fastdata.loading.storage.bucket_index import (
     bucket_classes,
     indexed_bucket,
     list_bucket_folder,
+    object_version,
 )
 from lightning_fastdata.loading.storage.object_store_helper import (
     allow_direct_calls,
@@ -205,6 +208,14 @@ class ObjectStorage:
     def list_files(self, classes: Sequence[str] | None = None) -> FileIndex:
         """``root/<class>/**/<image>`` in torchvision's order, with each object's size and ETag as its version."""
         return list_bucket_folder(self, classes)[0]
+
+    def list_images(self) -> FileIndex:
+        """Every image object under the prefix at any depth, sorted by key, with its size and ETag as its version."""
+        entries = sorted((e for e in self.list_many([""])[0] if is_image_name(e.key)), key=lambda e: e.key)
+        if not entries:
+            raise PathNotFoundError(f"Found no image under {self.url('')!r} (at any depth).")
+        versions = np.array([object_version(e.size, e.version) for e in entries], dtype=np.uint64)
+        return FileIndex.of_paths(self.root, [e.key for e in entries], versions)
 
     def indexed(
         self,

@@ -1,0 +1,129 @@
+"""``PredictionWriter``: ``trainer.predict``'s results as one table, in the order of the input list, over all ranks."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import BasePredictionWriter
+from typing_extensions import override
+
+from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.atomic import atomic_path
+
+__all__ = ["PredictionWriter"]
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Write each image's top-k classes and probabilities to one CSV file, in the order of the input list.
+
+    Works with the package's DataModules given ``predict_root``: a predict batch is ``(images, indices)``, and
+    each row names its image by ``datamodule.predict_path(index)`` and its classes by ``datamodule.classes``. The
+    model's ``predict_step`` returns scores per class (``ImageClassifier`` returns probabilities; logits, or any
+    rows that are not probabilities, are turned into them with a softmax). Only the top ``top_k`` of each row
+    are kept while predicting; at the end of the epoch every rank's rows are gathered, checked (each input exactly
+    once), sorted by index and written by rank zero, atomically (a temporary name, then a rename: a run that dies
+    leaves the old table or none, never half of one).
+
+    Columns: ``path``, then ``class_1``, ``prob_1`` ... ``class_k``, ``prob_k`` (most probable first).
+
+    Args:
+        output: The CSV file to write (its folder is created); overwritten by each ``trainer.predict``.
+        top_k: Classes per image (at most the number of classes).
+
+    Raises:
+        ValueError: If ``top_k`` is not positive.
+    """
+
+    def __init__(self, output: str, top_k: int = 5) -> None:
+        super().__init__(write_interval="batch")
+        if not isinstance(top_k, int) or top_k < 1:
+            raise InvalidValueError(f"top_k should be a positive int, got {top_k!r}.")
+        self.output = os.fspath(output)
+        self.top_k = top_k
+        self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    @override
+    def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._rows = []
+
+    @override
+    def write_on_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        prediction: Any,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
+    ) -> None:
+        """Keep the batch's top-k classes and probabilities, by input index."""
+        scores = prediction["probs"] if isinstance(prediction, dict) else prediction
+        if not isinstance(scores, torch.Tensor) or scores.ndim != 2:
+            raise InvalidValueError(
+                "PredictionWriter needs predict_step to return an N x C tensor of class scores (or a dict with "
+                f"'probs'), got {type(scores).__name__}{'' if not hasattr(scores, 'shape') else tuple(scores.shape)}."
+            )
+        scores = scores.detach().float()
+        rows_sum_to_one = bool(((scores.sum(1) - 1).abs() < 1e-3).all()) and bool((scores >= 0).all())
+        probs = scores if rows_sum_to_one else scores.softmax(dim=1)
+        p, c = probs.topk(min(self.top_k, probs.shape[1]), dim=1)
+        self._rows.append((batch[1].cpu().numpy().astype(np.int64), c.cpu().numpy(), p.cpu().numpy()))
+
+    @override
+    def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Gather every rank's rows and write the table on rank zero."""
+        super().on_predict_epoch_end(trainer, pl_module)
+        mine = _join(self._rows, self.top_k)
+        self._rows = []
+        parts = [mine]
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            parts = [None] * trainer.world_size  # type: ignore[list-item]
+            torch.distributed.all_gather_object(parts, mine)
+        if trainer.is_global_zero:
+            self._write(trainer, _join([p for p in parts if p is not None], self.top_k))
+
+    def _write(self, trainer: Trainer, rows: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        index, classes, probs = rows
+        order = np.argsort(index, kind="stable")
+        index, classes, probs = index[order], classes[order], probs[order]
+        if len(index) and not np.array_equal(index, np.arange(len(index))):
+            repeated = index[1:][index[1:] == index[:-1]]
+            raise RuntimeError(
+                "PredictionWriter got each input's index not exactly once "
+                f"({'repeated: ' + str(repeated[:5].tolist()) if repeated.size else 'some missing'}): a loader that "
+                "pads its shards (torch's DistributedSampler) repeats inputs; use the DataModule's predict_dataloader."
+            )
+        dm = getattr(trainer, "datamodule", None)
+        names = list(getattr(dm, "classes", ()) or ())
+        path_of = getattr(dm, "predict_path", None)
+        k = classes.shape[1] if classes.ndim == 2 else 0
+        header = ["path"] + [f"{what}_{j + 1}" for j in range(k) for what in ("class", "prob")]
+        out = Path(self.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            for i, cs, ps in zip(index.tolist(), classes.tolist(), probs.tolist()):
+                row: list[Any] = [path_of(i) if path_of is not None else i]
+                for c, p in zip(cs, ps):
+                    row += [names[c] if c < len(names) else c, f"{p:.6f}"]
+                writer.writerow(row)
+
+
+def _join(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], top_k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros((0, 0), np.int64), np.zeros((0, 0), np.float32)
+    return (
+        np.concatenate([p[0] for p in parts]),
+        np.concatenate([p[1] for p in parts]),
+        np.concatenate([p[2] for p in parts]),
+    )

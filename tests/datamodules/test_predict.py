@@ -1,0 +1,145 @@
+"""``trainer.predict`` on the DataModules: what is read (folders, lists, buckets), in what order, and the table."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from benchmarks.s3_server import LocalS3
+from lightning_fastdata import (
+    HDF5DataModule,
+    ImageClassifier,
+    ImageFolderDataModule,
+    PredictionWriter,
+    convert_folder_to_hdf5,
+)
+from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.testing import cpu_trainer
+
+
+@pytest.fixture(scope="module")
+def unlabelled(tmp_path_factory: pytest.TempPathFactory, image_folder: Path) -> Path:
+    """Nested and flat: the image folder's class sub-folders, two images at the top, one non-image file."""
+    root = tmp_path_factory.mktemp("unlabelled") / "new"
+    shutil.copytree(image_folder, root)
+    top = sorted((root / "class_000").iterdir())[:2]
+    for i, image in enumerate(top):
+        shutil.copy(image, root / f"top_{i}.jpg")
+    (root / "notes.txt").write_text("not an image")
+    return root
+
+
+def walk_images(root: Path) -> list[str]:
+    found = []
+    for dirpath, _, names in os.walk(root):
+        found += [os.path.relpath(os.path.join(dirpath, n), root) for n in names if n.endswith(".jpg")]
+    return sorted(found)
+
+
+def predict(dm: Any, tmp_path: Path, top_k: int = 2, **trainer_kw: Any) -> list[list[str]]:
+    out = tmp_path / "predictions" / "table.csv"
+    model = ImageClassifier(num_classes=dm.num_classes)
+    trainer = cpu_trainer(PredictionWriter(str(out), top_k=top_k), **trainer_kw)
+    trainer.predict(model, datamodule=dm, return_predictions=False)
+    with open(out, newline="") as f:
+        return list(csv.reader(f))
+
+
+@pytest.mark.timeout(180)
+def test_a_nested_folder_is_predicted_in_path_order_through_workers(
+    image_folder: Path, unlabelled: Path, tmp_path: Path
+) -> None:
+    dm = ImageFolderDataModule(
+        str(image_folder), predict_root=str(unlabelled), image_size=32, batch_size=4, num_workers=2
+    )
+    rows = predict(dm, tmp_path, top_k=2)
+    assert rows[0] == ["path", "class_1", "prob_1", "class_2", "prob_2"]
+    expected = walk_images(unlabelled)
+    assert len(expected) == 41  # 39 nested + 2 at the top; notes.txt is not an image
+    assert [r[0] for r in rows[1:]] == [str(unlabelled / p) for p in expected]
+    for row in rows[1:]:
+        assert row[1] in dm.classes and row[3] in dm.classes and row[1] != row[3]
+        p1, p2 = float(row[2]), float(row[4])
+        assert 1 >= p1 >= p2 >= 0 and p1 + p2 <= 1 + 1e-5
+    assert not [p for p in (tmp_path / "predictions").iterdir() if p.name != "table.csv"]  # no temporary left
+
+
+@pytest.mark.timeout(180)
+def test_a_text_file_of_paths_keeps_its_order_on_any_datamodule(
+    image_folder: Path, unlabelled: Path, tmp_path: Path
+) -> None:
+    """A ``.txt`` list (relative to its folder, or absolute; comments and blank lines skipped) keeps its order, and
+    the HDF5 module predicts on it too (every DataModule takes ``predict_root``)."""
+    chosen = walk_images(unlabelled)[::-5]
+    listing = unlabelled.parent / "to_predict.txt"
+    lines = ["# newest first", ""] + [f"new/{p}" for p in chosen[:-1]] + [str(unlabelled / chosen[-1])]
+    listing.write_text("\n".join(lines) + "\n")
+    h5 = convert_folder_to_hdf5(image_folder, tmp_path / "train.h5", processes=1, progress=False)
+    dm = HDF5DataModule(str(h5), predict_root=str(listing), image_size=32, batch_size=3, num_workers=0)
+    rows = predict(dm, tmp_path, top_k=1)
+    assert [os.path.normpath(r[0]) for r in rows[1:]] == [str(unlabelled / p) for p in chosen]
+    assert np.allclose([float(r[2]) for r in rows[1:]], [float(r[2]) for r in rows[1:]])  # parsed
+
+
+def test_bad_prediction_inputs_are_named(image_folder: Path, tmp_path: Path) -> None:
+    listing = tmp_path / "list.txt"
+    listing.write_text("a/missing.jpg\n")
+    dm = ImageFolderDataModule(str(image_folder), predict_root=str(listing))
+    with pytest.raises(FileNotFoundError, match=r"1 of the 1 images listed in .*list.txt.*missing.jpg"):
+        dm.setup("predict")
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"no image under .*empty"):
+        ImageFolderDataModule(str(image_folder), predict_root=str(empty)).setup("predict")
+    plain = ImageFolderDataModule(str(image_folder))
+    plain.setup("predict")
+    with pytest.raises(ValueError, match="pass predict_root="):
+        plain.predict_dataloader()
+    with pytest.raises(ValueError, match="top_k should be a positive int"):
+        PredictionWriter(str(tmp_path / "t.csv"), top_k=0)
+
+
+@pytest.mark.timeout(180)
+def test_a_bucket_prefix_is_predicted_in_key_order(
+    s3: LocalS3, s3_image_folder: str, image_folder: Path, tmp_path: Path
+) -> None:
+    dm = ImageFolderDataModule(
+        s3_image_folder,
+        predict_root=s3_image_folder,
+        storage_options=s3.storage_options(),
+        image_size=32,
+        batch_size=8,
+        num_workers=2,
+    )
+    rows = predict(dm, tmp_path, top_k=1)
+    expected = [f"{s3_image_folder}/{p}" for p in walk_images(image_folder)]
+    assert [r[0] for r in rows[1:]] == expected
+
+
+@pytest.mark.timeout(120)
+def test_a_test_set_is_tested_with_the_validation_transforms(image_folder: Path, tmp_path: Path) -> None:
+    """``test_root``: every image once, centre crops (the same batches twice), ``test_loss``/``test_acc`` reported;
+    no test set: the error names ``test_root``."""
+    extra = make_image_folder(tmp_path / "test", num_classes=3, per_class=3, size=(64, 48), seed=9)
+    dm = ImageFolderDataModule(
+        str(image_folder), test_root=str(extra), image_size=32, batch_size=4, num_workers=2, val_fraction=0
+    )
+    dm.setup("test")
+    first = [b[0].clone() for b in dm.test_dataloader()]
+    second = [b[0] for b in dm.test_dataloader()]
+    assert sum(len(b) for b in first) == 9 and all((a == b).all() for a, b in zip(first, second))
+    result = cpu_trainer().test(ImageClassifier(num_classes=3), datamodule=dm, verbose=False)[0]
+    assert {"test_loss", "test_acc"} <= result.keys()
+    plain = ImageFolderDataModule(str(image_folder))
+    plain.setup("test")
+    with pytest.raises(ValueError, match="pass test_root="):
+        plain.test_dataloader()
+    other = make_image_folder(tmp_path / "other", num_classes=2, per_class=2, size=(32, 24))
+    with pytest.raises(ValueError, match="test_root .* has class folders"):
+        ImageFolderDataModule(str(image_folder), test_root=str(other))
