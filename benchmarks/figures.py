@@ -175,8 +175,25 @@ _LARGE = "recipe-large-jpegs"
 _JPEG_CACHE, _RAW_CACHE = "TensorCacheDataModule storage='jpeg' (256, q90)", "TensorCacheDataModule (256 px uint8)"
 _ORIGINALS = "ImageFolderDataModule (original JPEGs)"
 
+
 #: Every named figure: a function of the results files giving the text the pages show.
+def _predict(loader_prefix: str) -> list[float]:
+    """The predict suite's ``vs_baseline`` of the row starting ``loader_prefix``, one per kind of JPEG."""
+    return [
+        next(r for r in k["rows"] if r["loader"].startswith(loader_prefix))["vs_baseline"]
+        for k in result("predict")["kinds"]
+    ]
+
+
 FIGURES: dict[str, Callable[[], str]] = {
+    "predict.date": lambda: date_of("predict"),
+    "predict.machine": lambda: machine("predict"),
+    "predict.demo": lambda: times(_predict("ImageFolderDataModule predict_dataloader")[0]),
+    "predict.demo_cpu": lambda: times(_predict("ImageFolderDataModule predict_dataloader + CPU")[0]),
+    "predict.range": lambda: _ratio_range(_predict("ImageFolderDataModule predict_dataloader"), digits=1),
+    "predict.predicted": lambda: times(result("predict")["predicted"]["loader_vs_baseline"]),
+    "predict.predicted_cpu": lambda: times(result("predict")["predicted"]["cpu_normalise_vs_baseline"]),
+    "predict.range_cpu": lambda: _ratio_range(_predict("ImageFolderDataModule predict_dataloader + CPU"), digits=1),
     "folder.date": lambda: date_of("latest"),
     "peers.date": lambda: date_of("peers"),
     "peers.best": lambda: _peers_best(),

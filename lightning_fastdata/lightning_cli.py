@@ -11,14 +11,17 @@ import difflib
 import importlib
 import inspect
 import io
+import os
 import re
 import sys
 import warnings
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from lightning_fastdata.callbacks.predictions import PredictionWriter
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.errors import UsageError
 from lightning_fastdata.hparams import without_secrets
@@ -160,6 +163,19 @@ class FastDataCLI(LightningCLI):
             if ours is None:
                 raise
             raise SystemExit(f"fastdata {self.subcommand or ''}: error: {ours}".replace("  ", " ")) from ours
+
+    def before_predict(self) -> None:
+        """``fastdata predict`` writes the prediction table (a ``PredictionWriter``) unless the config has one.
+
+        To ``<default_root_dir>/predictions.csv``; ``--trainer.callbacks+=lightning_fastdata.PredictionWriter
+        --trainer.callbacks.output FILE`` chooses another file or ``top_k``.
+        """
+        trainer = self.trainer
+        callbacks: list[Any] = trainer.callbacks  # type: ignore[attr-defined]  # (a Trainer property mypy misses)
+        if not any(isinstance(c, PredictionWriter) for c in callbacks):
+            output = os.path.join(trainer.default_root_dir, "predictions.csv")
+            callbacks.append(PredictionWriter(output))
+            rank_zero_info(f"fastdata predict: writing the predictions to {output}")
 
 
 def run_cli(args: list[str] | None = None) -> FastDataCLI:

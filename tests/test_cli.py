@@ -311,3 +311,27 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     for reader in ("head -1", "true"):
         out = subprocess.run(f"'{fastdata}' config | {reader}", shell=True, capture_output=True, text=True, timeout=60)
         assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_fit_then_validate_test_and_predict_from_the_checkpoint(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped config through LightningCLI's four subcommands; ``fastdata predict`` writes the table itself."""
+    import csv
+
+    monkeypatch.chdir(tmp_path)
+    data = ["--config", "imagefolder", "--data.init_args.root", str(image_folder), "--data.init_args.image_size", "16"]
+    data += ["--data.init_args.batch_size", "8", "--data.init_args.num_workers", "0", "--trainer.accelerator", "cpu"]
+    data += ["--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.enable_progress_bar", "false"]
+    run_cli(["fit", *data, "--trainer.max_steps", "2"])
+    ckpt = str(next((tmp_path / "run").rglob("*.ckpt")))
+    validated = run_cli(["validate", *data, "--ckpt_path", ckpt])
+    assert {"val_loss", "val_acc"} <= set(validated.trainer.callback_metrics)
+    tested = run_cli(["test", *data, "--data.init_args.test_root", str(image_folder), "--ckpt_path", ckpt])
+    assert {"test_loss", "test_acc"} <= set(tested.trainer.callback_metrics)
+    run_cli(["predict", *data, "--data.init_args.predict_root", str(image_folder), "--ckpt_path", ckpt])
+    with open(tmp_path / "run" / "predictions.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert len(rows) == 1 + 39 and rows[1][0].startswith(str(image_folder)) and rows[1][1].startswith("class_")

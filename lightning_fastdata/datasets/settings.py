@@ -43,7 +43,14 @@ class AugmentSettings:
     max_corrupt_fraction: float = 0.01
 
     def __post_init__(self) -> None:
-        if self.image_size <= 0:
+        if isinstance(self.image_size, (tuple, list)):
+            raise InvalidValueError(
+                f"image_size={tuple(self.image_size)!r}: outputs are squares, so image_size is one int (the side). The "
+                "tensor cache and HDF5 files keep square images, and the device crop and the evaluation centre crop "
+                "are square. For a (height, width) model input, pass the larger side and crop the batch in your "
+                "LightningModule (e.g. images[..., :h, :w])."
+            )
+        if not isinstance(self.image_size, int) or isinstance(self.image_size, bool) or self.image_size <= 0:
             raise InvalidValueError(f"image_size should be a positive int, got {self.image_size!r}.")
         if not (0 < self.scale[0] <= self.scale[1] <= 1):
             raise InvalidValueError(f"scale should satisfy 0 < min <= max <= 1, got {self.scale!r}.")

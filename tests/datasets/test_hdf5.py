@@ -411,3 +411,20 @@ def test_a_pcam_layout_file_trains_and_tests_through_workers(tmp_path: Path) -> 
     result = trainer.test(model, datamodule=dm, verbose=False)[0]
     assert sorted(seen) == sorted(labels.reshape(-1).tolist()) and len(seen) == 24
     assert {"test_loss", "test_acc"} <= result.keys()
+
+
+@pytest.mark.parametrize("size", [(128, 96), [64, 64], 0, True])
+def test_image_size_is_one_positive_int_on_every_module(tmp_path: Path, size: Any) -> None:
+    """A (height, width) image_size is refused with the reason (square outputs) and what to do, not a TypeError."""
+    root = make_image_folder(tmp_path / "d", num_classes=2, per_class=2, size=(32, 24))
+    h5 = convert_folder_to_hdf5(root, tmp_path / "d.h5", processes=1, progress=False)
+    match = "outputs are squares" if isinstance(size, (tuple, list)) else "image_size should be a positive int"
+    from lightning_fastdata import ImageFolderDataModule, TensorCacheDataModule
+
+    for make in (
+        lambda: ImageFolderDataModule(str(root), image_size=size),
+        lambda: HDF5DataModule(str(h5), image_size=size),
+        lambda: TensorCacheDataModule(str(root), str(tmp_path / "cache"), image_size=size),
+    ):
+        with pytest.raises(ValueError, match=match):
+            make()
