@@ -30,6 +30,9 @@ class ImageClassifier(LightningModule):
         weight_decay: AdamW weight decay.
         channels_last: Run the model in channels-last memory format (faster convolutions on GPU).
         label_smoothing: ``nn.CrossEntropyLoss``'s (0.1 in torchvision's reference recipe); training loss only.
+        class_names: The name of each class, in label order; kept in the checkpoint (its hyperparameters), so a
+            prediction table names classes without the training data (LightningCLI links it from the DataModule's
+            ``classes``). ``None``: unnamed.
 
     Raises:
         ValueError: If ``num_classes`` is not positive or ``arch`` is not a torchvision model.
@@ -43,10 +46,16 @@ class ImageClassifier(LightningModule):
         weight_decay: float = 1e-4,
         channels_last: bool = False,
         label_smoothing: float = 0.0,
+        class_names: list[str] | None = None,
     ) -> None:
         super().__init__()
         if num_classes <= 0:
             raise InvalidValueError(f"num_classes should be a positive int, got {num_classes!r}.")
+        if class_names is not None and len(class_names) != num_classes:
+            raise InvalidValueError(
+                f"class_names has {len(class_names)} names for num_classes={num_classes}; give one name per class, in "
+                "label order (the DataModule's classes)."
+            )
         if arch not in torchvision.models.list_models(module=torchvision.models):
             raise InvalidValueError(f"arch {arch!r} is not a torchvision classification model; try 'resnet18'.")
         if not 0 <= label_smoothing < 1:
@@ -58,6 +67,12 @@ class ImageClassifier(LightningModule):
         self.loss = nn.CrossEntropyLoss()
         self.train_loss = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self._evaluation_sums: dict[str, torch.Tensor] = {}
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """The classes' names in label order, as given (and kept in the checkpoint), or ``None``."""
+        names = self.hparams.get("class_names")
+        return None if names is None else list(names)
 
     @override
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -327,6 +327,12 @@ def test_fit_then_validate_test_and_predict_from_the_checkpoint(
     data += ["--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.enable_progress_bar", "false"]
     run_cli(["fit", *data, "--trainer.max_steps", "2"])
     ckpt = str(next((tmp_path / "run").rglob("*.ckpt")))
+    from lightning_fastdata import ImageClassifier
+
+    kept = ImageClassifier.load_from_checkpoint(ckpt, map_location="cpu")  # the class names travel with the weights
+    assert kept.class_names == ["class_000", "class_001", "class_002"]
+    with pytest.raises(ValueError, match="class_names has 2 names for num_classes=3"):
+        ImageClassifier(num_classes=3, class_names=["a", "b"])
     validated = run_cli(["validate", *data, "--ckpt_path", ckpt])
     assert {"val_loss", "val_acc"} <= set(validated.trainer.callback_metrics)
     tested = run_cli(["test", *data, "--data.init_args.test_root", str(image_folder), "--ckpt_path", ckpt])

@@ -23,7 +23,8 @@ class PredictionWriter(BasePredictionWriter):
     """Write each image's top-k classes and probabilities to one CSV file, in the order of the input list.
 
     Works with the package's DataModules given ``predict_root``: a predict batch is ``(images, indices)``, and
-    each row names its image by ``datamodule.predict_path(index)`` and its classes by ``datamodule.classes``. The
+    each row names its image by ``datamodule.predict_path(index)`` and its classes by ``datamodule.classes`` (else the
+    model's ``class_names``, which ``ImageClassifier`` keeps in its checkpoint). The
     model's ``predict_step`` returns scores per class (``ImageClassifier`` returns probabilities; logits, or any
     rows that are not probabilities, are turned into them with a softmax). Only the top ``top_k`` of each row
     are kept while predicting; at the end of the epoch every rank's rows are gathered, checked (each input exactly
@@ -101,7 +102,8 @@ class PredictionWriter(BasePredictionWriter):
                 "pads its shards (torch's DistributedSampler) repeats inputs; use the DataModule's predict_dataloader."
             )
         dm = getattr(trainer, "datamodule", None)
-        names = list(getattr(dm, "classes", ()) or ())
+        # the training data's names, else those the model keeps in its checkpoint (ImageClassifier's class_names)
+        names = list(getattr(dm, "classes", ()) or getattr(trainer.lightning_module, "class_names", None) or ())
         path_of = getattr(dm, "predict_path", None)
         k = classes.shape[1] if classes.ndim == 2 else 0
         header = ["path"] + [f"{what}_{j + 1}" for j in range(k) for what in ("class", "prob")]

@@ -143,3 +143,25 @@ def test_a_test_set_is_tested_with_the_validation_transforms(image_folder: Path,
     other = make_image_folder(tmp_path / "other", num_classes=2, per_class=2, size=(32, 24))
     with pytest.raises(ValueError, match="test_root .* has class folders"):
         ImageFolderDataModule(str(image_folder), test_root=str(other))
+
+
+@pytest.mark.timeout(120)
+def test_without_the_datamodule_the_table_names_classes_by_the_models_checkpoint(
+    image_folder: Path, unlabelled: Path, tmp_path: Path
+) -> None:
+    """A loader passed alone (no DataModule on the Trainer): rows are named by index, classes by the model's own
+    ``class_names`` (what ``ImageClassifier`` keeps in its checkpoint)."""
+    dm = ImageFolderDataModule(str(image_folder), predict_root=str(unlabelled), image_size=32, batch_size=8)
+    dm.setup("predict")
+
+    class FromUint8(ImageClassifier):  # without the DataModule's hook the batches stay uint8
+        def forward(self, images: Any) -> Any:
+            return super().forward(images.float() / 255)
+
+    model = FromUint8(num_classes=3, class_names=["cat", "dog", "fox"])
+    out = tmp_path / "t.csv"
+    cpu_trainer(PredictionWriter(str(out), top_k=3)).predict(model, dm.predict_dataloader(), return_predictions=False)
+    with open(out, newline="") as f:
+        rows = list(csv.reader(f))
+    assert [r[0] for r in rows[1:]] == [str(i) for i in range(41)]
+    assert {r[1] for r in rows[1:]} <= {"cat", "dog", "fox"} and sorted(rows[1][1::2][:3]) == ["cat", "dog", "fox"]
