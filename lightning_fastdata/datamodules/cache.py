@@ -23,6 +23,7 @@ from lightning_fastdata.datasets.cache import (
     open_tensor_cache,
 )
 from lightning_fastdata.datasets.cache_manifest import read_manifest
+from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
@@ -71,6 +72,9 @@ class TensorCacheDataModule(FastDataModule):
             environment. The cache is built once per node (``prepare_data``) into the local ``cache_dir``, the
             objects read by the build processes a chunk at a time, fetched concurrently.
         index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused without listing again.
+        test_root: Test folder (or URL) of the same class sub-folders, for ``trainer.test``: read and decoded
+            straight from the folder with the validation transforms (the same centre crops the cache keeps for
+            validation; a set evaluated once gains nothing from a cache build). ``None``: no test set.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -93,6 +97,7 @@ class TensorCacheDataModule(FastDataModule):
         verify_source: Literal["files", "folders"] = "files",
         storage_options: dict[str, Any] | None = None,
         index_ttl: float = DEFAULT_INDEX_TTL,
+        test_root: str | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("on_corrupt", "raise") != "raise":
@@ -120,7 +125,7 @@ class TensorCacheDataModule(FastDataModule):
                 f"cache_size={cache_size!r} is smaller than image_size={image_size!r} (or val_crop_size, the larger); "
                 "crops would be upscaled. Use cache_size >= image_size (e.g. 256 for 224)."
             )
-        self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl)
+        self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl, test_root)
         self.classes = self.source.classes
         self.cache_dir = os.fspath(cache_dir)
         self.cache_size = cache_size
@@ -162,6 +167,14 @@ class TensorCacheDataModule(FastDataModule):
             storages=self.source.storages,
         )
         self._prepared = True
+
+    @override
+    def build_test_dataset(self) -> Dataset | None:
+        """``test_root``'s images, decoded from the folder with the validation transforms (``None`` without it)."""
+        if self.source.test_root is None:
+            return None
+        index = self.source.index(self.source.test_root)
+        return ImageFolderDataset(index, self.source.storage_options, **self.split_kwargs(False))
 
     @override
     def decodes_images(self) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from benchmarks.s3_server import LocalS3
 from lightning_fastdata import (
@@ -165,3 +166,28 @@ def test_without_the_datamodule_the_table_names_classes_by_the_models_checkpoint
         rows = list(csv.reader(f))
     assert [r[0] for r in rows[1:]] == [str(i) for i in range(41)]
     assert {r[1] for r in rows[1:]} <= {"cat", "dog", "fox"} and sorted(rows[1][1::2][:3]) == ["cat", "dog", "fox"]
+
+
+@pytest.mark.timeout(180)
+def test_the_tensor_cache_module_tests_on_the_centre_crops_it_keeps_for_validation(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    """``TensorCacheDataModule(test_root=...)`` decodes the test folder with the validation transforms: the same
+    pixels as the cache's own validation split of that folder, and ``trainer.test`` reports on it."""
+    from lightning_fastdata import TensorCacheDataModule
+
+    extra = make_image_folder(tmp_path / "held", num_classes=3, per_class=3, size=(80, 60), seed=4)
+    kw: dict[str, Any] = dict(image_size=32, batch_size=4, num_workers=2, cache_size=40, build_processes=1)
+    dm = TensorCacheDataModule(
+        str(image_folder), str(tmp_path / "cache"), val_root=str(extra), test_root=str(extra), **kw
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.setup("test")
+    val = [(b[0].clone(), b[1].clone()) for b in dm.val_dataloader()]
+    test = [(b[0].clone(), b[1].clone()) for b in dm.test_dataloader()]
+    assert len(val) == len(test) == 3
+    for (vi, vl), (ti, tl) in zip(val, test):
+        assert (vl == tl).all() and torch.equal(vi, ti)
+    result = cpu_trainer().test(ImageClassifier(num_classes=3), datamodule=dm, verbose=False)[0]
+    assert {"test_loss", "test_acc"} <= result.keys()
