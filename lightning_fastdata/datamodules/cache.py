@@ -23,7 +23,6 @@ from lightning_fastdata.datasets.cache import (
     open_tensor_cache,
 )
 from lightning_fastdata.datasets.cache_manifest import read_manifest
-from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
@@ -171,10 +170,7 @@ class TensorCacheDataModule(FastDataModule):
     @override
     def build_test_dataset(self) -> Dataset | None:
         """``test_root``'s images, decoded from the folder with the validation transforms (``None`` without it)."""
-        if self.source.test_root is None:
-            return None
-        index = self.source.index(self.source.test_root)
-        return ImageFolderDataset(index, self.source.storage_options, **self.split_kwargs(False))
+        return self.source.test_dataset(self.split_kwargs(False))
 
     @override
     def decodes_images(self) -> bool:

@@ -112,6 +112,12 @@ class FolderSource:
             return index, None
         return index.subset(train_rows), index.subset(val_rows)
 
+    def test_dataset(self, kwargs: dict[str, Any]) -> ImageFolderDataset | None:
+        """``test_root``'s images as a dataset built with ``kwargs`` (the validation split's), or ``None``."""
+        if self.test_root is None:
+            return None
+        return ImageFolderDataset(self.index(self.test_root), self.storage_options, **kwargs)
+
     def index(self, root: str) -> FileIndex:
         """``root``'s file index: reused from ``index_dir`` when still valid, else scanned (and kept there).
 
@@ -254,7 +260,4 @@ class ImageFolderDataModule(FastDataModule):
     @override
     def build_test_dataset(self) -> Dataset | None:
         """``test_root``'s images with the validation transforms (``None`` without ``test_root``)."""
-        if self.source.test_root is None:
-            return None
-        index = self.source.index(self.source.test_root)
-        return ImageFolderDataset(index, self.source.storage_options, **self.split_kwargs(False))
+        return self.source.test_dataset(self.split_kwargs(False))
