@@ -81,14 +81,14 @@ class PredictionWriter(BasePredictionWriter):
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Gather every rank's rows and write the table on rank zero."""
         super().on_predict_epoch_end(trainer, pl_module)
-        mine = _join(self._rows, self.top_k)
+        mine = _join(self._rows)
         self._rows = []
         parts = [mine]
         if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             parts = [None] * trainer.world_size  # type: ignore[list-item]
             torch.distributed.all_gather_object(parts, mine)
         if trainer.is_global_zero:
-            self._write(trainer, _join([p for p in parts if p is not None], self.top_k))
+            self._write(trainer, _join([p for p in parts if p is not None]))
 
     def _write(self, trainer: Trainer, rows: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         index, classes, probs = rows
@@ -119,9 +119,9 @@ class PredictionWriter(BasePredictionWriter):
                 writer.writerow(row)
 
 
-def _join(
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], top_k: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _join(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One ``(indices, classes, probabilities)`` of many; a part without rows (a rank given no input) adds none."""
+    parts = [p for p in parts if len(p[0])]
     if not parts:
         return np.zeros(0, np.int64), np.zeros((0, 0), np.int64), np.zeros((0, 0), np.float32)
     return (

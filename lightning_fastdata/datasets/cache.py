@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from lightning_fastdata.augment.geometry import crop_draws, flip_of, random_resized_crop_box
+from lightning_fastdata.augment.geometry import flip_of, random_resized_crop_box
 from lightning_fastdata.datasets.arrays import MappedFile, gather_hwc
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.datasets.cache_build import build_tensor_cache, check_verify_source
@@ -163,7 +163,7 @@ class TensorCacheDataset(AugmentedImageDataset):
         if not (self.train and self.augment_on == "device"):
             return super().__getitems__(keys)
         full_keys = [self._key(key) for key in keys]
-        draws = crop_draws(self.seed, full_keys)
+        draws = self._crop_draws(full_keys)  # training: a row per sample, as the workers path draws them
         indices = np.fromiter((key[1] for key in full_keys), dtype=np.int64, count=len(full_keys))
         sources = gather_hwc(self._array().__getitem__, indices)
         side = int(sources[0].shape[-1])
@@ -171,6 +171,7 @@ class TensorCacheDataset(AugmentedImageDataset):
         boxes = torch.empty((len(keys), 4), dtype=torch.int64)
         flips = torch.empty(len(keys), dtype=torch.bool)
         for slot, (sample_draws, source) in enumerate(zip(draws, sources)):
+            assert sample_draws is not None
             # the same draws as the workers path (AugmentedImageDataset._render)
             flips[slot] = flip_of(sample_draws)
             boxes[slot] = torch.tensor(random_resized_crop_box(sample_draws, side, side, self.scale, self.ratio))

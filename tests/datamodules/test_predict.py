@@ -191,3 +191,13 @@ def test_the_tensor_cache_module_tests_on_the_centre_crops_it_keeps_for_validati
         assert (vl == tl).all() and torch.equal(vi, ti)
     result = cpu_trainer().test(ImageClassifier(num_classes=3), datamodule=dm, verbose=False)[0]
     assert {"test_loss", "test_acc"} <= result.keys()
+
+
+def test_a_rank_given_no_input_adds_no_rows_to_the_table() -> None:
+    """More ranks than images: a rank's empty part (no rows, no columns) joins the others' without a shape error."""
+    from lightning_fastdata.callbacks import predictions
+
+    empty = predictions._join([])
+    full = (np.array([1, 0]), np.array([[2, 0], [1, 2]]), np.array([[0.7, 0.2], [0.5, 0.4]], np.float32))
+    index, classes, probs = predictions._join([empty, full])
+    assert index.tolist() == [1, 0] and classes.shape == (2, 2) and probs.shape == (2, 2)

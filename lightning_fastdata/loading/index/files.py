@@ -110,12 +110,9 @@ def scan_unlabelled(root: str) -> FileIndex:
     if not os.path.isdir(root):
         raise PathNotFoundError(f"{root!r} is not a folder; pass a folder of images (flat or nested) or a text file.")
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+    for dirpath, _, filenames in os.walk(root):  # the order is the final sort's
         reldir = os.path.relpath(dirpath, root)
-        found.extend(
-            name if reldir == "." else os.path.join(reldir, name) for name in sorted(filenames) if is_image_name(name)
-        )
+        found.extend(name if reldir == "." else os.path.join(reldir, name) for name in filenames if is_image_name(name))
     if not found:
         raise PathNotFoundError(
             f"Found no image under {root!r} (at any depth). Supported extensions are {', '.join(IMG_EXTENSIONS)}."

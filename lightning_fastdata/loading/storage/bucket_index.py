@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from lightning_fastdata.errors import PathNotFoundError
-from lightning_fastdata.loading.index.files import IMG_EXTENSIONS, FileIndex
+from lightning_fastdata.loading.index.files import IMG_EXTENSIONS, FileIndex, is_image_name
 from lightning_fastdata.loading.index.identity import string_hash
 from lightning_fastdata.loading.index.store import FORMAT, IndexLookup, IndexStale, IndexStore
 from lightning_fastdata.loading.storage.base import ObjectStat
@@ -102,7 +102,7 @@ def list_bucket_folder(storage: BucketLister, classes: Sequence[str] | None = No
     digests: dict[str, str] = {}
     empty = []
     for label, (name, entries) in enumerate(zip(classes, listings)):
-        images = sorted((e for e in entries if e.key.lower().endswith(IMG_EXTENSIONS)), key=_sort_key)
+        images = sorted((e for e in entries if is_image_name(e.key)), key=_sort_key)
         if not images:
             empty.append(storage.url(name + "/"))
         digest = hashlib.sha256()
