@@ -140,6 +140,9 @@ def local_s3_server(
     (folder / "tmp").mkdir(exist_ok=True)
     args = [weed, f"-logdir={folder}", "mini", f"-dir={folder / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
     args += ["-admin.ui=false", "-volume.max=64", "-master.volumeSizeLimitMB=64"]
+    # services on fixed default ports (Iceberg 8181, Lance 9101, WebDAV 7333): off, so that two servers (tests
+    # under xdist) never race for one port; a lost race made weed exit with "bind: address already in use"
+    args += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false"]
     for k, name in enumerate(names):
         args += [f"-{name}.port={ports[2 * k]}", f"-{name}.port.grpc={ports[2 * k + 1]}"]
     args += [f"-filer.localSocket={folder / 'filer.sock'}", f"-s3.localSocket={folder / 's3.sock'}"]

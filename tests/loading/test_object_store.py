@@ -56,6 +56,67 @@ def test_the_standard_environment_configures_the_store(
     assert isinstance(err, OSError) and s3_image_folder in str(err)
 
 
+def test_the_environment_of_the_process_that_made_the_storage_is_the_one_read(
+    s3: LocalS3, s3_image_folder: str, image_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The helper process that makes the calls starts once; variables set after it started still configure a
+    storage made later (passed to obstore, not written into any process's environment), and options beat them."""
+    key = files(image_folder)[0]
+    for name in s3.env():
+        monkeypatch.delenv(name, raising=False)
+    assert list(ObjectStorage(s3_image_folder, s3.storage_options()).read_many([key]))  # the helper is running
+    before = dict(os.environ)
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    assert list(ObjectStorage(s3_image_folder).read_many([key])) == [(image_folder / key).read_bytes()]
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    (err,) = ObjectStorage(s3_image_folder, {"max_retries": 0}).read_many([key])
+    assert isinstance(err, PermissionError) and "AWS_ACCESS_KEY_ID" in str(err)
+    # a pair in storage_options replaces the environment's pair, under either of obstore's names
+    options = s3.storage_options()
+    pair = {
+        "aws_access_key_id": options.pop("access_key_id"),
+        "aws_secret_access_key": options.pop("secret_access_key"),
+    }
+    assert list(ObjectStorage(s3_image_folder, {**options, **pair}).read_many([key]))
+    monkeypatch.undo()
+    assert dict(os.environ) == before  # nothing of ours wrote to it
+
+
+def test_the_environment_table_is_obstores_own() -> None:
+    """Every variable obstore's stubs document for a configuration key is in the table with that key."""
+    import ast
+    import re
+
+    import obstore
+
+    from lightning_fastdata.loading.storage.obstore_calls import ENV_CONFIG, config_from_env
+
+    stubs = Path(obstore.__file__).parent / "_store"
+    for scheme, (stub, name) in {"s3": ("_aws.pyi", "S3Config"), "gs": ("_gcs.pyi", "GCSConfig"),
+                                 "az": ("_azure.pyi", "AzureConfig")}.items():  # fmt: skip
+        (cls,) = [n for n in ast.parse((stubs / stub).read_text()).body if getattr(n, "name", "") == name]
+        documented = {}
+        for field, doc in zip(cls.body, cls.body[1:]):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(doc, ast.Expr)
+                and "**Environment variable" in str(getattr(doc.value, "value", ""))
+            ):
+                text = str(doc.value.value).split("**Environment variable", 1)[1]  # type: ignore[attr-defined]
+                documented.update(dict.fromkeys(re.findall(r"`([A-Z0-9_]+)`", text), field.target.id))  # type: ignore[union-attr]
+        documented = {var: key for var, key in documented.items() if key not in ("bucket", "container_name")}
+        assert ENV_CONFIG[scheme] == documented, scheme
+    env = {"AWS_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "S", "AWS_PROFILE": "p"}
+    assert config_from_env("s3://b/p", env, {}) == {
+        "access_key_id": "AK",
+        "secret_access_key": "S",
+        "region": "eu-west-1",
+    }
+    assert config_from_env("s3://b/p", env, {"aws_region": "x", "access_key_id": "O"}) == {}
+    assert config_from_env("gs://b/p", env, {}) == {}
+
+
 def test_throttling_is_retried_with_backoff(s3: LocalS3, s3_image_folder: str, image_folder: Path) -> None:
     keys = files(image_folder)[:8]
     with fault_proxy(s3.endpoint, slowdown={keys[3]: 2}) as proxy:

@@ -64,7 +64,13 @@ from lightning_fastdata.loading.storage.object_store_helper import (
     first_line,
     helper,
 )
-from lightning_fastdata.loading.storage.obstore_calls import as_os_error, get_object, list_prefix, profile_credentials
+from lightning_fastdata.loading.storage.obstore_calls import (
+    as_os_error,
+    config_from_env,
+    get_object,
+    list_prefix,
+    profile_credentials,
+)
 from lightning_fastdata.loading.storage.retry import retried
 
 __all__ = ["ObjectStorage", "allow_direct_calls", "main_process_is_clean"]
@@ -113,9 +119,6 @@ class _Session:
     """
 
     def __init__(self, storage: ObjectStorage) -> None:
-        for key in [k for k in os.environ if k.startswith(_ENV_PREFIXES) and k not in storage.env]:
-            del os.environ[key]  # only in a reading process of ours: a loader worker or the helper
-        os.environ.update(storage.env)
         self.store = storage.make_store()
         self.max_inflight = storage.max_inflight
         self.ahead: tuple[tuple[str, ...], list[Future[Any]]] | None = None  # read_ahead's batch
@@ -185,7 +188,7 @@ class ObjectStorage:
         self.max_inflight = int(settings["max_inflight"])
         self.settings = settings
         self.options = options
-        # the environment as it is now, applied where the store is made (the helper process may be older)
+        # the environment as it is now, passed to obstore where the store is made (the helper process may be older)
         self.env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
         self._sessions: dict[int, _Session] = {}
         self.make_store()  # validates the URL and the options now, without any request
@@ -261,8 +264,8 @@ class ObjectStorage:
         from obstore.exceptions import BaseError
         from obstore.store import from_url
 
-        options = dict(self.options)
-        endpoint = str(options.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or "")
+        options = {**config_from_env(self.root, self.env, self.options), **self.options}
+        endpoint = str(options.get("endpoint") or options.get("aws_endpoint") or "")
         client: dict[str, Any] = {
             "timeout": timedelta(seconds=self.settings["timeout"]),
             "connect_timeout": timedelta(seconds=self.settings["connect_timeout"]),
@@ -276,18 +279,14 @@ class ObjectStorage:
         }
         kwargs: dict[str, Any] = {"client_options": client, "retry_config": retry}
         credentials = {"access_key_id", "secret_access_key", "aws_access_key_id", "aws_secret_access_key"}
-        if (
-            self.root.startswith(("s3://", "s3a://"))
-            and os.environ.get("AWS_PROFILE")
-            and not credentials & set(options)
-            and not os.environ.get("AWS_ACCESS_KEY_ID")
-        ):
-            kwargs["credential_provider"] = profile_credentials(os.environ["AWS_PROFILE"])
+        if self.root.startswith(("s3://", "s3a://")) and self.env.get("AWS_PROFILE") and not credentials & set(options):
+            kwargs["credential_provider"] = profile_credentials(self.env["AWS_PROFILE"])
         try:
             return from_url(self.root, **kwargs, **options)
         except (BaseError, ValueError, TypeError) as err:
             raise InvalidValueError(
-                f"Cannot use {self.root!r} with storage_options {sorted(self.options)}: {first_line(err)}"
+                f"Cannot use {self.root!r} with storage_options {sorted(self.options)} and the environment's "
+                f"{sorted(self.env) or 'nothing'}: {first_line(err)}"
             ) from None
 
     # -- the calls, made here or by the helper process --------------------------------------------------------
@@ -433,7 +432,7 @@ class ObjectStorage:
 
     def fingerprint(self) -> str:
         """A short digest of the root and the settings that select the data (not the credentials)."""
-        endpoint = str(self.options.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or "")
+        endpoint = str(self.options.get("endpoint") or self.env.get("AWS_ENDPOINT_URL") or "")
         return hashlib.sha1(f"{self.root}|{endpoint}".encode()).hexdigest()[:16]
 
 
