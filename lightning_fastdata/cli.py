@@ -119,6 +119,8 @@ def _convert(args: argparse.Namespace, rest: list[str]) -> None:
         overwrite=args.overwrite,
         max_side=args.max_side,
         quality=args.quality,
+        labels=args.labels,
+        multi_label=args.multi_label,
     )
     print(f"fastdata convert: wrote {dst}")
 
@@ -189,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert an image folder.",
         epilog="examples: fastdata convert hdf5 --src data/demo --dst data/demo.h5 --mode raw --size 160\n"
         "          fastdata convert hdf5 --src data/demo --dst data/demo-256.h5 --max-side 256  # compact\n"
-        "          fastdata convert hdf5 --src s3://bucket/train --dst /local/nvme/train.h5 --max-side 256",
+        "          fastdata convert hdf5 --src s3://bucket/train --dst /local/nvme/train.h5 --max-side 256\n"
+        "          fastdata convert hdf5 --src train --labels train.csv --multi-label --dst train.h5  # a table",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     targets = convert.add_subparsers(dest="target", required=True)
@@ -210,6 +213,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="encoded mode: re-encode each image once, shorter side at most this (compact cache, e.g. 256)",
     )
     h5.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (--max-side)")
+    h5.add_argument(
+        "--labels",
+        default=None,
+        help="labels from a table (.csv/.parquet: an id column naming each image under SRC, then its label(s)) "
+        "instead of class sub-folders",
+    )
+    h5.add_argument(
+        "--multi-label",
+        action="store_true",
+        help="with --labels: several labels per image (space-separated, or one 0/1 column per class)",
+    )
     h5.add_argument("--processes", type=int, default=None)
     h5.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
     h5.set_defaults(handler=_convert)

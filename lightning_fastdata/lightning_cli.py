@@ -122,7 +122,7 @@ class SecretFreeSaveConfigCallback(SaveConfigCallback):
 
 
 class FastDataCLI(LightningCLI):
-    """LightningCLI with ``model.num_classes`` and ``model.class_names`` linked from the DataModule.
+    """LightningCLI with the model's ``num_classes``, ``class_names`` and ``multi_label`` linked from the DataModule.
 
     When a value fails the package's own validation (a :class:`~lightning_fastdata.errors.UsageError`: a missing
     folder, an impossible argument), the command exits with that message alone (``error: ...``), not jsonargparse's
@@ -130,9 +130,10 @@ class FastDataCLI(LightningCLI):
     """
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Link the class count and names so configs never repeat them (the names go into the checkpoint)."""
+        """Link the class count, names and kind so configs never repeat them (the names go into the checkpoint)."""
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.classes", "model.class_names", compute_fn=list, apply_on="instantiate")
+        parser.link_arguments("data.multi_label", "model.multi_label", apply_on="instantiate")
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:

@@ -13,7 +13,7 @@ from typing_extensions import override
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 
-__all__ = ["ImageClassifier"]
+__all__ = ["ImageClassifier", "average_precision"]
 
 
 class ImageClassifier(LightningModule):
@@ -22,6 +22,12 @@ class ImageClassifier(LightningModule):
     It expects ``(images, labels)`` batches whose images are already normalised float (the package's
     DataModules do that on the device, after transfer). ``labels`` are class indices, or soft targets (``N x C``
     probabilities, what MixUp and CutMix make); accuracy is then measured against each sample's largest target.
+
+    With ``multi_label=True`` each sample may have several classes: ``labels`` are multi-hot rows (``N x C``, 0/1,
+    or soft after MixUp), the loss is binary cross-entropy on each class's logit, and evaluation logs
+    ``{stage}_loss``, ``{stage}_map`` (mean over classes of the average precision, classes without a positive
+    left out) and ``{stage}_f1`` (micro F1 of the classes whose probability is above 0.5), computed over the whole
+    epoch: every rank's scores are gathered (``N x C`` floats on the device), so N ranks give one rank's figures.
 
     Args:
         num_classes: Number of classes; LightningCLI links it from the DataModule.
@@ -33,6 +39,7 @@ class ImageClassifier(LightningModule):
         class_names: The name of each class, in label order; kept in the checkpoint (its hyperparameters), so a
             prediction table names classes without the training data (LightningCLI links it from the DataModule's
             ``classes``). ``None``: unnamed.
+        multi_label: Several classes per sample (see above); LightningCLI links it from the DataModule.
 
     Raises:
         ValueError: If ``num_classes`` is not positive or ``arch`` is not a torchvision model.
@@ -47,6 +54,7 @@ class ImageClassifier(LightningModule):
         channels_last: bool = False,
         label_smoothing: float = 0.0,
         class_names: list[str] | None = None,
+        multi_label: bool = False,
     ) -> None:
         super().__init__()
         if num_classes <= 0:
@@ -67,6 +75,7 @@ class ImageClassifier(LightningModule):
         self.loss = nn.CrossEntropyLoss()
         self.train_loss = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self._evaluation_sums: dict[str, torch.Tensor] = {}
+        self._scores: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def class_names(self) -> list[str] | None:
@@ -84,6 +93,8 @@ class ImageClassifier(LightningModule):
     def _shared_step(self, batch: Any, stage: str) -> torch.Tensor:
         images, labels = batch[0], batch[1]
         logits = self(images)
+        if self.hparams.get("multi_label"):
+            return self._multi_label_step(logits, labels, stage)
         loss = (self.train_loss if stage == "train" else self.loss)(logits, labels)
         classes = labels.argmax(dim=1) if labels.is_floating_point() else labels  # soft targets: the largest
         hits = logits.argmax(dim=1) == classes
@@ -99,6 +110,43 @@ class ImageClassifier(LightningModule):
         self._evaluation_sums[stage] = self._evaluation_sums.get(stage, 0) + row
         return loss
 
+    def _multi_label_step(self, logits: torch.Tensor, labels: torch.Tensor, stage: str) -> torch.Tensor:
+        if labels.dim() != 2 or labels.shape[1] != logits.shape[1]:
+            raise InvalidValueError(
+                f"multi_label=True takes multi-hot labels (N x {logits.shape[1]}), got shape {tuple(labels.shape)}: "
+                "use a DataModule with multi_label=True (a label table with several labels per image)."
+            )
+        targets = labels.to(logits.dtype)
+        smoothing = self.hparams["label_smoothing"] if stage == "train" else 0.0
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, targets * (1 - smoothing) + smoothing / 2)
+        if stage == "train":
+            self.log("train_loss", loss, prog_bar=True, batch_size=len(labels))
+            return loss
+        self._scores.setdefault(stage, []).append((logits.detach().float().sigmoid(), targets.detach().float()))
+        return loss
+
+    def _log_multi_label(self, stage: str) -> None:
+        """``{stage}_loss``, ``{stage}_map`` and ``{stage}_f1`` over every rank's scores of the epoch."""
+        parts = self._scores.pop(stage, [])
+        classes = int(self.hparams["num_classes"])
+        scores = torch.cat([p for p, _ in parts]) if parts else torch.zeros(0, classes, device=self.device)
+        targets = torch.cat([t for _, t in parts]) if parts else torch.zeros(0, classes, device=self.device)
+        if self.trainer.world_size > 1:
+            scores, targets = _gather_rows(self, scores), _gather_rows(self, targets)
+        if not len(scores):
+            return
+        p = scores.double().clamp(1e-12, 1 - 1e-12)
+        t = targets.double()
+        loss = -(t * p.log() + (1 - t) * (1 - p).log()).mean()
+        ap = average_precision(scores, targets)
+        predicted = scores > 0.5
+        tp = (predicted & (targets > 0.5)).sum()
+        f1 = 2 * tp / (predicted.sum() + (targets > 0.5).sum()).clamp(min=1)
+        # the same value on every rank already (sync_dist keeps Lightning from warning of an unsynced epoch value)
+        self.log(f"{stage}_loss", loss.float(), prog_bar=True, sync_dist=True)
+        self.log(f"{stage}_map", ap.nanmean().float() if ap.isfinite().any() else ap.new_tensor(0.0), sync_dist=True)
+        self.log(f"{stage}_f1", f1.float(), prog_bar=True, sync_dist=True)
+
     def _log_evaluation(self, stage: str) -> None:
         """Log ``{stage}_loss``, ``{stage}_acc`` (and ``{stage}_acc_top5`` above 5 classes) over the whole epoch.
 
@@ -107,6 +155,9 @@ class ImageClassifier(LightningModule):
         the sample count, an integer, by the world size with integer division, which is off whenever the ranks'
         total count is odd.)
         """
+        if self.hparams.get("multi_label"):
+            self._log_multi_label(stage)
+            return
         row = self._evaluation_sums.pop(stage, None)
         if row is None:  # this rank had no batch: it still takes part in the reduction
             row = torch.zeros(4, dtype=torch.float64, device=self.device)
@@ -145,10 +196,40 @@ class ImageClassifier(LightningModule):
 
     @override
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """Class probabilities (softmax of the logits) of a batch's images: ``N x num_classes``."""
-        return self(batch[0]).float().softmax(dim=1)
+        """Class probabilities of a batch's images, ``N x num_classes``.
+
+        The softmax of the logits, or with ``multi_label`` each class's sigmoid.
+        """
+        logits = self(batch[0]).float()
+        return logits.sigmoid() if self.hparams.get("multi_label") else logits.softmax(dim=1)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """AdamW over all parameters."""
         return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])
+
+
+def average_precision(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each class's average precision (``C`` values; ``nan`` for a class without a positive).
+
+    The mean, over a class's positives, of the precision at the rank of each one, samples ranked by score (ties
+    in the order given).
+
+    Args:
+        scores: ``N x C`` scores (higher: more likely).
+        targets: ``N x C`` 0/1 targets (above 0.5 counts as positive).
+    """
+    order = scores.argsort(dim=0, descending=True, stable=True)
+    hits = (targets > 0.5).gather(0, order).double()
+    precision = hits.cumsum(0) / torch.arange(1, len(hits) + 1, device=hits.device, dtype=hits.dtype).view(-1, 1)
+    positives = hits.sum(0)
+    return torch.where(positives > 0, (precision * hits).sum(0) / positives.clamp(min=1), torch.nan)
+
+
+def _gather_rows(module: LightningModule, rows: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``rows`` (``n_r x C``, ``n_r`` may differ), concatenated in rank order."""
+    counts = torch.as_tensor(module.all_gather(torch.tensor(len(rows), device=rows.device))).view(-1)
+    longest = int(counts.max())
+    padded = torch.cat([rows, rows.new_zeros(longest - len(rows), *rows.shape[1:])])
+    gathered = torch.as_tensor(module.all_gather(padded))
+    return torch.cat([gathered[r, : int(n)] for r, n in enumerate(counts)])

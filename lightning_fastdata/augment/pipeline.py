@@ -6,7 +6,8 @@ objects are turned into these). Then the batch is normalised to float. Then ``ba
 labels: ``RandomErasing`` (per sample), and anything that takes ``(images, labels)`` and returns them, such as
 ``torchvision.transforms.v2.MixUp``/``CutMix``/``RandomChoice``. Before the first of those, the labels become
 one-hot float targets (``N x C``) when the number of classes is known, so ``v2.MixUp(alpha=0.2)`` needs no
-``num_classes``; MixUp and CutMix make them soft.
+``num_classes``; multi-hot rows (several labels per image) become float as they are. MixUp and CutMix make them
+soft.
 
 Randomness: our policies draw from the samples' keys; any other transform runs with torch's generators (CPU and
 the batch's device) seeded from the batch's keys and put back afterwards, so MixUp's ``lambda`` and CutMix's box
@@ -90,5 +91,7 @@ class DeviceAugment:
             else:
                 if labels.dim() == 1 and num_classes is not None:
                     labels = torch.nn.functional.one_hot(labels, num_classes).to(images.dtype)
+                elif labels.dim() == 2 and not labels.is_floating_point():  # multi-hot rows: mixed as they are
+                    labels = labels.to(images.dtype)
                 images, labels = _seeded(t, batch_seed(self.seed, keys, 200 + i), images.device, images, labels)
         return images, labels

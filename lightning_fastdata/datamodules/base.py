@@ -221,6 +221,8 @@ class FastDataModule(DeviceTransferHooks):
 
     #: The argument that gives a subclass its test set (named by ``test_dataloader`` when it is missing).
     test_argument = "test_root"
+    #: Whether each sample has several labels (``uint8`` multi-hot rows, ``N x num_classes``, in every batch).
+    multi_label = False
 
     def build_test_dataset(self) -> Dataset | None:
         """The test set (validation transforms), or ``None`` where none was given; called from ``setup("test")``."""

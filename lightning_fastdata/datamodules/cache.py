@@ -74,6 +74,11 @@ class TensorCacheDataModule(FastDataModule):
         test_root: Test folder (or URL) of the same class sub-folders, for ``trainer.test``: read and decoded
             straight from the folder with the validation transforms (the same centre crops the cache keeps for
             validation; a set evaluated once gains nothing from a cache build). ``None``: no test set.
+        labels: Labels from a table (``.csv``/``.parquet``) instead of class sub-folders, as
+            :class:`ImageFolderDataModule` takes it; the cache keeps them (``uint8`` multi-hot rows with
+            ``multi_label``), and a changed table is a changed source (the cache is built again).
+        multi_label: With ``labels``: several labels per image (:class:`ImageFolderDataModule`).
+        label_classes: With ``labels``: the class list in label order (:class:`ImageFolderDataModule`).
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -97,6 +102,9 @@ class TensorCacheDataModule(FastDataModule):
         storage_options: dict[str, Any] | None = None,
         index_ttl: float = DEFAULT_INDEX_TTL,
         test_root: str | None = None,
+        labels: str | None = None,
+        multi_label: bool = False,
+        label_classes: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("on_corrupt", "raise") != "raise":
@@ -124,8 +132,11 @@ class TensorCacheDataModule(FastDataModule):
                 f"cache_size={cache_size!r} is smaller than image_size={image_size!r} (or val_crop_size, the larger); "
                 "crops would be upscaled. Use cache_size >= image_size (e.g. 256 for 224)."
             )
-        self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl, test_root)
+        self.source = FolderSource(
+            root, val_root, index_dir, storage_options, index_ttl, test_root, labels, multi_label, label_classes
+        )
         self.classes = self.source.classes
+        self.multi_label = self.source.multi_label
         self.cache_dir = os.fspath(cache_dir)
         self.cache_size = cache_size
         self.augment_on = augment_on

@@ -17,6 +17,7 @@ from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.index.files import FileIndex, contains_path
+from lightning_fastdata.loading.index.table import LabelTable, labelled_indexes, read_label_table
 from lightning_fastdata.loading.jpeg.entropy_index import (
     EntropyIndexes,
     PendingEntropyIndex,
@@ -49,10 +50,18 @@ class FolderSource:
         storage_options: Object-store settings for URL roots
             (:class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`); ``None``: the environment's.
         index_ttl: Seconds a bucket listing kept in ``index_dir`` is reused without listing again.
+        test_root: Test folder or URL (same classes), or ``None``.
+        labels: A label table (``.csv``/``.parquet``, :mod:`~lightning_fastdata.loading.index.table`) whose ids name
+            the images of ``root`` (and of ``val_root``/``test_root`` where given): the folders are then listed at any
+            depth, not by class sub-folder, and each image takes its row's label. ``None``: class sub-folders.
+        multi_label: With ``labels``: several labels per image (space-separated, or one 0/1 column per class), as
+            ``uint8`` multi-hot rows.
+        label_classes: With ``labels``: the class list, in label order (every label must be in it); default: the
+            table's (its columns, or its labels sorted).
 
     Raises:
         FileNotFoundError: If a folder is missing or holds no class folder.
-        ValueError: If the two folders have different class folders.
+        ValueError: If the two folders have different class folders, or the label table does not fit them (named).
     """
 
     def __init__(
@@ -63,6 +72,9 @@ class FolderSource:
         storage_options: dict[str, Any] | None = None,
         index_ttl: float = DEFAULT_INDEX_TTL,
         test_root: str | None = None,
+        labels: str | None = None,
+        multi_label: bool = False,
+        label_classes: list[str] | None = None,
     ) -> None:
         self.root = root if is_url(root) else os.fspath(root)
         self.val_root = None if val_root is None else (val_root if is_url(val_root) else os.fspath(val_root))
@@ -86,6 +98,18 @@ class FolderSource:
                     f"index_dir={self.index_dir!r} is inside the data folder {data!r}, which lightning_fastdata never "
                     "writes to; choose a folder outside it (e.g. a cache folder on the node's local disk)."
                 )
+        if labels is None and (multi_label or label_classes is not None):
+            raise InvalidValueError(
+                "multi_label and label_classes describe a label table: pass labels= (a .csv or .parquet file)."
+            )
+        self.multi_label = bool(multi_label)
+        self.label_classes = label_classes
+        #: The label table, where labels come from one (else from class sub-folders).
+        self.table: LabelTable | None = None
+        if labels is not None:
+            self.table = read_label_table(labels)
+            self.classes = self.table.classes(self.multi_label, label_classes)
+            return
         self.classes = self._classes(self.root)
         for name, other_root in (("val_root", self.val_root), ("test_root", self.test_root)):
             if other_root is None:
@@ -125,6 +149,8 @@ class FolderSource:
         """
         if root in self._listed:
             return self._listed[root]
+        if self.table is not None:
+            return self._labelled()[root]
         start = time.perf_counter()
         storage = self.storages[root]
         index, lookup = storage.indexed(self.classes, self.index_dir, self.index_ttl)
@@ -142,6 +168,29 @@ class FolderSource:
             how = f"; {lookup.how}" if lookup.how else ""
             rank_zero_info(f"lightning_fastdata: {scanned} {root!r} ({took}{how}); kept the index in {lookup.path}.")
         return index
+
+    def _labelled(self) -> dict[str, FileIndex]:
+        """Every folder's images (at any depth) with their labels from the table, listed and joined at once.
+
+        Not kept in ``index_dir``: a listing of the folders and a read of the table, once per process.
+        """
+        assert self.table is not None
+        start = time.perf_counter()
+        roots = [data for data in (self.root, self.val_root, self.test_root) if data is not None]
+        listed = [self.storages[data].list_images() for data in roots]
+        indexes = labelled_indexes(listed, self.table, self.multi_label, self.label_classes)
+        self._listed.update(zip(roots, indexes))  # listed and joined once per process (this object)
+        kind = "several labels" if self.multi_label else "one label"
+        rank_zero_info(
+            f"lightning_fastdata: {sum(map(len, indexes)):,} images of {', '.join(map(repr, roots))} labelled from "
+            f"{self.table.path!r} ({kind} per image, {len(self.classes)} classes: {_shown(self.classes)}; "
+            f"{time.perf_counter() - start:.2f} s)."
+        )
+        return dict(zip(roots, indexes))
+
+
+def _shown(classes: tuple[str, ...], first: int = 10) -> str:
+    return ", ".join(classes[:first]) + (f", ... ({len(classes) - first} more)" if len(classes) > first else "")
 
 
 class ImageFolderDataModule(FastDataModule):
@@ -180,12 +229,23 @@ class ImageFolderDataModule(FastDataModule):
             compiled decoder is missing; for a bucket root only an index already built is used: a second read of
             every object is not done unasked). ``True``: ``prepare_data`` builds it before training (every file
             read once, all cores). ``False``: never.
+        labels: Labels from a table instead of class sub-folders: a ``.csv`` (or ``.parquet``) whose first column
+            names each image of ``root`` (its path relative to ``root``, with or without the extension, or its file
+            name) and whose other columns give its label(s) (:mod:`~lightning_fastdata.loading.index.table`; the
+            Kaggle layout: ``train/`` + ``train.csv``). Images are then found at any depth; one table may also
+            label ``val_root`` and ``test_root``. ``None``: class sub-folders.
+        multi_label: With ``labels``: several labels per image (a cell of space-separated labels, or one 0/1
+            column per class); batches then carry ``uint8`` multi-hot rows (``N x num_classes``), and
+            ``ImageClassifier(multi_label=True)`` trains on them (linked by LightningCLI).
+        label_classes: With ``labels``: the class list in label order (every label must be one of them); default:
+            the table's per-class columns in order, else its labels sorted (numerically if all are integers).
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).
 
     Raises:
         FileNotFoundError: If ``root`` (or ``val_root``) is missing or holds no class folder.
-        ValueError: On an impossible argument.
+        ValueError: On an impossible argument, or a label table that does not fit the folder (the message names
+            the ids, files or classes).
     """
 
     def __init__(
@@ -197,6 +257,9 @@ class ImageFolderDataModule(FastDataModule):
         index_ttl: float = DEFAULT_INDEX_TTL,
         entropy_index: bool | Literal["auto"] = "auto",
         test_root: str | None = None,
+        labels: str | None = None,
+        multi_label: bool = False,
+        label_classes: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -211,8 +274,11 @@ class ImageFolderDataModule(FastDataModule):
         #: True (built in prepare_data), "auto" (built in the background, taken up as it is built) or False
         self.entropy_index: bool | str = entropy_index if entropy_index_available() else False
         self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
-        self.source = FolderSource(root, val_root, index_dir, storage_options, index_ttl, test_root)
+        self.source = FolderSource(
+            root, val_root, index_dir, storage_options, index_ttl, test_root, labels, multi_label, label_classes
+        )
         self.classes = self.source.classes
+        self.multi_label = self.source.multi_label
 
     @override
     def predict_storage_options(self) -> dict[str, Any] | None:

@@ -83,10 +83,19 @@ class HDF5DataModule(FastDataModule):
         )
         inspected = inspect_hdf5(self.path, images_key, labels_key, layout, offsets_key, locking)
         self.classes = inspected.classes
+        #: Several labels per sample: the file's labels are multi-hot rows (``N x C``).
+        self.multi_label = inspected.labels.ndim == 2
         for what, other_path in (("validation", self.val_path), ("test", self.test_path)):
             if other_path is None:
                 continue
             other = inspect_hdf5(other_path, images_key, labels_key, layout, offsets_key, locking)
+            if other.labels.shape[1:] != inspected.labels.shape[1:]:
+                raise InvalidValueError(
+                    f"{other_path!r}[{labels_key!r}] has labels of shape {other.labels.shape}, the training file "
+                    f"{self.path!r} {inspected.labels.shape}; the {what} file must use the training file's labels."
+                )
+            if self.multi_label:  # the same columns: nothing out of range
+                continue
             bad = np.flatnonzero(other.labels >= len(self.classes))
             if bad.size:
                 raise InvalidValueError(

@@ -303,11 +303,12 @@ class AugmentedImageDataset(Dataset):
             ) from None  # its reason is quoted above; its own text would repeat the advice
         log.warning("Skipped corrupt image %s (on_corrupt='skip'): %s.", self.describe(index), reason)
 
-    def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int | torch.Tensor]:
+        """``(image, label)``: the label an int, or a multi-hot ``uint8`` row where samples have several labels."""
         images, labels = self.__getitems__([key])[:2]
         if len(labels) == 0:
             raise DataError(f"{self.describe(self._key(key)[1])} is corrupt and was skipped (on_corrupt='skip').")
-        return images[0], int(labels[0])
+        return images[0], (int(labels[0]) if labels.dim() == 1 else labels[0])
 
     def _finish(self, images: torch.Tensor, slot: int, full_key: tuple[int, int, int]) -> None:
         """Apply the user's per-sample ``transform`` to the rendered ``images[slot]``, in place."""

@@ -119,7 +119,8 @@ class TensorCacheDataset(AugmentedImageDataset):
             )
         check_augment_on(augment_on)
         self.images_path = images_path
-        self._labels = np.asarray(labels, dtype=np.int64)
+        labels = np.asarray(labels)
+        self._labels = labels.astype(np.uint8) if labels.ndim == 2 else labels.astype(np.int64)  # multi-hot: uint8
         self.classes = tuple(classes)
         self.augment_on = augment_on
         self._signature = MappedFile.signature(images_path)

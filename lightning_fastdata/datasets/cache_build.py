@@ -278,7 +278,7 @@ def build_tensor_cache(
             with context.Pool(processes, initializer=init_source_process) as pool:
                 for split, index in (("train", train_index), ("val", val_index)):
                     n, side = sizes[split]
-                    labels = np.zeros(0, np.int64) if index is None else index.labels.astype(np.int64)
+                    labels = np.zeros(0, np.int64) if index is None else _stored_labels(index.labels)
                     np.save(partial / f"{split}_labels.npy", labels)
                     path = partial / f"{split}_images.npy"
                     start = state["done"][split]
@@ -338,3 +338,8 @@ def _build_jpeg(
                 progress=progress,
                 storage=sources[index.root],
             )
+
+
+def _stored_labels(labels: np.ndarray) -> np.ndarray:
+    """Labels as the cache keeps them: ``int64`` class positions, or ``uint8`` multi-hot rows (``N x C``)."""
+    return labels.astype(np.uint8) if labels.ndim == 2 else labels.astype(np.int64)

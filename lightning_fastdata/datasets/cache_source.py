@@ -97,7 +97,8 @@ def folder_mtimes(indexes: Sequence[FileIndex | None], started: float) -> list[l
         blob, offsets = index.path_bytes.tobytes(), index.offsets.tolist()
         sep = os.fsencode(os.sep)
         folders = {blob[offsets[i] : offsets[i + 1]].rpartition(sep)[0] for i in range(len(offsets) - 1)}
-        names = {".", *index.classes, *(os.fsdecode(f) for f in folders)}
+        classes = [c for c in index.classes if os.path.isdir(os.path.join(index.root, c))]  # not a table's classes
+        names = {".", *classes, *(os.fsdecode(f) for f in folders)}
         for rel in list(names):
             names |= _link_target_folders(os.path.join(index.root, rel))
         mtimes = [(rel, os.stat(os.path.join(index.root, rel)).st_mtime_ns) for rel in sorted(names)]

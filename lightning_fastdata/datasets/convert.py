@@ -18,6 +18,7 @@ from lightning_fastdata.datasets.hdf5 import ENTROPY_ATTR, ENTROPY_BLOB, ENTROPY
 from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError
 from lightning_fastdata.loading.atomic import atomic_path, side_path
 from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.index.table import labelled_indexes, read_label_table
 from lightning_fastdata.loading.jpeg.decode import decode_center_crop_bytes
 from lightning_fastdata.loading.jpeg.entropy_index import FORMAT as ENTROPY_FORMAT
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available, index_file
@@ -145,12 +146,16 @@ def convert_folder_to_hdf5(
     quality: int = 90,
     storage_options: dict[str, Any] | None = None,
     storage: Storage | None = None,
+    labels: str | os.PathLike[str] | None = None,
+    multi_label: bool = False,
+    label_classes: list[str] | None = None,
 ) -> Path:
     """Convert ``src/<class>/<image>`` into the HDF5 layout that :class:`~lightning_fastdata.HDF5Dataset` reads fastest.
 
     Layout (format version 1): ``images`` is contiguous and uncompressed (so readers memory-map it): in
     ``encoded`` mode a 1-D uint8 blob of the original files' bytes with ``offsets`` (``N + 1`` int64), in
-    ``raw`` mode ``N x size x size x 3`` uint8 (the central square of each image, resized); ``labels`` int64;
+    ``raw`` mode ``N x size x size x 3`` uint8 (the central square of each image, resized); ``labels`` int64 (uint8
+    multi-hot rows ``N x C`` with several labels per image);
     attributes ``fastdata_format``, ``mode``, ``classes`` (JSON list), ``size`` (raw) and ``source``. In
     ``encoded`` mode, where the compiled decoder is installed, also each image's entropy index
     (:mod:`~lightning_fastdata.loading.jpeg.entropy_index`, at most 1.5% of its bytes): ``entropy_index`` (a uint8
@@ -177,6 +182,11 @@ def convert_folder_to_hdf5(
         storage_options: Object-store settings for a URL ``src`` (see
             :class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`); default: the standard environment.
         storage: Where an index ``src``'s files are read from (default: its local root).
+        labels: A label table (``.csv``/``.parquet``, :mod:`~lightning_fastdata.loading.index.table`) naming every
+            image under ``src`` (found at any depth, not by class sub-folder); ``None``: class sub-folders.
+        multi_label: With ``labels``: several labels per image, written as ``uint8`` multi-hot rows (``N x C``),
+            which :class:`~lightning_fastdata.HDF5Dataset` reads back as they are.
+        label_classes: With ``labels``: the class list in label order (default: the table's).
         processes: Reading/decoding processes; default: usable CPUs.
         overwrite: Replace an existing ``dst``.
         progress: Show a progress bar.
@@ -208,7 +218,13 @@ def convert_folder_to_hdf5(
     else:
         root = src if isinstance(src, str) and is_url(src) else os.fspath(src)
         storage = open_storage(root, storage_options)
-        index = storage.list_files()
+        if labels is None:
+            index = storage.list_files()
+        else:
+            table = read_label_table(labels)
+            index = labelled_indexes([storage.list_images()], table, multi_label, label_classes)[0]
+    if (multi_label or label_classes is not None) and labels is None:
+        raise InvalidValueError("multi_label and label_classes describe a label table: pass labels= (--labels).")
     in_bucket = storage.remote
     paths = [index.path(i) for i in range(len(index))]
     processes = processes or CpuBudget.detect().usable
@@ -226,7 +242,8 @@ def convert_folder_to_hdf5(
                     classes=json.dumps(list(index.classes)),
                     source=storage.location(),
                 )
-                f.create_dataset("labels", data=index.labels.astype(np.int64))
+                stored = index.labels.astype(np.uint8 if index.labels.ndim == 2 else np.int64)  # multi-hot: uint8
+                f.create_dataset("labels", data=stored)
                 if max_side is not None:
                     f.attrs.update(max_side=max_side, quality=quality)
                     reencoded = map_sources(pool, storage, index, _reencode_indexed, (max_side, quality))

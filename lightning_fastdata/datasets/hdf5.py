@@ -100,7 +100,7 @@ class HDF5Layout:
         dtype: Numpy dtype name of the images dataset (or of its elements, for vlen).
         chunk_rows: Rows per chunk along axis 0 for a chunked dataset, else None.
         classes: Class names from the file's ``classes`` attribute, else ``("0", "1", ...)``.
-        labels: All labels, int64.
+        labels: All labels: int64 class positions, or uint8 multi-hot rows (``N x C``).
         signature: ``(size, mtime_ns)`` of the file when inspected (a reader refuses a file changed since).
         offsets: The ``N + 1`` byte offsets (int64) of a blob of encoded images, read once here, else None.
         entropy_offsets: The ``N + 1`` offsets of each image's entropy index in the file's ``entropy_index``
@@ -124,6 +124,35 @@ class HDF5Layout:
     offsets: np.ndarray | None = None
     entropy_offsets: np.ndarray | None = None
     entropy_mmap_offset: int | None = None
+
+
+def _labels_of(path: str, key: str, labels_ds: Any) -> np.ndarray:
+    """The labels: ``int64`` class positions, or ``uint8`` multi-hot rows (several labels per sample).
+
+    Class positions come as ``(N,)`` or with size-1 dimensions after the first (PCam's ``N x 1 x 1 x 1``),
+    multi-hot rows as ``N x C`` of 0/1 (``C > 1``).
+
+    Raises:
+        ValueError: On another shape or dtype, or a multi-hot value other than 0/1 (named).
+    """
+    if labels_ds.ndim == 2 and labels_ds.shape[1] > 1 and labels_ds.dtype.kind in "iub":
+        rows = labels_ds[()]
+        bad = np.argwhere((rows != 0) & (rows != 1))
+        if bad.size:
+            r, c = (int(v) for v in bad[0])
+            raise InvalidValueError(
+                f"{path!r}[{key!r}] has shape {labels_ds.shape}: multi-hot rows (one column per class) take 0 or 1, "
+                f"but [{r}, {c}] = {rows[r, c]} ({len(bad)} such values)."
+            )
+        return rows.astype(np.uint8)
+    # one integer label per sample; trailing size-1 dimensions (PCam's N x 1 x 1 x 1) are that too
+    if labels_ds.ndim < 1 or any(d != 1 for d in labels_ds.shape[1:]) or labels_ds.dtype.kind not in "iu":
+        raise InvalidValueError(
+            f"{path!r}[{key!r}] should hold one integer label per sample (shape (N,), or (N, 1, ...) with size-1 "
+            f"dimensions after the first) or multi-hot rows (N x C of 0/1), got shape {labels_ds.shape} dtype "
+            f"{labels_ds.dtype}."
+        )
+    return labels_ds[()].astype(np.int64).reshape(-1)
 
 
 def inspect_hdf5(
@@ -174,13 +203,7 @@ def inspect_hdf5(
                     "labels_key=."
                 )
         images, labels_ds = f[images_key], f[labels_key]
-        # one integer label per sample; trailing size-1 dimensions (PCam's N x 1 x 1 x 1) are that too
-        if labels_ds.ndim < 1 or any(d != 1 for d in labels_ds.shape[1:]) or labels_ds.dtype.kind not in "iu":
-            raise InvalidValueError(
-                f"{path!r}[{labels_key!r}] should hold one integer label per sample (shape (N,), or (N, 1, ...) "
-                f"with size-1 dimensions after the first), got shape {labels_ds.shape} dtype {labels_ds.dtype}."
-            )
-        labels = labels_ds[()].astype(np.int64).reshape(-1)
+        labels = _labels_of(path, labels_key, labels_ds)
         vlen_base = h5py.check_vlen_dtype(images.dtype)
         stored_kind = f.attrs.get("mode", None)
         has_offsets = offsets_key in f and images.ndim == 1 and images.dtype == np.uint8
@@ -234,8 +257,16 @@ def inspect_hdf5(
             )
         classes_attr = f.attrs.get("classes", None)
         classes = tuple(json.loads(classes_attr)) if classes_attr is not None else None
-        num_classes = len(classes) if classes is not None else int(labels.max(initial=-1)) + 1
-        bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
+        if labels.ndim == 2:  # multi-hot rows: one column per class
+            num_classes = labels.shape[1]
+            if classes is not None and len(classes) != num_classes:
+                raise InvalidValueError(
+                    f"{path!r}: {len(classes)} names in its classes attribute but {num_classes} columns in "
+                    f"{labels_key!r}; they should match (one column per class)."
+                )
+        else:
+            num_classes = len(classes) if classes is not None else int(labels.max(initial=-1)) + 1
+        bad = np.flatnonzero((labels < 0) | (labels >= num_classes)) if labels.ndim == 1 else np.zeros(0, np.int64)
         if bad.size:
             raise InvalidValueError(
                 f"{path!r}[{labels_key!r}][{bad[0]}] = {labels[bad[0]]} is out of range [0, {num_classes}) "

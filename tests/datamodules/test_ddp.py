@@ -3,6 +3,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -170,28 +171,39 @@ def test_evaluation_on_two_ranks_equals_one_rank_and_sees_every_sample_once(tmp_
     """63 test images, 2 ranks, batch 4 (neither divides it): every image on exactly one rank, and ``validate`` and
     ``test`` give one rank's loss and accuracy (a padded shard would count one image twice: 64 samples), for the
     folder module (``val_root``/``test_root``) and the HDF5 module (``val_path``/``test_path``); ``predict`` writes
-    one rank's table (``PredictionWriter`` merges the ranks' rows in input order)."""
+    one rank's table (``PredictionWriter`` merges the ranks' rows in input order). The same for flat folders
+    labelled by one multi-label table: ``val_map``/``val_f1`` over every rank's gathered scores equal one rank's."""
     root = make_image_folder(tmp_path / "train", num_classes=3, per_class=4, size=(32, 24))
     test_root = make_image_folder(tmp_path / "test", num_classes=3, per_class=21, size=(32, 24), seed=5)
     train_h5 = convert_folder_to_hdf5(root, tmp_path / "train.h5", processes=1, progress=False)
     test_h5 = convert_folder_to_hdf5(test_root, tmp_path / "test.h5", processes=1, progress=False)
+    rows = []
+    for name, src in (("flat_train", root), ("flat_test", test_root)):
+        (tmp_path / name).mkdir()
+        for k, image in enumerate(sorted(src.rglob("*.jpg"))):
+            shutil.copy(image, tmp_path / name / f"{name}_{k:02d}.jpg")
+            rows.append([f"{name}_{k:02d}", f"{image.parent.name} {'odd' if k % 2 else 'even'}"])
+    with open(tmp_path / "labels.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["id", "tags"], *rows])
     script = Path(__file__).parents[1] / "helpers" / "ddp_eval.py"
     for devices in ("1", "2"):
         args = [str(tmp_path), devices, str(root), str(test_root), str(test_h5), str(train_h5)]
+        args += [str(tmp_path / "flat_train"), str(tmp_path / "flat_test"), str(tmp_path / "labels.csv")]
         out = subprocess.run(
             [sys.executable, str(script), *args], capture_output=True, text=True, timeout=280, cwd=tmp_path
         )
         assert out.returncode == 0, out.stderr[-4000:]
     one = json.loads((tmp_path / "eval-1-rank0.json").read_text())
     two = [json.loads((tmp_path / f"eval-2-rank{r}.json").read_text()) for r in (0, 1)]
-    for kind in ("folder", "hdf5"):
+    for kind in ("folder", "hdf5", "table"):
         for stage in ("validate", "test"):
             shares = [r[f"{kind} served"][stage] for r in two]
             assert sorted(shares[0] + shares[1]) == list(range(63)), (kind, stage)  # each once, none padded
             assert sorted(one[f"{kind} served"][stage]) == list(range(63))
             metrics = one[f"{kind} {stage}"]
             prefix = "val" if stage == "validate" else "test"
-            assert {f"{prefix}_loss", f"{prefix}_acc"} <= metrics.keys()
+            names = ("_loss", "_map", "_f1") if kind == "table" else ("_loss", "_acc")
+            assert {prefix + name for name in names} <= metrics.keys(), metrics
             for r in two:  # both ranks report the synced value
                 for name, value in metrics.items():
                     assert abs(r[f"{kind} {stage}"][name] - value) < 1e-5, (kind, stage, name)

@@ -220,8 +220,10 @@ def bad_file(tmp_path: Path, case: str) -> tuple[Path, dict]:
             f["images"], f["labels"] = imgs, np.zeros(5, np.int64)
         elif case == "label_dtype":
             f["images"], f["labels"] = imgs, np.zeros(4, np.float32)
-        elif case == "label_shape":  # two labels per sample (multi-label belongs in labels= tables, not here)
-            f["images"], f["labels"] = imgs, np.zeros((4, 2), np.int64)
+        elif case == "label_shape":  # neither one label per sample nor multi-hot rows (N x C)
+            f["images"], f["labels"] = imgs, np.zeros((4, 2, 2), np.int64)
+        elif case == "multi_hot_values":  # multi-hot rows take 0 or 1
+            f["images"], f["labels"] = imgs, np.array([[0, 1], [1, 0], [2, 0], [0, 0]], np.int64)
         elif case == "rank":
             f["images"], f["labels"] = np.zeros((4, 8, 8), np.uint8), np.zeros(4, np.int64)
         elif case == "range":
@@ -243,7 +245,8 @@ def bad_file(tmp_path: Path, case: str) -> tuple[Path, dict]:
         ("missing_key", r"no dataset 'labels'.*labels_key="),
         ("length", r"4 images but 5 labels"),
         ("label_dtype", r"one integer label per sample.*dtype float32"),
-        ("label_shape", r"one integer label per sample.*shape \(4, 2\)"),
+        ("label_shape", r"one integer label per sample.*multi-hot rows.*shape \(4, 2, 2\)"),
+        ("multi_hot_values", r"multi-hot rows.*take 0 or 1.*\[2, 0\] = 2"),
         ("rank", r"Cannot tell the layout.*layout="),
         ("range", r"\['labels'\]\[2\] = 2 is out of range \[0, 2\)"),
         ("negative", r"\['labels'\]\[1\] = -1"),

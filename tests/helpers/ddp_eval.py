@@ -2,7 +2,8 @@
 
 Writes OUT/eval-<devices>-rank<k>.json: the metrics each call returned and the sample indices each rank's
 validation and test loaders served; and OUT/pred-<devices>-<kind>.csv, the prediction table of TEST_ROOT's images.
-argv: OUT DEVICES ROOT TEST_ROOT TEST_H5 TRAIN_H5.
+The "table" kind: FLAT_TRAIN and FLAT_TEST labelled by one multi-label TABLE (mAP and F1 over the gathered scores).
+argv: OUT DEVICES ROOT TEST_ROOT TEST_H5 TRAIN_H5 FLAT_TRAIN FLAT_TEST TABLE.
 """
 
 from __future__ import annotations
@@ -38,17 +39,22 @@ class Served(pl.Callback):
 
 if __name__ == "__main__":
     faulthandler.dump_traceback_later(270, exit=True)  # a rank that hangs says where, before the test's timeout
-    out, devices, root, test_root, test_h5, train_h5 = sys.argv[1:7]
+    out, devices, root, test_root, test_h5, train_h5, flat_train, flat_test, table = sys.argv[1:10]
     kw: dict[str, Any] = dict(image_size=16, batch_size=4, num_workers=2, val_fraction=0, seed=0)
     results: dict[str, Any] = {}
     trainer: Any = None
-    for kind in ("folder", "hdf5"):
+    for kind in ("folder", "hdf5", "table"):
         if kind == "folder":
             dm: Any = ImageFolderDataModule(root, val_root=test_root, test_root=test_root, predict_root=test_root, **kw)
+        elif kind == "table":
+            dm = ImageFolderDataModule(
+                flat_train, val_root=flat_test, test_root=flat_test, predict_root=test_root, labels=table,
+                multi_label=True, **kw,
+            )  # fmt: skip
         else:
             dm = HDF5DataModule(train_h5, val_path=test_h5, test_path=test_h5, predict_root=test_root, **kw)
         pl.seed_everything(0)
-        model = ImageClassifier(num_classes=dm.num_classes)  # the same weights in every run
+        model = ImageClassifier(num_classes=dm.num_classes, multi_label=dm.multi_label)  # the same weights in every run
         served = Served()
         strategy = "ddp" if int(devices) > 1 else "auto"
         writer = PredictionWriter(str(Path(out, f"pred-{devices}-{kind}.csv")), top_k=2)

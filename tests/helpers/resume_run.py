@@ -8,7 +8,8 @@ OnExceptionCheckpoint saving ckpt_dir/on_exception.ckpt), stepping (touch traine
 configure_optimizers, Lightning #20550; it only loads data early with max_epochs set), max_epochs, cache_dir,
 accelerator ("cpu" unless given), storage_options (for an s3:// source), prefetch (add FastDataCallback: pinned
 memory and the side-stream prefetch), batch_size (8 unless given), block_shuffle, recipe (train with a training
-recipe: TrivialAugmentWide in the workers and on the device, RandomErasing, MixUp or CutMix, repeated augmentation).
+recipe: TrivialAugmentWide in the workers and on the device, RandomErasing, MixUp or CutMix, repeated augmentation),
+labels (a label table for a flat folder source; folder and cache kinds), multi_label.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def main(cfg: dict[str, Any]) -> None:
         kw["snapshot_every_n_steps"] = cfg["snapshot"]
     if cfg.get("storage_options"):
         kw["storage_options"] = cfg["storage_options"]
+    if cfg.get("labels"):
+        kw.update(labels=cfg["labels"], multi_label=cfg.get("multi_label", False))
     if cfg.get("recipe"):
         kw.update(
             train_transforms=v2.TrivialAugmentWide(),

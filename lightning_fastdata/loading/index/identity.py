@@ -41,8 +41,17 @@ def mix(x: np.ndarray) -> np.ndarray:
 
 
 def label_hashes(labels: np.ndarray) -> np.ndarray:
-    """One ``uint64`` hash per label, offset by a fixed tag before mixing (so a label never hashes like a position)."""
-    return mix(np.asarray(labels, dtype=np.int64).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+    """One ``uint64`` hash per label, offset by a fixed tag before mixing (so a label never hashes like a position).
+
+    Multi-hot rows (``N x C``) hash each class set: a sum of a fixed hash per class present.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim == 2:
+        weights = mix(np.arange(labels.shape[1], dtype=np.uint64) + np.uint64(0x632BE59BD9B4E019))
+        with np.errstate(over="ignore"):
+            rows = (labels.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+        return mix(rows + np.uint64(labels.shape[1]))
+    return mix(labels.astype(np.int64).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
 
 
 def segment_hashes(blob: np.ndarray, offsets: np.ndarray) -> np.ndarray:

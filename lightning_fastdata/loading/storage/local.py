@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 
 from lightning_fastdata.loading.index.files import FileIndex, find_classes, scan_image_folder, scan_unlabelled
+from lightning_fastdata.loading.index.identity import label_hashes
 from lightning_fastdata.loading.index.store import IndexLookup, IndexStore
 from lightning_fastdata.loading.storage.base import ObjectStat
 
@@ -87,7 +88,8 @@ def fingerprint(indexes: Sequence[FileIndex | None]) -> str:
 
     One ``stat`` per file (``O(files)`` system calls: seconds for ImageNet on a local disk, minutes on a network
     file system); the records are built from the index's path bytes, with no per-file string decode. The digest
-    is the per-file record it always was, so existing caches stay current.
+    is the per-file record it always was, so existing caches stay current (a multi-hot label is recorded as the
+    hash of its class set).
     """
     digest = hashlib.sha256()
     stat = os.stat
@@ -96,7 +98,9 @@ def fingerprint(indexes: Sequence[FileIndex | None]) -> str:
         if index is None:
             continue
         root = os.path.join(os.fsencode(index.root), b"")
-        blob, offsets, labels = index.path_bytes.tobytes(), index.offsets.tolist(), index.labels.tolist()
+        blob, offsets = index.path_bytes.tobytes(), index.offsets.tolist()
+        # a multi-hot row (several labels per file) as one number: the hash of its class set
+        labels = (label_hashes(index.labels) if index.labels.ndim == 2 else index.labels).tolist()
         for lo in range(0, len(labels), 65536):  # a chunk of records at a time: bounded memory, few updates
             records = []
             for i in range(lo, min(lo + 65536, len(labels))):
