@@ -341,3 +341,37 @@ def test_fit_then_validate_test_and_predict_from_the_checkpoint(
     with open(tmp_path / "run" / "predictions.csv", newline="") as f:
         rows = list(csv.reader(f))
     assert len(rows) == 1 + 39 and rows[1][0].startswith(str(image_folder)) and rows[1][1].startswith("class_")
+
+
+@pytest.mark.timeout(300)
+def test_a_label_table_from_the_command_line_links_the_models_classes_and_kind(
+    image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--data.init_args.labels``/``multi_label`` reach ``ImageClassifier`` through the links (its ``num_classes``,
+    ``class_names`` and ``multi_label``), and ``fastdata convert hdf5 --labels --multi-label`` writes the rows."""
+    import csv
+    import shutil
+
+    import h5py
+
+    monkeypatch.chdir(tmp_path)
+    flat = tmp_path / "images"
+    flat.mkdir()
+    rows = [["id", "tags"]]
+    for k, image in enumerate(sorted(image_folder.rglob("*.jpg"))):
+        shutil.copy(image, flat / f"{k:02d}.jpg")
+        rows.append([f"{k:02d}", f"{image.parent.name} {'odd' if k % 2 else 'even'}"])
+    with open(tmp_path / "tags.csv", "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    data = ["--config", "imagefolder", "--data.init_args.root", str(flat), "--data.init_args.labels", "tags.csv"]
+    data += ["--data.init_args.multi_label", "true", "--data.init_args.image_size", "16"]
+    data += ["--data.init_args.batch_size", "8", "--data.init_args.num_workers", "0", "--trainer.accelerator", "cpu"]
+    data += ["--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.enable_progress_bar", "false"]
+    cli = run_cli(["fit", *data, "--trainer.max_epochs", "1"])
+    assert cli.model.hparams["multi_label"] is True and cli.model.hparams["num_classes"] == 5
+    assert cli.model.class_names == ["class_000", "class_001", "class_002", "even", "odd"]
+    assert {"val_loss", "val_map", "val_f1"} <= set(cli.trainer.callback_metrics)
+    main(["convert", "hdf5", "--src", str(flat), "--dst", "tags.h5", "--labels", "tags.csv", "--multi-label",
+          "--processes", "1"])  # fmt: skip
+    with h5py.File(tmp_path / "tags.h5") as f:
+        assert f["labels"].shape == (39, 5) and f["labels"].dtype == "uint8" and int(f["labels"][()].sum()) == 78
