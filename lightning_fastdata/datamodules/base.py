@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
@@ -19,25 +18,20 @@ from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD, No
 from lightning_fastdata.augment.pipeline import DeviceAugment, as_transform_list
 from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datamodules.arguments import check_loader_arguments
-from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_intervals
-from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
-from lightning_fastdata.datamodules.transfer import DeviceTransferHooks
-from lightning_fastdata.datasets.base import AugmentedImageDataset, LoaderPlan
+from lightning_fastdata.datamodules.loaders import LoaderBuilding
+from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader
 from lightning_fastdata.datasets.folder import ImageFolderDataset, prediction_index
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
-from lightning_fastdata.loading.transport.collate import collate_prebatched
-from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
+from lightning_fastdata.loading.sampling import SamplingSettings
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport, resolve_transport
-from lightning_fastdata.loading.workers import init_worker, resolve_num_workers
 
 __all__ = ["FastDataModule"]
 
 log = logging.getLogger("lightning_fastdata")
 
 
-class FastDataModule(DeviceTransferHooks):
+class FastDataModule(LoaderBuilding):
     """Base of the package's DataModules: loaders, device-side normalisation, worker resolution.
 
     Loaders return ``(images, labels)`` with images uint8 ``N x 3 x H x W`` (channels-last); after they reach
@@ -110,6 +104,19 @@ class FastDataModule(DeviceTransferHooks):
         repeated_augmentations: Each training sample this many times per epoch with different augmentations, the
             repeats on different ranks (torchvision's ``--ra-sampler --ra-reps``); an epoch keeps its length
             (``len(dataset)`` samples over all ranks). 1: off.
+        sample_weights: Draw training samples by weight (:mod:`~lightning_fastdata.loading.sampling`):
+            ``"balanced"`` (each class equally often: inverse class frequency), a mapping class name -> weight
+            (classes not named: 1), one weight per training sample (``len(dm.train_dataset)``, in its order), or a
+            callable of a sample's label (an int, or a multi-hot row) -> weight. ``None``: each sample once an
+            epoch. A function of ``(seed, epoch)``, exactly resumable like a plain epoch.
+        replacement: With ``sample_weights``: draw with replacement (default, as torch's
+            ``WeightedRandomSampler``), or each sample at most once an epoch.
+        epoch_size: Training samples per epoch over all ranks (more or fewer than the dataset has); ``None``: the
+            number of samples taking part.
+        classes: Train (and evaluate) on these classes only, in this order: labels are renumbered (``dm.classes``,
+            ``num_classes``, linked to the model and its checkpoint), samples of other classes left out.
+        max_per_class: At most this many training samples of each class (a seeded choice, fixed for the run).
+        fraction: A seeded fraction of the training samples (fixed for the run), e.g. ``0.1`` for a quick run.
 
     Raises:
         ValueError: On an impossible combination, e.g. ``prefetch_factor`` with ``num_workers=0``.
@@ -147,8 +154,17 @@ class FastDataModule(DeviceTransferHooks):
         val_crop_size: int | None = None,
         repeated_augmentations: int = 1,
         predict_root: str | None = None,
+        sample_weights: str | dict[str, float] | list[float] | Callable[[Any], float] | None = None,
+        replacement: bool | None = None,
+        epoch_size: int | None = None,
+        classes: list[str] | None = None,
+        max_per_class: int | None = None,
+        fraction: float | None = None,
     ) -> None:
         super().__init__()
+        #: What the training epoch draws (weights, epoch_size, a subset of the samples); validated here.
+        self.sampling = SamplingSettings(sample_weights, replacement, epoch_size, classes, max_per_class, fraction)
+        self.data_classes: tuple[str, ...] = ()
         check_loader_arguments(
             val_fraction,
             batch_size,
@@ -223,6 +239,24 @@ class FastDataModule(DeviceTransferHooks):
     test_argument = "test_root"
     #: Whether each sample has several labels (``uint8`` multi-hot rows, ``N x num_classes``, in every batch).
     multi_label = False
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The class names in label order: the data's, or ``classes=`` (a subset, in its order)."""
+        wanted = self.sampling.classes
+        return self.data_classes if wanted is None else tuple(str(c) for c in wanted)
+
+    @classes.setter
+    def classes(self, names: tuple[str, ...]) -> None:
+        """Set by a subclass: the data's class names (checked against ``classes=`` at once)."""
+        self.data_classes = tuple(names)
+        wanted = self.sampling.classes
+        unknown = [] if wanted is None else [c for c in wanted if str(c) not in self.data_classes]
+        if unknown:
+            raise InvalidValueError(
+                f"classes names {unknown} that the data does not have; its classes are {list(self.data_classes)[:20]}"
+                f"{' ...' if len(self.data_classes) > 20 else ''}."
+            )
 
     def build_test_dataset(self) -> Dataset | None:
         """The test set (validation transforms), or ``None`` where none was given; called from ``setup("test")``."""
@@ -332,7 +366,7 @@ class FastDataModule(DeviceTransferHooks):
                 f"{type(self).__name__} has nothing to predict on: pass predict_root=... (a folder of images, flat or "
                 "nested; a bucket prefix; or a .txt file of image paths), then trainer.predict(model, datamodule=dm)."
             )
-        return self._loader(self.predict_dataset, train=False)
+        return self._loader(self.predict_dataset, train=False, labelled=False)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -379,105 +413,3 @@ class FastDataModule(DeviceTransferHooks):
         if count:
             rank_zero_warn(f"Epoch {epoch}: skipped {count} corrupt image(s) (on_corrupt='skip'); see the log.")
             self.train_dataset.reset_skipped_count(epoch)  # type: ignore[union-attr]
-
-    def _world(self) -> tuple[int, int, int]:
-        """``(world_size, global_rank, devices_per_node)`` from the attached Trainer, else a single process."""
-        trainer = self.trainer
-        if trainer is None:
-            return 1, 0, 1
-        return trainer.world_size, trainer.global_rank, max(1, trainer.num_devices)
-
-    def _resolve_workers(self, devices_per_node: int) -> int:
-        if self._resolved_workers is None:
-            offered = self._offered_workers
-            wanted = offered if self.num_workers == "auto" and offered is not None else self.num_workers
-            self._resolved_workers = resolve_num_workers(wanted, devices_per_node)
-            if wanted == "auto":
-                rank_zero_info(f"lightning_fastdata: num_workers='auto' resolved to {self._resolved_workers}.")
-        return self._resolved_workers
-
-    def _snapshot_interval(self) -> int:
-        if self.snapshot_every_n_steps is not None:
-            return self.snapshot_every_n_steps
-        intervals = checkpoint_step_intervals(self.trainer)
-        if intervals is None:
-            rank_zero_warn(
-                "lightning_fastdata: cannot read the step interval of a checkpoint callback (this Lightning has no "
-                "ModelCheckpoint._every_n_train_steps); loader snapshots are taken every step. Pass "
-                "snapshot_every_n_steps= to the DataModule to choose."
-            )
-        return min(intervals) if intervals else 1
-
-    def _use_pin_memory(self) -> bool:
-        if self.pin_memory is not None:
-            return self.pin_memory
-        if self._offered_pin_memory is not None:
-            return self._offered_pin_memory
-        trainer = self.trainer
-        if trainer is None:
-            return False
-        return trainer.strategy.root_device.type == "cuda"
-
-    def _prefetch_device(self) -> torch.device | str | None:
-        if not self._prefetch:
-            return None
-        if self._prefetch_to is not None:
-            return self._prefetch_to
-        return None if self.trainer is None else self.trainer.strategy.root_device
-
-    def _loader(self, dataset: Dataset, train: bool) -> Any:
-        world_size, rank, devices = self._world()
-        workers = self._resolve_workers(devices)
-        sampler = EpochSampler(
-            len(dataset),  # type: ignore[arg-type]
-            num_replicas=world_size,
-            rank=rank,
-            shuffle=self.shuffle and train,
-            seed=self.seed,
-            drop_last=self.drop_last and train,
-            block_size=self.block_shuffle if train else None,
-            repeats=self.repeated_augmentations if train else 1,
-            even=train,  # evaluation: every sample once over all ranks, so N ranks' metrics equal one rank's
-        )
-        if isinstance(dataset, AugmentedImageDataset):
-            # the next batch's reads start early (from a bucket)
-            ahead = train and workers > 0 and self.in_order and dataset.reads_ahead
-            plan = LoaderPlan(
-                return_keys=train and bool(self.device_augment),
-                lookahead=BatchLookahead(sampler) if ahead else None,
-                epoch_samples=len(sampler),  # what max_corrupt_fraction is a fraction of
-            )
-            dataset = dataset.for_loader(plan)
-        persistent = workers > 0 if self.persistent_workers is None else (self.persistent_workers and workers > 0)
-        kwargs: dict[str, Any] = dict(
-            batch_size=self.batch_size,
-            sampler=sampler,
-            num_workers=workers,
-            collate_fn=collate_prebatched,
-            pin_memory=self._use_pin_memory(),
-            drop_last=self.drop_last and train,
-            worker_init_fn=init_worker,
-            persistent_workers=persistent,
-            prefetch_factor=self.prefetch_factor if workers > 0 else None,
-            in_order=self.in_order,
-            batch_transport=self.batch_transport,
-            # Worker seeds follow the DataModule's seed, so a run is reproducible end to end.
-            generator=torch.Generator().manual_seed(self.seed + rank),
-        )
-        kwargs["prefetch_device"] = self._prefetch_device()
-        loader: DataLoader
-        if train:
-            exact = self.in_order or workers == 0
-            if not exact and not self._warned_in_order:
-                rank_zero_warn(
-                    "in_order=False with worker processes gives up exact mid-epoch resume: a run resumed from a "
-                    "checkpoint may repeat or skip samples of the interrupted epoch. Use in_order=True (the "
-                    "default) where exact resume matters."
-                )
-                self._warned_in_order = True
-            # Said once above, instead of by torchdata at every loader and state_dict.
-            with nullcontext() if exact else quiet_torchdata_in_order():
-                loader = ResumableLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
-        else:
-            loader = PrefetchingDataLoader(dataset, **kwargs)
-        return loader

@@ -209,7 +209,7 @@ class TensorCacheDataModule(FastDataModule):
         train = TensorCacheDataset(
             train_path,
             train_labels,
-            self.classes,
+            self.data_classes,
             True,
             augment_on=self._placement(),
             transform=self.train_transforms,
@@ -218,7 +218,7 @@ class TensorCacheDataModule(FastDataModule):
         val_path, val_labels = open_tensor_cache(self.cache_dir, "val")
         kw["image_size"] = self.val_crop_size
         val = (
-            TensorCacheDataset(val_path, val_labels, self.classes, False, transform=self.val_transforms, **kw)
+            TensorCacheDataset(val_path, val_labels, self.data_classes, False, transform=self.val_transforms, **kw)
             if len(val_labels)
             else None
         )

@@ -96,12 +96,12 @@ class HDF5DataModule(FastDataModule):
                 )
             if self.multi_label:  # the same columns: nothing out of range
                 continue
-            bad = np.flatnonzero(other.labels >= len(self.classes))
+            bad = np.flatnonzero(other.labels >= len(self.data_classes))
             if bad.size:
                 raise InvalidValueError(
                     f"{other_path!r}[{labels_key!r}][{bad[0]}] = {other.labels[bad[0]]} is out of range for the "
-                    f"{len(self.classes)} classes of the training file {self.path!r} ({bad.size} such labels); the "
-                    f"{what} file must use the training file's labels."
+                    f"{len(self.data_classes)} classes of the training file {self.path!r} ({bad.size} such labels); "
+                    f"the {what} file must use the training file's labels."
                 )
 
     @staticmethod

@@ -58,11 +58,15 @@ class LoaderPlan:
             by workers); ``None``: no reads ahead.
         epoch_samples: Samples one epoch of this loader reads (this rank's), what ``max_corrupt_fraction`` is a
             fraction of; ``None``: the whole dataset.
+        label_map: The batches' labels in a subset's class list (``classes=``): an ``int64`` lookup of class
+            positions, or the columns of multi-hot rows kept
+            (:class:`~lightning_fastdata.loading.sampling.Subset`); ``None``: the dataset's labels.
     """
 
     return_keys: bool = False
     lookahead: BatchLookahead | None = None
     epoch_samples: int | None = None
+    label_map: np.ndarray | None = None
 
 
 class AugmentedImageDataset(Dataset):
@@ -221,6 +225,14 @@ class AugmentedImageDataset(Dataset):
         return DataIdentity.of(type(self).__name__, samples)
 
     # -- shared ----------------------------------------------------------------------------------------
+    def labels_of(self, indices: np.ndarray) -> torch.Tensor:
+        """The labels of ``indices`` as a batch carries them: in the loader's class list (``label_map``)."""
+        labels = self.targets[indices]
+        label_map = self._loading.label_map
+        if label_map is not None:
+            labels = labels[:, label_map] if labels.ndim == 2 else label_map[labels]
+        return torch.from_numpy(np.ascontiguousarray(labels))
+
     def __len__(self) -> int:
         return len(self.targets)
 
@@ -358,7 +370,7 @@ class AugmentedImageDataset(Dataset):
                 kept[slot] = False
                 continue
             self._finish(images, slot, full_keys[slot])
-        labels = torch.from_numpy(self.targets[indices])
+        labels = self.labels_of(indices)
         if not kept.all():
             mask = torch.from_numpy(kept)
             full_keys = [k for k, keep in zip(full_keys, kept) if keep]

@@ -177,4 +177,4 @@ class TensorCacheDataset(AugmentedImageDataset):
             flips[slot] = flip_of(sample_draws)
             boxes[slot] = torch.tensor(random_resized_crop_box(sample_draws, side, side, self.scale, self.ratio))
             images[slot].copy_(source)
-        return self._batch(images, torch.from_numpy(self._labels[indices]), full_keys, boxes=boxes, flips=flips)
+        return self._batch(images, self.labels_of(indices), full_keys, boxes=boxes, flips=flips)

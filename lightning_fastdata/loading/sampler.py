@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
+from lightning_fastdata.loading.sampling import EpochDraws, describe_change, occurrences
+
 __all__ = ["BatchLookahead", "EpochSampler", "SampleKey"]
 
 #: What :class:`EpochSampler` yields: ``(epoch, index)``, or ``(epoch, index, repeat)`` with repeated augmentation.
@@ -46,6 +48,10 @@ class EpochSampler(DistributedSampler):
             training under DDP needs. ``False``: every sample exactly once over all ranks, rank ``r`` taking every
             ``num_replicas``-th from ``r`` (the first ``length % num_replicas`` ranks one more): what evaluation needs,
             so that metrics over N ranks equal one rank's (a padded shard counts its repeated samples twice).
+        draws: What each epoch draws instead of one permutation of ``range(length)`` (weights, ``epoch_size``, a
+            subset: :class:`~lightning_fastdata.loading.sampling.EpochDraws`, a function of ``(seed, epoch)``); an
+            epoch is then ``draws.size`` samples, sharded, resumed and continued on another world size like a plain
+            one. A sample drawn twice gets two keys (``repeat`` numbers its occurrences), so two augmentations.
 
     Raises:
         ValueError: On an impossible argument (named), e.g. ``even=False`` with ``drop_last`` or ``repeats``.
@@ -62,7 +68,13 @@ class EpochSampler(DistributedSampler):
         block_size: int | None = None,
         repeats: int = 1,
         even: bool = True,
+        draws: EpochDraws | None = None,
     ) -> None:
+        if draws is not None and block_size is not None:
+            raise ValueError(
+                "block_shuffle reads runs of neighbouring samples; with sample_weights, epoch_size or a subset an "
+                "epoch draws samples one by one: use one or the other."
+            )
         if not even and (drop_last or repeats != 1 or block_size is not None):
             raise ValueError(
                 "even=False (every sample once, for evaluation) takes no drop_last, repeats or block_size: those "
@@ -76,6 +88,11 @@ class EpochSampler(DistributedSampler):
             raise ValueError(f"EpochSampler needs a non-empty dataset, got length={length!r}.")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank should be in [0, {num_replicas - 1}], got rank={rank!r}.")
+        #: The dataset's length; an epoch draws ``length`` samples (``draws.size`` with draws).
+        self.dataset_length = length
+        self.draws = draws
+        length = length if draws is None else draws.size
+        self._drawn: tuple[int, np.ndarray, np.ndarray | None] | None = None  # (epoch, indices, occurrences)
         # DistributedSampler only reads len(dataset); a range stands in for the dataset.
         super().__init__(
             range(length),  # type: ignore[arg-type]
@@ -101,10 +118,27 @@ class EpochSampler(DistributedSampler):
         self._consumed_epoch: int | None = None
         self._consumed_packed = b""
 
-    def epoch_order(self, epoch: int | None = None) -> torch.Tensor:
-        """The whole permutation of ``range(length)`` for ``epoch`` (default: the current one), before sharding."""
+    def drawn(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """With ``draws``: the epoch's dataset indices in order, and each one's occurrence number.
+
+        The occurrences are ``None`` where no sample can be drawn twice. Computed once per epoch.
+        """
         epoch = self.epoch if epoch is None else epoch
-        if self.shuffle and self.block_size:
+        assert self.draws is not None
+        if self._drawn is None or self._drawn[0] != epoch:
+            indices = self.draws.draw(self.seed, epoch)
+            self._drawn = (epoch, indices, occurrences(indices) if self.draws.repeats_samples else None)
+        return self._drawn[1], self._drawn[2]
+
+    def epoch_order(self, epoch: int | None = None) -> torch.Tensor:
+        """The whole permutation of ``range(length)`` for ``epoch`` (default: the current one), before sharding.
+
+        With ``draws``, the positions in the epoch's draws (already in random order): ``0 ... draws.size - 1``.
+        """
+        epoch = self.epoch if epoch is None else epoch
+        if self.draws is not None:
+            order = torch.arange(self.length)
+        elif self.shuffle and self.block_size:
             gen = torch.Generator().manual_seed(self.seed + epoch)
             starts = torch.randperm(-(-self.length // self.block_size), generator=gen) * self.block_size
             order = torch.cat([torch.arange(s, min(s + self.block_size, self.length)) for s in starts.tolist()])
@@ -197,6 +231,16 @@ class EpochSampler(DistributedSampler):
         self._resume_at = None
         self.yielded = start
         r = self.repeats
+        if self.draws is not None:
+            drawn, occurrence = self.drawn(epoch)
+            for slot in self.indices()[start:].tolist():
+                self.yielded += 1
+                position, repeat = divmod(slot, r)
+                if occurrence is not None:
+                    repeat += int(occurrence[position]) * r  # a sample drawn again: other keys, other augmentation
+                index = int(drawn[position])
+                yield (epoch, index) if r == 1 and occurrence is None else (epoch, index, repeat)
+            return
         for i in self.indices()[start:].tolist():
             self.yielded += 1
             yield (epoch, i) if r == 1 else (epoch, i // r, i % r)
@@ -213,7 +257,14 @@ class EpochSampler(DistributedSampler):
         In an epoch continued with :meth:`continue_epoch`, also the samples consumed before it (a packed bit mask,
         ``length / 8`` bytes): this rank's order is a function of them too.
         """
-        state: dict[str, Any] = {"epoch": self.epoch, "seed": self.seed, "yielded": self.yielded, "length": self.length}
+        state: dict[str, Any] = {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "yielded": self.yielded,
+            "length": self.dataset_length,
+        }
+        if self.draws is not None:
+            state["draws"] = dict(self.draws.identity)
         if self.repeats > 1:
             state["repeats"] = self.repeats
         if self._consumed is not None and self._consumed_epoch == self.epoch:
@@ -237,9 +288,17 @@ class EpochSampler(DistributedSampler):
                 f"sampler has repeats={self.repeats!r}: resume with the checkpoint's setting, or start without "
                 "ckpt_path."
             )
-        if int(state.get("length", self.length)) != self.length:
+        saved, now = state.get("draws") or {}, {} if self.draws is None else self.draws.identity
+        changed = describe_change(saved, now)
+        if changed is not None:
             raise ValueError(
-                f"Sampler state was saved for a dataset of {state['length']} samples, this one has {self.length}: "
+                f"Sampler state was saved with other sampling settings ({changed} changed): the checkpoint's "
+                "positions describe other draws. Resume with the checkpoint's settings, or start without ckpt_path."
+            )
+        if int(state.get("length", self.dataset_length)) != self.dataset_length:
+            raise ValueError(
+                f"Sampler state was saved for a dataset of {state['length']} samples, this one has "
+                f"{self.dataset_length}: "
                 "the checkpoint's positions do not describe this dataset. Resume on the same data, or start without "
                 "ckpt_path (or load the model weights alone)."
             )
@@ -285,6 +344,8 @@ class BatchLookahead:
         """The indices of this worker's next batch after ``keys`` (``(epoch, index)`` pairs), or ``None``."""
         if not keys or not isinstance(keys[0], (tuple, list)) or num_workers < 1 or self.sampler.repeats > 1:
             return None  # with repeats a sample is in the order several times: no guess
+        if self.sampler.draws is not None:
+            return None  # the order is of draws, not of samples: no guess
         epoch = int(keys[0][0])
         if epoch != self._epoch:
             self.sampler.epoch = epoch
