@@ -290,8 +290,8 @@ class SamplingSettings:
         bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
         if bad.size:
             raise InvalidValueError(
-                f"sample_weights gives sample {int(pool[bad[0]])} the weight {weights[bad[0]]!r}: weights should be "
-                f"finite and >= 0 ({bad.size} such samples)."
+                f"sample_weights gives sample {int(pool[bad[0]])} the weight {float(weights[bad[0]])!r}: weights "
+                f"should be finite and >= 0 ({bad.size} such samples)."
             )
         if not weights.sum() > 0:
             raise InvalidValueError("sample_weights are all zero: nothing could be drawn.")

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ def uninterrupted(base: dict[str, Any], tmp_path: Path) -> Path:
     """The reference run, once per (kind, workers, devices) for the whole module."""
     key = (base["kind"], base["workers"], base["devices"], base.get("snapshot"), base["source"])
     key += (base.get("batch_size"), base.get("block_shuffle"), base.get("recipe"), base.get("labels"))
+    key += (json.dumps(base.get("sampling"), sort_keys=True),)
     if key not in _UNINTERRUPTED:
         record = tmp_path / "full"
         run({**base, "max_steps": STEPS, "record": str(record)})
@@ -113,6 +115,8 @@ def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, de
         base["snapshot"] = extra.pop("snapshot")
     if "labels" in extra:
         base.update(labels=extra.pop("labels"), multi_label=extra.pop("multi_label"))
+    if "sampling" in extra:
+        base["sampling"] = extra.pop("sampling")
     full_record = uninterrupted(base, tmp_path)
     ckpt = stopped_at(base, k, tmp_path, record="part")
     run({**base, "max_steps": STEPS, "record": str(tmp_path / "part"), "ckpt_path": ckpt, **extra})
@@ -138,6 +142,52 @@ def test_resume_is_exact_with_labels_from_a_table(tmp_path: Path, sources: dict[
     conformance(tmp_path, kind, sources["flat"], 2, 8, labels=sources["table"], multi_label=True)
     steps = records(tmp_path / "part")
     assert all(len(row) == 5 and sum(row) == 2 for step in steps for row in step["labels"])  # 3 classes + odd/even
+
+
+#: Weighted draws over a subset, 30 samples an epoch (batches of 8: 8, 8, 8, 6), another class list.
+SAMPLING = {"sample_weights": {"class_002": 4.0}, "epoch_size": 30, "classes": ["class_002", "class_000"]}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("k", [2, 6], ids=["in-first-epoch", "in-second-epoch"])
+@pytest.mark.parametrize("kind", ["folder", "hdf5", "cache"])
+def test_resume_is_exact_with_weights_an_epoch_size_and_a_subset(
+    tmp_path: Path, sources: dict[str, str], kind: str, k: int
+) -> None:
+    """Every DataModule with sample weights, epoch_size and classes=: the resumed steps equal the uninterrupted run's
+    (labels in the subset's numbering, pixels), mid-epoch, through workers."""
+    conformance(tmp_path, kind, sources[kind], 2, k, sampling=SAMPLING)
+    steps = records(tmp_path / "part")
+    assert [len(s["labels"]) for s in steps if s["epoch"] == 0] == [8, 8, 8, 6]
+    labels = Counter(label for s in steps for label in s["labels"])
+    assert set(labels) == {0, 1} and labels[0] > labels[1]  # class_002 (now 0) weighs 4: drawn ~4x as often
+
+
+@pytest.mark.timeout(600)
+def test_resuming_with_other_sampling_settings_is_refused_naming_them(tmp_path: Path, sources: dict[str, str]) -> None:
+    base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "sampling": SAMPLING}
+    base["cache_dir"] = str(tmp_path / "c")
+    ckpt = stopped_at(base, 2, tmp_path)
+    other = {**base, "sampling": {**SAMPLING, "sample_weights": {"class_002": 2.0}}}
+    run({**other, "max_steps": 4, "record": str(tmp_path / "new"), "ckpt_path": ckpt}, expect_error="sample_weights")
+    fewer = {**base, "sampling": {**SAMPLING, "epoch_size": 20}}
+    run({**fewer, "max_steps": 4, "record": str(tmp_path / "new"), "ckpt_path": ckpt}, expect_error="epoch_size")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_weighted_draws_continue_on_another_world_size(tmp_path: Path, sources: dict[str, str]) -> None:
+    """Stopped after 2 steps on one rank, continued on two: the epoch's draws left are split over the two ranks
+    (7 each), nothing trained twice or lost; the next epoch is whole on both."""
+    base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "sampling": SAMPLING}
+    base["cache_dir"] = str(tmp_path / "c")
+    single = records(uninterrupted(base, tmp_path))
+    ckpt = stopped_at(base, 2, tmp_path)
+    run({**base, "devices": 2, "max_steps": 4, "record": str(tmp_path / "two"), "ckpt_path": ckpt})
+    old, ranks = records(tmp_path / "old"), every_rank(tmp_path / "two", 2)
+    assert len(samples(old, 0)) == 16 and [len(samples(r, 0)) for r in ranks] == [7, 7]
+    assert sorted(samples(old, 0) + samples(ranks[0], 0) + samples(ranks[1], 0)) == sorted(samples(single, 0))
+    assert len(samples(ranks[0], 1)) == len(samples(ranks[1], 1)) > 0
 
 
 @pytest.mark.timeout(600)

@@ -9,7 +9,8 @@ configure_optimizers, Lightning #20550; it only loads data early with max_epochs
 accelerator ("cpu" unless given), storage_options (for an s3:// source), prefetch (add FastDataCallback: pinned
 memory and the side-stream prefetch), batch_size (8 unless given), block_shuffle, recipe (train with a training
 recipe: TrivialAugmentWide in the workers and on the device, RandomErasing, MixUp or CutMix, repeated augmentation),
-labels (a label table for a flat folder source; folder and cache kinds), multi_label.
+labels (a label table for a flat folder source; folder and cache kinds), multi_label, sampling (the DataModule's
+sampling arguments: sample_weights, replacement, epoch_size, classes, max_per_class, fraction).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main(cfg: dict[str, Any]) -> None:
         kw["snapshot_every_n_steps"] = cfg["snapshot"]
     if cfg.get("storage_options"):
         kw["storage_options"] = cfg["storage_options"]
+    kw.update(cfg.get("sampling") or {})
     if cfg.get("labels"):
         kw.update(labels=cfg["labels"], multi_label=cfg.get("multi_label", False))
     if cfg.get("recipe"):
