@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = [sampler_row(n, name, spec) for n in args.sizes for name, spec in SETTINGS.items()]
     for row in rows:
         print(
-            f"{row['samples']:>10,}  {row['setting']:32s}  set-up {row['setup_s']:6.3f} s ({row['setup_peak_mb']:6.1f} MB)"
-            f"  draw {row['draw_s']:6.3f} s (peak {row['draw_peak_mb']:6.1f} MB, kept {row['kept_mb']:6.1f} MB)"
+            f"{row['samples']:>10,}  {row['setting']:32s}  set-up {row['setup_s']:6.3f} s "
+            f"({row['setup_peak_mb']:6.1f} MB)  draw {row['draw_s']:6.3f} s (peak {row['draw_peak_mb']:6.1f} MB, kept {row['kept_mb']:6.1f} MB)"
         )
     loader = [] if args.skip_loader else folder_ab(args)
     for row in loader:
