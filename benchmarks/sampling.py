@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for row in rows:
         print(
             f"{row['samples']:>10,}  {row['setting']:32s}  set-up {row['setup_s']:6.3f} s "
-            f"({row['setup_peak_mb']:6.1f} MB)  draw {row['draw_s']:6.3f} s (peak {row['draw_peak_mb']:6.1f} MB, kept {row['kept_mb']:6.1f} MB)"
+            f"({row['setup_peak_mb']:6.1f} MB)  draw {row['draw_s']:6.3f} s (peak {row['draw_peak_mb']:6.1f} MB, "
+            f"kept {row['kept_mb']:6.1f} MB)"
         )
     loader = [] if args.skip_loader else folder_ab(args)
     for row in loader:

@@ -61,7 +61,8 @@ class LoaderBuilding(DeviceTransferHooks):
         if subset.rows is None:
             return subset, None
         # evaluation: the kept samples, each once, in order
-        return subset, EpochDraws(subset.rows.astype(np.int64), None, len(subset.rows), True, shuffle=False)
+        rows = subset.rows.astype(np.int64)
+        return subset, EpochDraws.of(rows, len(rows), None, len(rows), shuffle=False)
 
     def _world(self) -> tuple[int, int, int]:
         """``(world_size, global_rank, devices_per_node)`` from the attached Trainer, else a single process."""

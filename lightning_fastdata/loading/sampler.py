@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
-from lightning_fastdata.loading.sampling import EpochDraws, describe_change, occurrences
+from lightning_fastdata.loading.sampling import EpochDraws, describe_change
 
 __all__ = ["BatchLookahead", "EpochSampler", "SampleKey"]
 
@@ -51,7 +51,8 @@ class EpochSampler(DistributedSampler):
         draws: What each epoch draws instead of one permutation of ``range(length)`` (weights, ``epoch_size``, a
             subset: :class:`~lightning_fastdata.loading.sampling.EpochDraws`, a function of ``(seed, epoch)``); an
             epoch is then ``draws.size`` samples, sharded, resumed and continued on another world size like a plain
-            one. A sample drawn twice gets two keys (``repeat`` numbers its occurrences), so two augmentations.
+            one. Where a sample may be drawn twice, ``repeat`` numbers the draws (``position x repeats + r``), so every
+            draw has its own key and augmentation.
 
     Raises:
         ValueError: On an impossible argument (named), e.g. ``even=False`` with ``drop_last`` or ``repeats``.
@@ -92,7 +93,7 @@ class EpochSampler(DistributedSampler):
         self.dataset_length = length
         self.draws = draws
         length = length if draws is None else draws.size
-        self._drawn: tuple[int, np.ndarray, np.ndarray | None] | None = None  # (epoch, indices, occurrences)
+        self._drawn: tuple[int, np.ndarray] | None = None  # (epoch, its draws)
         # DistributedSampler only reads len(dataset); a range stands in for the dataset.
         super().__init__(
             range(length),  # type: ignore[arg-type]
@@ -118,17 +119,13 @@ class EpochSampler(DistributedSampler):
         self._consumed_epoch: int | None = None
         self._consumed_packed = b""
 
-    def drawn(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-        """With ``draws``: the epoch's dataset indices in order, and each one's occurrence number.
-
-        The occurrences are ``None`` where no sample can be drawn twice. Computed once per epoch.
-        """
+    def drawn(self, epoch: int | None = None) -> np.ndarray:
+        """With ``draws``: the epoch's dataset indices in order; computed once per epoch."""
         epoch = self.epoch if epoch is None else epoch
         assert self.draws is not None
         if self._drawn is None or self._drawn[0] != epoch:
-            indices = self.draws.draw(self.seed, epoch)
-            self._drawn = (epoch, indices, occurrences(indices) if self.draws.repeats_samples else None)
-        return self._drawn[1], self._drawn[2]
+            self._drawn = (epoch, self.draws.draw(self.seed, epoch))
+        return self._drawn[1]
 
     def epoch_order(self, epoch: int | None = None) -> torch.Tensor:
         """The whole permutation of ``range(length)`` for ``epoch`` (default: the current one), before sharding.
@@ -232,14 +229,15 @@ class EpochSampler(DistributedSampler):
         self.yielded = start
         r = self.repeats
         if self.draws is not None:
-            drawn, occurrence = self.drawn(epoch)
+            drawn, numbered = self.drawn(epoch), self.draws.repeats_samples
             for slot in self.indices()[start:].tolist():
                 self.yielded += 1
                 position, repeat = divmod(slot, r)
-                if occurrence is not None:
-                    repeat += int(occurrence[position]) * r  # a sample drawn again: other keys, other augmentation
                 index = int(drawn[position])
-                yield (epoch, index) if r == 1 and occurrence is None else (epoch, index, repeat)
+                if numbered:  # a sample drawn again: another key, another augmentation
+                    yield (epoch, index, slot)
+                else:
+                    yield (epoch, index) if r == 1 else (epoch, index, repeat)
             return
         for i in self.indices()[start:].tolist():
             self.yielded += 1

@@ -66,8 +66,10 @@ class EpochDraws:
     """Which dataset indices an epoch draws, in order: a function of ``(seed, epoch)`` (module docstring).
 
     Attributes:
-        pool: The dataset indices that may be drawn (int64).
-        weights: Each pool entry's weight (float64, sum > 0), or ``None``: uniform, each once per pass.
+        pool: The dataset indices that may be drawn (sorted), or ``None``: every index (``0 ... n - 1``).
+        n: How many samples the pool holds.
+        weights: Each pool entry's weight (float32, sum > 0): kept for draws without replacement; ``None`` otherwise.
+        cdf: The weights' cumulative sum: kept for draws with replacement; ``None`` otherwise.
         size: Draws per epoch (``epoch_size``, else the pool's size).
         replacement: Weighted draws with replacement (each independent), else without.
         shuffle: Draw in random order; ``False``: the pool in order, repeated up to ``size`` (no weights).
@@ -75,40 +77,77 @@ class EpochDraws:
             a resume state carries it, and a change is refused naming the setting that changed.
     """
 
-    pool: np.ndarray
+    pool: np.ndarray | None
+    n: int
     weights: np.ndarray | None
+    cdf: np.ndarray | None
     size: int
     replacement: bool
     shuffle: bool = True
     identity: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def of(
+        cls,
+        pool: np.ndarray | None,
+        n: int,
+        weights: np.ndarray | None,
+        size: int,
+        replacement: bool = True,
+        shuffle: bool = True,
+        identity: dict[str, str] | None = None,
+    ) -> EpochDraws:
+        """Draws over ``pool`` (``None``: ``range(n)``) with ``weights`` (``None``: uniform)."""
+        cdf = np.cumsum(weights) if weights is not None and replacement else None
+        kept = weights.astype(np.float32) if weights is not None and not replacement else None
+        return cls(pool, n, kept, cdf, size, replacement, shuffle, dict(identity or {}))
+
+    @property
+    def weighted(self) -> bool:
+        """Whether draws follow weights."""
+        return self.cdf is not None or self.weights is not None
+
     @property
     def repeats_samples(self) -> bool:
         """Whether an epoch may draw a sample more than once."""
-        return (self.weights is not None and self.replacement) or self.size > len(self.pool)
+        return self.cdf is not None or self.size > self.n
 
     def draw(self, seed: int, epoch: int) -> np.ndarray:
-        """The epoch's dataset indices, in order (``size`` of them, int64)."""
+        """The epoch's dataset indices, in order (``size`` of them; int32 below 2**31 samples)."""
         rng = np.random.Generator(np.random.PCG64([int(seed) & 0xFFFFFFFF, int(epoch), 0x5A3C]))
-        n = len(self.pool)
-        if self.weights is None:
-            if not self.shuffle:
-                return np.resize(self.pool, self.size)
+        n = self.n
+        dtype = np.int32 if n < 2**31 else np.int64
+        if self.cdf is not None:  # with replacement: sorted uniforms located in the cdf, then shuffled
+            positions = np.empty(self.size, dtype=dtype)
+            spacings = rng.standard_exponential(self.size + 1)
+            total = spacings.sum()
+            lo = 0
+            offset = 0.0
+            for start in range(0, self.size, _CHUNK):
+                part = np.cumsum(spacings[start : min(start + _CHUNK, self.size)]) + offset
+                offset = float(part[-1])
+                u = part * (self.cdf[-1] / total)  # increasing: searchsorted walks the cdf once
+                positions[lo : lo + len(u)] = np.minimum(np.searchsorted(self.cdf, u, side="right"), n - 1)
+                lo += len(u)
+            del spacings
+            rng.shuffle(positions)
+        elif self.weights is not None:  # without replacement: Efraimidis-Spirakis keys, the largest first
+            keys = rng.random(n, dtype=np.float32)
+            with np.errstate(divide="ignore"):
+                np.log(keys, out=keys)
+                np.divide(keys, self.weights, out=keys)  # <= 0; weight 0: -inf, never before a positive weight
+            np.negative(keys, out=keys)  # the smallest first
+            if self.size < n:
+                top = np.argpartition(keys, self.size - 1)[: self.size]
+                positions = top[np.argsort(keys[top], kind="stable")].astype(dtype)
+            else:
+                positions = np.argsort(keys).astype(dtype)  # ties (weight 0) are never drawn before others
+        elif not self.shuffle:
+            positions = np.resize(np.arange(n, dtype=dtype), self.size)
+        else:
             rounds = -(-self.size // n)
-            positions = np.concatenate([rng.permutation(n) for _ in range(rounds)])[: self.size]
-            return self.pool[positions]
-        if self.replacement:
-            cdf = np.cumsum(self.weights)
-            out = np.empty(self.size, dtype=np.int64)
-            for lo in range(0, self.size, _CHUNK):
-                u = rng.random(min(_CHUNK, self.size - lo)) * cdf[-1]
-                out[lo : lo + len(u)] = np.minimum(np.searchsorted(cdf, u, side="right"), n - 1)
-            return self.pool[out]
-        # without replacement: Efraimidis-Spirakis keys log(u) / w, the largest `size` in descending order
-        with np.errstate(divide="ignore"):
-            keys = np.log(rng.random(n)) / self.weights  # weight 0: -inf, never drawn before a positive one
-        top = np.argpartition(-keys, self.size - 1)[: self.size] if self.size < n else np.arange(n)
-        return self.pool[top[np.argsort(-keys[top], kind="stable")]]
+            positions = np.concatenate([rng.permutation(n).astype(dtype) for _ in range(rounds)])[: self.size]
+        return positions if self.pool is None else self.pool[positions].astype(dtype)
 
 
 def occurrences(draws: np.ndarray) -> np.ndarray:
@@ -233,10 +272,11 @@ class SamplingSettings:
         """
         if not self.changes_draws:
             return None
-        pool = np.arange(len(targets), dtype=np.int64) if subset.rows is None else subset.rows.astype(np.int64)
-        labels = subset.map_labels(targets[pool])
+        pool = None if subset.rows is None else subset.rows.astype(np.int64)
+        labels = subset.map_labels(targets if pool is None else targets[pool])
         weights = None if self.sample_weights is None else self._weights(targets, pool, labels, subset.classes)
-        size = self.epoch_size if self.epoch_size is not None else len(pool)
+        n = len(targets) if pool is None else len(pool)
+        size = self.epoch_size if self.epoch_size is not None else n
         replacement = True if self.replacement is None else self.replacement
         if weights is not None and not replacement and size > int((weights > 0).sum()):
             raise InvalidValueError(
@@ -246,13 +286,13 @@ class SamplingSettings:
             )
         if not shuffle and weights is not None:
             raise InvalidValueError("sample_weights draws at random: it needs shuffle=True.")
-        identity = {"pool": _digest(pool), "epoch_size": str(size)}
+        identity = {"pool": "all" if pool is None else _digest(pool), "epoch_size": str(size)}
         if weights is not None:
             identity.update(weights=_digest(weights), replacement=str(replacement))
-        return EpochDraws(pool, weights, size, replacement, shuffle, identity)
+        return EpochDraws.of(pool, n, weights, size, replacement, shuffle, identity)
 
     def _weights(
-        self, targets: np.ndarray, pool: np.ndarray, labels: np.ndarray, classes: tuple[str, ...]
+        self, targets: np.ndarray, pool: np.ndarray | None, labels: np.ndarray, classes: tuple[str, ...]
     ) -> np.ndarray:
         w = self.sample_weights
         multi = labels.ndim == 2
@@ -286,12 +326,13 @@ class SamplingSettings:
                     "training sample, in its order (len(dm.train_dataset) after dm.setup('fit')), or a mapping of "
                     "class names, 'balanced' or a callable of the label."
                 )
-            weights = given[pool]
+            weights = given if pool is None else given[pool]
         bad = np.flatnonzero(~np.isfinite(weights) | (weights < 0))
         if bad.size:
+            sample = int(bad[0] if pool is None else pool[bad[0]])
             raise InvalidValueError(
-                f"sample_weights gives sample {int(pool[bad[0]])} the weight {float(weights[bad[0]])!r}: weights "
-                f"should be finite and >= 0 ({bad.size} such samples)."
+                f"sample_weights gives sample {sample} the weight {float(weights[bad[0]])!r}: weights should be finite "
+                f"and >= 0 ({bad.size} such samples)."
             )
         if not weights.sum() > 0:
             raise InvalidValueError("sample_weights are all zero: nothing could be drawn.")
