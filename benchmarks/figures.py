@@ -186,6 +186,16 @@ def _predict(loader_prefix: str) -> list[float]:
 
 
 FIGURES: dict[str, Callable[[], str]] = {
+    "sampling.loader": lambda: times2(result("sampling")["loader_ratio"]),
+    "sampling.loader_plain": lambda: count(result("sampling")["loader"][0]["images_per_s"]),
+    "sampling.loader_weighted": lambda: count(result("sampling")["loader"][1]["images_per_s"]),
+    "sampling.draw_10m": lambda: f"{_sampling_row(10_000_000, 'balanced, with replacement')['draw_s']:.2f} s",
+    "sampling.peak_10m": lambda: f"{_sampling_row(10_000_000, 'balanced, with replacement')['draw_peak_mb']:.0f} MB",
+    "sampling.date": lambda: date_of("sampling"),
+    "sampling.predicted_loader": lambda: times2(_sampling_predicted("folder loader, balanced vs plain")),
+    "sampling.predicted_draw": lambda: f"{_sampling_predicted('10M balanced, with replacement: draw s')} s",
+    "sampling.predicted_peak": lambda: f"{_sampling_predicted('10M balanced, with replacement: peak MB')} MB",
+    "sampling.machine": lambda: machine("sampling"),
     "predict.date": lambda: date_of("predict"),
     "predict.machine": lambda: machine("predict"),
     "predict.demo": lambda: times(_predict("ImageFolderDataModule predict_dataloader")[0]),
@@ -565,8 +575,43 @@ def _peers_best() -> str:
     return _ratio_range([s["ours_vs_best_peer"] for s in result("peers")["sets"]], digits=1)
 
 
+def _sampling_table() -> str:
+    """The Sampling page's table: the sampler at 1.28M and 10M samples, ``sampling.json``."""
+    data = result("sampling")
+    caption = (
+        f"`python -m benchmarks.sampling` on {machine('sampling')} ({date_of('sampling')}; 1,000 classes with a 1:100 "
+        "skew; one epoch's draw and this rank's keys on one of 8 ranks; memory: numpy's allocations as `tracemalloc` "
+        "counts them, the plain epoch's `torch.randperm` not counted; kept: the epoch's draws, besides the weights' "
+        "cumulative sum kept from the set-up, 8 bytes a sample; `benchmarks/results/sampling.json`):"
+    )
+    table = _table(
+        ["samples", "setting", "set-up (once a run)", "draw (once an epoch)", "peak while drawing", "kept"],
+        (
+            [
+                f"{r['samples']:,}",
+                r["setting"],
+                f"{r['setup_s']:.2f} s",
+                f"{r['draw_s']:.2f} s",
+                f"{r['draw_peak_mb']:.0f} MB",
+                f"{r['kept_mb']:.0f} MB",
+            ]
+            for r in data["sampler"]
+        ),
+    )
+    return f"{caption}\n\n{table}"
+
+
+def _sampling_predicted(what: str) -> Any:
+    return result("sampling")["predicted"][what]
+
+
+def _sampling_row(samples: int, setting: str) -> dict[str, Any]:
+    return next(r for r in result("sampling")["sampler"] if r["samples"] == samples and r["setting"] == setting)
+
+
 #: Every named block: a function of the results files giving its Markdown.
 BLOCKS: dict[str, Callable[[], str]] = {
+    "sampling-table": _sampling_table,
     "folder-table": _folder_table,
     "s3-table": _s3_table,
     "scale-scan-table": _scan_table,

@@ -242,7 +242,7 @@ class FastDataModule(LoaderBuilding):
 
     @property
     def classes(self) -> tuple[str, ...]:
-        """The class names in label order: the data's, or ``classes=`` (a subset, in its order)."""
+        """Class names, in label order (the data's, or ``classes=`` as given: a subset, in its order)."""
         wanted = self.sampling.classes
         return self.data_classes if wanted is None else tuple(str(c) for c in wanted)
 
