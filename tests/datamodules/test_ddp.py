@@ -189,9 +189,14 @@ def test_evaluation_on_two_ranks_equals_one_rank_and_sees_every_sample_once(tmp_
     for devices in ("1", "2"):
         args = [str(tmp_path), devices, str(root), str(test_root), str(test_h5), str(train_h5)]
         args += [str(tmp_path / "flat_train"), str(tmp_path / "flat_test"), str(tmp_path / "labels.csv")]
-        out = subprocess.run(
-            [sys.executable, str(script), *args], capture_output=True, text=True, timeout=280, cwd=tmp_path
-        )
+        # its own port (two DDP runs of parallel test workers must never meet); a hang shows where (faulthandler)
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        try:
+            out = subprocess.run(
+                [sys.executable, str(script), *args], capture_output=True, text=True, timeout=280, cwd=tmp_path, env=env
+            )
+        except subprocess.TimeoutExpired as err:
+            raise AssertionError(f"{devices} rank(s) ran past 280 s:\n{(err.stderr or b'')[-6000:]!r}") from None
         assert out.returncode == 0, out.stderr[-4000:]
     one = json.loads((tmp_path / "eval-1-rank0.json").read_text())
     two = [json.loads((tmp_path / f"eval-2-rank{r}.json").read_text()) for r in (0, 1)]
