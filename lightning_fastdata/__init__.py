@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from lightning_fastdata.datamodules.cache import TensorCacheDataModule
     from lightning_fastdata.datamodules.folder import ImageFolderDataModule
     from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
+    from lightning_fastdata.datamodules.mixed import MixedDataModule
     from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
     from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
     from lightning_fastdata.datasets.folder import ImageFolderDataset
@@ -50,6 +51,7 @@ _EXPORTS = {
     "HDF5Dataset": "lightning_fastdata.datasets.hdf5",
     "ImageClassifier": "lightning_fastdata.models",
     "ImageFolderDataModule": "lightning_fastdata.datamodules.folder",
+    "MixedDataModule": "lightning_fastdata.datamodules.mixed",
     "ImageFolderDataset": "lightning_fastdata.datasets.folder",
     "Normalizer": "lightning_fastdata.augment.normalize",
     "PredictionWriter": "lightning_fastdata.callbacks.predictions",
@@ -80,6 +82,7 @@ __all__ = [
     "HDF5Dataset",
     "ImageClassifier",
     "ImageFolderDataModule",
+    "MixedDataModule",
     "ImageFolderDataset",
     "Normalizer",
     "PredictionWriter",

@@ -74,8 +74,9 @@ class ImageClassifier(LightningModule):
             self.model = self.model.to(memory_format=torch.channels_last)
         self.loss = nn.CrossEntropyLoss()
         self.train_loss = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-        self._evaluation_sums: dict[str, torch.Tensor] = {}
-        self._scores: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        # per (stage, dataloader index): the epoch's sums, and (multi-label) its scores and targets
+        self._evaluation_sums: dict[tuple[str, int], torch.Tensor] = {}
+        self._scores: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @property
     def class_names(self) -> list[str] | None:
@@ -90,11 +91,11 @@ class ImageClassifier(LightningModule):
             images = images.contiguous(memory_format=torch.channels_last)
         return self.model(images)
 
-    def _shared_step(self, batch: Any, stage: str) -> torch.Tensor:
+    def _shared_step(self, batch: Any, stage: str, loader: int = 0) -> torch.Tensor:
         images, labels = batch[0], batch[1]
         logits = self(images)
         if self.hparams.get("multi_label"):
-            return self._multi_label_step(logits, labels, stage)
+            return self._multi_label_step(logits, labels, stage, loader)
         loss = (self.train_loss if stage == "train" else self.loss)(logits, labels)
         classes = labels.argmax(dim=1) if labels.is_floating_point() else labels  # soft targets: the largest
         hits = logits.argmax(dim=1) == classes
@@ -107,10 +108,10 @@ class ImageClassifier(LightningModule):
         n = len(labels)
         row = torch.stack([loss.detach().double() * n, hits.sum().double(), top5.sum().double()])
         row = torch.cat([row, row.new_tensor([n])])
-        self._evaluation_sums[stage] = self._evaluation_sums.get(stage, 0) + row
+        self._evaluation_sums[stage, loader] = self._evaluation_sums.get((stage, loader), 0) + row
         return loss
 
-    def _multi_label_step(self, logits: torch.Tensor, labels: torch.Tensor, stage: str) -> torch.Tensor:
+    def _multi_label_step(self, logits: torch.Tensor, labels: torch.Tensor, stage: str, loader: int) -> torch.Tensor:
         if labels.dim() != 2 or labels.shape[1] != logits.shape[1]:
             raise InvalidValueError(
                 f"multi_label=True takes multi-hot labels (N x {logits.shape[1]}), got shape {tuple(labels.shape)}: "
@@ -122,12 +123,14 @@ class ImageClassifier(LightningModule):
         if stage == "train":
             self.log("train_loss", loss, prog_bar=True, batch_size=len(labels))
             return loss
-        self._scores.setdefault(stage, []).append((logits.detach().float().sigmoid(), targets.detach().float()))
+        self._scores.setdefault((stage, loader), []).append(
+            (logits.detach().float().sigmoid(), targets.detach().float())
+        )
         return loss
 
-    def _log_multi_label(self, stage: str) -> None:
+    def _log_multi_label(self, stage: str, loader: int, suffix: str) -> None:
         """``{stage}_loss``, ``{stage}_map`` and ``{stage}_f1`` over every rank's scores of the epoch."""
-        parts = self._scores.pop(stage, [])
+        parts = self._scores.pop((stage, loader), [])
         classes = int(self.hparams["num_classes"])
         scores = torch.cat([p for p, _ in parts]) if parts else torch.zeros(0, classes, device=self.device)
         targets = torch.cat([t for _, t in parts]) if parts else torch.zeros(0, classes, device=self.device)
@@ -143,9 +146,10 @@ class ImageClassifier(LightningModule):
         tp = (predicted & (targets > 0.5)).sum()
         f1 = 2 * tp / (predicted.sum() + (targets > 0.5).sum()).clamp(min=1)
         # the same value on every rank already (sync_dist keeps Lightning from warning of an unsynced epoch value)
-        self.log(f"{stage}_loss", loss.float(), prog_bar=True, sync_dist=True)
-        self.log(f"{stage}_map", ap.nanmean().float() if ap.isfinite().any() else ap.new_tensor(0.0), sync_dist=True)
-        self.log(f"{stage}_f1", f1.float(), prog_bar=True, sync_dist=True)
+        kw: dict[str, Any] = {"sync_dist": True, "add_dataloader_idx": False}
+        self.log(f"{stage}_loss{suffix}", loss.float(), prog_bar=True, **kw)
+        self.log(f"{stage}_map{suffix}", ap.nanmean().float() if ap.isfinite().any() else ap.new_tensor(0.0), **kw)
+        self.log(f"{stage}_f1{suffix}", f1.float(), prog_bar=True, **kw)
 
     def _log_evaluation(self, stage: str) -> None:
         """Log ``{stage}_loss``, ``{stage}_acc`` (and ``{stage}_acc_top5`` above 5 classes) over the whole epoch.
@@ -153,12 +157,20 @@ class ImageClassifier(LightningModule):
         Sums of the epoch's losses, hits and samples, added over ranks (every sample is evaluated on exactly one
         rank), then divided: the metrics of N ranks equal one rank's. (Lightning's own ``sync_dist`` mean divides
         the sample count, an integer, by the world size with integer division, which is off whenever the ranks'
-        total count is odd.)
+        total count is odd.) With several loaders (a ``MixedDataModule``'s sources), each loader's metrics apart,
+        named ``{stage}_acc/dataloader_idx_{k}`` as Lightning names them.
         """
-        if self.hparams.get("multi_label"):
-            self._log_multi_label(stage)
-            return
-        row = self._evaluation_sums.pop(stage, None)
+        loaders = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
+        count = len(loaders) if isinstance(loaders, (list, tuple)) else 1
+        for loader in range(count):
+            suffix = f"/dataloader_idx_{loader}" if count > 1 else ""
+            if self.hparams.get("multi_label"):
+                self._log_multi_label(stage, loader, suffix)
+            else:
+                self._log_sums(stage, loader, suffix)
+
+    def _log_sums(self, stage: str, loader: int, suffix: str) -> None:
+        row = self._evaluation_sums.pop((stage, loader), None)
         if row is None:  # this rank had no batch: it still takes part in the reduction
             row = torch.zeros(4, dtype=torch.float64, device=self.device)
         total = self.trainer.strategy.reduce(row, reduce_op="sum")
@@ -166,10 +178,11 @@ class ImageClassifier(LightningModule):
             return
         # the same value on every rank already; sync_dist averages equal values (exact), and without it Lightning
         # warns that an epoch-level value is not synced
-        self.log(f"{stage}_loss", total[0] / total[3], prog_bar=True, sync_dist=True)
-        self.log(f"{stage}_acc", total[1] / total[3], prog_bar=True, sync_dist=True)
+        kw: dict[str, Any] = {"sync_dist": True, "add_dataloader_idx": False}
+        self.log(f"{stage}_loss{suffix}", total[0] / total[3], prog_bar=True, **kw)
+        self.log(f"{stage}_acc{suffix}", total[1] / total[3], prog_bar=True, **kw)
         if self.hparams["num_classes"] > 5:
-            self.log(f"{stage}_acc_top5", total[2] / total[3], sync_dist=True)
+            self.log(f"{stage}_acc_top5{suffix}", total[2] / total[3], **kw)
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -177,18 +190,18 @@ class ImageClassifier(LightningModule):
         return self._shared_step(batch, "train")
 
     @override
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Validation loss, top-1 and (more than 5 classes) top-5 accuracy, logged over the epoch."""
-        self._shared_step(batch, "val")
+        self._shared_step(batch, "val", dataloader_idx)
 
     @override
     def on_validation_epoch_end(self) -> None:
         self._log_evaluation("val")
 
     @override
-    def test_step(self, batch: Any, batch_idx: int) -> None:
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Test loss, top-1 and (more than 5 classes) top-5 accuracy: ``test_loss``, ``test_acc``, ``test_acc_top5``."""
-        self._shared_step(batch, "test")
+        self._shared_step(batch, "test", dataloader_idx)
 
     @override
     def on_test_epoch_end(self) -> None:

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_intervals
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
 from lightning_fastdata.datamodules.transfer import DeviceTransferHooks
-from lightning_fastdata.datasets.base import AugmentedImageDataset, LoaderPlan
+from lightning_fastdata.datasets.base import LoaderPlan
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
 from lightning_fastdata.loading.transport.collate import collate_prebatched
@@ -109,10 +109,11 @@ class LoaderBuilding(DeviceTransferHooks):
             return self._prefetch_to
         return None if self.trainer is None else self.trainer.strategy.root_device
 
-    def _loader(self, dataset: Dataset, train: bool, labelled: bool = True) -> Any:
+    def _loader(self, dataset: Dataset, train: bool, labelled: bool = True, label_map: np.ndarray | None = None) -> Any:
         """The loader of ``dataset``: training (``train``: shuffled, stateful) or evaluation.
 
-        ``labelled=False`` (predict): no subset, no label mapped.
+        ``labelled=False`` (predict): no subset, no label mapped. ``label_map``: the labels in another class list
+        (a mix's source), where no subset maps them.
         """
         world_size, rank, devices = self._world()
         workers = self._resolve_workers(devices)
@@ -129,14 +130,14 @@ class LoaderBuilding(DeviceTransferHooks):
             even=train,  # evaluation: every sample once over all ranks, so N ranks' metrics equal one rank's
             draws=draws,
         )
-        if isinstance(dataset, AugmentedImageDataset):
+        if hasattr(dataset, "for_loader"):  # this package's datasets, and a mix of them
             # the next batch's reads start early (from a bucket)
-            ahead = train and workers > 0 and self.in_order and dataset.reads_ahead and draws is None
+            ahead = train and workers > 0 and self.in_order and getattr(dataset, "reads_ahead", False) and not draws
             plan = LoaderPlan(
                 return_keys=train and bool(self.device_augment),
                 lookahead=BatchLookahead(sampler) if ahead else None,
                 epoch_samples=len(sampler),  # what max_corrupt_fraction is a fraction of
-                label_map=None if subset is None else subset.label_map,
+                label_map=label_map if subset is None or subset.label_map is None else subset.label_map,
             )
             dataset = dataset.for_loader(plan)
         persistent = workers > 0 if self.persistent_workers is None else (self.persistent_workers and workers > 0)

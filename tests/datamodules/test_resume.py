@@ -92,7 +92,7 @@ def uninterrupted(base: dict[str, Any], tmp_path: Path) -> Path:
     """The reference run, once per (kind, workers, devices) for the whole module."""
     key = (base["kind"], base["workers"], base["devices"], base.get("snapshot"), base["source"])
     key += (base.get("batch_size"), base.get("block_shuffle"), base.get("recipe"), base.get("labels"))
-    key += (json.dumps(base.get("sampling"), sort_keys=True),)
+    key += (json.dumps(base.get("sampling"), sort_keys=True), base.get("mix_with"))
     if key not in _UNINTERRUPTED:
         record = tmp_path / "full"
         run({**base, "max_steps": STEPS, "record": str(record)})
@@ -117,6 +117,8 @@ def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, de
         base.update(labels=extra.pop("labels"), multi_label=extra.pop("multi_label"))
     if "sampling" in extra:
         base["sampling"] = extra.pop("sampling")
+    if "mix_with" in extra:
+        base["mix_with"] = extra.pop("mix_with")
     full_record = uninterrupted(base, tmp_path)
     ckpt = stopped_at(base, k, tmp_path, record="part")
     run({**base, "max_steps": STEPS, "record": str(tmp_path / "part"), "ckpt_path": ckpt, **extra})
@@ -161,6 +163,31 @@ def test_resume_is_exact_with_weights_an_epoch_size_and_a_subset(
     assert [len(s["labels"]) for s in steps if s["epoch"] == 0] == [8, 8, 8, 6]
     labels = Counter(label for s in steps for label in s["labels"])
     assert set(labels) == {0, 1} and labels[0] > labels[1]  # class_002 (now 0) weighs 4: drawn ~4x as often
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("k", [2, 6], ids=["in-first-epoch", "in-second-epoch"])
+def test_resume_is_exact_with_a_mix_of_a_folder_and_an_hdf5_file(
+    tmp_path: Path, sources: dict[str, str], k: int
+) -> None:
+    """MixedDataModule (the folder and the HDF5 file, weights 1:2, 30 draws an epoch): the resumed steps equal the
+    uninterrupted run's, mid-epoch, through workers."""
+    conformance(tmp_path, "mixed", sources["folder"], 2, k, mix_with=sources["hdf5"])
+    assert [len(s["labels"]) for s in records(tmp_path / "part") if s["epoch"] == 0] == [8, 8, 8, 6]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_a_mix_continues_on_another_world_size(tmp_path: Path, sources: dict[str, str]) -> None:
+    """Stopped after 2 steps on one rank, continued on two: the mix's draws left split over the ranks, none lost."""
+    base = {"kind": "mixed", "source": sources["folder"], "mix_with": sources["hdf5"], "workers": 0, "devices": 1}
+    base["cache_dir"] = str(tmp_path / "c")
+    single = records(uninterrupted(base, tmp_path))
+    ckpt = stopped_at(base, 2, tmp_path)
+    run({**base, "devices": 2, "max_steps": 4, "record": str(tmp_path / "two"), "ckpt_path": ckpt})
+    old, ranks = records(tmp_path / "old"), every_rank(tmp_path / "two", 2)
+    assert [len(samples(r, 0)) for r in ranks] == [7, 7]
+    assert sorted(samples(old, 0) + samples(ranks[0], 0) + samples(ranks[1], 0)) == sorted(samples(single, 0))
 
 
 @pytest.mark.timeout(600)

@@ -9,8 +9,9 @@ configure_optimizers, Lightning #20550; it only loads data early with max_epochs
 accelerator ("cpu" unless given), storage_options (for an s3:// source), prefetch (add FastDataCallback: pinned
 memory and the side-stream prefetch), batch_size (8 unless given), block_shuffle, recipe (train with a training
 recipe: TrivialAugmentWide in the workers and on the device, RandomErasing, MixUp or CutMix, repeated augmentation),
-labels (a label table for a flat folder source; folder and cache kinds), multi_label, sampling (the DataModule's
-sampling arguments: sample_weights, replacement, epoch_size, classes, max_per_class, fraction).
+labels (a label table for a flat folder source; folder and cache kinds), multi_label, mix_with (kind "mixed": an
+HDF5 file drawn twice as often as the folder source, in a MixedDataModule of 30 samples an epoch), sampling (the
+DataModule's sampling arguments: sample_weights, replacement, epoch_size, classes, max_per_class, fraction).
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torch import nn
 from torchvision.transforms import v2
 
-from lightning_fastdata import FastDataCallback, HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule
+from lightning_fastdata import (
+    FastDataCallback,
+    HDF5DataModule,
+    ImageFolderDataModule,
+    MixedDataModule,
+    TensorCacheDataModule,
+)
 from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
 
 
@@ -83,8 +90,14 @@ def main(cfg: dict[str, Any]) -> None:
             ],
             repeated_augmentations=2,
         )
-    if cfg["kind"] == "folder":
-        dm: pl.LightningDataModule = ImageFolderDataModule(cfg["source"], **kw)
+    if cfg["kind"] == "mixed":
+        sources = [
+            ImageFolderDataModule(cfg["source"], image_size=16, val_fraction=0.0),
+            HDF5DataModule(cfg["mix_with"], image_size=16, val_fraction=0.0),
+        ]
+        dm: pl.LightningDataModule = MixedDataModule(sources, weights=[1.0, 2.0], epoch_size=30, **kw)
+    elif cfg["kind"] == "folder":
+        dm = ImageFolderDataModule(cfg["source"], **kw)
     elif cfg["kind"] == "hdf5":
         dm = HDF5DataModule(cfg["source"], **kw)
     else:

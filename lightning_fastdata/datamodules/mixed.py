@@ -1,0 +1,138 @@
+"""``MixedDataModule``: several DataModules' training sets drawn in given proportions, their validation sets apart."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
+
+from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datasets.base import AugmentedImageDataset
+from lightning_fastdata.datasets.mixed import MixedDataset
+from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.sampling import EpochDraws, Subset
+
+__all__ = ["MixedDataModule"]
+
+
+class MixedDataModule(FastDataModule):
+    """Train on several DataModules at once (a folder, an HDF5 file, a bucket, a tensor cache), drawn in proportions.
+
+    An epoch draws ``epoch_size`` samples (default: all the sources' samples together) with replacement, source
+    ``s`` with probability ``weights[s] / sum(weights)`` and its samples uniformly: a small fine-tuning set next to
+    a large one is seen as often as its weight says. The draws are a function of ``(seed, epoch)``, sharded, resumed
+    and continued on another world size like any epoch of this package (:mod:`~lightning_fastdata.loading.sampling`).
+
+    **One class space, by name**: the mix's classes are the sources' class names in order of first appearance; a
+    class in one source only is fine, a name in several sources is one class. Sources whose classes are named by
+    number only (``"0"``, ``"1"``, ...: an HDF5 file without a ``classes`` attribute) are not merged with each
+    other: numbers say nothing of what a class is, so the mix refuses them (name the classes).
+
+    **Augmentation**: each source renders its samples with its own worker-side settings (``image_size`` must be the
+    same; crop ``scale``/``ratio``, ``train_transforms``, ``exact_decode``, ``on_corrupt`` are each source's); the
+    device side (``device_transforms``, ``batch_transforms``, normalisation) and the loader settings
+    (``batch_size``, ``num_workers``, ``seed``, ...) are the mix's own arguments. **Validation**: each source's
+    validation set is its own loader (``val_dataloader`` returns them in source order), so a model logs them
+    apart (``ImageClassifier``: ``val_acc/dataloader_idx_<k>``).
+
+    Args:
+        datamodules: The sources (any of this package's DataModules, at least one); their own loader arguments
+            are not used.
+        weights: Each source's share of an epoch's draws (positive); ``None``: in proportion to their sizes.
+        **kwargs: The loader, device-augmentation and sampling arguments of :class:`FastDataModule`
+            (``batch_size``, ``num_workers``, ``seed``, ``epoch_size``, ``device_transforms``, ...).
+
+    Raises:
+        ValueError: On an impossible argument or sources that cannot be mixed (the message names them).
+    """
+
+    def __init__(self, datamodules: list[FastDataModule], weights: list[float] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not datamodules:
+            raise InvalidValueError("datamodules should name at least one DataModule to draw from.")
+        if weights is not None:
+            if len(weights) != len(datamodules):
+                raise InvalidValueError(
+                    f"weights has {len(weights)} values for {len(datamodules)} datamodules; give one per source."
+                )
+            if not all(np.isfinite(w) and w > 0 for w in weights):
+                raise InvalidValueError(f"weights should be positive numbers, got {list(weights)!r}.")
+        if self.sampling.sample_weights is not None or self.sampling.classes is not None:
+            raise InvalidValueError(
+                "A MixedDataModule draws by its weights=: give sample_weights and classes to its sources instead."
+            )
+        self.datamodules = list(datamodules)
+        self.weights = None if weights is None else [float(w) for w in weights]
+        self.names = [f"{k}:{type(dm).__name__}" for k, dm in enumerate(self.datamodules)]
+        sizes = {dm.dataset_kwargs["image_size"] for dm in self.datamodules}
+        if len(sizes) > 1:
+            raise InvalidValueError(
+                f"The sources' image_size differ ({sorted(sizes)}); a batch is one tensor: give every source the same."
+            )
+        for name, dm in zip(self.names, self.datamodules):
+            if dm.multi_label:
+                raise InvalidValueError(f"Source {name} has several labels per sample; a mix takes one label each.")
+            if getattr(dm, "augment_on", "workers") == "device":
+                raise InvalidValueError(
+                    f"Source {name} crops on the device (augment_on='device'); in a mix every source crops in the "
+                    "workers: use augment_on='workers'."
+                )
+        numbered = [n for n, dm in zip(self.names, self.datamodules) if all(c.isdigit() for c in dm.classes)]
+        if len(numbered) > 1:
+            raise InvalidValueError(
+                f"Sources {numbered} name their classes by number only ({list(self.datamodules[0].classes)[:3]} ...): "
+                "numbers do not say which classes are the same, so they are not merged. Name the classes (the HDF5 "
+                "file's classes attribute, class folders, label_classes=)."
+            )
+        union: list[str] = []
+        for dm in self.datamodules:
+            union += [c for c in dm.classes if c not in union]
+        self.classes = tuple(union)
+        self.label_maps = [np.array([union.index(c) for c in dm.classes], dtype=np.int64) for dm in self.datamodules]
+        self.val_datasets: list[Dataset] = []
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes of the mix (the sources' names together)."""
+        return len(self.classes)
+
+    @override
+    def prepare_data(self) -> None:
+        """Every source's ``prepare_data`` (file lists, caches, entropy indexes)."""
+        for dm in self.datamodules:
+            dm.prepare_data()
+
+    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+        """Every source's datasets: the training sets as one mix, the validation sets apart.
+
+        The mix is a :class:`~lightning_fastdata.datasets.mixed.MixedDataset`.
+        """
+        trains: list[AugmentedImageDataset] = []
+        self.val_datasets = []
+        self.val_maps: list[np.ndarray] = []
+        for dm, label_map in zip(self.datamodules, self.label_maps):
+            train, val = dm.build_datasets()
+            trains.append(train)  # type: ignore[arg-type]
+            if val is not None:
+                self.val_datasets.append(val)
+                self.val_maps.append(label_map)
+        return MixedDataset(trains, self.label_maps, self.classes, self.names), None
+
+    @override
+    def val_dataloader(self) -> list[DataLoader]:
+        """One loader per source with a validation set, in source order (labels in the mix's class list)."""
+        return [self._loader(v, train=False, label_map=m) for v, m in zip(self.val_datasets, self.val_maps)]
+
+    def _sampling_of(self, dataset: Dataset, train: bool) -> tuple[Subset | None, EpochDraws | None]:
+        if not train or not isinstance(dataset, MixedDataset):
+            return None, None
+        sizes = np.diff(dataset.offsets).astype(np.float64)
+        shares = sizes if self.weights is None else np.asarray(self.weights)
+        per_sample = np.repeat(shares / np.maximum(sizes, 1), sizes.astype(np.int64))
+        settings = dataclasses.replace(self.sampling, sample_weights=per_sample.tolist(), replacement=True)
+        targets = np.asarray(dataset.targets)
+        subset = settings.subset(targets, self.classes, True, self.seed)
+        return subset, settings.draws(targets, subset, self.shuffle)
