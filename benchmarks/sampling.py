@@ -8,8 +8,9 @@
    epoch's draw and this rank's keys (once per epoch, on one of 8 ranks), and the memory they allocate (numpy's
    allocations as ``tracemalloc`` counts them: the peak during the draw, and what the sampler keeps). Targets
    (issue 54): <= 1 s per epoch's draw and <= 200 MB at 10M samples.
-2. **The folder loader with weights** (interleaved A/B, same run, same data and workers): the train loader of
-   ``ImageFolderDataModule`` plain against ``sample_weights="balanced"`` (same epoch size), images/s, median of the
+2. **The folder loader with weights and in a mix** (interleaved A/B, same run, same data and workers): the train
+   loader of ``ImageFolderDataModule`` plain against ``sample_weights="balanced"`` (same epoch size) and against a
+   ``MixedDataModule`` of that one folder (every batch split by source and joined again), images/s, median of the
    repeats.
 
 The prediction, written before the first run, is in :data:`PREDICTED` and copied into the JSON.
@@ -35,6 +36,9 @@ PREDICTED = {
     "10M balanced, with replacement: peak MB": 180,
     "10M plain: draw s": 0.3,
     "folder loader, balanced vs plain": 1.00,
+    # written before the mix's first run (session 14): a batch is split and joined again (one more copy of the
+    # batch's pixels, ~10 MB at 64 x 224 px, ~2 ms against ~30 ms of decode per batch and worker)
+    "folder loader, a mix of one source vs plain": 0.97,
 }
 
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -92,7 +96,7 @@ def sampler_row(n: int, name: str, spec: dict[str, Any], world: int = 8) -> dict
 
 def folder_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The train loader plain vs balanced, interleaved (``lightning_fastdata.measure``)."""
-    from lightning_fastdata import ImageFolderDataModule
+    from lightning_fastdata import ImageFolderDataModule, MixedDataModule
     from lightning_fastdata.demos import ensure_demo_data
     from lightning_fastdata.measure import count_images, measure, rows_for
 
@@ -100,12 +104,15 @@ def folder_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
     kw = dict(image_size=224, batch_size=64, num_workers=args.workers, val_fraction=0, entropy_index=False)
     plain = ImageFolderDataModule(root, **kw)
     weighted = ImageFolderDataModule(root, sample_weights="balanced", **kw)
-    for dm in (plain, weighted):
+    loader_kw = {k: v for k, v in kw.items() if k != "entropy_index"}
+    mixed = MixedDataModule([ImageFolderDataModule(root, image_size=224, entropy_index=False)], **loader_kw)
+    for dm in (plain, weighted, mixed):
         dm.setup("fit")
     rates = measure(
         [
             ("ImageFolderDataModule", plain.train_dataloader, count_images),
             ('ImageFolderDataModule, sample_weights="balanced"', weighted.train_dataloader, count_images),
+            ("MixedDataModule of that folder", mixed.train_dataloader, count_images),
         ],
         args.repeats,
         args.min_seconds,
@@ -121,11 +128,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-seconds", type=float, default=2.0)
     parser.add_argument("--skip-loader", action="store_true", help="the sampler rows only")
+    parser.add_argument("--skip-sampler", action="store_true", help="the loader rows only")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     from lightning_fastdata.measure import save_results
 
-    rows = [sampler_row(n, name, spec) for n in args.sizes for name, spec in SETTINGS.items()]
+    rows = (
+        [] if args.skip_sampler else [sampler_row(n, name, spec) for n in args.sizes for name, spec in SETTINGS.items()]
+    )
     for row in rows:
         print(
             f"{row['samples']:>10,}  {row['setting']:32s}  set-up {row['setup_s']:6.3f} s "
@@ -136,12 +146,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for row in loader:
         print(f"{row['loader']:50s} {row['images_per_s']:8.0f} img/s  {row['vs_baseline']:.3f}x  {row['runs']}")
     ratio = None if not loader else loader[1]["images_per_s"] / loader[0]["images_per_s"]
+    mix_ratio = None if not loader else loader[2]["images_per_s"] / loader[0]["images_per_s"]
     return save_results(
         args.json,
         args,
         sampler=rows,
         loader=loader,
         loader_ratio=ratio,
+        mix_ratio=mix_ratio,
         predicted=PREDICTED,
         spread=None if not loader else [statistics.pstdev(r["runs"]) / r["images_per_s"] for r in loader],
     )

@@ -190,6 +190,27 @@ def test_a_mix_continues_on_another_world_size(tmp_path: Path, sources: dict[str
     assert sorted(samples(old, 0) + samples(ranks[0], 0) + samples(ranks[1], 0)) == sorted(samples(single, 0))
 
 
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["weights", "mix"])
+def test_weighted_draws_and_a_mix_continue_from_two_ranks_on_one(
+    tmp_path: Path, sources: dict[str, str], kind: str
+) -> None:
+    """2 ranks x 2 workers stopped after step 1 (16 of the epoch's 30 draws), continued on 1 rank without workers:
+    the 14 draws left in one rank's batches (8, 6), none lost or trained twice."""
+    if kind == "weights":
+        base: dict[str, Any] = {"kind": "folder", "source": sources["folder"], "sampling": SAMPLING}
+    else:
+        base = {"kind": "mixed", "source": sources["folder"], "mix_with": sources["hdf5"]}
+    base.update(workers=0, devices=1, cache_dir=str(tmp_path / "c"))
+    single = records(uninterrupted(base, tmp_path))
+    ckpt = stopped_at({**base, "devices": 2, "workers": 2}, 1, tmp_path)
+    run({**base, "max_steps": 4, "record": str(tmp_path / "one"), "ckpt_path": ckpt})
+    old, one = every_rank(tmp_path / "old", 2), records(tmp_path / "one")
+    assert [len(r["labels"]) for r in one if r["epoch"] == 0] == [8, 6]
+    assert sorted(samples(old[0], 0) + samples(old[1], 0) + samples(one, 0)) == sorted(samples(single, 0))
+
+
 @pytest.mark.timeout(600)
 def test_resuming_with_other_sampling_settings_is_refused_naming_them(tmp_path: Path, sources: dict[str, str]) -> None:
     base = {"kind": "folder", "source": sources["folder"], "workers": 0, "devices": 1, "sampling": SAMPLING}
