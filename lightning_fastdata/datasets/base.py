@@ -23,7 +23,7 @@ from lightning_fastdata.augment.geometry import (
 )
 from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datasets.settings import AugmentSettings
-from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, DataError, StorageError
+from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, DataError, InvalidValueError, StorageError
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
@@ -342,6 +342,25 @@ class AugmentedImageDataset(Dataset):
 
     def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...] | DeviceBatch:
         """Fetch and render a whole batch into one shared uint8 tensor; ``(images, labels)`` or a ``DeviceBatch``."""
+        images, labels, full_keys, kept = self.render(keys)
+        if not kept.all():
+            mask = torch.from_numpy(kept)
+            full_keys = [k for k, keep in zip(full_keys, kept) if keep]
+            return self._batch(images[mask].contiguous(memory_format=torch.channels_last), labels[mask], full_keys)
+        return self._batch(images, labels, full_keys)
+
+    def render(
+        self, keys: Sequence[int | SampleKey], out: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]], np.ndarray]:
+        """Render the samples of ``keys`` into ``out`` (``len(keys) x 3 x S x S``; default: a new shared batch).
+
+        Returns ``(images, labels, full keys, kept)``: every row's label and key, and which rows hold an image (a
+        corrupt one skipped with ``on_corrupt="skip"`` leaves its row unwritten). A mix of datasets renders each
+        source's samples into its slice of one batch this way (``datasets.mixed``).
+
+        Raises:
+            ValueError: If ``out`` has another dtype than this dataset's images (uint8 against float arrays).
+        """
         full_keys = [self._key(key) for key in keys]
         draws = self._crop_draws(full_keys)
         indices = np.fromiter((key[1] for key in full_keys), dtype=np.int64, count=len(full_keys))
@@ -350,7 +369,15 @@ class AugmentedImageDataset(Dataset):
         # arrive, decoded while the rest are still being fetched
         first = next((s for s in sources if isinstance(s, torch.Tensor)), None) if isinstance(sources, list) else None
         dtype = torch.uint8 if first is None else first.dtype
-        images = empty_image_batch(len(keys), self.image_size, self.image_size, dtype=dtype)
+        if out is None:
+            images = empty_image_batch(len(keys), self.image_size, self.image_size, dtype=dtype)
+        elif out.dtype != dtype:
+            raise InvalidValueError(
+                f"{self.describe(int(indices[0]))} decodes to {dtype} images, the batch is {out.dtype}: a mix takes "
+                "sources of one pixel type (uint8 images, or float arrays, not both)."
+            )
+        else:
+            images = out
         kept = np.ones(len(keys), dtype=bool)
         for slot, (key, index, sample_draws, source) in enumerate(zip(keys, indices.tolist(), draws, sources)):
             if slot == 0 and self.lookahead is not None and (info := get_worker_info()) is not None:
@@ -370,9 +397,4 @@ class AugmentedImageDataset(Dataset):
                 kept[slot] = False
                 continue
             self._finish(images, slot, full_keys[slot])
-        labels = self.labels_of(indices)
-        if not kept.all():
-            mask = torch.from_numpy(kept)
-            full_keys = [k for k, keep in zip(full_keys, kept) if keep]
-            return self._batch(images[mask].contiguous(memory_format=torch.channels_last), labels[mask], full_keys)
-        return self._batch(images, labels, full_keys)
+        return images, self.labels_of(indices), full_keys, kept

@@ -2,10 +2,11 @@
 
 Source ``s``'s sample ``i`` is the mix's sample ``offsets[s] + i``; the sampler draws over the mix's indices (the
 sources' weights are per-sample weights, :mod:`~lightning_fastdata.loading.sampling`), so a mix is sharded, resumed
-and continued on another world size as one dataset is. A batch is split by source, each source renders its part as
-it would alone (its decode, crop, per-sample transforms), and the parts are joined one source after another, the
-labels mapped into the mix's class list. A sample's key keeps the mix's index, and the source sees its own index
-with the source's number folded into the key's ``repeat``: two sources' samples ``i`` draw different crops.
+and continued on another world size as one dataset is. A batch is grouped by source, and each source renders its
+samples as it would alone (its decode, crop, per-sample transforms) into its slice of one shared batch (no copy),
+one source after another, the labels mapped into the mix's class list. A sample's key keeps the mix's index, and
+the source sees its own index with the source's number folded into the key's ``repeat``: two sources' samples
+``i`` draw different crops.
 """
 
 from __future__ import annotations
@@ -21,8 +22,15 @@ from lightning_fastdata.datasets.base import AugmentedImageDataset, LoaderPlan
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, mix
 from lightning_fastdata.loading.sampler import SampleKey
+from lightning_fastdata.loading.transport.collate import empty_image_batch
 
 __all__ = ["MixedDataset"]
+
+
+def _full_key(key: int | SampleKey) -> tuple[int, int, int]:
+    if isinstance(key, (tuple, list)):
+        return int(key[0]), int(key[1]), int(key[2]) if len(key) > 2 else 0
+    return 0, int(key), 0
 
 
 class MixedDataset(Dataset):
@@ -86,35 +94,38 @@ class MixedDataset(Dataset):
         return f"{self.sources[s].describe(local)} (source {self.names[s]!r})"
 
     def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, torch.Tensor] | DeviceBatch:
-        """A batch: each source's part rendered by that source, joined in source order, labels in the mix's list."""
-        full = [
-            (0, int(k), 0)
-            if not isinstance(k, (tuple, list))
-            else (int(k[0]), int(k[1]), int(k[2]) if len(k) > 2 else 0)
-            for k in keys
-        ]
+        """A batch in one shared tensor: each source renders its samples into its slice, in source order."""
+        full = [_full_key(k) for k in keys]
         index = np.fromiter((k[1] for k in full), dtype=np.int64, count=len(full))
         source = np.searchsorted(self.offsets, index, side="right") - 1
-        count = len(self.sources)
-        images, labels, device_keys = [], [], []
+        order = np.argsort(source, kind="stable")  # the batch's rows grouped by source: a slice each
+        size = self.sources[0].image_size
+        images = empty_image_batch(len(full), size, size)
+        labels = torch.empty(len(full), dtype=torch.int64)
+        kept = np.ones(len(full), dtype=bool)
+        keys_out = torch.empty((len(full), 3), dtype=torch.int64)
+        count, start = len(self.sources), 0
         for s in np.unique(source).tolist():
-            rows = np.flatnonzero(source == s)
+            rows = order[source[order] == s]
+            stop = start + len(rows)
             local = [(full[r][0], full[r][1] - int(self.offsets[s]), full[r][2] * count + s) for r in rows]
-            part = self.sources[s].__getitems__(local)
-            part_images, part_labels = part[0], part[1]
-            images.append(part_images)
-            labels.append(torch.from_numpy(self.label_maps[s][part_labels.numpy()]))
-            if isinstance(part, DeviceBatch) and part.keys is not None:
-                moved = part.keys.clone()
-                moved[:, 1] += int(self.offsets[s])  # the device draws from the mix's index
-                device_keys.append(moved)
-        batch_images = torch.cat(images).contiguous(memory_format=torch.channels_last)
-        batch_labels = torch.cat(labels)
+            _, part_labels, part_keys, part_kept = self.sources[s].render(local, images[start:stop])
+            labels[start:stop] = torch.from_numpy(self.label_maps[s][part_labels.numpy()])
+            kept[start:stop] = part_kept
+            keys_out[start:stop] = torch.tensor([(k[0], k[1] + int(self.offsets[s]), k[2]) for k in part_keys])
+            start = stop
         if self.plan.label_map is not None:
-            batch_labels = torch.from_numpy(self.plan.label_map[batch_labels.numpy()])
-        if device_keys:
-            return DeviceBatch(batch_images, batch_labels, torch.cat(device_keys))
-        return batch_images, batch_labels
+            labels = torch.from_numpy(self.plan.label_map[labels.numpy()])
+        if not kept.all():  # a source skipped a corrupt image (on_corrupt="skip")
+            mask = torch.from_numpy(kept)
+            images, labels, keys_out = (
+                images[mask].contiguous(memory_format=torch.channels_last),
+                labels[mask],
+                keys_out[mask],
+            )
+        if self.plan.return_keys:  # the device draws from the mix's index
+            return DeviceBatch(images, labels, keys_out)
+        return images, labels
 
     def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
         images, labels = self.__getitems__([key])[:2]
