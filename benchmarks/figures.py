@@ -187,9 +187,14 @@ def _predict(loader_prefix: str) -> list[float]:
 
 FIGURES: dict[str, Callable[[], str]] = {
     "sampling.loader": lambda: times2(result("sampling")["loader_ratio"]),
+    "sampling.mix": lambda: times2(result("sampling")["mix_ratio"]),
+    "sampling.predicted_mix": lambda: times2(_sampling_predicted("folder loader, a mix of one source vs plain")),
     "sampling.loader_plain": lambda: count(result("sampling")["loader"][0]["images_per_s"]),
     "sampling.loader_weighted": lambda: count(result("sampling")["loader"][1]["images_per_s"]),
     "sampling.draw_10m": lambda: f"{_sampling_row(10_000_000, 'balanced, with replacement')['draw_s']:.2f} s",
+    "sampling.draw_10m_without": lambda: (
+        f"{_sampling_row(10_000_000, 'balanced, without replacement')['draw_s']:.2f} s"
+    ),
     "sampling.peak_10m": lambda: f"{_sampling_row(10_000_000, 'balanced, with replacement')['draw_peak_mb']:.0f} MB",
     "sampling.date": lambda: date_of("sampling"),
     "sampling.predicted_loader": lambda: times2(_sampling_predicted("folder loader, balanced vs plain")),
