@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
@@ -91,6 +92,12 @@ class MixedDataModule(FastDataModule):
         for dm in self.datamodules:
             union += [c for c in dm.classes if c not in union]
         self.classes = tuple(union)
+        shared = [c for c in union if sum(c in dm.classes for dm in self.datamodules) > 1]
+        if shared:  # said, not silent: a name in several sources is one class
+            rank_zero_info(
+                f"lightning_fastdata: the mix's sources share {len(shared)} class name(s), each one class: "
+                f"{', '.join(shared[:10])}{' ...' if len(shared) > 10 else ''}."
+            )
         self.label_maps = [np.array([union.index(c) for c in dm.classes], dtype=np.int64) for dm in self.datamodules]
         self.val_datasets: list[Dataset] = []
 
