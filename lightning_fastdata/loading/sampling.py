@@ -136,12 +136,20 @@ class EpochDraws:
             with np.errstate(divide="ignore"):
                 np.log(keys, out=keys)
                 np.divide(keys, self.weights, out=keys)  # <= 0; weight 0: -inf, never before a positive weight
-            np.negative(keys, out=keys)  # the smallest first
+            np.negative(keys, out=keys)  # >= 0 (+inf for weight 0): the smallest first
             if self.size < n:
                 top = np.argpartition(keys, self.size - 1)[: self.size]
                 positions = top[np.argsort(keys[top], kind="stable")].astype(dtype)
+            elif n < 2**32:
+                # the order of the keys: their bits (monotone for floats >= 0) over each index, sorted as uint64
+                # (numpy's vectorised sort: 10M in ~1 s against ~1.4 s for argsort); ties go by index
+                packed = keys.view(np.uint32).astype(np.uint64) << np.uint64(32)
+                packed |= np.arange(n, dtype=np.uint64)
+                del keys
+                packed.sort()
+                positions = (packed & np.uint64(0xFFFFFFFF)).astype(dtype)
             else:
-                positions = np.argsort(keys).astype(dtype)  # ties (weight 0) are never drawn before others
+                positions = np.argsort(keys, kind="stable").astype(dtype)
         elif not self.shuffle:
             positions = np.resize(np.arange(n, dtype=dtype), self.size)
         else:

@@ -78,6 +78,13 @@ def test_without_replacement_each_sample_once_and_weight_zero_never() -> None:
     _, draws = draws_of(SamplingSettings(weights, replacement=False, epoch_size=60))
     keys = epoch_keys(draws)[0]
     assert len({k[1] for k in keys}) == 60 and all(SKEWED[k[1]] != 0 for k in keys)
+    # a whole epoch without replacement: a weighted permutation (every sample once), heavier samples earlier
+    heavy = np.where(SKEWED == 2, 100.0, 1.0)
+    _, tilted = draws_of(SamplingSettings(heavy.tolist(), replacement=False))
+    order = [k[1] for k in epoch_keys(tilted)[0]]
+    assert sorted(order) == list(range(len(SKEWED)))
+    position = {index: p for p, index in enumerate(order)}
+    assert np.mean([position[i] for i in np.flatnonzero(SKEWED == 2)]) < 0.1 * len(SKEWED)  # weight 100 vs 1
     _, with_repl = draws_of(SamplingSettings(weights, epoch_size=5000))
     assert all(SKEWED[k[1]] != 0 for k in epoch_keys(with_repl)[0])
     # a callable of the label
