@@ -250,13 +250,7 @@ class FastDataModule(LoaderBuilding):
     def classes(self, names: tuple[str, ...]) -> None:
         """Set by a subclass: the data's class names (checked against ``classes=`` at once)."""
         self.data_classes = tuple(names)
-        wanted = self.sampling.classes
-        unknown = [] if wanted is None else [c for c in wanted if str(c) not in self.data_classes]
-        if unknown:
-            raise InvalidValueError(
-                f"classes names {unknown} that the data does not have; its classes are {list(self.data_classes)[:20]}"
-                f"{' ...' if len(self.data_classes) > 20 else ''}."
-            )
+        self.sampling.check_classes(self.data_classes)
 
     def build_test_dataset(self) -> Dataset | None:
         """The test set (validation transforms), or ``None`` where none was given; called from ``setup("test")``."""

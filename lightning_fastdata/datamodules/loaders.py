@@ -49,9 +49,13 @@ class LoaderBuilding(DeviceTransferHooks):
     resume: LoaderResume
     _warned_in_order: bool
 
+    def _sampling_settings(self, dataset: Dataset, train: bool) -> SamplingSettings:
+        """The sampling settings ``dataset``'s loader draws with: this module's (a mix adds its sources' weights)."""
+        return self.sampling
+
     def _sampling_of(self, dataset: Dataset, train: bool) -> tuple[Subset | None, EpochDraws | None]:
         """The subset and (training) draws of ``dataset`` under the sampling settings; ``(None, None)``: plain."""
-        settings = self.sampling
+        settings = self._sampling_settings(dataset, train)
         if not settings.changes_draws or not train and not settings.subsets:
             return None, None
         targets = np.asarray(dataset.targets)  # type: ignore[attr-defined]

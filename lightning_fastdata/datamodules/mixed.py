@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
@@ -14,7 +15,7 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.base import AugmentedImageDataset
 from lightning_fastdata.datasets.mixed import MixedDataset
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.sampling import EpochDraws, Subset
+from lightning_fastdata.loading.sampling import SamplingSettings
 
 __all__ = ["MixedDataModule"]
 
@@ -133,13 +134,12 @@ class MixedDataModule(FastDataModule):
         """One loader per source with a validation set, in source order (labels in the mix's class list)."""
         return [self._loader(v, train=False, label_map=m) for v, m in zip(self.val_datasets, self.val_maps)]
 
-    def _sampling_of(self, dataset: Dataset, train: bool) -> tuple[Subset | None, EpochDraws | None]:
+    @override
+    def _sampling_settings(self, dataset: Dataset, train: bool) -> SamplingSettings:
+        """The mix's settings; for its training set, with each source's weight spread over its samples."""
         if not train or not isinstance(dataset, MixedDataset):
-            return None, None
+            return self.sampling
         sizes = np.diff(dataset.offsets).astype(np.float64)
         shares = sizes if self.weights is None else np.asarray(self.weights)
         per_sample = np.repeat(shares / np.maximum(sizes, 1), sizes.astype(np.int64))
-        settings = dataclasses.replace(self.sampling, sample_weights=per_sample.tolist(), replacement=True)
-        targets = np.asarray(dataset.targets)
-        subset = settings.subset(targets, self.classes, True, self.seed)
-        return subset, settings.draws(targets, subset, self.shuffle)
+        return dataclasses.replace(self.sampling, sample_weights=cast(Sequence[float], per_sample), replacement=True)

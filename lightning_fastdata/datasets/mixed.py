@@ -12,7 +12,6 @@ the source sees its own index with the source's number folded into the key's ``r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -149,6 +148,3 @@ class MixedDataset(Dataset):
         """Reset every source's count of ``epoch``."""
         for s in self.sources:
             s.reset_skipped_count(epoch)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)

@@ -62,7 +62,7 @@ class LabelTable:
         if classes is not None:
             stated = tuple(str(c) for c in classes)
             if not stated or len(set(stated)) != len(stated):
-                raise InvalidValueError(f"classes={list(classes)!r} should name each class once (at least one).")
+                raise InvalidValueError(f"label_classes={list(classes)!r} should name each class once (at least one).")
             return stated
         if len(self.columns) > 2:
             return self.columns[1:]
@@ -87,9 +87,9 @@ class LabelTable:
             ValueError: On a class not in ``classes`` or a per-class cell that is not 0/1 (named, with its row).
         """
         self._check_layout(multi_label)
-        position = {name: k for k, name in enumerate(classes)}
         if len(self.columns) > 2:
             return self._columns_as_multi_hot(classes)
+        position = {name: k for k, name in enumerate(classes)}
         out = np.zeros(
             (len(self.ids), len(classes)) if multi_label else len(self.ids), dtype=np.uint8 if multi_label else np.int64
         )
@@ -111,8 +111,8 @@ class LabelTable:
             row, token = unknown[0]
             raise InvalidValueError(
                 f"{self.path!r} has {len(unknown)} label(s) of {len(names)} class(es) not in classes "
-                f"({_some(names)}); e.g. row {row + 2} (id {self.ids[row]!r}) says {token!r}. Add them to classes=, "
-                "or drop those rows."
+                f"({_some(names)}); e.g. row {row + 2} (id {self.ids[row]!r}) says {token!r}. Add them to "
+                "label_classes=, or drop those rows."
             )
         return out
 
@@ -122,8 +122,9 @@ class LabelTable:
         extra = [c for c in header if c not in classes]
         if missing or extra:
             raise InvalidValueError(
-                f"{self.path!r} has one column per class {_some(list(header))}, which is not classes={list(classes)!r}"
-                f" (missing columns: {_some(missing) or 'none'}; columns not in classes: {_some(extra) or 'none'})."
+                f"{self.path!r} has one column per class {_some(list(header))}, which is not "
+                f"label_classes={list(classes)!r} (missing columns: {_some(missing) or 'none'}; columns not in "
+                f"classes: {_some(extra) or 'none'})."
             )
         order = [header.index(c) for c in classes]
         values = np.array([[row[k] for k in order] for row in self.cells], dtype=object).reshape(len(self.ids), -1)
