@@ -11,11 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.fork_client import SERVER
 
 from benchmarks.fault_proxy import fault_proxy
 from benchmarks.s3_server import LocalS3
 from lightning_fastdata import convert_folder_to_hdf5, scan_image_folder
 from lightning_fastdata.demos import make_image_folder
+
+#: Two simulated nodes' script, started at once from the tests' fork server (``helpers/zygote.py``).
+NODE_FIT = Path(__file__).parents[1] / "helpers" / "node_fit.py"
 
 
 @pytest.mark.timeout(300)
@@ -62,24 +66,14 @@ def test_two_nodes_scan_and_build_once_per_node_or_once_in_total(tmp_path: Path,
     past = time.time() - 60  # older than the racy window, as real data is
     for d in [root, *root.iterdir()]:
         os.utime(d, (past, past))
-    script = Path(__file__).parents[1] / "helpers" / "node_fit.py"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
     procs = []
     for node in (0, 1):
         local = tmp_path / (f"node{node}" if per_node else "shared")
         args = [str(root), str(tmp_path), str(node), kind, str(local / "index"), str(local / "cache")]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script), *args, "1" if per_node else "0"],
-                env={**env, "NODE_RANK": str(node), "LOCAL_RANK": "0"},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                cwd=tmp_path,
-            )
-        )
-    outs = [p.communicate(timeout=280)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
+        procs.append({"env": {"NODE_RANK": str(node), "LOCAL_RANK": "0"}, "argv": [*args, "1" if per_node else "0"]})
+    code, out = SERVER.command([str(NODE_FIT)], tmp_path, tmp_path / "nodes.log", env=env, procs=procs)
+    assert code == 0, out[-6000:]
     nodes = [json.loads((tmp_path / f"node{k}.json").read_text()) for k in (0, 1)]
     assert [n["global_rank"] for n in nodes] == [0, 1] and all(n["world"] == 2 for n in nodes)
     for k, node in enumerate(nodes):
@@ -134,27 +128,20 @@ def test_two_nodes_build_a_cache_from_a_bucket_once_in_total_or_once_per_node(
 ) -> None:
     """2 simulated nodes x 1 rank on ``s3://``: a shared cache_dir is built once in total (each object fetched once,
     ``prepare_data_per_node=False``), node-local ones once per node (each object fetched once by each node)."""
-    script = Path(__file__).parents[1] / "helpers" / "node_fit.py"
     images = sorted(str(p.relative_to(image_folder)) for p in image_folder.rglob("*.jpg"))
     with fault_proxy(s3.endpoint) as proxy:  # counts the requests; configured by the environment
-        env = {**os.environ, **s3.env(proxy.endpoint), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        env = {**s3.env(proxy.endpoint), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        env["WORLD_SIZE"] = "2"
         procs = []
         for node in (0, 1):
             local = tmp_path / (f"node{node}" if per_node else "shared")
             args = [s3_image_folder, str(tmp_path), str(node), "cache", str(local / "index"), str(local / "cache")]
             procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(script), *args, "1" if per_node else "0"],
-                    env={**env, "WORLD_SIZE": "2", "NODE_RANK": str(node), "LOCAL_RANK": "0"},
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    cwd=tmp_path,
-                )
+                {"env": {"NODE_RANK": str(node), "LOCAL_RANK": "0"}, "argv": [*args, "1" if per_node else "0"]}
             )
-        outs = [p.communicate(timeout=280)[0] for p in procs]
+        code, out = SERVER.command([str(NODE_FIT)], tmp_path, tmp_path / "nodes.log", env=env, procs=procs)
         gets = [path for method, path, status in proxy.requests() if method == "GET" and path.endswith(".jpg")]
-    assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
+    assert code == 0, out[-6000:]
     nodes = [json.loads((tmp_path / f"node{k}.json").read_text()) for k in (0, 1)]
     builds = [[e["existed"] for e in n["events"] if e["event"] == "cache"] for n in nodes]
     assert builds == ([[False], [False]] if per_node else [[False], []])  # node 1 waits for node 0's build
@@ -162,7 +149,7 @@ def test_two_nodes_build_a_cache_from_a_bucket_once_in_total_or_once_per_node(
     assert sorted(gets) == sorted(f"/{s3.bucket}/train/{name}" for name in images for _ in range(copies))
     for d in ["node0", "node1"] if per_node else ["shared"]:
         assert (tmp_path / d / "cache" / "manifest.json").exists()
-    assert not any(s3.secret_access_key in o for o in outs)
+    assert s3.secret_access_key not in out
 
 
 @pytest.mark.timeout(600)
@@ -189,6 +176,10 @@ def test_evaluation_on_two_ranks_equals_one_rank_and_sees_every_sample_once(tmp_
     for devices in ("1", "2"):
         args = [str(tmp_path), devices, str(root), str(test_root), str(test_h5), str(train_h5)]
         args += [str(tmp_path / "flat_train"), str(tmp_path / "flat_test"), str(tmp_path / "labels.csv")]
+        if devices == "1":  # one rank: forked from the tests' fork server (the imports paid once)
+            code, log = SERVER.command([str(script), *args], tmp_path, tmp_path / "one-rank.log")
+            assert code == 0, log[-4000:]
+            continue
         # its own port (two DDP runs of parallel test workers must never meet); a hang shows where (faulthandler)
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
         try:

@@ -13,7 +13,6 @@ import os
 import runpy
 import shutil
 import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -31,24 +30,24 @@ STEPS = 12  # 39 images, batch 8: 5 steps per epoch, so 12 steps cross two epoch
 
 
 class Runs:
-    """Starts each single-device run as a fresh process forked from a server that has the imports done.
+    """Starts each run as fresh processes forked from a server that has the imports done.
 
     See ``helpers/zygote.py``: every run is still its own new process (the resumed one shares nothing with the
-    interrupted one); only the ~5 s import of torch and Lightning is paid once. DDP runs start as scripts.
+    interrupted one); only the ~5 s import of torch and Lightning is paid once. A DDP run's ranks are forked at
+    once, each told its rank by the environment as ``torchrun`` tells a script's (``test_ddp.py`` keeps Lightning's
+    own launcher, which starts the other ranks as scripts).
     """
 
     def __init__(self) -> None:
         self.started = 0
 
     def __call__(self, cfg: dict[str, Any]) -> tuple[int, str]:
-        """Run one config; return its exit code and output."""
+        """Run one config; return its exit code (rank 0's, or a failed rank's) and output (every rank's)."""
         self.started += 1
+        request = {"cfg": cfg, "log": f"{cfg['record']}.run{self.started}.log"}
         if cfg.get("devices", 1) > 1:
-            out = subprocess.run(
-                [sys.executable, str(HELPER), json.dumps(cfg)], capture_output=True, text=True, timeout=240
-            )
-            return out.returncode, out.stderr
-        return SERVER.request({"cfg": cfg, "log": f"{cfg['record']}.run{self.started}.log"})
+            request["ranks"] = cfg["devices"]
+        return SERVER.request(request)
 
 
 RUNS = Runs()

@@ -41,14 +41,20 @@ class ForkServer:
         env: dict[str, str] | None = None,
         module: str | None = None,
         finalize: bool = False,
+        procs: list[dict[str, Any]] | None = None,
     ) -> tuple[int, str]:
         """``python SCRIPT ARGV...`` (``argv[0]`` is the script), or ``python -m MODULE ARGV...``, in ``cwd``.
 
-        ``finalize``: the script's process ends through the interpreter's shutdown, as a script's does.
+        ``finalize``: the script's process ends through the interpreter's shutdown, as a script's does. ``procs``:
+        one process each, at once: ``{"env": {...}, "argv": [...]}`` (its environment added to ``env``, its
+        arguments instead of ``argv[1:]`` if given); the exit code is the first's, or a failed one's; the output is
+        every process's.
         """
         request: dict[str, Any] = {"cwd": str(cwd), "env": env or {}, "path": [str(HELPERS)], "log": str(log)}
         if finalize:
             request["finalize"] = True
+        if procs:
+            request["procs"] = procs
         if module is None:
             request.update(script=argv[0], argv=argv[1:])
         else:
