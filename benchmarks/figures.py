@@ -188,6 +188,7 @@ def _predict(loader_prefix: str) -> list[float]:
 FIGURES: dict[str, Callable[[], str]] = {
     "sampling.loader": lambda: times2(result("sampling")["loader_ratio"]),
     "sampling.mix": lambda: times2(result("sampling")["mix_ratio"]),
+    "sampling.mix_large": lambda: times2(result("sampling-large")["mix_ratio"]),
     "sampling.predicted_mix": lambda: times2(_sampling_predicted("folder loader, a mix of one source vs plain")),
     "sampling.loader_plain": lambda: count(result("sampling")["loader"][0]["images_per_s"]),
     "sampling.loader_weighted": lambda: count(result("sampling")["loader"][1]["images_per_s"]),
