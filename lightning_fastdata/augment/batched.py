@@ -131,12 +131,20 @@ def _apply_grouped(
     Every group reads the input batch, not another group's output; the result is a new batch.
     """
     out = images.clone()
-    for group in dict.fromkeys(groups):
-        rows = torch.tensor([i for i, g in enumerate(groups) if g == group], dtype=torch.int64)
-        idx = ops.to_device(rows, images.device)
-        new = apply(group, images[idx], rows)
+    members: dict[Any, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    # every group's rows in one tensor, on the device in one copy; each group reads its slice (a view: no launch)
+    every = torch.tensor([i for rows in members.values() for i in rows], dtype=torch.int64)
+    on_device = ops.to_device(every, images.device)
+    start = 0
+    for group, rows in members.items():
+        stop = start + len(rows)
+        idx = on_device[start:stop]
+        new = apply(group, images[idx], every[start:stop])
         if new is not None:
             out[idx] = new
+        start = stop
     return out
 
 
