@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import torch
@@ -28,6 +29,11 @@ class ImageClassifier(LightningModule):
     ``{stage}_loss``, ``{stage}_map`` (mean over classes of the average precision, classes without a positive
     left out) and ``{stage}_f1`` (micro F1 of the classes whose probability is above 0.5), computed over the whole
     epoch: every rank's scores are gathered (``N x C`` floats on the device), so N ranks give one rank's figures.
+
+    Training logs ``train_loss`` and ``train_acc`` (exact, each step, for the logger and callbacks such as
+    ``ModelCheckpoint(monitor="train_loss")``); the progress bar shows them as ``loss`` and ``acc``, on a GPU from
+    the newest step the GPU has finished (usually the previous one), so that showing them never makes the host wait
+    for the GPU: a wait every step would keep the host from preparing the next batch while the GPU trains.
 
     Args:
         num_classes: Number of classes; LightningCLI links it from the DataModule.
@@ -77,6 +83,7 @@ class ImageClassifier(LightningModule):
         # per (stage, dataloader index): the epoch's sums, and (multi-label) its scores and targets
         self._evaluation_sums: dict[tuple[str, int], torch.Tensor] = {}
         self._scores: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._progress = _ProgressValues()
 
     @property
     def class_names(self) -> list[str] | None:
@@ -100,8 +107,7 @@ class ImageClassifier(LightningModule):
         classes = labels.argmax(dim=1) if labels.is_floating_point() else labels  # soft targets: the largest
         hits = logits.argmax(dim=1) == classes
         if stage == "train":
-            self.log("train_loss", loss, prog_bar=True, batch_size=len(labels))
-            self.log("train_acc", hits.float().mean(), prog_bar=True, batch_size=len(labels))
+            self._log_train(len(labels), train_loss=loss, train_acc=hits.float().mean())
             return loss
         # evaluation: sums over the epoch, reduced over ranks once at its end (:meth:`_log_evaluation`)
         top5 = (logits.topk(min(5, logits.shape[1]), dim=1).indices == classes.view(-1, 1)).any(dim=1)
@@ -110,6 +116,16 @@ class ImageClassifier(LightningModule):
         row = torch.cat([row, row.new_tensor([n])])
         self._evaluation_sums[stage, loader] = self._evaluation_sums.get((stage, loader), 0) + row
         return loss
+
+    def _log_train(self, n: int, **values: torch.Tensor) -> None:
+        """The step's ``train_*`` values, exact, for the logger and callbacks; for the progress bar without a wait.
+
+        The bar shows them as ``loss`` and ``acc`` (:class:`_ProgressValues`: on a GPU, the previous step's).
+        """
+        for name, value in values.items():
+            self.log(name, value, batch_size=n)
+        for name, value in self._progress(values).items():
+            self.log(name.removeprefix("train_"), value, prog_bar=True, logger=False, batch_size=n)
 
     def _multi_label_step(self, logits: torch.Tensor, labels: torch.Tensor, stage: str, loader: int) -> torch.Tensor:
         if labels.dim() != 2 or labels.shape[1] != logits.shape[1]:
@@ -121,7 +137,7 @@ class ImageClassifier(LightningModule):
         smoothing = self.hparams["label_smoothing"] if stage == "train" else 0.0
         loss = nn.functional.binary_cross_entropy_with_logits(logits, targets * (1 - smoothing) + smoothing / 2)
         if stage == "train":
-            self.log("train_loss", loss, prog_bar=True, batch_size=len(labels))
+            self._log_train(len(labels), train_loss=loss)
             return loss
         self._scores.setdefault((stage, loader), []).append(
             (logits.detach().float().sigmoid(), targets.detach().float())
@@ -229,6 +245,39 @@ class ImageClassifier(LightningModule):
         fused = all(p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params) or None
         lr, decay = self.hparams["lr"], self.hparams["weight_decay"]
         return torch.optim.AdamW(params, lr=lr, weight_decay=decay, fused=fused)
+
+
+class _ProgressValues:
+    """A training step's values for the progress bar, read without making the host wait for the device.
+
+    Lightning turns every progress-bar value into a Python number after every training step. For a tensor on a GPU
+    that is a wait for everything queued before it, the whole step: the host cannot prepare the next batch (fetch,
+    transfer, the device augmentation's launches) while the GPU trains on this one. Here the values are copied to
+    pinned host memory without a wait, and the bar gets the newest copy the GPU has finished (usually the previous
+    step's; its event is asked, never waited on). On a CPU: the step's own values.
+    """
+
+    def __init__(self) -> None:
+        self._pending: deque[tuple[list[str], torch.Tensor, torch.cuda.Event]] = deque()
+
+    def __call__(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What the bar shows after this step: ``values`` (CPU), the newest finished copy (GPU), or nothing yet."""
+        if next(iter(values.values())).device.type != "cuda":
+            return {name: value.detach() for name, value in values.items()}
+        stacked = torch.stack([value.detach().float() for value in values.values()])
+        host = torch.empty(stacked.shape, dtype=torch.float32, pin_memory=True)
+        host.copy_(stacked, non_blocking=True)  # the pinned block is not reused before the copy is done
+        done = torch.cuda.Event()
+        done.record()
+        self._pending.append((list(values), host, done))
+        shown: dict[str, torch.Tensor] = {}
+        while self._pending and self._pending[0][2].query():
+            names, copied, _ = self._pending.popleft()
+            shown = dict(zip(names, copied.unbind()))
+        return shown
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_pending": deque()}  # a copy of the model (pickled, deep-copied) starts without copies in flight
 
 
 def average_precision(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

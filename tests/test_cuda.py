@@ -102,6 +102,53 @@ def test_cuda_fit_with_the_callback(image_folder: Path) -> None:
     assert images.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.timeout(300)
+def test_training_steps_with_the_recipe_never_make_the_host_wait_for_the_gpu(image_folder: Path) -> None:
+    """From the end of step 1 to the end of the epoch, torch's sync debug mode raises on any call that waits for the
+    GPU: the loader's batches, the prefetch, the device half of the recipe, forward, backward, the fused AdamW and
+    Lightning's step, including the progress-bar values it reads as numbers after every step (``ImageClassifier``
+    gives it the newest values the GPU has finished copying to the host; it used to give its device tensors: a wait
+    per step)."""
+    from torchvision.transforms import v2
+
+    from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
+
+    class Strict(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step >= 1:
+                torch.cuda.set_sync_debug_mode("error")
+
+        def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            torch.cuda.set_sync_debug_mode(0)  # the epoch's end reduces its metrics: a wait, once an epoch
+
+    dm = ImageFolderDataModule(
+        str(image_folder),
+        image_size=64,
+        batch_size=8,
+        num_workers=2,
+        val_fraction=0.0,
+        device_transforms=TrivialAugmentWide(),
+        batch_transforms=[RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
+    )
+    t = pl.Trainer(
+        max_epochs=1,
+        accelerator="gpu",
+        devices=1,
+        precision="bf16-mixed",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Strict(), FastDataCallback(prefetch=True, print_summary=False)],
+    )
+    try:
+        t.fit(ImageClassifier(num_classes=3, channels_last=True), dm)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert t.global_step >= 3
+    assert set(t.progress_bar_metrics) >= {"loss", "acc"} and "train_loss" in t.callback_metrics
+
+
 def run(cfg: dict[str, Any]) -> int:
     out = subprocess.run([sys.executable, str(HELPER), json.dumps(cfg)], capture_output=True, text=True, timeout=240)
     assert out.returncode in (0, -9), out.stderr[-3000:]

@@ -206,3 +206,16 @@ def test_the_classifiers_fused_adamw_makes_the_same_update_as_torchs_default() -
     for a, b, s in zip(fused_model.parameters(), default_model.parameters(), start):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # the fused kernel may round in another order
         assert float((a - s).detach().abs().mean()) > 1e-3  # every parameter moved (three steps of lr 1e-2)
+
+
+def test_the_progress_bar_shows_loss_and_acc_and_the_logger_gets_the_exact_train_values(image_folder: Path) -> None:
+    """``train_loss``/``train_acc`` for the logger and callbacks; the bar's ``loss``/``acc`` (on a CPU the same step's
+    values; on a GPU the previous step's, read without a wait: ``tests/test_cuda.py``)."""
+    dm = ImageFolderDataModule(str(image_folder), image_size=32, batch_size=8, num_workers=0, val_fraction=0)
+    trainer = cpu_trainer(epochs=-1, max_steps=3)
+    trainer.fit(ImageClassifier(num_classes=3), dm)
+    bar, metrics = trainer.progress_bar_metrics, trainer.callback_metrics
+    assert "train_loss" not in bar and "train_acc" not in bar
+    assert bar["loss"] == pytest.approx(float(metrics["train_loss"])) and bar["acc"] == pytest.approx(
+        float(metrics["train_acc"])
+    )
