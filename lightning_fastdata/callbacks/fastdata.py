@@ -13,11 +13,12 @@ from typing_extensions import override
 
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datamodules.lightning_compat import step_progress_bar_values
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.transport.loaders import with_prefetch
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
 
-__all__ = ["FastDataCallback", "threads_beside_workers"]
+__all__ = ["FastDataCallback", "progress_bar_wait_warning", "threads_beside_workers"]
 
 _NOT_SET = object()
 
@@ -44,6 +45,10 @@ class FastDataCallback(Callback):
     the current step runs, Lightning's own transfer then finds it on the device (a no-op), and a checkpoint
     saves the loader state *before* the look-ahead batch, so a resume does not skip it. On CPU the same path
     runs with no stream.
+
+    After the first training step on a GPU it looks, once, at what the LightningModule logged with
+    ``prog_bar=True`` on the step: Lightning turns those values into numbers after every step, a wait for the GPU
+    each step when they are its tensors, and the callback warns naming them (``progress_bar_wait_warning``).
 
     Args:
         prefetch: Copy the next batch to the device on a side CUDA stream while the current one trains. Off by
@@ -90,6 +95,7 @@ class FastDataCallback(Callback):
         ):
             raise InvalidValueError(f"host_threads should be a positive int, 'auto' or None, got {host_threads!r}.")
         self.host_threads = host_threads
+        self._bar_checked = False  # the first training step on a GPU is looked at once for per-step waits
         self._threads_before: int | None = None  # torch's thread count before on_train_start capped it
         self.prefetch = prefetch
         self.pin_memory = pin_memory
@@ -212,8 +218,13 @@ class FastDataCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Forwarded to the monitor."""
+        """Forwarded to the monitor; after the first step on a GPU, a warning if the step makes the host wait."""
         self.monitor.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if not self._bar_checked and pl_module.device.type == "cuda":
+            self._bar_checked = True
+            warning = progress_bar_wait_warning(step_progress_bar_values(trainer) or {})
+            if warning:
+                rank_zero_warn(warning)
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -235,6 +246,25 @@ class FastDataCallback(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Forwarded to the monitor."""
         self.monitor.on_fit_end(trainer, pl_module)
+
+
+def progress_bar_wait_warning(values: dict[str, str]) -> str | None:
+    """The warning for per-step progress-bar values on a device (``name -> device``), or ``None`` if there are none.
+
+    Lightning turns every value logged with ``prog_bar=True`` into a Python number after every training step: for a
+    tensor on a GPU, a wait for the whole step, so the host cannot prepare the next batch while the GPU trains.
+    """
+    on_device = sorted(name for name, device in values.items() if not device.startswith("cpu"))
+    if not on_device:
+        return None
+    names = ", ".join(f"`{name}`" for name in on_device)
+    return (
+        f"lightning_fastdata: {names} {'is' if len(on_device) == 1 else 'are'} logged with prog_bar=True on "
+        f"{values[on_device[0]]}: Lightning turns progress-bar values into numbers after every training step, which "
+        "makes the host wait for the GPU each step (the next batch cannot be prepared meanwhile). Log per-step values "
+        "without prog_bar=True (loggers and callbacks still get them), or show a copy made without a wait, as "
+        "ImageClassifier does (the Training recipes guide, 'A wait for the GPU in every step')."
+    )
 
 
 def threads_beside_workers(workers: int, devices_per_node: int = 1, budget: CpuBudget | None = None) -> int:

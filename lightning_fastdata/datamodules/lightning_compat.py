@@ -17,13 +17,16 @@ pins each behaviour, so that a Lightning upgrade that changes one fails there fi
   0's on every rank. :class:`~lightning_fastdata.datamodules.resume.LoaderResume` restores each rank's own state
   when the loader is built; the loader keeps its state out of Lightning's (an empty ``state_dict``, a
   ``load_state_dict`` that changes nothing), so the fit loop's load that follows is harmless.
+- ``trainer._results`` (read): the values the module logged this step, their ``meta.prog_bar``/``meta.on_step``
+  and the logged tensor (``_forward_cache``); Lightning turns each progress-bar value into a number after every
+  training step, a wait for the device when the tensor is on one (:func:`step_progress_bar_values`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["checkpoint_step_intervals", "reopen_epoch", "shift_batches_done"]
+__all__ = ["checkpoint_step_intervals", "reopen_epoch", "shift_batches_done", "step_progress_bar_values"]
 
 
 def checkpoint_step_intervals(trainer: Any) -> list[int] | None:
@@ -84,3 +87,22 @@ def shift_batches_done(trainer: Any, delta: int) -> str:
     for field in _BATCH_FIELDS:
         setattr(current, field, getattr(current, field) + delta)
     return "live"
+
+
+def step_progress_bar_values(trainer: Any) -> dict[str, str] | None:
+    """The values logged on this training step with ``prog_bar=True``: each name and its tensor's device.
+
+    Returns ``None`` where Lightning keeps its logged values elsewhere (no ``trainer._results`` of the shape read).
+    """
+    results = getattr(trainer, "_results", None)
+    if results is None or not hasattr(results, "valid_items"):
+        return None
+    found = {}
+    for _, metric in results.valid_items():
+        meta, value = getattr(metric, "meta", None), getattr(metric, "_forward_cache", None)
+        if meta is None:
+            return None
+        device = getattr(value, "device", None)
+        if meta.prog_bar and meta.on_step and device is not None:
+            found[str(meta.name)] = str(device)
+    return found

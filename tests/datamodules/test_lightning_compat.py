@@ -11,7 +11,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -68,3 +68,30 @@ def test_the_fit_loop_loads_the_loader_state_after_asking_for_the_loader(tmp_pat
     resumed = RecordingDataModule()
     trainer(4).fit(BoringModel(), resumed, ckpt_path=str(tmp_path / "last.ckpt"))
     assert resumed.events[:2] == ["train_dataloader", "loader.load_state_dict"]
+
+
+def test_the_values_logged_for_the_progress_bar_on_a_step_are_found_with_their_device() -> None:
+    """What ``FastDataCallback`` reads after the first step on a GPU, to warn about a wait per step."""
+    from lightning_fastdata.callbacks.fastdata import progress_bar_wait_warning
+    from lightning_fastdata.datamodules.lightning_compat import step_progress_bar_values
+
+    class Logging(BoringModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            out = super().training_step(batch, batch_idx)
+            self.log("shown", out["loss"], prog_bar=True)
+            self.log("logged_only", out["loss"])
+            self.log("per_epoch", out["loss"], prog_bar=True, on_step=False, on_epoch=True)
+            return out
+
+    seen: list[dict[str, str] | None] = []
+
+    class Look(Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            seen.append(step_progress_bar_values(trainer))
+
+    cpu_trainer(Look(), epochs=-1, max_steps=2).fit(Logging(), RecordingDataModule())
+    assert seen == [{"shown": "cpu"}, {"shown": "cpu"}]
+    assert progress_bar_wait_warning({"shown": "cpu"}) is None  # a host value is read without a wait
+    warning = progress_bar_wait_warning({"train_loss": "cuda:0", "lr": "cpu", "acc": "cuda:0"})
+    assert warning is not None and "`acc`, `train_loss` are logged with prog_bar=True on cuda:0" in warning
+    assert "`lr`" not in warning and "without prog_bar=True" in warning
