@@ -150,6 +150,7 @@ def summary(out: dict[str, Any]) -> str:
         lines.append(f"ours, host ms per step (median): {timeline}")
     if "diagnose" in out:
         d = out["diagnose"]
+        lines.append(f"diagnose fit: calls that made the host wait for the GPU over 3 recorded steps: {d.get('waits')}")
         lines.append(f"diagnose fit: ops by device {d.get('ops_by_device')}; the training process's ops:")
         lines.append(format_rows(d.get("ops", [])[:20]))
     lines.append(f"phases (s): {out['phase_seconds']}")
@@ -245,6 +246,7 @@ def _fit_with_host(
         host["profile"] = profiler.table
         host["ops_by_device"] = recorder.by_device
         host["ops"] = recorder.rows
+        host["waits"] = recorder.waits  # calls that made the training thread wait for the GPU, over the steps
     hook.restore()
     return row, host
 
@@ -376,6 +378,7 @@ class _StepRecorder(pl.Callback):
         self.start, self.steps, self.elements = start, steps, elements
         self.rows: list[dict[str, Any]] = []
         self.by_device: dict[str, int] = {}
+        self.waits: dict[str, int] = {}
         self._recorder: OpRecorder | None = None
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
@@ -397,6 +400,7 @@ class _StepRecorder(pl.Callback):
         recorder.__exit__(None, None, None)
         self.rows = recorder.table(self.elements, top=30)
         self.by_device = recorder.calls_by_device()
+        self.waits = dict(recorder.waits)
 
 
 class _HookTimer:

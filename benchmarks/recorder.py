@@ -25,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["GRAIN", "OpRecorder", "OpRow", "format_rows"]
+__all__ = ["GRAIN", "WAIT_OPS", "OpRecorder", "OpRow", "format_rows", "waits_for_device"]
 
 #: torch's ``at::internal::GRAIN_SIZE``: a CPU op on at least this many elements may be split over the intra-op threads.
 GRAIN = 32768
@@ -71,6 +71,7 @@ class OpRecorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.rows: dict[tuple[str, str, str], OpRow] = {}
+        self.waits: dict[str, int] = {}  # "op at frame" -> calls that made the host wait for the device
         self._thread = threading.get_ident()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -85,6 +86,8 @@ class OpRecorder(TorchDispatchMode):
             else:
                 device, elements = "cpu", 0
             key = (str(func.overloadpacket.__name__), device, _caller())
+            if tensors and waits_for_device(key[0], args, kwargs or {}, out):
+                self.waits[f"{key[0]} at {key[2]}"] = self.waits.get(f"{key[0]} at {key[2]}", 0) + 1
             row = self.rows.get(key)
             if row is None:
                 row = self.rows[key] = OpRow(*key)
@@ -111,6 +114,24 @@ class OpRecorder(TorchDispatchMode):
         for r in self.rows.values():
             out[r.device] = out.get(r.device, 0) + r.calls
         return out
+
+
+#: Ops whose result the host needs at once: on a device tensor, each waits for everything queued before it.
+WAIT_OPS = frozenset({"_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique2", "equal"})
+
+
+def waits_for_device(op: str, args: Any, kwargs: dict[str, Any], out: Any) -> bool:
+    """Whether this op makes the host wait for the device: a number read from a device tensor (``.item()``,
+    ``.tolist()``, ``nonzero``...), or a copy to the host that is not ``non_blocking``."""
+    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    on_device = any(t.device.type != "cpu" for t in inputs)  # (on ``meta`` these ops raise before they get here)
+    if op in WAIT_OPS:
+        return on_device
+    if op in ("_to_copy", "copy_") and on_device and not kwargs.get("non_blocking", False):
+        target = args[0] if op == "copy_" else out  # copy_(dest, src); _to_copy returns the copy
+        blocking = op == "_to_copy" or not (len(args) > 2 and args[2])  # copy_(dest, src, non_blocking)
+        return isinstance(target, torch.Tensor) and target.device.type == "cpu" and blocking
+    return False
 
 
 def _caller() -> str:

@@ -104,6 +104,7 @@ def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path)
     assert any("Self CPU" in line for line in d["profile"])
     assert d["ops_by_device"]["cpu"] > 0 and {"op", "device", "frame", "calls", "max_elements"} <= set(d["ops"][0])
     assert any(r["op"] == "convolution" for r in d["ops"])  # the model's forward, recorded in the training thread
+    assert d["waits"] == {}  # on a CPU nothing waits for a device (on a GPU: each call that made the host wait)
     # --recipe-variants: the recipe less a piece, here all but the crop and flip (no keys, so no augmentation hook)
     variant, one_thread, all_threads = out["variants"]
     assert variant["variant"] == "crop-flip-only" and variant["img_s"] > 0 and variant["timed_steps"] == 3

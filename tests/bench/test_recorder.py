@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.recorder import GRAIN, OpRecorder, format_rows
+from benchmarks.recorder import GRAIN, OpRecorder, format_rows, waits_for_device
 
 
 def _host_then_device(x: torch.Tensor) -> torch.Tensor:
@@ -53,3 +53,22 @@ def test_the_recipes_device_half_does_no_batch_sized_work_on_the_host(image_fold
     assert rec.calls_by_device()["meta"] > 20  # policy, normalisation, erasing and mixing ran on the batch's device
     image = 3 * size * size
     assert rec.host_work(image) == [], format_rows(rec.table(image))
+
+
+def test_the_recorder_names_the_calls_that_make_the_host_wait_for_the_device() -> None:
+    """A number read from a device tensor, or a blocking copy to the host: the GPU check lists them per frame
+    (a ``meta`` tensor stands for a GPU one here; the function is given the op's arguments as dispatch gives them)."""
+    gpu, host = torch.empty(3, device="meta"), torch.empty(3)
+    assert waits_for_device("_local_scalar_dense", (gpu[:1],), {}, None)
+    assert not waits_for_device("_local_scalar_dense", (host[:1],), {}, None)
+    assert waits_for_device("nonzero", (gpu,), {}, None)
+    assert waits_for_device("_to_copy", (gpu,), {"device": torch.device("cpu")}, host)
+    assert not waits_for_device("_to_copy", (gpu,), {"device": torch.device("cpu"), "non_blocking": True}, host)
+    assert not waits_for_device("_to_copy", (host,), {"device": torch.device("meta")}, gpu)  # to the device
+    assert waits_for_device("copy_", (host, gpu), {}, host)
+    assert not waits_for_device("copy_", (host, gpu, True), {}, host)  # non_blocking into (pinned) host memory
+    assert not waits_for_device("copy_", (gpu, host), {}, gpu)
+    assert not waits_for_device("mul", (gpu, gpu), {}, gpu)
+    with OpRecorder() as rec:
+        torch.arange(4.0).sum().item()  # a number from a host tensor: no wait
+    assert rec.waits == {}
