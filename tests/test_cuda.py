@@ -24,6 +24,22 @@ pytestmark = pytest.mark.cuda
 HELPER = Path(__file__).with_name("helpers") / "resume_run.py"
 
 
+def recipe_module(image_folder: Path, interpolation: str = "nearest", **kw: Any) -> ImageFolderDataModule:
+    """The folder module with the recipe's device half: a policy per sample, RandomErasing, MixUp or CutMix."""
+    from torchvision.transforms import v2
+
+    from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
+
+    return ImageFolderDataModule(
+        str(image_folder),
+        image_size=64,
+        val_fraction=0.0,
+        device_transforms=TrivialAugmentWide(interpolation=interpolation),
+        batch_transforms=[RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
+        **kw,
+    )
+
+
 def first_batches(dm: Any, n: int, prefetch_to: str | None = None) -> list[tuple[torch.Tensor, ...]]:
     if prefetch_to is not None:
         dm.configure_transfer(prefetch=True, prefetch_device=prefetch_to)
@@ -109,9 +125,6 @@ def test_training_steps_with_the_recipe_never_make_the_host_wait_for_the_gpu(ima
     Lightning's step, including the progress-bar values it reads as numbers after every step (``ImageClassifier``
     gives it the newest values the GPU has finished copying to the host; it used to give its device tensors: a wait
     per step)."""
-    from torchvision.transforms import v2
-
-    from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
 
     class Strict(pl.Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
@@ -121,15 +134,7 @@ def test_training_steps_with_the_recipe_never_make_the_host_wait_for_the_gpu(ima
         def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             torch.cuda.set_sync_debug_mode(0)  # the epoch's end reduces its metrics: a wait, once an epoch
 
-    dm = ImageFolderDataModule(
-        str(image_folder),
-        image_size=64,
-        batch_size=8,
-        num_workers=2,
-        val_fraction=0.0,
-        device_transforms=TrivialAugmentWide(),
-        batch_transforms=[RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
-    )
+    dm = recipe_module(image_folder, batch_size=8, num_workers=2)
     t = pl.Trainer(
         max_epochs=1,
         accelerator="gpu",
@@ -233,20 +238,9 @@ def test_the_device_augmentation_of_a_training_batch_never_waits_for_the_gpu(
 
     ``prefetched`` (``FastDataCallback(prefetch=True)``): the batch reaches the hooks already on the GPU, moved by
     the prefetcher with the DataModule's own move, its keys still on the host."""
-    from torchvision.transforms import v2
-
-    from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
     from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher
 
-    dm = ImageFolderDataModule(
-        str(image_folder),
-        num_workers=0,
-        image_size=64,
-        batch_size=16,
-        val_fraction=0.0,
-        device_transforms=TrivialAugmentWide(interpolation="bilinear"),
-        batch_transforms=[RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
-    )
+    dm = recipe_module(image_folder, batch_size=16, num_workers=0, interpolation="bilinear")
     prefetcher = DevicePrefetcher("cuda")
     cuda = torch.device("cuda")
     for batch in first_batches(dm, 3):
