@@ -4,7 +4,6 @@ import csv
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ import pytest
 from helpers.fork_client import SERVER
 
 from benchmarks.fault_proxy import fault_proxy
-from benchmarks.s3_server import LocalS3
+from benchmarks.s3_server import LocalS3, free_ports
 from lightning_fastdata import convert_folder_to_hdf5, scan_image_folder
 from lightning_fastdata.demos import make_image_folder
 
@@ -51,12 +50,6 @@ def test_two_process_ddp_ranks_get_disjoint_halves(tmp_path: Path) -> None:
             assert sorted(r["labels"]) == sorted(int(labels[i]) for i in r["indices"]), kind
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("kind", "per_node"), [("cache", True), ("folder", False)])
 @pytest.mark.slow
@@ -66,7 +59,7 @@ def test_two_nodes_scan_and_build_once_per_node_or_once_in_total(tmp_path: Path,
     past = time.time() - 60  # older than the racy window, as real data is
     for d in [root, *root.iterdir()]:
         os.utime(d, (past, past))
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0]), "WORLD_SIZE": "2"}
     procs = []
     for node in (0, 1):
         local = tmp_path / (f"node{node}" if per_node else "shared")
@@ -130,7 +123,7 @@ def test_two_nodes_build_a_cache_from_a_bucket_once_in_total_or_once_per_node(
     ``prepare_data_per_node=False``), node-local ones once per node (each object fetched once by each node)."""
     images = sorted(str(p.relative_to(image_folder)) for p in image_folder.rglob("*.jpg"))
     with fault_proxy(s3.endpoint) as proxy:  # counts the requests; configured by the environment
-        env = {**s3.env(proxy.endpoint), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        env = {**s3.env(proxy.endpoint), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0])}
         env["WORLD_SIZE"] = "2"
         procs = []
         for node in (0, 1):
@@ -181,7 +174,7 @@ def test_evaluation_on_two_ranks_equals_one_rank_and_sees_every_sample_once(tmp_
             assert code == 0, log[-4000:]
             continue
         # its own port (two DDP runs of parallel test workers must never meet); a hang shows where (faulthandler)
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0])}
         try:
             out = subprocess.run(
                 [sys.executable, str(script), *args], capture_output=True, text=True, timeout=280, cwd=tmp_path, env=env

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.fork_client import SERVER
+from helpers.fork_client import SERVER, rank_procs
 
 from benchmarks.s3_server import LocalS3, delete_objects, upload_folder
 from lightning_fastdata import convert_folder_to_hdf5
@@ -46,7 +46,7 @@ class Runs:
         self.started += 1
         request = {"cfg": cfg, "log": f"{cfg['record']}.run{self.started}.log"}
         if cfg.get("devices", 1) > 1:
-            request["ranks"] = cfg["devices"]
+            request["procs"] = rank_procs(cfg["devices"])
         return SERVER.request(request)
 
 

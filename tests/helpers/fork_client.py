@@ -73,4 +73,12 @@ class ForkServer:
             self.server = None
 
 
+def rank_procs(n: int) -> list[dict[str, Any]]:
+    """The ``procs`` of an ``n``-rank run on one node: each rank's environment, as ``torchrun`` gives a script's."""
+    from benchmarks.s3_server import free_ports
+
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0]), "WORLD_SIZE": str(n), "NODE_RANK": "0"}
+    return [{"env": {**common, "RANK": str(k), "LOCAL_RANK": str(k)}} for k in range(n)]
+
+
 SERVER = ForkServer()

@@ -4,13 +4,12 @@ Each child is a new process, as a rerun after a crash is: its own memory, loader
 Trainer, nothing left of an earlier run (this server only imported modules and never trained). Sharing the
 imports saves ~5 s of the ~6 s a process start costs on 2 cores.
 
-Several processes at once: a DDP run of ``resume_run`` comes as ``{"cfg": {...}, "log": path, "ranks": N}``, N
-children forked together, each told its rank by the environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``/``MASTER_PORT``) as ``torchrun`` tells a script's, so Lightning launches no process of its own; a
-script request may carry ``"procs": [{"env": {...}, "argv": [...]}, ...]``, one process each (its environment
-added to the request's, its ``argv`` instead of the request's if given): the simulated nodes of ``test_ddp.py``,
-whose one-node DDP runs keep Lightning's own launcher (it relaunches ``sys.argv`` as scripts). Their output goes to
-one log, appended; the answer is the first one's exit code, or a failed one's.
+Several processes at once: a request may carry ``"procs": [{"env": {...}, "argv": [...]}, ...]``, one child each,
+forked together (its environment added to the request's, its ``argv`` instead of the request's if given): a DDP
+run of ``resume_run`` whose ranks are told their rank by the environment as ``torchrun`` tells a script's
+(``fork_client.rank_procs``; Lightning then launches no process of its own), or the simulated nodes of
+``test_ddp.py``, whose one-node DDP runs keep Lightning's own launcher (it relaunches ``sys.argv`` as scripts).
+Their output goes to one log, appended; the answer is the first one's exit code, or a failed one's.
 
 Protocol: one JSON line per run on stdin, either ``{"cfg": {...}, "log": path}`` (``resume_run.main(cfg)``) or
 ``{"script": path | "module": name, "argv": [...], "cwd": dir, "env": {...}, "path": [...], "log": path}`` (run
@@ -29,7 +28,6 @@ import json
 import os
 import runpy
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -65,19 +63,6 @@ def _serve(request: dict[str, Any]) -> int:
 #: Seconds the other ranks of a DDP run get to end after one of them failed, before they are killed (a rank
 #: waiting in a collective for a dead peer would otherwise wait for the process group's timeout).
 GRACE_S = 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ranks(n: int) -> list[dict[str, Any]]:
-    """The environment of each of ``n`` ranks on one node, as ``torchrun`` gives a script's processes."""
-    port = str(_free_port())
-    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(n), "NODE_RANK": "0"}
-    return [{"env": {**common, "RANK": str(k), "LOCAL_RANK": str(k)}} for k in range(n)]
 
 
 def _wait_ranks(pids: list[int]) -> int:
@@ -125,7 +110,7 @@ if __name__ == "__main__":
         request = json.loads(line)
         if request.get("exit"):  # not EOF: a loader worker forked by the test process may hold our stdin open
             break
-        procs = request.get("procs") or _ranks(int(request.get("ranks", 0)))
+        procs = request.get("procs")
         if procs:  # several processes at once (a DDP run's ranks, or nodes), each with its own environment
             open(request["log"], "w").close()
             pids = []
