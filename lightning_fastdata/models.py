@@ -16,6 +16,11 @@ from lightning_fastdata.hparams import save_init_hparams
 
 __all__ = ["ImageClassifier", "average_precision"]
 
+#: How an evaluation epoch's values are logged: the same on every rank already (``sync_dist`` averages equal values,
+#: and keeps Lightning from warning of an unsynced epoch value), named by the model (``/dataloader_idx_k`` added by
+#: :meth:`ImageClassifier._log_evaluation` only with several loaders).
+_EPOCH_VALUE: dict[str, Any] = {"sync_dist": True, "add_dataloader_idx": False}
+
 
 class ImageClassifier(LightningModule):
     """A torchvision architecture built from scratch (no weight download), trained with cross-entropy.
@@ -120,7 +125,8 @@ class ImageClassifier(LightningModule):
     def _log_train(self, n: int, **values: torch.Tensor) -> None:
         """The step's ``train_*`` values, exact, for the logger and callbacks; for the progress bar without a wait.
 
-        The bar shows them as ``loss`` and ``acc`` (:class:`_ProgressValues`: on a GPU, the previous step's).
+        The bar shows them as ``loss`` and ``acc`` (:class:`_ProgressValues`: on a GPU, the newest step's the GPU
+        has finished).
         """
         for name, value in values.items():
             self.log(name, value, batch_size=n)
@@ -162,7 +168,7 @@ class ImageClassifier(LightningModule):
         tp = (predicted & (targets > 0.5)).sum()
         f1 = 2 * tp / (predicted.sum() + (targets > 0.5).sum()).clamp(min=1)
         # the same value on every rank already (sync_dist keeps Lightning from warning of an unsynced epoch value)
-        kw: dict[str, Any] = {"sync_dist": True, "add_dataloader_idx": False}
+        kw = _EPOCH_VALUE
         self.log(f"{stage}_loss{suffix}", loss.float(), prog_bar=True, **kw)
         self.log(f"{stage}_map{suffix}", ap.nanmean().float() if ap.isfinite().any() else ap.new_tensor(0.0), **kw)
         self.log(f"{stage}_f1{suffix}", f1.float(), prog_bar=True, **kw)
@@ -194,7 +200,7 @@ class ImageClassifier(LightningModule):
             return
         # the same value on every rank already; sync_dist averages equal values (exact), and without it Lightning
         # warns that an epoch-level value is not synced
-        kw: dict[str, Any] = {"sync_dist": True, "add_dataloader_idx": False}
+        kw = _EPOCH_VALUE
         self.log(f"{stage}_loss{suffix}", total[0] / total[3], prog_bar=True, **kw)
         self.log(f"{stage}_acc{suffix}", total[1] / total[3], prog_bar=True, **kw)
         if self.hparams["num_classes"] > 5:

@@ -28,6 +28,7 @@ from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.sampler import BatchLookahead, SampleKey
+from lightning_fastdata.loading.sampling import map_labels
 from lightning_fastdata.loading.transport.collate import empty_image_batch
 
 __all__ = ["AugmentedImageDataset", "LoaderPlan", "Source"]
@@ -227,11 +228,7 @@ class AugmentedImageDataset(Dataset):
     # -- shared ----------------------------------------------------------------------------------------
     def labels_of(self, indices: np.ndarray) -> torch.Tensor:
         """The labels of ``indices`` as a batch carries them: in the loader's class list (``label_map``)."""
-        labels = self.targets[indices]
-        label_map = self._loading.label_map
-        if label_map is not None:
-            labels = labels[:, label_map] if labels.ndim == 2 else label_map[labels]
-        return torch.from_numpy(np.ascontiguousarray(labels))
+        return torch.from_numpy(np.ascontiguousarray(map_labels(self.targets[indices], self._loading.label_map)))
 
     def __len__(self) -> int:
         return len(self.targets)

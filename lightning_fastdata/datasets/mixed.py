@@ -21,6 +21,7 @@ from lightning_fastdata.datasets.base import AugmentedImageDataset, LoaderPlan
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, mix
 from lightning_fastdata.loading.sampler import SampleKey
+from lightning_fastdata.loading.sampling import map_labels
 from lightning_fastdata.loading.transport.collate import empty_image_batch
 
 __all__ = ["MixedDataset"]
@@ -109,12 +110,11 @@ class MixedDataset(Dataset):
             stop = start + len(rows)
             local = [(full[r][0], full[r][1] - int(self.offsets[s]), full[r][2] * count + s) for r in rows]
             _, part_labels, part_keys, part_kept = self.sources[s].render(local, images[start:stop])
-            labels[start:stop] = torch.from_numpy(self.label_maps[s][part_labels.numpy()])
+            labels[start:stop] = torch.from_numpy(map_labels(part_labels.numpy(), self.label_maps[s]))
             kept[start:stop] = part_kept
             keys_out[start:stop] = torch.tensor([(k[0], k[1] + int(self.offsets[s]), k[2]) for k in part_keys])
             start = stop
-        if self.plan.label_map is not None:
-            labels = torch.from_numpy(self.plan.label_map[labels.numpy()])
+        labels = torch.from_numpy(map_labels(labels.numpy(), self.plan.label_map))
         if not kept.all():  # a source skipped a corrupt image (on_corrupt="skip")
             mask = torch.from_numpy(kept)
             images, labels, keys_out = (

@@ -24,7 +24,15 @@ import numpy as np
 
 from lightning_fastdata.errors import InvalidValueError
 
-__all__ = ["EpochDraws", "SampleWeights", "SamplingSettings", "Subset", "describe_change", "occurrences"]
+__all__ = [
+    "EpochDraws",
+    "SampleWeights",
+    "SamplingSettings",
+    "Subset",
+    "describe_change",
+    "map_labels",
+    "occurrences",
+]
 
 #: ``sample_weights``: ``"balanced"`` (inverse class frequency), a mapping class name -> weight, one weight per
 #: training sample, or a callable of a sample's label (an int, or a multi-hot row) -> its weight.
@@ -55,9 +63,17 @@ class Subset:
 
     def map_labels(self, labels: np.ndarray) -> np.ndarray:
         """``labels`` (a batch's, as the dataset has them) in the subset's class list."""
-        if self.label_map is None:
-            return labels
-        return labels[:, self.label_map] if labels.ndim == 2 else self.label_map[labels]
+        return map_labels(labels, self.label_map)
+
+
+def map_labels(labels: np.ndarray, label_map: np.ndarray | None) -> np.ndarray:
+    """``labels`` in another class list (``label_map``: :attr:`Subset.label_map`'s forms; ``None``: unchanged).
+
+    Class positions are looked up in ``label_map``; multi-hot rows keep its columns, in its order.
+    """
+    if label_map is None:
+        return labels
+    return labels[:, label_map] if labels.ndim == 2 else label_map[labels]
 
 
 @dataclass(frozen=True)
