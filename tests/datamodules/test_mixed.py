@@ -9,6 +9,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
+from helpers.stats import CHI2_999, chi_square
 
 from benchmarks.s3_server import LocalS3
 from lightning_fastdata import (
@@ -20,9 +21,6 @@ from lightning_fastdata import (
 )
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.testing import cpu_trainer
-
-#: Chi-square critical values at p = 0.001 by degrees of freedom.
-CHI2_999 = {1: 10.83, 2: 13.82}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +54,7 @@ def test_sources_are_drawn_in_their_weights_with_one_class_space_through_workers
     shares = source_shares(mix)
     assert shares.sum() == 1000
     expected = np.array([200.0, 600.0, 200.0])
-    assert ((shares - expected) ** 2 / expected).sum() < CHI2_999[2], shares
+    assert chi_square(shares, expected) < CHI2_999[2], shares
     # through the workers: the labels the batches carry are the draws' labels, in the mix's class list
     labels = Counter(int(x) for _, batch in mix.train_dataloader() for x in batch.tolist())
     drawn = mix.train_dataloader().sampler.drawn(0)
@@ -70,7 +68,7 @@ def test_sources_are_drawn_in_their_weights_with_one_class_space_through_workers
     assert len(ranks[0]) == len(ranks[1]) == 500
     for keys in ranks:
         per_source = np.bincount(np.searchsorted(mix.train_dataset.offsets, [k[1] for k in keys], "right") - 1)
-        assert ((per_source - expected / 2) ** 2 / (expected / 2)).sum() < CHI2_999[2], per_source
+        assert chi_square(per_source, expected / 2) < CHI2_999[2], per_source
 
 
 @pytest.mark.timeout(300)

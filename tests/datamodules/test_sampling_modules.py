@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.stats import CHI2_999, chi_square
 
 from benchmarks.s3_server import LocalS3
 from lightning_fastdata import (
@@ -18,9 +19,6 @@ from lightning_fastdata import (
 )
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.testing import cpu_trainer
-
-#: Chi-square critical value at p = 0.001 with 2 degrees of freedom (3 classes).
-CHI2_999_DF2 = 13.82
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +44,7 @@ def test_a_skewed_folder_balanced_through_workers(skewed: Path) -> None:
     dm = ImageFolderDataModule(str(skewed), sample_weights="balanced", epoch_size=600, **kw)
     labels = epoch_labels(dm)
     counts = Counter(labels)
-    assert len(labels) == 600 and sum((counts[c] - 200) ** 2 / 200 for c in range(3)) < CHI2_999_DF2, counts
+    assert len(labels) == 600 and chi_square(counts, {c: 200.0 for c in range(3)}) < CHI2_999[2], counts
     # the same epoch again (a function of seed and epoch), another one next epoch
     assert epoch_labels(ImageFolderDataModule(str(skewed), sample_weights="balanced", epoch_size=600, **kw)) == labels
     loader = dm.train_dataloader()
@@ -90,7 +88,7 @@ def test_a_bucket_with_weights_and_a_subset(s3: LocalS3, s3_image_folder: str) -
     )  # fmt: skip
     counts = Counter(epoch_labels(dm))
     assert set(counts) == {0, 1} and sum(counts.values()) == 200
-    assert (counts[0] - 180) ** 2 / 180 + (counts[1] - 20) ** 2 / 20 < 10.83, counts  # 9:1, chi-square df 1
+    assert chi_square(counts, {0: 180.0, 1: 20.0}) < CHI2_999[1], counts  # 9:1
 
 
 def test_sampling_arguments_are_checked_when_the_module_is_made(skewed: Path) -> None:

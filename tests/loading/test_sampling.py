@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers.stats import CHI2_999, chi_square
 
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset, occurrences
@@ -14,13 +15,6 @@ from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Su
 #: A skewed set: 1,000 / 50 / 10 samples of classes a, b, c (a 1:100 imbalance), shuffled.
 SKEWED = np.random.default_rng(1).permutation(np.repeat(np.arange(3), [1000, 50, 10]))
 CLASSES = ("a", "b", "c")
-#: Chi-square critical values at p = 0.001 by degrees of freedom: a right sampler fails one in a thousand seeds,
-#: these seeds are fixed, and a wrong one (unweighted, or weights off by 20%) is far past them.
-CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27}
-
-
-def chi_square(counts: Counter[int], expected: dict[int, float]) -> float:
-    return sum((counts.get(k, 0) - e) ** 2 / e for k, e in expected.items())
 
 
 def draws_of(settings: SamplingSettings, targets: np.ndarray = SKEWED, train: bool = True, seed: int = 0) -> Any:
