@@ -341,7 +341,7 @@ def test_in_order_false_with_workers_warns_once(image_folder: Path, caplog: pyte
         for _ in range(2):
             loader = dm.train_dataloader()
             batches = list(loader)
-            loader.loader_state()
+            loader.state_dict()
     ours = [w for w in caught if "in_order=False" in str(w.message)]
     assert len(ours) == 1 and "exact mid-epoch resume" in str(ours[0].message)
     assert not [r for r in caplog.records if "in_order=False" in r.getMessage()], "torchdata's per-call log"

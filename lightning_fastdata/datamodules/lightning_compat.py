@@ -15,8 +15,8 @@ pins each behaviour, so that a Lightning upgrade that changes one fails there fi
 - The order of ``fit_loop.setup_data()``: the DataModule's ``train_dataloader()`` is called before the fit loop
   loads the checkpoint's loader state into that loader (``_load_combined_loader_states``), and that state is rank
   0's on every rank. :class:`~lightning_fastdata.datamodules.resume.LoaderResume` restores each rank's own state
-  when the loader is built; the loader keeps its state out of Lightning's (an empty ``state_dict``, a
-  ``load_state_dict`` that changes nothing), so the fit loop's load that follows is harmless.
+  when the loader is built and marks it restored; the loader ignores the fit loop's load that follows, before its
+  first iteration (:class:`~lightning_fastdata.datamodules.resume.ResumableLoader`).
 - ``trainer._results`` (read): the values the module logged this step, their ``meta.prog_bar``/``meta.on_step``
   and the logged tensor (``_forward_cache``); Lightning turns each progress-bar value into a number after every
   training step, a wait for the device when the tensor is on one (:func:`step_progress_bar_values`).

@@ -19,6 +19,8 @@ from lightning_fastdata.loading.transport.torchdata_internals import sampler_sta
 
 __all__ = ["LoaderResume", "ResumableLoader", "quiet_torchdata_in_order"]
 
+log = logging.getLogger("lightning_fastdata")
+
 
 @contextmanager
 def quiet_torchdata_in_order() -> Iterator[None]:
@@ -36,32 +38,48 @@ def quiet_torchdata_in_order() -> Iterator[None]:
 
 
 class ResumableLoader(PrefetchingStatefulDataLoader):
-    """The train loader: prefetching and stateful; its state is the DataModule's, every rank's, not Lightning's.
+    """The train loader: prefetching and stateful, with torchdata's contract whole.
 
-    Lightning's fit loop saves its train loader's ``state_dict`` in each checkpoint (rank 0's alone) and loads that
-    one into every rank's loader after ``train_dataloader()``. This loader's state travels in the DataModule's
-    ``state_dict`` instead (every rank's entry, :class:`LoaderResume`), restored by :meth:`restore` when the loader
-    is built; so to Lightning it has none: :meth:`state_dict` is empty and :meth:`load_state_dict` changes nothing
-    (loading is idempotent; a checkpoint from an older version, with rank 0's state there, is ignored the same way).
+    :meth:`state_dict` is this loader's exact state and :meth:`load_state_dict` resumes it (or refuses a state of
+    other settings, naming them), in a notebook, a loop of one's own or another framework as in Lightning.
+
+    Under a Trainer the DataModule's ``state_dict`` holds every rank's loader state (Lightning's fit loop saves rank
+    0's alone, and loads that one into every rank's loader after ``train_dataloader()``). :class:`LoaderResume`
+    restores this rank's own state when the DataModule builds the loader, and marks the loader restored
+    (:meth:`restored_by_owner`): the fit loop's load that follows, before the loader's first iteration, is then
+    ignored, so nothing is restored twice and no rank takes rank 0's position.
     """
 
+    _owner_restored = False
+
+    def __iter__(self) -> Any:
+        self._owner_restored = False  # a later load_state_dict is a caller's own again
+        return super().__iter__()
+
     def state_dict(self) -> dict[str, Any]:
-        """Empty: what Lightning's loop saves (the loader's state is in the DataModule's; see the class)."""
-        return {}
+        """The exact state after the batch last returned (torchdata's ``in_order=False`` notice said once)."""
+        with nullcontext() if self.exact_state else quiet_torchdata_in_order():
+            return super().state_dict()
+
+    def state_before_current_batch(self) -> dict[str, Any]:
+        """The state before the batch last returned: resuming from it trains that batch again."""
+        with nullcontext() if self.exact_state else quiet_torchdata_in_order():
+            return super().state_before_current_batch()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Nothing: Lightning's loop loads rank 0's state on every rank; :meth:`restore` loads this rank's own."""
+        """Resume from ``state_dict``; ignored once after the DataModule restored this rank's own state.
 
-    def loader_state(self, before_current_batch: bool = False) -> dict[str, Any]:
-        """Torchdata's state after the batch last returned, or before it (a resume trains that batch again)."""
-        with nullcontext() if self.exact_state else quiet_torchdata_in_order():
-            if before_current_batch:
-                return self.state_before_current_batch()
-            return self.state_after_current_batch()
+        Raises:
+            ValueError: If the state was saved with other settings (named).
+        """
+        if self._owner_restored:
+            log.debug("Train loader: the fit loop's load of rank 0's state ignored (this rank's own is restored).")
+            return
+        super().load_state_dict(state_dict)
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Load a :meth:`loader_state` of this rank (torchdata's ``load_state_dict``)."""
-        super().load_state_dict(state)
+    def restored_by_owner(self) -> None:
+        """Say the DataModule has restored (or continued, or restarted) this loader's epoch from its checkpoint."""
+        self._owner_restored = True
 
 
 class LoaderResume:
@@ -86,9 +104,9 @@ class LoaderResume:
     - *continue* / *elastic* / *restart* -> *fresh*: :meth:`apply`, from ``train_dataloader()`` when the loader is
       built. It loads the rank's state (or continues the epoch from the old ranks' positions, or sets the restart
       epoch on the sampler), reopens a mid-epoch epoch in Lightning's counters (an elastic one also shifts the
-      epoch's batch count so that it ends with this loader's last batch). The fit loop's own load that follows (rank
-      0's state for every rank; see :mod:`~lightning_fastdata.datamodules.lightning_compat`) changes nothing:
-      :class:`ResumableLoader` keeps its state out of Lightning's.
+      epoch's batch count so that it ends with this loader's last batch). It marks the loader restored: the fit loop's
+      own load that follows (rank 0's state for every rank; see
+      :mod:`~lightning_fastdata.datamodules.lightning_compat`) is ignored (:class:`ResumableLoader`).
 
     :meth:`save` builds the checkpoint's content and changes no state. It includes the train dataset's identity
     (:mod:`~lightning_fastdata.loading.index.identity`), and :meth:`apply` refuses, naming what changed, to resume on
@@ -123,7 +141,7 @@ class LoaderResume:
         """
         if loader is None:
             return {}
-        state = loader.loader_state(before_current_batch=interrupted)
+        state = loader.state_before_current_batch() if interrupted else loader.state_dict()
         world_size, rank = 1, 0
         states: list[dict[str, Any] | None] = [state]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -208,7 +226,7 @@ class LoaderResume:
                 self.rank_state, self.elastic = None, self._fallback
         self._fallback = None
         if self.rank_state is not None:
-            loader.restore(self.rank_state)
+            loader.load_state_dict(self.rank_state)
             epoch = self.mid_epoch
             if epoch is not None and reopen_epoch(trainer, epoch):
                 rank_zero_info(f"lightning_fastdata: resuming inside epoch {epoch}, where the checkpoint's loader was.")
@@ -218,6 +236,7 @@ class LoaderResume:
             loader.sampler.set_epoch(self.restart_epoch)
         else:
             return
+        loader.restored_by_owner()
         self.rank_state, self.mid_epoch, self.restart_epoch, self.elastic = None, None, None, None
 
     def _continue_elastic(self, loader: ResumableLoader, trainer: Any) -> None:

@@ -258,7 +258,8 @@ class EpochSampler(DistributedSampler):
         state: dict[str, Any] = {
             "epoch": self.epoch,
             "seed": self.seed,
-            "yielded": self.yielded,
+            # a loaded position not yet iterated is the position still (a state taken between load and iteration)
+            "yielded": self.yielded if self._resume_at is None else self._resume_at,
             "length": self.dataset_length,
         }
         if self.draws is not None:

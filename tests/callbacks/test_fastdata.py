@@ -53,9 +53,9 @@ def test_saved_state_excludes_the_look_ahead_batch(image_folder: Path, workers: 
     loader = folder_loader(image_folder, workers, prefetch_to="cpu")
     it = iter(loader)
     got = [next(it) for _ in range(k)]  # the iterator has already fetched batch k (the look-ahead)
-    state = loader.loader_state()
+    state = loader.state_dict()
     resumed = folder_loader(image_folder, workers)
-    resumed.restore(state)
+    resumed.load_state_dict(state)
     assert same(got + list(resumed), expected)  # nothing skipped, nothing repeated
 
 

@@ -41,12 +41,16 @@ def test_continue_resumes_at_the_next_batch_and_ignores_the_fit_loops_load() -> 
     assert resume.state == "continue" and resume.mid_epoch == 0
     second = loader()
     resume.apply(second, trainer=None)
-    assert resume.state == "fresh" and second.state_dict() == {}  # nothing of it in Lightning's loop state
-    second.load_state_dict({"not": "read"})  # the fit loop's load of rank 0's state: changes nothing
-    second.load_state_dict(first.loader_state())  # nor does a real state (a checkpoint of an older version)
+    # what Lightning's loop would save now is the state the DataModule restored: the two agree
+    assert resume.state == "fresh" and second.state_dict() == saved["loader_states"][0]
+    other = loader()
+    next(iter(other))
+    second.load_state_dict(other.state_dict())  # the fit loop's load (rank 0's state on every rank): ignored
     rest = [b[1].tolist() for b in second]
     whole = [b[1].tolist() for b in loader()]
     assert seen + rest == whole
+    second.load_state_dict(other.state_dict())  # after an iteration, a load is the caller's own again
+    assert [b[1].tolist() for b in second] == whole[1:]
 
 
 def test_a_checkpoint_without_sampler_positions_restarts_the_epoch_with_a_warning() -> None:
@@ -149,8 +153,8 @@ def test_a_continued_epoch_counts_the_batches_before_the_checkpoint() -> None:
 @pytest.mark.timeout(120)
 def test_outside_a_trainer_the_datamodules_state_resumes_mid_epoch(image_folder: Path) -> None:
     """A loop of one's own (a notebook): ``dm.state_dict()`` mid-epoch, then ``load_state_dict`` on a new DataModule
-    before its ``train_dataloader()``: the rest of the epoch, nothing skipped or repeated; the loader's own
-    ``state_dict`` (what Lightning's loop saves) is empty."""
+    before its ``train_dataloader()``: the rest of the epoch, nothing skipped or repeated; the DataModule's state is
+    made of the loader's own ``state_dict`` (what Lightning's loop saves)."""
 
     def module() -> ImageFolderDataModule:
         dm = ImageFolderDataModule(str(image_folder), image_size=16, batch_size=4, num_workers=2, val_fraction=0)
@@ -163,7 +167,7 @@ def test_outside_a_trainer_the_datamodules_state_resumes_mid_epoch(image_folder:
     it = iter(loader)
     first = [next(it)[1].tolist() for _ in range(3)]
     state = dm.state_dict()
-    assert loader.state_dict() == {}
+    assert state["loader_states"] == [loader.state_dict()]
     del it
     again = module()
     again.load_state_dict(state)
@@ -190,7 +194,7 @@ def test_a_resumed_iterator_counts_the_epochs_batches_from_the_restored_state(wo
         next(it)
     assert first.batches_done() == 4
     second = make()
-    second.restore(first.loader_state())
+    second.load_state_dict(first.state_dict())
     it2 = iter(second)
     next(it2)
     assert second.batches_done() == 5  # 4 restored + 1

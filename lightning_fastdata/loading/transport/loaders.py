@@ -31,9 +31,12 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_fastdata.loading.transport import shm_pool
 from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher, PrefetchIterator
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport, PoolWorkerInit
-from lightning_fastdata.loading.transport.torchdata_internals import batches_yielded
+from lightning_fastdata.loading.transport.torchdata_internals import batches_yielded, sampler_state
 
-__all__ = ["PrefetchingDataLoader", "PrefetchingStatefulDataLoader", "with_prefetch"]
+__all__ = ["SETTINGS_KEY", "PrefetchingDataLoader", "PrefetchingStatefulDataLoader", "with_prefetch"]
+
+#: Where a :class:`PrefetchingStatefulDataLoader` state keeps the settings its positions are in (beside torchdata's).
+SETTINGS_KEY = "fastdata_settings"
 
 
 # Every live iterator with worker processes. At interpreter exit, torch leaves the workers of an iterator still
@@ -206,22 +209,68 @@ class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
         return None if self._current is None else self._current()
 
     def state_dict(self) -> dict[str, Any]:
-        """The state after the batch last returned (:meth:`state_after_current_batch`)."""
+        """The loader's exact state after the batch last returned (:meth:`state_after_current_batch`).
+
+        torchdata's state, and under :data:`SETTINGS_KEY` the settings it describes positions in (``batch_size``,
+        ``num_workers``, ``drop_last``, the sampler's ranks), which :meth:`load_state_dict` checks.
+        """
         return self.state_after_current_batch()
 
     def state_after_current_batch(self) -> dict[str, Any]:
         """The state after the batch last returned (a look-ahead batch is left out, so a resume replays it)."""
         it = self._iterator_now()
         if it is not None and it.state_after is not None:
-            return it.state_after
-        return super().state_dict()
+            return self._stamped(it.state_after)
+        return self._stamped(super().state_dict())
 
     def state_before_current_batch(self) -> dict[str, Any]:
         """The state before the batch last returned: resuming from it trains that batch again."""
         it = self._iterator_now()
         if it is not None and it.state_before is not None:
-            return it.state_before
+            return self._stamped(it.state_before)
         return self.state_after_current_batch()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a :meth:`state_dict`: the next iteration continues exactly where it was taken.
+
+        An empty state loads nothing (torchdata's meaning: no state). A state taken on other settings is refused
+        before anything changes, naming what differs: its position would describe other batches.
+
+        Raises:
+            ValueError: If the state was saved with another ``batch_size``, ``num_workers``, ``drop_last`` or number
+                of ranks, or its sampler with another seed, dataset length or sampling settings.
+        """
+        if not state_dict:
+            super().load_state_dict(state_dict)
+            return
+        state = dict(state_dict)
+        saved = state.pop(SETTINGS_KEY, None)
+        if saved is not None:
+            now = self._settings()
+            changed = [f"{k}={saved[k]!r} -> {now[k]!r}" for k in now if k in saved and saved[k] != now[k]]
+            if changed:
+                raise ValueError(
+                    f"This loader state was saved with other settings ({', '.join(changed)}): its position describes "
+                    "other batches. Load it into a loader with the saved settings; a DataModule's checkpoint "
+                    "(Trainer.fit(ckpt_path=...)) continues an epoch on another world size, batch size or worker "
+                    "count by samples."
+                )
+        found = sampler_state(state)
+        check = getattr(self.sampler, "check_compatible", None)
+        if found is not None and callable(check):
+            check(found[0])
+        super().load_state_dict(state)
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "num_workers": self.num_workers,
+            "drop_last": self.drop_last,
+            "num_replicas": getattr(self.sampler, "num_replicas", 1),
+        }
+
+    def _stamped(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {**state, SETTINGS_KEY: self._settings()}
 
     def batches_done(self, before_current_batch: bool = False) -> int | None:
         """Batches of the current epoch already handed out (``None``: no epoch in progress)."""
