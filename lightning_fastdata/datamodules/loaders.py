@@ -64,9 +64,7 @@ class LoaderBuilding(DeviceTransferHooks):
             return subset, settings.draws(targets, subset, self.shuffle)
         if subset.rows is None:
             return subset, None
-        # evaluation: the kept samples, each once, in order
-        rows = subset.rows.astype(np.int64)
-        return subset, EpochDraws.of(rows, len(rows), None, len(rows), shuffle=False)
+        return subset, EpochDraws.in_order(subset.rows)  # evaluation: the kept samples, each once, in order
 
     def _world(self) -> tuple[int, int, int]:
         """``(world_size, global_rank, devices_per_node)`` from the attached Trainer, else a single process."""

@@ -15,7 +15,7 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.base import AugmentedImageDataset
 from lightning_fastdata.datasets.mixed import MixedDataset
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.sampling import SamplingSettings
+from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
 
 __all__ = ["MixedDataModule"]
 
@@ -33,6 +33,12 @@ class MixedDataModule(FastDataModule):
     number only (``"0"``, ``"1"``, ...: an HDF5 file without a ``classes`` attribute) are not merged with each
     other: numbers say nothing of what a class is, so the mix refuses them (name the classes).
 
+    **Each source's sampling settings** hold within its share, as MosaicML Streaming's per-stream ``choose`` does:
+    its ``classes`` (the other classes' samples are never drawn, nor validated), ``max_per_class``, ``fraction``
+    and ``sample_weights`` decide which of its samples are drawn, and how often, inside the draws its weight gives
+    it; labels go by class name into the mix's class list. The epoch's length and the draws with replacement are the
+    mix's: a source's ``epoch_size`` or ``replacement=False`` is refused, naming it.
+
     **Augmentation**: each source renders its samples with its own worker-side settings (``image_size`` must be the
     same; crop ``scale``/``ratio``, ``train_transforms``, ``exact_decode``, ``on_corrupt`` are each source's); the
     device side (``device_transforms``, ``batch_transforms``, normalisation) and the loader settings
@@ -43,7 +49,8 @@ class MixedDataModule(FastDataModule):
     Args:
         datamodules: The sources (any of this package's DataModules, at least one); their own loader arguments
             are not used.
-        weights: Each source's share of an epoch's draws (positive); ``None``: in proportion to their sizes.
+        weights: Each source's share of an epoch's draws (positive); ``None``: in proportion to their sizes (the
+            samples taking part under each source's ``classes``, ``max_per_class`` and ``fraction``).
         **kwargs: The loader, device-augmentation and sampling arguments of :class:`FastDataModule`
             (``batch_size``, ``num_workers``, ``seed``, ``epoch_size``, ``device_transforms``, ...).
 
@@ -77,6 +84,12 @@ class MixedDataModule(FastDataModule):
         for name, dm in zip(self.names, self.datamodules):
             if dm.multi_label:
                 raise InvalidValueError(f"Source {name} has several labels per sample; a mix takes one label each.")
+            for argument in ("epoch_size", "replacement"):
+                if getattr(dm.sampling, argument) not in (None, True):
+                    raise InvalidValueError(
+                        f"Source {name} sets {argument}={getattr(dm.sampling, argument)!r}; a mix draws its epoch "
+                        f"with replacement, epoch_size= of the MixedDataModule: drop {argument}= from the source."
+                    )
             if getattr(dm, "augment_on", "workers") == "device":
                 raise InvalidValueError(
                     f"Source {name} crops on the device (augment_on='device'); in a mix every source crops in the "
@@ -99,7 +112,11 @@ class MixedDataModule(FastDataModule):
                 f"lightning_fastdata: the mix's sources share {len(shared)} class name(s), each one class: "
                 f"{', '.join(shared[:10])}{' ...' if len(shared) > 10 else ''}."
             )
-        self.label_maps = [np.array([union.index(c) for c in dm.classes], dtype=np.int64) for dm in self.datamodules]
+        # a source's data labels (its data's class positions) in the mix's list; -1: a class its classes= leaves out
+        self.label_maps = [
+            np.array([union.index(c) if c in dm.classes else -1 for c in dm.data_classes], dtype=np.int64)
+            for dm in self.datamodules
+        ]
         self.val_datasets: list[Dataset] = []
 
     @property
@@ -136,10 +153,25 @@ class MixedDataModule(FastDataModule):
 
     @override
     def _sampling_settings(self, dataset: Dataset, train: bool) -> SamplingSettings:
-        """The mix's settings; for its training set, with each source's weight spread over its samples."""
+        """The mix's settings; for its training set, each source's weight spread over its samples by its settings."""
         if not train or not isinstance(dataset, MixedDataset):
             return self.sampling
-        sizes = np.diff(dataset.offsets).astype(np.float64)
-        shares = sizes if self.weights is None else np.asarray(self.weights)
-        per_sample = np.repeat(shares / np.maximum(sizes, 1), sizes.astype(np.int64))
+        parts, taking_part = [], []
+        for dm, source in zip(self.datamodules, dataset.sources):
+            shares, subset = dm.sampling.shares(np.asarray(source.targets), dm.data_classes, dm.seed)
+            parts.append(shares)
+            taking_part.append(len(shares) if subset.rows is None else len(subset.rows))
+        weights = np.asarray(taking_part if self.weights is None else self.weights, dtype=np.float64)
+        per_sample = np.concatenate([w * part for w, part in zip(weights, parts)])
         return dataclasses.replace(self.sampling, sample_weights=cast(Sequence[float], per_sample), replacement=True)
+
+    @override
+    def _sampling_of(self, dataset: Dataset, train: bool) -> tuple[Subset | None, EpochDraws | None]:
+        """A source's validation set: only the classes the source takes (its ``classes=``), each sample once."""
+        maps = [m for v, m in zip(self.val_datasets, self.val_maps) if v is dataset]
+        if train or not maps:
+            return super()._sampling_of(dataset, train)
+        keep = maps[0][np.asarray(dataset.targets)] >= 0  # type: ignore[attr-defined]
+        if keep.all():
+            return None, None
+        return Subset(np.flatnonzero(keep), self.classes), EpochDraws.in_order(np.flatnonzero(keep))

@@ -102,6 +102,12 @@ class EpochDraws:
     identity: dict[str, str] = field(default_factory=dict)
 
     @classmethod
+    def in_order(cls, rows: np.ndarray) -> EpochDraws:
+        """An evaluation epoch over ``rows`` (dataset indices): each once, in order."""
+        rows = rows.astype(np.int64)
+        return cls.of(rows, len(rows), None, len(rows), shuffle=False)
+
+    @classmethod
     def of(
         cls,
         pool: np.ndarray | None,
@@ -314,6 +320,27 @@ class SamplingSettings:
         if weights is not None:
             identity.update(weights=_digest(weights), replacement=str(replacement))
         return EpochDraws.of(pool, n, weights, size, replacement, shuffle, identity)
+
+    def shares(self, targets: np.ndarray, classes: Sequence[str], seed: int) -> tuple[np.ndarray, Subset]:
+        """Each training sample's share of the draws under these settings (summing to 1; 0: not taking part).
+
+        What a mix draws a source's samples by, within the source's share: its subset (``classes``,
+        ``max_per_class``, ``fraction``) and its ``sample_weights``; uniform over the subset without weights.
+        Returns the shares and the subset.
+
+        Raises:
+            ValueError: As :meth:`subset` and :meth:`draws` on settings that do not fit the data.
+        """
+        subset = self.subset(targets, classes, True, seed)
+        pool = None if subset.rows is None else subset.rows.astype(np.int64)
+        shares = np.zeros(len(targets), dtype=np.float64)
+        if self.sample_weights is None:
+            weights = np.ones(len(targets) if pool is None else len(pool), dtype=np.float64)
+        else:
+            labels = subset.map_labels(targets if pool is None else targets[pool])
+            weights = self._weights(targets, pool, labels, subset.classes)
+        shares[slice(None) if pool is None else pool] = weights / weights.sum()
+        return shares, subset
 
     def _weights(
         self, targets: np.ndarray, pool: np.ndarray | None, labels: np.ndarray, classes: tuple[str, ...]

@@ -108,3 +108,66 @@ def test_sources_that_cannot_be_mixed_are_refused_naming_them(image_folder: Path
         MixedDataModule([folder], weights=[0.0], image_size=16)
     with pytest.raises(ValueError, match="give sample_weights and classes to its sources"):
         MixedDataModule([folder], sample_weights="balanced", image_size=16)
+
+
+def drawn_sources_and_names(mix: MixedDataModule) -> list[tuple[int, int, str]]:
+    """Each draw of epoch 0: (source, index in the source, the class name its label says in the mix)."""
+    drawn = mix.train_dataloader().sampler.drawn(0)
+    found = []
+    for index in drawn.tolist():
+        s, local = mix.train_dataset.source_of(index)
+        found.append((s, local, mix.classes[int(mix.train_dataset.targets[index])]))
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_a_sources_classes_are_honoured_by_name_in_training_and_validation(image_folder: Path, second: Path) -> None:
+    """A source with ``classes=`` (2 of its 3, reordered): only those drawn and validated, each labelled by its name."""
+    kw: dict[str, Any] = dict(image_size=16, val_fraction=0.3)
+    picked = ImageFolderDataModule(str(image_folder), classes=["class_002", "class_000"], **kw)
+    mix = MixedDataModule([picked, HDF5DataModule(str(second), **kw)], epoch_size=400, image_size=16, batch_size=16,
+                          num_workers=2)  # fmt: skip
+    assert mix.classes == ("class_002", "class_000", "class_001", "class_009")
+    mix.setup("fit")
+    truth = [np.asarray(source.targets) for source in mix.train_dataset.sources]
+    draws = drawn_sources_and_names(mix)
+    for s, local, name in draws:
+        assert name == mix.datamodules[s].data_classes[int(truth[s][local])]
+    assert {name for s, _, name in draws if s == 0} == {"class_002", "class_000"}
+    # through the workers: the batches' labels are the draws' labels (the first batch used to raise IndexError)
+    labels = Counter(int(x) for _, batch in mix.train_dataloader() for x in batch.tolist())
+    assert labels == Counter(mix.classes.index(name) for _, _, name in draws)
+    # validation: the source's own classes only, labelled in the mix's list
+    folder_val = mix.val_dataloader()[0]
+    val_labels = [mix.classes[int(x)] for _, batch in folder_val for x in batch.tolist()]
+    val_truth = [picked.data_classes[int(t)] for t in np.asarray(mix.val_datasets[0].targets)]  # type: ignore[attr-defined]
+    assert sorted(val_labels) == sorted(n for n in val_truth if n in ("class_002", "class_000"))
+
+
+@pytest.mark.timeout(300)
+def test_a_sources_weights_max_per_class_and_fraction_hold_within_its_share(image_folder: Path, second: Path) -> None:
+    kw: dict[str, Any] = dict(image_size=16, val_fraction=0.0)
+
+    def mix_of(**source: Any) -> MixedDataModule:
+        sources = [ImageFolderDataModule(str(image_folder), **kw, **source), HDF5DataModule(str(second), **kw)]
+        dm = MixedDataModule(sources, weights=[1.0, 1.0], epoch_size=3000, image_size=16, batch_size=16)
+        dm.setup("fit")
+        return dm
+
+    weighted = drawn_sources_and_names(mix_of(sample_weights={"class_000": 4.0}))
+    per_class = Counter(name for s, _, name in weighted if s == 0)
+    shares = np.array([per_class["class_000"], per_class["class_001"], per_class["class_002"]])
+    assert chi_square(shares, np.array([4.0, 1.0, 1.0]) / 6 * shares.sum()) < CHI2_999[2], shares
+    assert chi_square([shares.sum(), len(weighted) - shares.sum()], [1500.0, 1500.0]) < CHI2_999[1]
+    capped = drawn_sources_and_names(mix_of(max_per_class=2))
+    seen = {(local, name) for s, local, name in capped if s == 0}
+    assert len(seen) == 6 and Counter(name for _, name in seen) == {"class_000": 2, "class_001": 2, "class_002": 2}
+    part = drawn_sources_and_names(mix_of(fraction=0.25))
+    assert len({local for s, local, _ in part if s == 0}) == 10  # round(39 * 0.25)
+
+
+def test_a_sources_epoch_size_or_draws_without_replacement_are_refused_naming_them(image_folder: Path) -> None:
+    for source, named in (({"epoch_size": 10}, "epoch_size=10"), ({"replacement": False}, "replacement=False")):
+        dm = ImageFolderDataModule(str(image_folder), image_size=16, sample_weights="balanced", **source)
+        with pytest.raises(ValueError, match=rf"Source 0:ImageFolderDataModule sets {named}"):
+            MixedDataModule([dm], image_size=16)
