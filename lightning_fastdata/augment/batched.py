@@ -96,6 +96,13 @@ def _apply_op(name: str, images: torch.Tensor, magnitude: torch.Tensor) -> torch
 #: The policies' geometric ops: one affine warp for all their samples (a parameter set each), not one per op.
 _WARPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
 
+#: Every op a policy can apply on the batch (:func:`_apply_op` and :func:`_apply_warps`).
+BATCHED_OPS = frozenset(
+    _WARPS
+    + ("Identity", "Brightness", "Color", "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast")
+    + ("Equalize", "Invert")
+)
+
 
 def _apply_warps(
     names: Sequence[str], images: torch.Tensor, magnitude: torch.Tensor, fill: float | None, mode: str
@@ -163,6 +170,13 @@ class _Policy(KeyedTransform):
                 f"{type(self).__name__} on the device draws from torchvision's table of ops and magnitudes, which "
                 f"this torchvision lacks ({', '.join(tv.MISSING)}); give torchvision's own policy to train_transforms "
                 "(it runs per sample in the loader workers) instead."
+            )
+        unknown = sorted(set(self.space) - BATCHED_OPS)
+        if unknown:
+            raise InvalidValueError(
+                f"{type(self).__name__}'s table of ops (torchvision's) holds {unknown}, which have no batched op on "
+                "the device; give torchvision's own policy to train_transforms (it runs per sample in the loader "
+                "workers) instead."
             )
         self.interpolation = _interpolation(interpolation)
         self.fill = _fill(fill)

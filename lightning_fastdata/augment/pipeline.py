@@ -9,7 +9,9 @@ one-hot float targets (``N x C``) when the number of classes is known, so ``v2.M
 ``num_classes``; multi-hot rows (several labels per image) become float as they are. MixUp and CutMix make them
 soft.
 
-Randomness: our policies draw from the samples' keys; any other transform runs with torch's generators (CPU and
+Randomness: our policies draw from the samples' keys, each entry of the pipeline its own numbers (two
+``RandomErasing`` entries erase two boxes, as torchvision's two objects do: the first of a kind draws as it always
+has, a later one of the same kind from a seed of its place); any other transform runs with torch's generators (CPU and
 the batch's device) seeded from the batch's keys and put back afterwards, so MixUp's ``lambda`` and CutMix's box
 are the same for the same batch in every run, resumed or not.
 """
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 
 from lightning_fastdata.augment.batched import KeyedTransform, to_batched
-from lightning_fastdata.augment.keyed import batch_seed
+from lightning_fastdata.augment.keyed import batch_seed, sample_seed
 from lightning_fastdata.errors import InvalidTypeError
 
 __all__ = ["DeviceAugment", "as_transform_list"]
@@ -66,6 +68,13 @@ class DeviceAugment:
         self.device_transforms = list(device_transforms)
         self.batch_transforms = list(batch_transforms)
         self.seed = int(seed)
+        # each keyed entry's seed: the seed for the first entry of a stream, one of its place for a later one
+        seen: dict[int, int] = {}
+        self._seeds: list[int] = []
+        for t in [*self.device_transforms, *self.batch_transforms]:
+            stream = int(getattr(t, "stream", 0))
+            k = seen[stream] = seen.get(stream, -1) + 1
+            self._seeds.append(self.seed if k == 0 else sample_seed(self.seed, [k], stream))
 
     def __bool__(self) -> bool:
         return bool(self.device_transforms or self.batch_transforms)
@@ -79,15 +88,16 @@ class DeviceAugment:
         num_classes: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the augmented, normalised ``images`` and the (possibly soft) targets."""
+        after = len(self.device_transforms)
         for i, t in enumerate(self.device_transforms):
             if isinstance(t, KeyedTransform):
-                images = t(images, keys, self.seed)
+                images = t(images, keys, self._seeds[i])
             else:
                 images = _seeded(t, batch_seed(self.seed, keys, 100 + i), images.device, images)
         images = normalize(images)
         for i, t in enumerate(self.batch_transforms):
             if isinstance(t, KeyedTransform):
-                images = t(images, keys, self.seed)
+                images = t(images, keys, self._seeds[after + i])
             else:
                 if labels.dim() == 1 and num_classes is not None:
                     labels = torch.nn.functional.one_hot(labels, num_classes).to(images.dtype)

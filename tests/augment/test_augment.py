@@ -226,6 +226,38 @@ def test_random_erasing_draws_a_fitting_box_per_sample_or_none(batch: torch.Tens
     assert bool((out == 0).flatten(1).any(1).all())  # every sample lost a box
 
 
+def test_two_entries_of_one_transform_draw_independently_and_distinct_ones_as_before(batch: torch.Tensor) -> None:
+    """Two ``RandomErasing`` entries erase two boxes (torchvision's two objects do); the first draws as one alone."""
+    from lightning_fastdata.augment.pipeline import DeviceAugment
+
+    images, keys = batch.float(), keys_of(len(batch))
+    labels = torch.zeros(len(batch), dtype=torch.int64)
+
+    def run(device: list[Any], after: list[Any], given: torch.Tensor = images) -> torch.Tensor:
+        return DeviceAugment(device, after, seed=5)(given.clone(), labels, keys, lambda x: x.float())[0]
+
+    one = run([], [RandomErasing(p=1.0, value=-1.0)])
+    alone = RandomErasing(p=1.0, value=-1.0)(images, keys, 5)
+    assert torch.equal(one, alone)  # a pipeline of distinct transforms: the numbers it always drew
+    erasing = RandomErasing(p=1.0, value=-1.0)
+    for pair in ([RandomErasing(p=1.0, value=-1.0), RandomErasing(p=1.0, value=-1.0)], [erasing, erasing]):
+        two = run([], pair)
+        assert bool(((two == -1) & (one != -1)).flatten(1).any(1).all())  # every sample lost a second box
+        assert bool(((two == -1) | (one != -1)).all())  # and still the first one
+    # distinct kinds in one pipeline keep their own numbers
+    policy = TrivialAugmentWide()
+    both = run([policy], [RandomErasing(p=1.0, value=-1.0)], batch)
+    assert torch.equal(both, RandomErasing(p=1.0, value=-1.0)(policy(batch, keys, 5).float(), keys, 5))
+
+
+def test_a_policy_whose_table_holds_an_op_without_a_batched_twin_is_refused_when_made() -> None:
+    class WithInvented(TrivialAugmentWide):
+        space = {**TrivialAugmentWide.space, "Vignette": TrivialAugmentWide.space["Brightness"]}
+
+    with pytest.raises(ValueError, match=r"holds \['Vignette'\], which have no batched op"):
+        WithInvented()
+
+
 def test_torchvisions_objects_become_their_per_sample_twins() -> None:
     twin = to_batched(v2.TrivialAugmentWide(num_magnitude_bins=15, interpolation=v2.InterpolationMode.BILINEAR))
     assert isinstance(twin, TrivialAugmentWide) and twin.num_magnitude_bins == 15 and twin.interpolation == "bilinear"
