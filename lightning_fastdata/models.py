@@ -229,9 +229,14 @@ class ImageClassifier(LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_evaluation("test")
 
+    @property
+    def prediction_scores(self) -> str:
+        """What :meth:`predict_step`'s rows are (``PredictionWriter`` writes them as they are)."""
+        return "multi_label_probabilities" if self.hparams.get("multi_label") else "probabilities"
+
     @override
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """Class probabilities of a batch's images, ``N x num_classes``.
+        """Class probabilities of a batch's images, ``N x num_classes`` (:attr:`prediction_scores` says which).
 
         The softmax of the logits, or with ``multi_label`` each class's sigmoid.
         """

@@ -87,8 +87,10 @@ def test_cuda_tensor_cache_batches_through_prefetch_are_the_plain_batches(
     plain, fetched = first_batches(make(), 3), first_batches(make(), 3, prefetch_to="cuda")
     assert len(plain) == len(fetched) == 3
     for a, b in zip(plain, fetched):
-        assert all(t.is_cuda for t in b)
-        assert all(torch.equal(x, y.cpu()) for x, y in zip(a, b))  # bit for bit, boxes and flips included
+        # a field the batch does not carry (keys, without a device policy) is None on both sides
+        assert [x is None for x in a] == [y is None for y in b]
+        assert all(t.is_cuda for t in b if t is not None)
+        assert all(torch.equal(x, y.cpu()) for x, y in zip(a, b) if x is not None)  # bit for bit, boxes and flips
     if augment_on == "device":  # the crop itself, on the GPU vs on the CPU, from the same squares and boxes
         dm = make()
         on_cpu = dm.on_after_batch_transfer(plain[0], 0)[0]
@@ -157,6 +159,35 @@ def test_training_steps_with_the_recipe_never_make_the_host_wait_for_the_gpu(ima
     assert not [w for w in caught if "logged with prog_bar=True" in str(w.message)]  # FastDataCallback's check
     assert t.global_step >= 3
     assert set(t.progress_bar_metrics) >= {"loss", "acc"} and "train_loss" in t.callback_metrics
+
+
+@pytest.mark.timeout(300)
+def test_the_prediction_writer_never_makes_the_host_wait_for_the_gpu_per_batch(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    """From the second predict batch to the epoch's end, torch's sync debug mode raises on any wait for the GPU: the
+    writer copies each batch's top-k to pinned memory without waiting and reads them once, at the end."""
+    from lightning_fastdata import PredictionWriter
+
+    class Strict(pl.Callback):
+        def on_predict_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            torch.cuda.set_sync_debug_mode("error")
+
+        def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            torch.cuda.set_sync_debug_mode(0)
+
+    dm = ImageFolderDataModule(str(image_folder), predict_root=str(image_folder), image_size=32, batch_size=8,
+                               num_workers=2)  # fmt: skip
+    out = tmp_path / "p.csv"
+    # Strict's hooks run first (callbacks in order): its epoch end lifts the mode before the writer's one wait
+    t = pl.Trainer(accelerator="gpu", devices=1, logger=False, enable_progress_bar=False,
+                   callbacks=[Strict(), PredictionWriter(str(out), top_k=2)])  # fmt: skip
+    try:
+        t.predict(ImageClassifier(num_classes=3, multi_label=True), datamodule=dm, return_predictions=False)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    rows = out.read_text().splitlines()
+    assert len(rows) == 1 + 39 and all(0 <= float(v) <= 1 for v in rows[1].split(",")[2::2])
 
 
 def run(cfg: dict[str, Any]) -> int:

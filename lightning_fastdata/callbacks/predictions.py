@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -16,7 +16,18 @@ from typing_extensions import override
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_path
 
-__all__ = ["PredictionWriter"]
+__all__ = ["SCORE_KINDS", "PredictionWriter", "ScoreKind"]
+
+#: What a ``predict_step``'s ``N x C`` rows are: class probabilities (each row sums to one), logits (a softmax makes
+#: them probabilities), each class's own probability (several labels per image), or each class's logit (a sigmoid).
+ScoreKind = Literal["probabilities", "logits", "multi_label_probabilities", "multi_label_logits"]
+SCORE_KINDS: tuple[str, ...] = get_args(ScoreKind)
+
+
+def _score_kind(value: Any, what: str) -> str:
+    if value not in SCORE_KINDS:
+        raise InvalidValueError(f"{what} should be one of {', '.join(map(repr, SCORE_KINDS))}, got {value!r}.")
+    return str(value)
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -24,34 +35,50 @@ class PredictionWriter(BasePredictionWriter):
 
     Works with the package's DataModules given ``predict_root``: a predict batch is ``(images, indices)``, and
     each row names its image by ``datamodule.predict_path(index)`` and its classes by ``datamodule.classes`` (else the
-    model's ``class_names``, which ``ImageClassifier`` keeps in its checkpoint). The
-    model's ``predict_step`` returns scores per class (``ImageClassifier`` returns probabilities; logits, or any
-    rows that are not probabilities, are turned into them with a softmax). Only the top ``top_k`` of each row
-    are kept while predicting; at the end of the epoch every rank's rows are gathered, checked (each input exactly
-    once), sorted by index and written by rank zero, atomically (a temporary name, then a rename: a run that dies
-    leaves the old table or none, never half of one).
+    model's ``class_names``, which ``ImageClassifier`` keeps in its checkpoint).
+
+    The model's ``predict_step`` returns a score per class, and what those scores are is said, never guessed
+    (:data:`ScoreKind`): by ``scores=``, else by the model's ``prediction_scores`` attribute (``ImageClassifier``
+    says ``"probabilities"``, or ``"multi_label_probabilities"`` with ``multi_label=True``). Probabilities are written
+    as the model gives them; logits become probabilities by a softmax (``"logits"``) or each class's sigmoid
+    (``"multi_label_logits"``). Only the top ``top_k`` of each row are kept while predicting, copied to the host
+    without waiting for the device (one wait at the end of the epoch); then every rank's rows are gathered, checked
+    (each input exactly once), sorted by index and written by rank zero, atomically (a temporary name, then a
+    rename: a run that dies leaves the old table or none, never half of one).
 
     Columns: ``path``, then ``class_1``, ``prob_1`` ... ``class_k``, ``prob_k`` (most probable first).
 
     Args:
         output: The CSV file to write (its folder is created); overwritten by each ``trainer.predict``.
         top_k: Classes per image (at most the number of classes).
+        scores: What ``predict_step``'s rows are; ``None``: what the model's ``prediction_scores`` says.
 
     Raises:
-        ValueError: If ``top_k`` is not positive.
+        ValueError: If ``top_k`` is not positive or ``scores`` is not a :data:`ScoreKind`; at the start of
+            ``trainer.predict``, if neither ``scores=`` nor the model says what its rows are.
     """
 
-    def __init__(self, output: str, top_k: int = 5) -> None:
+    def __init__(self, output: str, top_k: int = 5, scores: ScoreKind | None = None) -> None:
         super().__init__(write_interval="batch")
         if not isinstance(top_k, int) or top_k < 1:
             raise InvalidValueError(f"top_k should be a positive int, got {top_k!r}.")
         self.output = os.fspath(output)
         self.top_k = top_k
-        self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.scores = None if scores is None else _score_kind(scores, "scores")
+        self._kind: str = "probabilities"
+        self._rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     @override
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._rows = []
+        said = getattr(pl_module, "prediction_scores", None)
+        if self.scores is None and said is None:
+            raise InvalidValueError(
+                f"PredictionWriter does not know what {type(pl_module).__name__}.predict_step returns: pass "
+                f"PredictionWriter(scores=...) ({', '.join(map(repr, SCORE_KINDS))}), or give the model a "
+                "prediction_scores attribute saying it."
+            )
+        self._kind = self.scores or _score_kind(said, f"{type(pl_module).__name__}.prediction_scores")
 
     @override
     def write_on_batch_end(
@@ -72,17 +99,28 @@ class PredictionWriter(BasePredictionWriter):
                 f"'probs'), got {type(scores).__name__}{'' if not hasattr(scores, 'shape') else tuple(scores.shape)}."
             )
         scores = scores.detach().float()
-        rows_sum_to_one = bool(((scores.sum(1) - 1).abs() < 1e-3).all()) and bool((scores >= 0).all())
-        probs = scores if rows_sum_to_one else scores.softmax(dim=1)
-        p, c = probs.topk(min(self.top_k, probs.shape[1]), dim=1)
-        self._rows.append((batch[1].cpu().numpy().astype(np.int64), c.cpu().numpy(), p.cpu().numpy()))
+        if self._kind == "logits":
+            scores = scores.softmax(dim=1)
+        elif self._kind == "multi_label_logits":
+            scores = scores.sigmoid()
+        p, c = scores.topk(min(self.top_k, scores.shape[1]), dim=1)
+        # to the host without a wait for the device (pinned, in stream order); read once, at the epoch's end
+        self._rows.append(tuple(t.to("cpu", non_blocking=True, copy=True) for t in (batch[1], c, p)))  # type: ignore[arg-type]
 
     @override
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Gather every rank's rows and write the table on rank zero."""
         super().on_predict_epoch_end(trainer, pl_module)
-        mine = _join(self._rows)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the one wait: every batch's copies to the host are done after it
+        mine = _join([(i.numpy().astype(np.int64), c.numpy(), p.numpy()) for i, c, p in self._rows])
         self._rows = []
+        if self._kind.endswith("probabilities") and mine[2].size and not (0 <= mine[2].min() <= mine[2].max() <= 1):
+            raise InvalidValueError(
+                f"PredictionWriter was told the model's rows are {self._kind} (scores=, or prediction_scores), but "
+                f"they hold {float(mine[2].min()):.4g} ... {float(mine[2].max()):.4g}: say 'logits' (or "
+                "'multi_label_logits') if predict_step returns logits."
+            )
         parts = [mine]
         if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             parts = [None] * trainer.world_size  # type: ignore[list-item]

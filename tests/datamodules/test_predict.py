@@ -201,3 +201,50 @@ def test_a_rank_given_no_input_adds_no_rows_to_the_table() -> None:
     full = (np.array([1, 0]), np.array([[2, 0], [1, 2]]), np.array([[0.7, 0.2], [0.5, 0.4]], np.float32))
     index, classes, probs = predictions._join([empty, full])
     assert index.tolist() == [1, 0] and classes.shape == (2, 2) and probs.shape == (2, 2)
+
+
+def fixed_model(rows: torch.Tensor, said: str | None) -> Any:
+    import lightning.pytorch as pl
+
+    class Model(pl.LightningModule):
+        def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return rows[batch[1]]
+
+    model = Model()
+    if said is not None:
+        model.prediction_scores = said  # type: ignore[attr-defined]
+    return model
+
+
+def written(tmp_path: Path, dm: Any, model: Any, **writer: Any) -> list[list[str]]:
+    out = tmp_path / "t.csv"
+    cpu_trainer(PredictionWriter(str(out), top_k=3, **writer)).predict(model, datamodule=dm, return_predictions=False)
+    with open(out, newline="") as f:
+        return list(csv.reader(f))[1:]
+
+
+def test_the_writer_writes_what_the_model_says_its_rows_are(image_folder: Path, tmp_path: Path) -> None:
+    """A multi-label model's independent probabilities are written as they are (they were put through a softmax:
+    0.673/0.475/0.432 came out 0.384/0.315/0.301); logits get a softmax or a sigmoid as said; nothing is guessed."""
+    dm = ImageFolderDataModule(str(image_folder), predict_root=str(image_folder / "class_000"), image_size=16,
+                               batch_size=4, num_workers=0)  # fmt: skip
+    n = 13
+    sigmoids = torch.tensor([[0.673, 0.475, 0.432]]).repeat(n, 1)
+    rows = written(tmp_path, dm, fixed_model(sigmoids, "multi_label_probabilities"))
+    assert len(rows) == n and rows[0][1:] == ["class_000", "0.673000", "class_001", "0.475000", "class_002", "0.432000"]
+    # ImageClassifier says so itself with multi_label=True: its sigmoids, unchanged
+    model = ImageClassifier(num_classes=3, multi_label=True)
+    assert model.prediction_scores == "multi_label_probabilities"
+    logits = torch.tensor([[2.0, 0.0, -1.0]]).repeat(n, 1)
+    soft = written(tmp_path, dm, fixed_model(logits, None), scores="logits")[0]
+    assert [float(v) for v in soft[2::2]] == pytest.approx(logits[0].softmax(0).tolist(), abs=1e-6)
+    sig = written(tmp_path, dm, fixed_model(logits, "multi_label_logits"))[0]
+    assert [float(v) for v in sig[2::2]] == pytest.approx(logits[0].sigmoid().tolist(), abs=1e-6)
+    with pytest.raises(
+        ValueError, match=r"does not know what Model.predict_step returns: pass PredictionWriter\(scores"
+    ):
+        written(tmp_path, dm, fixed_model(logits, None))
+    with pytest.raises(ValueError, match="told the model's rows are probabilities.*say 'logits'"):
+        written(tmp_path, dm, fixed_model(logits, "probabilities"))
+    with pytest.raises(ValueError, match="scores should be one of"):
+        PredictionWriter(str(tmp_path / "t.csv"), scores="softmax")  # type: ignore[arg-type]
