@@ -121,6 +121,7 @@ def _convert(args: argparse.Namespace, rest: list[str]) -> None:
         quality=args.quality,
         labels=args.labels,
         multi_label=args.multi_label,
+        label_separator=args.label_separator,
     )
     print(f"fastdata convert: wrote {dst}")
 
@@ -222,7 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     h5.add_argument(
         "--multi-label",
         action="store_true",
-        help="with --labels: several labels per image (space-separated, or one 0/1 column per class)",
+        help="with --labels: several labels per image (split by --label-separator, or one 0/1 column per class)",
+    )
+    h5.add_argument(
+        "--label-separator",
+        default=" ",
+        help="with --multi-label: what separates a cell's labels (default: spaces; '|' for ChestX-ray14)",
     )
     h5.add_argument("--processes", type=int, default=None)
     h5.add_argument("--overwrite", action="store_true", help="replace an existing --dst")

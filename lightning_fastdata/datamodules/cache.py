@@ -79,6 +79,7 @@ class TensorCacheDataModule(FastDataModule):
             ``multi_label``), and a changed table is a changed source (the cache is built again).
         multi_label: With ``labels``: several labels per image (:class:`ImageFolderDataModule`).
         label_classes: With ``labels``: the class list in label order (:class:`ImageFolderDataModule`).
+        label_separator: With ``multi_label``: what separates a cell's labels (:class:`ImageFolderDataModule`).
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -105,6 +106,7 @@ class TensorCacheDataModule(FastDataModule):
         labels: str | None = None,
         multi_label: bool = False,
         label_classes: list[str] | None = None,
+        label_separator: str = " ",
         **kwargs: Any,
     ) -> None:
         if kwargs.get("on_corrupt", "raise") != "raise":
@@ -133,7 +135,16 @@ class TensorCacheDataModule(FastDataModule):
                 "crops would be upscaled. Use cache_size >= image_size (e.g. 256 for 224)."
             )
         self.source = FolderSource(
-            root, val_root, index_dir, storage_options, index_ttl, test_root, labels, multi_label, label_classes
+            root,
+            val_root,
+            index_dir,
+            storage_options,
+            index_ttl,
+            test_root,
+            labels,
+            multi_label,
+            label_classes,
+            label_separator,
         )
         self.classes = self.source.classes
         self.multi_label = self.source.multi_label

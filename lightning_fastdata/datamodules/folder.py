@@ -54,10 +54,12 @@ class FolderSource:
         labels: A label table (``.csv``/``.parquet``, :mod:`~lightning_fastdata.loading.index.table`) whose ids name
             the images of ``root`` (and of ``val_root``/``test_root`` where given): the folders are then listed at any
             depth, not by class sub-folder, and each image takes its row's label. ``None``: class sub-folders.
-        multi_label: With ``labels``: several labels per image (space-separated, or one 0/1 column per class), as
-            ``uint8`` multi-hot rows.
+        multi_label: With ``labels``: several labels per image (a cell of labels split by ``label_separator``, or
+            one 0/1 column per class), as ``uint8`` multi-hot rows.
         label_classes: With ``labels``: the class list, in label order (every label must be in it); default: the
             table's (its columns, or its labels sorted).
+        label_separator: With ``multi_label``: what separates the labels in a cell (``" "``: spaces; ``"|"``:
+            ChestX-ray14's ``Finding Labels``, and class names may then hold spaces).
 
     Raises:
         FileNotFoundError: If a folder is missing or holds no class folder.
@@ -75,6 +77,7 @@ class FolderSource:
         labels: str | None = None,
         multi_label: bool = False,
         label_classes: list[str] | None = None,
+        label_separator: str = " ",
     ) -> None:
         self.root = root if is_url(root) else os.fspath(root)
         self.val_root = None if val_root is None else (val_root if is_url(val_root) else os.fspath(val_root))
@@ -107,7 +110,7 @@ class FolderSource:
         #: The label table, where labels come from one (else from class sub-folders).
         self.table: LabelTable | None = None
         if labels is not None:
-            self.table = read_label_table(labels)
+            self.table = read_label_table(labels, label_separator)
             self.classes = self.table.classes(self.multi_label, label_classes)
             return
         self.classes = self._classes(self.root)
@@ -234,11 +237,14 @@ class ImageFolderDataModule(FastDataModule):
             name) and whose other columns give its label(s) (:mod:`~lightning_fastdata.loading.index.table`; the
             Kaggle layout: ``train/`` + ``train.csv``). Images are then found at any depth; one table may also
             label ``val_root`` and ``test_root``. ``None``: class sub-folders.
-        multi_label: With ``labels``: several labels per image (a cell of space-separated labels, or one 0/1
-            column per class); batches then carry ``uint8`` multi-hot rows (``N x num_classes``), and
+        multi_label: With ``labels``: several labels per image (a cell of labels split by ``label_separator``, or
+            one 0/1 column per class); batches then carry ``uint8`` multi-hot rows (``N x num_classes``), and
             ``ImageClassifier(multi_label=True)`` trains on them (linked by LightningCLI).
         label_classes: With ``labels``: the class list in label order (every label must be one of them); default:
             the table's per-class columns in order, else its labels sorted (numerically if all are integers).
+        label_separator: With ``multi_label``: what separates the labels in a cell: ``" "`` (default: spaces) or,
+            say, ``"|"`` (ChestX-ray14's ``Finding Labels``: ``Atelectasis|Effusion``; class names may then hold
+            spaces). A single label is the whole cell, spaces and all.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).
 
@@ -260,6 +266,7 @@ class ImageFolderDataModule(FastDataModule):
         labels: str | None = None,
         multi_label: bool = False,
         label_classes: list[str] | None = None,
+        label_separator: str = " ",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -275,8 +282,9 @@ class ImageFolderDataModule(FastDataModule):
         self.entropy_index: bool | str = entropy_index if entropy_index_available() else False
         self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
         self.source = FolderSource(
-            root, val_root, index_dir, storage_options, index_ttl, test_root, labels, multi_label, label_classes
-        )
+            root, val_root, index_dir, storage_options, index_ttl, test_root, labels, multi_label, label_classes,
+            label_separator,
+        )  # fmt: skip
         self.classes = self.source.classes
         self.multi_label = self.source.multi_label
 

@@ -149,6 +149,7 @@ def convert_folder_to_hdf5(
     labels: str | os.PathLike[str] | None = None,
     multi_label: bool = False,
     label_classes: list[str] | None = None,
+    label_separator: str = " ",
 ) -> Path:
     """Convert ``src/<class>/<image>`` into the HDF5 layout that :class:`~lightning_fastdata.HDF5Dataset` reads fastest.
 
@@ -187,6 +188,7 @@ def convert_folder_to_hdf5(
         multi_label: With ``labels``: several labels per image, written as ``uint8`` multi-hot rows (``N x C``),
             which :class:`~lightning_fastdata.HDF5Dataset` reads back as they are.
         label_classes: With ``labels``: the class list in label order (default: the table's).
+        label_separator: With ``multi_label``: what separates a cell's labels (``" "``: spaces; ``"|"``).
         processes: Reading/decoding processes; default: usable CPUs.
         overwrite: Replace an existing ``dst``.
         progress: Show a progress bar.
@@ -221,7 +223,7 @@ def convert_folder_to_hdf5(
         if labels is None:
             index = storage.list_files()
         else:
-            table = read_label_table(labels)
+            table = read_label_table(labels, label_separator)
             index = labelled_indexes([storage.list_images()], table, multi_label, label_classes)[0]
     if (multi_label or label_classes is not None) and labels is None:
         raise InvalidValueError("multi_label and label_classes describe a label table: pass labels= (--labels).")

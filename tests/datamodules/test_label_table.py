@@ -82,6 +82,38 @@ def test_one_label_per_image_from_a_csv_through_workers(kaggle: dict[str, Any], 
     assert stated.classes[int(stated.train_dataset.targets[0])] == kaggle["single"][first]
 
 
+#: Class names with spaces, as ChestX-ray14's ``Finding Labels`` and ImageNet's names have them.
+SPACED = ["golden retriever", "sea lion", "Pleural_Thickening", "No Finding"]
+
+
+@pytest.mark.timeout(120)
+def test_a_separator_keeps_class_names_with_spaces_whole(kaggle: dict[str, Any], tmp_path: Path) -> None:
+    """``label_separator="|"``: ``golden retriever|sea lion`` is two labels, not four; a single label keeps its spaces
+    (one label per image: the whole cell); the converter takes the same argument."""
+    names = list(kaggle["several"])
+    wanted = {n: [SPACED[j] for j, t in enumerate(TAGS) if t in kaggle["several"][n]] for n in names}
+    piped = write_csv(
+        tmp_path / "piped.csv", [["Image Index", "Finding Labels"], *[[n, "|".join(wanted[n])] for n in names]]
+    )
+    kw: dict[str, Any] = dict(multi_label=True, image_size=16, batch_size=4, num_workers=0, val_fraction=0)
+    dm = ImageFolderDataModule(str(kaggle["flat"]), labels=piped, label_separator="|", **kw)
+    assert dm.classes == tuple(sorted(SPACED))
+    dm.setup("fit")
+    for i in range(21):
+        got = {dm.classes[c] for c in np.flatnonzero(dm.train_dataset.targets[i])}
+        assert got == set(wanted[dm.train_dataset.index.relpath(i)])
+    # without the separator the same table is read by spaces: "golden", "retriever|sea", ... (what users hit)
+    assert "golden" in ImageFolderDataModule(str(kaggle["flat"]), labels=piped, **kw).classes
+    h5 = convert_folder_to_hdf5(kaggle["flat"], tmp_path / "piped.h5", labels=piped, multi_label=True,
+                                label_separator="|", processes=1, progress=False)  # fmt: skip
+    assert HDF5DataModule(str(h5), image_size=16).classes == tuple(sorted(SPACED))
+    one = write_csv(tmp_path / "one.csv", [["id", "label"], *[[n, SPACED[k % 2]] for k, n in enumerate(names)]])
+    single = ImageFolderDataModule(str(kaggle["flat"]), labels=one, image_size=16)
+    assert single.classes == ("golden retriever", "sea lion")
+    with pytest.raises(ValueError, match="label_separator should be"):
+        ImageFolderDataModule(str(kaggle["flat"]), labels=piped, label_separator="", **kw)
+
+
 @pytest.mark.timeout(120)
 def test_several_labels_space_separated_or_a_column_per_class_are_the_same_rows(
     kaggle: dict[str, Any], tmp_path: Path

@@ -4,8 +4,10 @@ The Kaggle layout: one folder of images (flat, or nested) and a ``train.csv``. T
 id; the table's other columns its labels, in one of three layouts:
 
 - **one label per image** (``multi_label=False``): two columns, ``id,label``;
-- **several labels per image, space-separated** (``multi_label=True``, two columns): ``id,labels`` with a cell
-  such as ``"cat dog"`` (an empty cell: no label);
+- **several labels per image in one cell** (``multi_label=True``, two columns): ``id,labels`` with a cell such
+  as ``"cat dog"`` (separated by spaces: ``label_separator=" "``, the default) or ``"Atelectasis|Effusion"``
+  (``label_separator="|"``, ChestX-ray14's ``Finding Labels``; then a class name may hold spaces); an empty cell:
+  no label;
 - **one column per class** (``multi_label=True``, more than two columns): ``id,cat,dog,...`` with ``0``/``1``.
 
 An id names a file by its path relative to the folder, with or without its extension (``img_001`` or
@@ -43,13 +45,15 @@ class LabelTable:
     """A label table as read: its path, the id and label columns, each row's id and label cells.
 
     ``columns`` is ``(id, label)`` for one label column, else ``(id, class, class, ...)``; ``cells`` holds one
-    string per row (one label column) or one tuple of strings per row.
+    string per row (one label column) or one tuple of strings per row. ``separator`` splits a cell of several
+    labels (``" "``: runs of whitespace); a single label is the whole cell, spaces and all.
     """
 
     path: str
     columns: tuple[str, ...]
     ids: tuple[str, ...]
     cells: tuple[tuple[str, ...], ...]
+    separator: str = " "
 
     def classes(self, multi_label: bool, classes: Sequence[str] | None = None) -> tuple[str, ...]:
         """The class list (the module docstring's rule).
@@ -66,7 +70,7 @@ class LabelTable:
             return stated
         if len(self.columns) > 2:
             return self.columns[1:]
-        found = {token for row in self.cells for token in _tokens(row[0], multi_label)}
+        found = {token for row in self.cells for token in _tokens(row[0], multi_label, self.separator)}
         if not found:
             raise InvalidValueError(f"{self.path!r} has no label in its column {self.columns[1]!r}.")
         if all(_is_int(c) for c in found):
@@ -95,7 +99,7 @@ class LabelTable:
         )
         unknown: list[tuple[int, str]] = []
         for row, (cell,) in enumerate(self.cells):
-            tokens = _tokens(cell, multi_label)
+            tokens = _tokens(cell, multi_label, self.separator)
             if not multi_label and not tokens:
                 raise InvalidValueError(f"{self.path!r} row {row + 2} (id {self.ids[row]!r}) has no label.")
             for token in tokens:
@@ -142,9 +146,9 @@ def _is_int(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
-def _tokens(cell: str, multi_label: bool) -> list[str]:
+def _tokens(cell: str, multi_label: bool, separator: str) -> list[str]:
     if multi_label:
-        return cell.split()
+        return cell.split() if separator == " " else [t.strip() for t in cell.split(separator) if t.strip()]
     cell = cell.strip()
     return [cell] if cell else []
 
@@ -154,8 +158,10 @@ def _some(names: Sequence[str]) -> str:
     return shown + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")
 
 
-def read_label_table(path: str | os.PathLike[str]) -> LabelTable:
+def read_label_table(path: str | os.PathLike[str], label_separator: str = " ") -> LabelTable:
     """Read a ``.csv`` (comma-separated, a header row; ``.tsv``: tab-separated) or ``.parquet`` label table.
+
+    ``label_separator`` splits a cell of several labels (``" "``: runs of whitespace; ``"|"``: ChestX-ray14's).
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
@@ -164,6 +170,11 @@ def read_label_table(path: str | os.PathLike[str]) -> LabelTable:
         ModuleNotFoundError: For Parquet without ``pyarrow``.
     """
     path = os.fspath(path)
+    if not isinstance(label_separator, str) or not label_separator or label_separator in ",\n\r":
+        raise InvalidValueError(
+            f"label_separator should be the character(s) between labels in a cell (' ', '|', ';'), got "
+            f"{label_separator!r}."
+        )
     if not os.path.isfile(path):
         raise PathNotFoundError(f"The label table {path!r} does not exist; pass a .csv or .parquet file.")
     if path.lower().endswith((".parquet", ".pq")):
@@ -198,7 +209,7 @@ def read_label_table(path: str | os.PathLike[str]) -> LabelTable:
     if len(set(ids)) != len(ids):
         twice = sorted(i for i, n in Counter(ids).items() if n > 1)
         raise InvalidValueError(f"{path!r} names {len(twice)} id(s) more than once: {_some(twice)}.")
-    return LabelTable(path, columns, ids, tuple(row[1:] for row in rows))
+    return LabelTable(path, columns, ids, tuple(row[1:] for row in rows), label_separator)
 
 
 def _read_parquet(path: str) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
