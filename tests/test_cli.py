@@ -122,6 +122,15 @@ def test_every_shipped_config_tells_one_callback_story() -> None:
         assert ours == ["lightning_fastdata.FastDataCallback"], (path.name, ours)
 
 
+def test_the_repositorys_configs_folder_is_the_packages_one_set_of_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``configs/`` beside ``notebooks/`` (the layout users look for) is the package's folder, not a copy to drift."""
+    top = Path(__file__).resolve().parents[1]
+    assert (top / "configs").is_symlink() and (top / "configs").resolve() == CONFIG_DIR.resolve()
+    assert sorted(p.name for p in (top / "configs").glob("*.yaml")) == [p.name for p in CONFIGS]
+    monkeypatch.chdir(top)
+    assert find_config("configs/imagefolder.yaml").resolve() == (CONFIG_DIR / "imagefolder.yaml").resolve()
+
+
 def test_config_names_resolve_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert find_config("imagefolder") == CONFIG_DIR / "imagefolder.yaml"
