@@ -32,6 +32,7 @@ from PIL import Image, ImageDraw
 from lightning_fastdata.demos import photo_like_image
 from lightning_fastdata.loading.index.files import scan_image_folder
 from lightning_fastdata.loading.jpeg import entropy_index as entropy
+from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index
 from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.measure import Candidate, ceiling_img_s, count_images, measure, ours_module, save_results
 
@@ -121,7 +122,7 @@ def kind_rows(folder: Path, kind: str, args: argparse.Namespace) -> dict[str, An
     for name, fraction in (("dense", 1.0), ("sparse", entropy.INDEX_FRACTION)):
         where = str(scratch / f"index-{name}")
         # built here with its budget; the module then reuses it (an index is reused whatever its budget)
-        entropy.build_entropy_index(scan_image_folder(str(folder)), open_storage(str(folder)), where, fraction=fraction)
+        build_entropy_index(scan_image_folder(str(folder)), open_storage(str(folder)), where, fraction=fraction)
         built[name] = ours_module(str(folder), args.image_size, args.batch_size, args.workers, entropy_index_dir=where)
         built[name + "_share"] = _index_share(where, built[name], jpeg_bytes)
     plain = ours_module(str(folder), args.image_size, args.batch_size, args.workers)

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
     from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
     from lightning_fastdata.datasets.folder import ImageFolderDataset
-    from lightning_fastdata.datasets.hdf5 import HDF5Dataset, inspect_hdf5
+    from lightning_fastdata.datasets.hdf5 import HDF5Dataset
+    from lightning_fastdata.datasets.hdf5_file import inspect_hdf5
     from lightning_fastdata.diagnose import DoctorReport, doctor
     from lightning_fastdata.loading.index.files import FileIndex, scan_image_folder
     from lightning_fastdata.loading.sampler import EpochSampler
@@ -62,7 +63,7 @@ _EXPORTS = {
     "build_tensor_cache": "lightning_fastdata.datasets.cache",
     "convert_folder_to_hdf5": "lightning_fastdata.datasets.convert",
     "decoder_summary": "lightning_fastdata._ext.native",
-    "inspect_hdf5": "lightning_fastdata.datasets.hdf5",
+    "inspect_hdf5": "lightning_fastdata.datasets.hdf5_file",
     "open_tensor_cache": "lightning_fastdata.datasets.cache",
     "resolve_num_workers": "lightning_fastdata.loading.workers",
     "scan_image_folder": "lightning_fastdata.loading.index.files",

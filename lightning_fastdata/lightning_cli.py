@@ -7,12 +7,8 @@ command runs (it loads torch and Lightning), so that ``fastdata --help`` and the
 from __future__ import annotations
 
 import contextlib
-import difflib
-import importlib
-import inspect
 import io
 import os
-import re
 import sys
 import warnings
 from typing import Any
@@ -22,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_fastdata.callbacks.predictions import PredictionWriter
+from lightning_fastdata.cli_internals import short_error
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.errors import UsageError
 from lightning_fastdata.hparams import without_secrets
@@ -29,58 +26,6 @@ from lightning_fastdata.models import ImageClassifier
 from lightning_fastdata.shipped import find_config
 
 __all__ = ["FastDataCLI", "SecretFreeSaveConfigCallback", "run_cli"]
-
-
-def _parameters(class_path: str) -> list[str]:
-    """The ``__init__`` argument names of ``class_path`` and of its bases (a DataModule's ``**kwargs`` go up)."""
-    module, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return []
-    names: list[str] = []
-    for klass in getattr(cls, "__mro__", [cls]):
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        for param in inspect.signature(init).parameters.values():
-            if param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL) and param.name != "self":
-                names.append(param.name)
-    return list(dict.fromkeys(names))
-
-
-def _parser_keys(parser: Any) -> list[str]:
-    """Every option key the parser and its subcommands know (``trainer.max_epochs``, ``data.init_args.root``)."""
-    keys: list[str] = []
-    stack = [parser]
-    while stack:
-        current = stack.pop()
-        for action in getattr(current, "_actions", []):
-            keys += [s.lstrip("-") for s in getattr(action, "option_strings", []) if s.startswith("--")]
-            for sub in (getattr(action, "choices", None) or {}).values() if isinstance(action.choices, dict) else []:
-                stack.append(sub)
-    return list(dict.fromkeys(keys))
-
-
-def _short_error(text: str, parser: Any) -> str:
-    """Jsonargparse's error as one line, with the closest valid names for a key it did not know."""
-    message = text[text.index("error:") :].strip()
-    if found := re.search(r"class_path '([\w.]+)'.*?Option '(\w+)' is not accepted", message, re.S):
-        class_path, key = found.groups()
-        close = difflib.get_close_matches(key, _parameters(class_path), n=3, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        return (
-            f"error: {key!r} is not an argument of {class_path}{hint} (`fastdata fit --help` lists the options; "
-            f"`--print_config` shows a whole config)"
-        )
-    if found := re.search(
-        r"option '([\w.]+)'|Key \"([\w.]+)\" is not expected|unrecognized arguments: --([\w.]+)", message
-    ):
-        key = next(g for g in found.groups() if g)
-        close = difflib.get_close_matches(key, _parser_keys(parser), n=3, cutoff=0.75)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        return f"error: {key!r} is not an option of this command{hint} (`fastdata fit --help` lists them)"
-    return message.splitlines()[0] + (" ..." if "\n" in message else "")
 
 
 def _with_configs_found(argv: list[str]) -> list[str]:
@@ -151,7 +96,7 @@ class FastDataCLI(LightningCLI):
             if stop.code in (0, None) or "error:" not in text:
                 sys.stderr.write(text)
                 raise
-            print(f"fastdata {args[0] if args else ''}: {_short_error(text, parser)}", file=sys.stderr)
+            print(f"fastdata {args[0] if args else ''}: {short_error(text, parser)}", file=sys.stderr)
             raise SystemExit(2) from None  # as argparse's own errors
         sys.stderr.write(captured.getvalue())
 

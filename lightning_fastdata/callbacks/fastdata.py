@@ -52,10 +52,10 @@ class FastDataCallback(Callback):
 
     Args:
         prefetch: Copy the next batch to the device on a side CUDA stream while the current one trains. Off by
-            default: on an H100 (ResNet-50, bf16, batch 256 of uint8 224 px images) it bought nothing, 3,396 vs
-            3,384 img/s with Lightning's own copy, and held 35 MB more GPU memory; a uint8 batch's copy is ~1.5 ms
-            of a ~67 ms step (``benchmarks/results/gpu.json``, part ``mechanisms``). Turn it on where the copy is
-            a larger share of the step: a small model, float batches, large images.
+            default: on an H100 (ResNet-50, bf16, batch 256 of uint8 224 px images) it bought nothing measurable
+            over Lightning's own copy and held more GPU memory, a uint8 batch's copy being a small part of the step
+            (the docs' Benchmarks page, GPU part ``mechanisms``). Turn it on where the copy is a larger share of the
+            step: a small model, float batches, large images.
         pin_memory: ``None``: pin on CUDA for the package's DataModules; ``True``/``False`` force it (``True`` also
             pins foreign loaders).
         num_workers: Applied to the package's DataModules whose ``num_workers`` is ``"auto"``; ``"auto"`` means
@@ -71,8 +71,8 @@ class FastDataCallback(Callback):
             an int sets that count; ``None`` leaves torch's setting alone. Without a cap, torch's threads (one per
             CPU) and the workers (one per CPU but one) oversubscribe the CPUs: any host op large enough to be
             split wakes them all, and they take CPU time from the workers and from the training loop's own
-            thread. On one H100 with 16 CPUs and 15 workers, torchvision's reference recipe fed ResNet-50 at
-            1,014 img/s with torch's 16 threads and 3,214 with one (``benchmarks/results/gpu.json``).
+            thread: on one H100 with 16 CPUs and 15 workers, torchvision's reference recipe fed ResNet-50 about
+            three times faster with one thread than with torch's 16 (the docs' Benchmarks page, GPU part).
     """
 
     def __init__(

@@ -105,7 +105,9 @@ class PredictionWriter(BasePredictionWriter):
             scores = scores.sigmoid()
         p, c = scores.topk(min(self.top_k, scores.shape[1]), dim=1)
         # to the host without a wait for the device (pinned, in stream order); read once, at the epoch's end
-        self._rows.append(tuple(t.to("cpu", non_blocking=True, copy=True) for t in (batch[1], c, p)))  # type: ignore[arg-type]
+        indices = getattr(batch, "indices", None)
+        indices = batch[1] if indices is None else indices  # a PredictBatch names it; a plain tuple's second field
+        self._rows.append(tuple(t.to("cpu", non_blocking=True, copy=True) for t in (indices, c, p)))  # type: ignore[arg-type]
 
     @override
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -1,4 +1,8 @@
-"""The one place that builds loaders; subclasses only build datasets."""
+"""``FastDataModule``: the DataModules' arguments, datasets by stage and Lightning hooks; subclasses build datasets.
+
+The loaders are built in :mod:`~lightning_fastdata.datamodules.loaders`, moved and augmented on the device by
+:mod:`~lightning_fastdata.datamodules.transfer`, resumed by :mod:`~lightning_fastdata.datamodules.resume`.
+"""
 
 from __future__ import annotations
 
@@ -80,7 +84,6 @@ class FastDataModule(LoaderBuilding):
             ``decode_jpeg``, cropped and resized. The default (``False``) uses the fast integer IDCT and decodes a
             crop at least twice the output at 1/2, 1/4 or 1/8 in the DCT domain: faster, within ~35-46 dB PSNR
             of the exact path (the docs' Benchmarks page, "Decoding", has the measurements).
-        max_corrupt_fraction: see ``on_corrupt``.
         train_transforms: A per-sample transform run in the loader workers after the crop and flip: a uint8
             ``3 x S x S`` tensor in, the same shape and dtype out (a ``torchvision.transforms.v2`` transform or
             ``Compose``, e.g. ``TrivialAugmentWide()``, or any callable). Its randomness (torch's generator) is seeded
@@ -401,7 +404,7 @@ class FastDataModule(LoaderBuilding):
             self._report_skipped(self._skip_epoch)
             self._skip_epoch = -1
 
-    # -- the one place loaders are built ---------------------------------------------------------------
+    # -- helpers ----------------------------------------------------------------------------------------
     def _report_skipped(self, epoch: int) -> None:
         count = getattr(self.train_dataset, "skipped_count", lambda epoch: 0)(epoch)
         if count:

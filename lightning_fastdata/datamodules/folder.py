@@ -21,12 +21,11 @@ from lightning_fastdata.loading.index.table import LabelTable, labelled_indexes,
 from lightning_fastdata.loading.jpeg.entropy_index import (
     EntropyIndexes,
     PendingEntropyIndex,
-    build_entropy_index,
     default_index_dir,
     entropy_index_available,
     load_entropy_index,
-    start_background_build,
 )
+from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index, start_background_build
 from lightning_fastdata.loading.storage.base import Storage, is_url
 from lightning_fastdata.loading.storage.bucket_index import DEFAULT_INDEX_TTL
 from lightning_fastdata.loading.storage.registry import open_storage

@@ -10,7 +10,8 @@ from torch.utils.data import Dataset
 from typing_extensions import override
 
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.datasets.hdf5 import HDF5Dataset, Layout, inspect_hdf5
+from lightning_fastdata.datasets.hdf5 import HDF5Dataset
+from lightning_fastdata.datasets.hdf5_file import Layout, inspect_hdf5
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.storage.base import is_url

@@ -140,6 +140,7 @@ class LoaderBuilding(DeviceTransferHooks):
                 lookahead=BatchLookahead(sampler) if ahead else None,
                 epoch_samples=len(sampler),  # what max_corrupt_fraction is a fraction of
                 label_map=label_map if subset is None or subset.label_map is None else subset.label_map,
+                predicting=not labelled,
             )
             dataset = dataset.for_loader(plan)
         persistent = workers > 0 if self.persistent_workers is None else (self.persistent_workers and workers > 0)

@@ -24,7 +24,7 @@ from lightning_fastdata.augment.geometry import (
 from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, DataError, InvalidValueError, StorageError
-from lightning_fastdata.loading.batch import DeviceBatch
+from lightning_fastdata.loading.batch import Batch, DeviceBatch, PredictBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.sampler import BatchLookahead, SampleKey
@@ -62,12 +62,15 @@ class LoaderPlan:
         label_map: The batches' labels in a subset's class list (``classes=``): an ``int64`` lookup of class
             positions, or the columns of multi-hot rows kept
             (:class:`~lightning_fastdata.loading.sampling.Subset`); ``None``: the dataset's labels.
+        predicting: A ``trainer.predict`` loader: batches are :class:`~lightning_fastdata.loading.batch.PredictBatch`
+            (the second field each image's index in the input list), not ``Batch`` (labels).
     """
 
     return_keys: bool = False
     lookahead: BatchLookahead | None = None
     epoch_samples: int | None = None
     label_map: np.ndarray | None = None
+    predicting: bool = False
 
 
 class AugmentedImageDataset(Dataset):
@@ -326,15 +329,15 @@ class AugmentedImageDataset(Dataset):
 
     def _batch(
         self, images: torch.Tensor, labels: torch.Tensor, full_keys: list[tuple[int, int, int]], **crop: torch.Tensor
-    ) -> tuple[torch.Tensor, ...] | DeviceBatch:
-        """``(images, labels)``, or a ``DeviceBatch`` when the training device has work to do on it.
+    ) -> Batch | PredictBatch | DeviceBatch:
+        """A ``Batch`` (``PredictBatch`` in predict), or a ``DeviceBatch`` when the training device has work on it.
 
         That work: the policies, which draw from the samples' keys (``return_keys``); the cache's crop (``crop``:
         ``boxes`` and ``flips``).
         """
         keys = torch.tensor(full_keys, dtype=torch.int64).view(-1, 3) if self.return_keys else None
         if keys is None and not crop:
-            return (images, labels)
+            return PredictBatch(images, labels) if self._loading.predicting else Batch(images, labels)
         return DeviceBatch(images, labels, keys, **crop)
 
     def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...] | DeviceBatch:

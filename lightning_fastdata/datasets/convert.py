@@ -14,7 +14,13 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from lightning_fastdata.datasets.hdf5 import ENTROPY_ATTR, ENTROPY_BLOB, ENTROPY_OFFSETS, FORMAT_VERSION, inspect_hdf5
+from lightning_fastdata.datasets.hdf5_file import (
+    ENTROPY_ATTR,
+    ENTROPY_BLOB,
+    ENTROPY_OFFSETS,
+    FORMAT_VERSION,
+    inspect_hdf5,
+)
 from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError
 from lightning_fastdata.loading.atomic import atomic_path, side_path
 from lightning_fastdata.loading.index.files import FileIndex

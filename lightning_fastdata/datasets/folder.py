@@ -42,7 +42,7 @@ class ImageFolderDataset(AugmentedImageDataset):
             ``timeout``, ...: :class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage`); ``None``: the
             environment's (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
         entropy_indexes: The entropy indexes of these files, in this order
-            (:func:`~lightning_fastdata.loading.jpeg.entropy_index.build_entropy_index`): JPEG crops are then
+            (:func:`~lightning_fastdata.loading.jpeg.entropy_index_build.build_entropy_index`): JPEG crops are then
             entropy-decoded alone, the same pixels with less work; a
             :class:`~lightning_fastdata.loading.jpeg.entropy_index.PendingEntropyIndex` is used for the files its
             background build has finished. ``None``: decoded from the top of each image.

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, LoaderPlan
-from lightning_fastdata.loading.batch import DeviceBatch
+from lightning_fastdata.loading.batch import Batch, DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, mix
 from lightning_fastdata.loading.sampler import SampleKey
 from lightning_fastdata.loading.sampling import map_labels
@@ -124,7 +124,7 @@ class MixedDataset(Dataset):
             )
         if self.plan.return_keys:  # the device draws from the mix's index
             return DeviceBatch(images, labels, keys_out)
-        return images, labels
+        return Batch(images, labels)
 
     def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
         images, labels = self.__getitems__([key])[:2]

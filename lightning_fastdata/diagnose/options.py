@@ -22,7 +22,7 @@ from lightning_fastdata.datamodules.cache import TensorCacheDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
 from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
-from lightning_fastdata.datasets.hdf5 import HDF5Layout
+from lightning_fastdata.datasets.hdf5_file import HDF5Layout
 from lightning_fastdata.diagnose.probe import DataProbe, FolderSample
 from lightning_fastdata.loading.index.store import RACY_SECONDS
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from lightning_fastdata.datasets.hdf5 import HDF5Layout, inspect_hdf5, open_hdf5
+from lightning_fastdata.datasets.hdf5_file import HDF5Layout, inspect_hdf5, open_hdf5
 from lightning_fastdata.errors import AccessError, DataError
 from lightning_fastdata.loading.index.files import FileIndex, scan_image_folder
 from lightning_fastdata.measure import decode_ceiling

@@ -3,7 +3,9 @@
 The datasets return :class:`DeviceBatch` when the training device has work to do on the batch: the policies and
 batch transforms (``device_transforms``/``batch_transforms``), which draw their parameters from the samples' keys,
 and the tensor cache's crop on the device (``augment_on="device"``, with each sample's box and flip). Any other
-batch is the plain ``(images, labels)`` tuple.
+batch is a :class:`Batch` ``(images, labels)``, or in ``trainer.predict`` a :class:`PredictBatch`
+``(images, indices)``: named tuples, so ``images, labels = batch`` and ``batch[1]`` work as on a plain tuple, and
+``batch.labels`` / ``batch.indices`` say which the second field is.
 
 :meth:`DeviceBatch.to` moves its pixels, labels, boxes and flips and leaves its keys on the host, where the
 augmentation draws from them without reading anything back from the device (which would wait for the previous
@@ -19,10 +21,30 @@ from typing import Any, NamedTuple
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-__all__ = ["DeviceBatch", "move_to_device"]
+__all__ = ["Batch", "DeviceBatch", "PredictBatch", "move_to_device"]
 
 #: Device types whose host-to-device copies are made blocking (as Lightning's own move does).
 _BLOCKING = ("cpu", "mps")
+
+
+class Batch(NamedTuple):
+    """A training or evaluation batch: uint8 ``images`` (``N x 3 x H x W``) and their ``labels``.
+
+    The labels are class positions (``int64``), or multi-hot rows (``uint8`` ``N x C``) with several labels each.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+class PredictBatch(NamedTuple):
+    """A ``trainer.predict`` batch: uint8 ``images`` and each one's ``indices`` in the input list.
+
+    ``datamodule.predict_path(i)`` names input ``i``.
+    """
+
+    images: torch.Tensor
+    indices: torch.Tensor
 
 
 class DeviceBatch(NamedTuple):

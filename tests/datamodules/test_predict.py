@@ -69,6 +69,15 @@ def test_a_nested_folder_is_predicted_in_path_order_through_workers(
         p1, p2 = float(row[2]), float(row[4])
         assert 1 >= p1 >= p2 >= 0 and p1 + p2 <= 1 + 1e-5
     assert not [p for p in (tmp_path / "predictions").iterdir() if p.name != "table.csv"]  # no temporary left
+    # through the workers, the batches name their second field: indices here, labels in training and evaluation
+    from lightning_fastdata.loading.batch import Batch, PredictBatch
+
+    dm.setup("predict")
+    first = next(iter(dm.predict_dataloader()))
+    assert isinstance(first, PredictBatch) and first.indices.tolist() == [0, 1, 2, 3]
+    dm.setup("fit")
+    for batch in (next(iter(dm.train_dataloader())), next(iter(dm.val_dataloader()))):
+        assert isinstance(batch, Batch) and batch.labels.dtype == torch.int64 and len(batch.labels) == 4
 
 
 @pytest.mark.timeout(180)

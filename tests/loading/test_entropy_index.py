@@ -19,11 +19,11 @@ from lightning_fastdata.demos import make_image_folder, photo_like_image
 from lightning_fastdata.loading.index.files import scan_image_folder
 from lightning_fastdata.loading.jpeg import decode
 from lightning_fastdata.loading.jpeg.entropy_index import (
-    build_entropy_index,
     entropy_index_available,
     entropy_index_folder,
     load_entropy_index,
 )
+from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index
 from lightning_fastdata.loading.jpeg.pieces import piece_files, pieces_folder
 from lightning_fastdata.loading.storage.local import LocalStorage
 
@@ -407,22 +407,23 @@ def test_builders_of_one_index_build_it_once_and_an_unwritable_cache_only_warns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from lightning_fastdata.loading.jpeg import entropy_index as module
+    from lightning_fastdata.loading.jpeg import entropy_index_build as build
 
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=10, size=(160, 120))
     index = scan_image_folder(str(root))
-    builders = [module.start_background_build(index, LocalStorage(str(root)), tmp_path / "idx") for _ in range(2)]
+    builders = [build.start_background_build(index, LocalStorage(str(root)), tmp_path / "idx") for _ in range(2)]
     for process in builders:
         process.join(120)
         assert process.exitcode == 0
     folder = entropy_index_folder(tmp_path / "idx", index)
     stamp = (folder / "meta.json").stat().st_mtime_ns
-    assert module.start_background_build(index, LocalStorage(str(root)), tmp_path / "idx") is None  # whole: nothing
+    assert build.start_background_build(index, LocalStorage(str(root)), tmp_path / "idx") is None  # whole: nothing
     assert (folder / "meta.json").stat().st_mtime_ns == stamp and load_entropy_index(tmp_path / "idx", index)
     (tmp_path / "a-file").write_text("x")
     monkeypatch.setenv("LIGHTNING_FASTDATA_CACHE", str(tmp_path / "a-file"))
     module._WARNED.clear()
     with caplog.at_level(logging.WARNING, logger="lightning_fastdata"):
-        assert module.start_background_build(index, LocalStorage(str(root)), module.default_index_dir()) is None
+        assert build.start_background_build(index, LocalStorage(str(root)), module.default_index_dir()) is None
     assert "cannot keep an entropy index" in caplog.text
     dm = ImageFolderDataModule(str(root), entropy_index="auto", image_size=64, val_fraction=0.0, num_workers=0)
     dm.prepare_data()
@@ -449,9 +450,9 @@ class _CountingStorage(LocalStorage):
 
 
 def test_a_killed_build_resumes_at_its_last_whole_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_fastdata.loading.jpeg import entropy_index as module
+    from lightning_fastdata.loading.jpeg import entropy_index_build as build
 
-    monkeypatch.setattr(module, "piece_files", lambda count: 4)
+    monkeypatch.setattr(build, "piece_files", lambda count: 4)
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=9, size=(96, 72))
     index = scan_image_folder(str(root))
     killed = _CountingStorage(str(root), fail_after=10)
@@ -475,8 +476,9 @@ def test_loaders_use_the_finished_pieces_of_a_build_before_it_is_whole(
     """While the index is built, the files of its finished pieces are decoded with their entries (the same ones
     as the whole index's, the same pixels); the others without; the whole index is taken up when it is there."""
     from lightning_fastdata.loading.jpeg import entropy_index as module
+    from lightning_fastdata.loading.jpeg import entropy_index_build as build
 
-    monkeypatch.setattr(module, "piece_files", lambda count: 4)
+    monkeypatch.setattr(build, "piece_files", lambda count: 4)
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=9, size=(320, 240))
     dm = ImageFolderDataModule(
         str(root), entropy_index=False, image_size=64, batch_size=6, num_workers=0, val_fraction=0.0, seed=1
@@ -512,8 +514,9 @@ def test_loaders_use_the_finished_pieces_of_a_build_before_it_is_whole(
 
 def test_pieces_of_another_file_list_are_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning_fastdata.loading.jpeg import entropy_index as module
+    from lightning_fastdata.loading.jpeg import entropy_index_build as build
 
-    monkeypatch.setattr(module, "piece_files", lambda count: 4)
+    monkeypatch.setattr(build, "piece_files", lambda count: 4)
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=6, size=(160, 120))
     old = scan_image_folder(str(root))
     with pytest.raises(RuntimeError, match="killed"):
@@ -577,8 +580,8 @@ def test_a_pending_index_checks_a_folder_against_the_list_only_when_it_changes(
     (root / "class_000" / "img_extra.jpg").write_bytes(jpeg((64, 48)))
     grown = scan_image_folder(str(root))
     checks: list[int] = []
-    real_valid = module._valid
-    monkeypatch.setattr(module, "_valid", lambda folder, index: checks.append(1) or real_valid(folder, index))
+    real_valid = module.why_unusable
+    monkeypatch.setattr(module, "why_unusable", lambda folder, index: checks.append(1) or real_valid(folder, index))
     pending = module.PendingEntropyIndex(tmp_path / "idx", grown)
     for _ in range(3):
         pending._next = 0.0

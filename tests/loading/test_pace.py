@@ -12,7 +12,8 @@ import pytest
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.loading.index.files import scan_image_folder
 from lightning_fastdata.loading.jpeg import pace as pace_module
-from lightning_fastdata.loading.jpeg.entropy_index import build_entropy_index, entropy_index_folder
+from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_folder
+from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index
 from lightning_fastdata.loading.jpeg.pace import FREE_BURST_S, MIN_PAUSE_S, InProcess, Pace, idle_cpu_seconds
 from lightning_fastdata.loading.storage.local import LocalStorage
 
@@ -110,7 +111,7 @@ def test_idle_seconds_are_read_for_the_cpus_this_process_may_use() -> None:
 def test_a_paced_build_sleeps_its_share_and_builds_the_same_index(tmp_path: Path) -> None:
     """A real build (this process's CPU time, the real clock and sleep), paced at a quarter of a CPU with no idle
     figures: it slept at least three times the CPU time it used, and its index is the unpaced build's."""
-    from lightning_fastdata.loading.jpeg import entropy_index as module
+    from lightning_fastdata.loading.jpeg import entropy_index_build as module
 
     root = make_image_folder(tmp_path / "data", num_classes=2, per_class=40, size=(320, 240))
     index = scan_image_folder(str(root))

@@ -297,7 +297,7 @@ def _decode_crop(
     """Pick the cheapest decoder for this crop; return the crop as ``3 x h x w`` uint8 (any strides).
 
     With ``entropy_index`` (this file's, from
-    :func:`~lightning_fastdata.loading.jpeg.entropy_index.build_entropy_index`) a JPEG crop is entropy-decoded
+    :func:`~lightning_fastdata.loading.jpeg.entropy_index_build.build_entropy_index`) a JPEG crop is entropy-decoded
     alone rather than with every row above it (the same pixels).
 
     A crop at least twice the output comes back DCT-scaled (smaller, same content), unless ``exact``. Raises

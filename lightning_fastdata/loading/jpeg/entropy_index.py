@@ -1,4 +1,4 @@
-"""Entropy indexes: a JPEG crop entropy-decoded alone, not with every row above it.
+"""Entropy indexes, read: a JPEG crop entropy-decoded alone, not with every row above it.
 
 A baseline JPEG is one Huffman-coded bit stream: to decode a ``RandomResizedCrop`` box, libjpeg entropy-decodes
 every row from the top of the image down to the box's last row, across the whole width. That entropy decoding is
@@ -11,7 +11,9 @@ original bits; only each row's first DC values re-encoded) and decodes that: the
 entropy decoding of the crop alone (plus at most K - 1 MCUs parsed at the start of each of its rows, to reach its
 first MCU from the entry before).
 
-:func:`build_entropy_index` reads every file once (a process pool; a bucket's objects through the same
+:func:`~lightning_fastdata.loading.jpeg.entropy_index_build.build_entropy_index` (in
+:mod:`~lightning_fastdata.loading.jpeg.entropy_index_build`, beside the paced background builder) reads every file
+once (a process pool; a bucket's objects through the same
 :class:`~lightning_fastdata.loading.storage.base.Storage` as training) and writes one folder in ``index_dir``: the
 user's data is never written to. The folder is built under a temporary name and renamed, under a file lock, and
 records a fingerprint of the file list it indexes: a list with other files (added, removed, renamed) is rebuilt.
@@ -26,52 +28,41 @@ reads only the entries of the images it decodes.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import shutil
 import time
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from filelock import FileLock
-from tqdm import tqdm
 
 from lightning_fastdata._ext import native
 from lightning_fastdata._ext.native import entropy_index_available
-from lightning_fastdata.errors import UsageError
-from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
 from lightning_fastdata.loading.index.files import FileIndex
-from lightning_fastdata.loading.jpeg.pace import BUILD_SHARE, InProcess, Pace
 from lightning_fastdata.loading.jpeg.pieces import (
     BuildingPieces,
-    join_pieces,
-    piece_files,
     pieces_folder,
-    resume_point,
-    write_piece,
 )
-from lightning_fastdata.loading.storage.base import Storage, is_url
-from lightning_fastdata.loading.storage.source_reads import CHUNK, init_source_process, map_sources
-from lightning_fastdata.loading.workers import CpuBudget
+from lightning_fastdata.loading.storage.base import is_url
 
 __all__ = [
     "FORMAT",
     "INDEX_FRACTION",
     "INDEX_MIN_BYTES_PER_BLOCK",
+    "NO_INDEX",
     "EntropyIndexes",
     "PendingEntropyIndex",
+    "build_stamp",
+    "fingerprint",
     "default_index_dir",
-    "start_background_build",
-    "build_entropy_index",
     "entropy_index_available",
     "entropy_index_folder",
     "index_file",
     "load_entropy_index",
+    "warn_once",
+    "why_unusable",
 ]
 
 log = logging.getLogger("lightning_fastdata")
@@ -97,7 +88,7 @@ def _root(index: FileIndex) -> str:
     return index.root if is_url(index.root) else os.path.abspath(index.root)
 
 
-def _fingerprint(index: FileIndex) -> str:
+def fingerprint(index: FileIndex) -> str:
     """The identity of a file list: its root and every relative path, in order."""
     digest = hashlib.sha256(os.fsencode(_root(index)) + b"\0")
     digest.update(np.ascontiguousarray(index.path_bytes).tobytes())
@@ -157,7 +148,7 @@ class EntropyIndexes:
         return blob[start:end].tobytes() if end > start else None
 
 
-def _valid(folder: Path, index: FileIndex) -> str | None:
+def why_unusable(folder: Path, index: FileIndex) -> str | None:
     """Why ``folder`` cannot serve ``index`` (``None``: it can): missing, of another file list, or damaged."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
@@ -169,7 +160,7 @@ def _valid(folder: Path, index: FileIndex) -> str | None:
         return "its meta.json is not an index's"
     if meta.get("format") != FORMAT:
         return f"it is of format {meta.get('format')!r}, this version reads {FORMAT}"
-    if meta.get("fingerprint") != _fingerprint(index) or meta.get("count") != len(index):
+    if meta.get("fingerprint") != fingerprint(index) or meta.get("count") != len(index):
         return "the file list changed since it was built"
     try:
         offsets = np.load(folder / "offsets.npy", mmap_mode="r")
@@ -193,7 +184,7 @@ NO_INDEX = "no index yet"
 _WARNED: set[str] = set()
 
 
-def _warn_once(folder: Path, message: str) -> None:
+def warn_once(folder: Path, message: str) -> None:
     """Warn ``message`` about ``folder`` once per process (the first word on a folder is the one users see)."""
     key = os.fspath(folder)
     if key not in _WARNED:
@@ -209,10 +200,10 @@ def load_entropy_index(index_dir: str | os.PathLike[str], index: FileIndex) -> E
     same pixels, slower), and the DataModule's ``prepare_data`` rebuilds it.
     """
     folder = entropy_index_folder(index_dir, index)
-    why = _valid(folder, index)
+    why = why_unusable(folder, index)
     if why is None:
         return EntropyIndexes(folder)
-    _warn_once(
+    warn_once(
         folder,
         f"lightning_fastdata: the entropy index {folder} cannot be used ({why}): decoding without it (the same "
         "pixels, slower). The DataModule's prepare_data() builds or rebuilds it (the Trainer calls it).",
@@ -220,145 +211,9 @@ def load_entropy_index(index_dir: str | os.PathLike[str], index: FileIndex) -> E
     return None
 
 
-def build_entropy_index(
-    index: FileIndex,
-    storage: Storage,
-    index_dir: str | os.PathLike[str],
-    processes: int | None = None,
-    progress: bool = True,
-    fraction: float = INDEX_FRACTION,
-) -> EntropyIndexes | None:
-    """Build (or reuse) the entropy indexes of every file in ``index``, kept in ``index_dir``.
-
-    Reused while it indexes the same file list and is whole; otherwise (none, another file list, damaged) every
-    file is read once, in ``processes`` processes (default: the CPUs this process may use), and the folder is
-    replaced atomically. Safe to call from several processes at once (a file lock; the second reuses the first's
-    result); what killed builds left is removed. Where ``index_dir`` cannot be written (read-only, full, not a
-    folder) it warns once and returns the index already there if it is whole, else ``None``: training goes on
-    without it.
-
-    Args:
-        index: The files, in the order the dataset uses.
-        storage: Where they are read from (a local folder or a bucket).
-        index_dir: A folder of ours (never inside the data); created if missing.
-        processes: Processes that read and index the files.
-        progress: Show a progress bar.
-        fraction: Each file's index budget as a share of its bytes (:data:`INDEX_FRACTION`, the measured best;
-            1.0: an entry per MCU). An index already there is reused whatever budget it was built with.
-
-    Raises:
-        DataError: If a file cannot be read (naming it); StorageError: if a bucket does not answer.
-        RuntimeError: If this install has no compiled JPEG decoder.
-    """
-    if not entropy_index_available():
-        raise RuntimeError(
-            "The entropy index needs the compiled JPEG decoder, which this install lacks (no libjpeg-turbo "
-            "headers when it was built): install libjpeg62-turbo-dev (or libjpeg-turbo8-dev) and reinstall."
-        )
-    folder = entropy_index_folder(index_dir, index)
-    try:
-        Path(index_dir).mkdir(parents=True, exist_ok=True)
-        with FileLock(f"{folder}.lock"):
-            return _build_locked(index, storage, folder, processes, progress, fraction=fraction)
-    except UsageError:
-        raise  # the data itself (a file that cannot be read, a bucket that does not answer): the user must know
-    except OSError as err:  # index_dir read-only, full, or not a folder: train on without writing the index
-        usable = EntropyIndexes(folder) if _valid(folder, index) is None else None
-        _warn_once(
-            folder,
-            f"lightning_fastdata: cannot write the entropy index in {os.fspath(index_dir)!r} ({err}): "
-            + ("using the index already there." if usable else "training without it (the same pixels, slower).")
-            + " Give index_dir a writable folder with room for ~1.5% of the JPEG bytes to build it.",
-        )
-        return usable
-
-
-def _remove_dead_builds(folder: Path) -> None:
-    """Delete what killed builds of ``folder`` left (``.partial-<pid>``, ``.stale-<pid>``); call under its lock."""
-    for kind in ("partial", "stale"):
-        for leftover in folder.parent.glob(f"{folder.name}.{kind}-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _stamp(index: FileIndex) -> str:
+def build_stamp(index: FileIndex) -> str:
     """What the ``list`` file of a build's pieces holds for ``index``."""
-    return f"{FORMAT} {len(index)} {_fingerprint(index)}"
-
-
-def _build_locked(
-    index: FileIndex,
-    storage: Storage,
-    folder: Path,
-    processes: int | None,
-    progress: bool,
-    pace: Pace | None = None,
-    fraction: float = INDEX_FRACTION,
-) -> EntropyIndexes:
-    """:func:`build_entropy_index` holding the folder's lock (no other build of it runs: leftovers are dead).
-
-    The entries are kept in pieces (:func:`~lightning_fastdata.loading.jpeg.pieces.piece_files`: a 32nd of the
-    files, 64 to 65,536) in ``<folder>.building`` as they are made: a build that is killed (the background builder
-    ends with its training process) resumes at its last whole piece, and loaders use the finished pieces meanwhile.
-    The pieces are then joined into the index folder, which replaces the old one in one rename.
-    """
-    _remove_dead_builds(folder)
-    why = _valid(folder, index)
-    if why is None:
-        log.info("lightning_fastdata: reused the entropy index %s (%d files).", folder, len(index))
-        return EntropyIndexes(folder)
-    start = time.perf_counter()
-    work = pieces_folder(folder)
-    first = resume_point(work, _stamp(index))
-    size = piece_files(len(index))
-    resumed = f"; resuming after {first:,} files indexed before" if first else ""
-    say = print if progress else log.info  # a background build says it in the log only
-    say(f"lightning_fastdata: building the entropy index of {len(index):,} files in {folder} ({why}{resumed})")
-    context = get_context("fork" if os.name == "posix" else "spawn")
-    pool_cm: Any = (
-        contextlib.nullcontext(InProcess(pace))
-        if processes == 0
-        else context.Pool(processes or CpuBudget.detect().usable, initializer=init_source_process)
-    )
-    with pool_cm as pool:
-        bar = tqdm(total=len(index), initial=first, desc="entropy index", unit="img", disable=not progress)
-        piece: list[bytes] = []
-        chunk = min(CHUNK, size)
-        for entry in map_sources(pool, storage, index, index_file, (fraction,), start=first, chunk=chunk):
-            piece.append(entry)
-            bar.update()
-            if len(piece) == size or first + len(piece) == len(index):
-                write_piece(work, first, piece)
-                first += len(piece)
-                piece = []
-        bar.close()
-    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
-    try:
-        partial.mkdir()
-        with open(partial / "blob.bin", "wb") as blob:
-            offsets = join_pieces(work, blob)
-            blob.flush()
-            os.fsync(blob.fileno())
-        if len(offsets) != len(index) + 1:  # the pieces do not cover the list: never publish such an index
-            raise OSError(f"the pieces in {work} hold {len(offsets) - 1} of {len(index)} files")
-        np.save(partial / "offsets.npy", offsets)
-        indexed = int(np.count_nonzero(np.diff(offsets)))
-        meta = {"format": FORMAT, "count": len(index), "fingerprint": _fingerprint(index), "indexed": indexed}
-        atomic_write_text(partial / "meta.json", json.dumps(meta))
-        replace_folder(partial, folder)  # an index of another file list is moved aside, then deleted
-        shutil.rmtree(work, ignore_errors=True)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)  # gone after the rename; a failed join's half is removed
-    took = time.perf_counter() - start
-    log.info(
-        "lightning_fastdata: built the entropy index of %d files in %s (%.1f s, %.1f MB; %d without one: not "
-        "a baseline JPEG it can serve).",
-        len(index),
-        folder,
-        took,
-        int(offsets[-1]) / 1e6,
-        len(index) - indexed,
-    )
-    return EntropyIndexes(folder)
+    return f"{FORMAT} {len(index)} {fingerprint(index)}"
 
 
 def default_index_dir() -> Path:
@@ -373,65 +228,6 @@ def default_index_dir() -> Path:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "lightning-fastdata")
     return Path(base) / "entropy-index"
-
-
-#: Free space an index_dir must keep after a background build (a cache must never fill a disk).
-MIN_FREE_BYTES = 2 * 1024**3
-
-
-def start_background_build(index: FileIndex, storage: Storage, index_dir: str | os.PathLike[str]) -> Any:
-    """Build the entropy index of ``index`` in a paced background process; return at once.
-
-    Training starts without the index and every process takes it up as it is built, a finished piece at a time
-    (:class:`PendingEntropyIndex`): its crops are the same pixels with or without it, so the switch may come at any
-    step. The builder holds the folder's lock (another rank's or run's builder leaves it be), reads every file once
-    in one process paced by :class:`~lightning_fastdata.loading.jpeg.pace.Pace` (``BUILD_SHARE``, 2.5%, of the
-    usable CPUs while the loader keeps them busy, the idle ones while some are), and ends with the training
-    process. It does nothing where the index is already whole, or where ``index_dir`` cannot be written or has less
-    than ``MIN_FREE_BYTES`` (2 GB) free (warned once). Returns the process, or ``None``.
-    """
-    folder = entropy_index_folder(index_dir, index)
-    if _valid(folder, index) is None:
-        return None
-    try:
-        Path(index_dir).mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(index_dir).free
-    except OSError as err:
-        _warn_once(
-            folder,
-            f"lightning_fastdata: cannot keep an entropy index in {os.fspath(index_dir)!r} ({err}): "
-            "training without it (the same pixels, slower). Set index_dir (or LIGHTNING_FASTDATA_CACHE) to a "
-            "writable folder, or entropy_index=False.",
-        )
-        return None
-    if free < MIN_FREE_BYTES:
-        _warn_once(
-            folder,
-            f"lightning_fastdata: {os.fspath(index_dir)!r} has {free / 1e9:.1f} GB free: no entropy "
-            "index is built there (it would take ~1.5% of the JPEG bytes). Training goes on without it; free "
-            "some space or set index_dir.",
-        )
-        return None
-    context: Any = get_context("fork" if os.name == "posix" else "spawn")
-    process = context.Process(target=_background_main, args=(index, storage, folder), daemon=True)
-    process.start()
-    return process
-
-
-def _background_main(index: FileIndex, storage: Storage, folder: Path) -> None:
-    """The background builder's process: paced, the folder's lock or nothing, one file at a time."""
-    init_source_process()
-    lock = FileLock(f"{folder}.lock")
-    try:
-        lock.acquire(timeout=0)
-    except Exception:  # noqa: BLE001 - another builder holds it (Timeout), or the lock cannot be made: let it be
-        return
-    try:
-        _build_locked(index, storage, folder, processes=0, progress=False, pace=Pace.for_this_process(BUILD_SHARE))
-    except Exception as err:  # noqa: BLE001 - a cache that could not be built must never disturb training
-        log.warning("lightning_fastdata: the background entropy index build of %s stopped (%s).", folder, err)
-    finally:
-        lock.release()
 
 
 class PendingEntropyIndex:
@@ -465,12 +261,12 @@ class PendingEntropyIndex:
         except OSError:
             stamp = None  # not whole yet
         if stamp is not None and stamp != self._checked:
-            if _valid(self.folder, self.index) is None:
+            if why_unusable(self.folder, self.index) is None:
                 self._found, self._pieces = EntropyIndexes(self.folder), None
                 return
             self._checked = stamp
         if self._pieces is None:
-            self._pieces = BuildingPieces(pieces_folder(self.folder), _stamp(self.index))
+            self._pieces = BuildingPieces(pieces_folder(self.folder), build_stamp(self.index))
         self._pieces.refresh()
 
     def covered(self) -> int:

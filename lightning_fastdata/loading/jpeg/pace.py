@@ -1,9 +1,9 @@
 """The pace of a background build: a bounded share of the CPUs while they are busy, what is idle while some are.
 
-The entropy index's background builder (:func:`~lightning_fastdata.loading.jpeg.entropy_index.start_background_build`)
-runs beside a training run's loader. At ``nice 19`` alone (what it did before) it got almost no CPU on a machine
-the loader saturates, which is every data-bound run, so the index was never built there. Paced, it works in bursts
-and sleeps between them:
+The entropy index's background builder
+(:func:`~lightning_fastdata.loading.jpeg.entropy_index_build.start_background_build`) runs beside a training run's
+loader. At ``nice 19`` alone (what it did before) it got almost no CPU on a machine the loader saturates, which is
+every data-bound run, so the index was never built there. Paced, it works in bursts and sleeps between them:
 
 - while the CPUs are busy, it uses ``BUILD_SHARE`` (2.5%) of the CPUs this process may use (at most one): a
   saturated loader loses about that much, and the build still ends;

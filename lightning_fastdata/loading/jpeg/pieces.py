@@ -1,6 +1,6 @@
 """The pieces of an entropy index being built: kept as they are made, resumed after a kill, read while it goes on.
 
-A build (:func:`~lightning_fastdata.loading.jpeg.entropy_index.build_entropy_index`, or the paced background
+A build (:func:`~lightning_fastdata.loading.jpeg.entropy_index_build.build_entropy_index`, or the paced background
 builder) writes its entries in pieces of :func:`piece_files` consecutive files into ``<folder>.building``: each
 piece's entries (``<first>.bin``), then their lengths (``<first>.npy``, written last: a piece is whole when its
 lengths are there and add up to its bytes). A ``list`` file names the file list they belong to (the index's format,

@@ -31,6 +31,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_fastdata.loading.transport import shm_pool
 from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher, PrefetchIterator
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport, PoolWorkerInit
+from lightning_fastdata.loading.transport.torch_internals import has_workers_to_shut_down, shut_down_workers
 from lightning_fastdata.loading.transport.torchdata_internals import batches_yielded, sampler_state
 
 __all__ = ["SETTINGS_KEY", "PrefetchingDataLoader", "PrefetchingStatefulDataLoader", "with_prefetch"]
@@ -50,7 +51,7 @@ _LIVE_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
 def _shut_down_workers_at_exit() -> None:
     for iterator in list(_LIVE_ITERATORS):
         try:
-            iterator._shutdown_workers()
+            shut_down_workers(iterator)
         except Exception:  # noqa: BLE001,S110 - the interpreter is exiting; multiprocessing still ends them
             pass
 
@@ -89,7 +90,7 @@ class _TransportMixin:
 
     def _watch(self, inner: Any) -> None:
         """Forget this iterator's workers' buffers once it is freed (its workers are joined by then)."""
-        if hasattr(inner, "_shutdown_workers"):
+        if has_workers_to_shut_down(inner):
             _LIVE_ITERATORS.add(inner)
         if self._pooled() and (self._watched is None or self._watched() is not inner):
             weakref.finalize(inner, shm_pool.collect, True).atexit = False

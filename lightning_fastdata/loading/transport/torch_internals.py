@@ -1,7 +1,12 @@
 """Every private torch and ``multiprocessing`` API the shared-memory batch pool uses, checked once at import.
 
-The pool (:mod:`lightning_fastdata.loading.transport.shm_pool`) reaches below torch's public API in these places, and
-nowhere else:
+The pool (:mod:`lightning_fastdata.loading.transport.shm_pool`) and the loaders
+(:mod:`lightning_fastdata.loading.transport.loaders`) reach below torch's public API in these places, and nowhere
+else:
+
+- ``_MultiProcessingDataLoaderIter._shutdown_workers()``: ask a loader iterator's workers to exit (the loaders call it
+  at interpreter exit, before multiprocessing would kill them; :func:`has_workers_to_shut_down`,
+  :func:`shut_down_workers`);
 
 - ``torch.UntypedStorage._new_shared(nbytes)``: allocate a storage directly in shared memory (the allocator
   torch's own ``default_collate`` uses in workers);
@@ -34,10 +39,12 @@ __all__ = [
     "MISSING",
     "DupFd",
     "ForkingPickler",
+    "has_workers_to_shut_down",
     "held_only_by",
     "new_shared_storage",
     "reserve_pages",
     "set_storage_reducer",
+    "shut_down_workers",
     "storage_reducer",
     "storage_use_count",
 ]
@@ -106,3 +113,13 @@ def storage_reducer() -> Callable[[torch.UntypedStorage], Any] | None:
 def set_storage_reducer(reduce: Callable[[torch.UntypedStorage], Any]) -> None:
     """Make ``ForkingPickler`` (queues of ``multiprocessing`` and ``torch.multiprocessing``) use ``reduce``."""
     ForkingPickler.register(torch.UntypedStorage, reduce)
+
+
+def has_workers_to_shut_down(iterator: Any) -> bool:
+    """Whether ``iterator`` (a ``DataLoader``'s) has worker processes torch shuts down itself."""
+    return callable(getattr(iterator, "_shutdown_workers", None))
+
+
+def shut_down_workers(iterator: Any) -> None:
+    """Ask ``iterator``'s workers to exit now (torch's own clean-up of an iterator it is done with)."""
+    iterator._shutdown_workers()
