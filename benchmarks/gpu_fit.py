@@ -5,6 +5,7 @@ See :mod:`benchmarks.gpu` for what is measured and what the figures mean.
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
@@ -212,7 +213,14 @@ def fit(
     channels_last: bool = True,
     extra_callbacks: Sequence[pl.Callback] = (),
 ) -> dict:
-    """Train ``s.arch`` on ``dm`` for ``s.epochs`` x ``s.steps``; the timer's row."""
+    """Train ``s.arch`` on ``dm`` for ``s.epochs`` x ``s.steps``; the timer's row.
+
+    The process's garbage is collected first: a loader whose workers fork after earlier fits would inherit
+    unreachable cycles holding CUDA tensors, and a worker whose own collection frees one dies (CUDA error:
+    initialization error). torchvision's reference loader (no ``gc.freeze`` in its workers, as ours) died so at the
+    start of its second 500-step epoch in the 2026-11-27 run, after enough allocations for a full collection.
+    """
+    gc.collect()
     monitor = callback.monitor if isinstance(callback, FastDataCallback) else callback
     assert isinstance(monitor, DataWaitMonitor)
     timer = Timer(monitor.meter)

@@ -10,6 +10,7 @@ of every recipe row); :func:`find_config` finds a config by path or shipped name
 from __future__ import annotations
 
 import copy
+import types
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from torchvision.transforms import v2
 from lightning_fastdata.augment.batched import KeyedTransform
 from lightning_fastdata.augment.pipeline import as_transform_list
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.errors import UsageError
+from lightning_fastdata.errors import InvalidValueError, UsageError
 from lightning_fastdata.shipped import CONFIG_DIR, ConfigNotFoundError, find_config, shipped_configs
 
 __all__ = [
@@ -76,6 +77,37 @@ def per_image(transforms: list[Any]) -> list[Any]:
     return [t.to_torchvision() if isinstance(t, KeyedTransform) else t for t in transforms]
 
 
+def device_tensors(obj: Any, limit: int = 100_000) -> list[str]:
+    """The tensors on a device (not the CPU) reachable from ``obj``, each as ``"<type> <shape> on <device>"``.
+
+    What a loader's worker-side objects (its dataset, transforms, collate function) must not hold: a forked worker
+    that touches a CUDA tensor (uses it, or frees it when its garbage is collected) dies with ``CUDA error:
+    initialization error``. Follows ``gc.get_referents`` breadth-first (a function: its closure and defaults, not
+    its module's globals), modules and classes excluded, over at most ``limit`` objects.
+    """
+    import gc
+    from collections import deque
+
+    found: list[str] = []
+    seen: set[int] = set()
+    queue = deque([obj])
+    while queue and len(seen) < limit:
+        item = queue.popleft()
+        kind = type(item)
+        if id(item) in seen or issubclass(kind, (types.ModuleType, type, str, bytes, int, float)):
+            continue
+        seen.add(id(item))
+        if issubclass(kind, torch.Tensor):
+            if item.device.type != "cpu":
+                found.append(f"{kind.__name__} {tuple(item.shape)} on {item.device}")
+        elif issubclass(kind, types.FunctionType):
+            cells = [c.cell_contents for c in item.__closure__ or () if c.cell_contents is not None]
+            queue.extend([*cells, item.__defaults__ or (), item.__kwdefaults__ or {}])
+        else:
+            queue.extend(gc.get_referents(item))
+    return found
+
+
 def reference_loader(
     root: str, recipe: dict[str, Any], batch_size: int, workers: int, pin_memory: bool = False
 ) -> DataLoader:
@@ -112,6 +144,13 @@ def reference_loader(
             images, labels = t(images, labels)
         return images, labels
 
+    held = device_tensors((preset, mixing))
+    if held:
+        raise InvalidValueError(
+            f"The recipe's transforms hold tensors on a device ({', '.join(held[:3])}): the reference loader's "
+            "workers run them, and a forked worker that touches device memory dies (CUDA error: initialization "
+            "error). Give the recipe transforms that keep their state on the CPU."
+        )
     return DataLoader(
         ds,
         batch_size=batch_size,

@@ -4,8 +4,9 @@
 #   bash scripts/gpu-check.sh stage     # where there is a network: wheels and the libjpeg-turbo .debs into .gpu-stage/
 #   bash scripts/gpu-check.sh diagnose --out DIR   # ~5 min on one H100: CUDA tests, the recipe part at short epochs,
 #                                                  # its reference loader, four variants, the op recorder
-#   bash scripts/gpu-check.sh prove --out DIR      # ~8 min after diagnose on the same machine (its data kept):
-#                                                  # ImageNet-length epochs (500 steps of 256), 3 each (reference: 2)
+#   bash scripts/gpu-check.sh prove --out DIR      # ~9 min after diagnose on the same machine (its data kept):
+#                                                  # the CUDA tests, then ImageNet-length epochs (500 steps of 256),
+#                                                  # 3 each (reference: 2)
 #   bash scripts/gpu-check.sh [--parts tests,fed,mechanisms,correctness,decode,recipe,scale] [--out DIR] [--data DIR]
 #                             [--images N] [--copies K] [--quick] [-- BENCH-ARGS]
 #
@@ -46,7 +47,7 @@ PRESET=()
 case "${1:-}" in
   diagnose) shift; set -- --parts tests,recipe --images 4000 --copies 34 "$@"
     PRESET=(--steps 60 --epochs 2 --recipe-variants all-torch-threads,policy-in-workers,no-policy,crop-flip-only) ;;
-  prove) shift; set -- --parts recipe --images 4000 --copies 34 "$@"
+  prove) shift; set -- --parts tests,recipe --images 4000 --copies 34 "$@"
     PRESET=(--steps 500 --epochs 3 --reference-epochs 2 --no-recipe-diagnose --recipe-variants policy-in-workers) ;;
 esac
 while [ $# -gt 0 ]; do

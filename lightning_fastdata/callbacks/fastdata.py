@@ -27,7 +27,7 @@ class FastDataCallback(Callback):
     """Pinned memory, CUDA-stream prefetch, per-rank worker scaling and a data-wait monitor, in one callback.
 
     A thin adapter: on this package's DataModules it hands its settings over through one method,
-    :meth:`~lightning_fastdata.datamodules.transfer.DeviceTransferHooks.configure_transfer`, before the loaders are
+    :meth:`~lightning_fastdata.FastDataModule.configure_transfer`, before the loaders are
     built; the DataModule owns them, and its own explicit ``num_workers``/``pin_memory`` win (the log line says which
     were kept). The DataModule then builds loaders that prefetch by construction
     (:mod:`lightning_fastdata.loading.transport.loaders`).

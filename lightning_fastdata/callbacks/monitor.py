@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -10,10 +12,12 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
+from lightning_fastdata.callbacks.limit import RunFacts, Verdict, run_verdict
 from lightning_fastdata.callbacks.meter import DataWaitMeter, DataWaitStats
 from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.workers import process_cpu_seconds
 
-__all__ = ["DataWaitMonitor"]
+__all__ = ["DataWaitMonitor", "HostUsage"]
 
 
 def _metrics(stats: DataWaitStats) -> dict[str, float]:
@@ -28,6 +32,89 @@ def _batch_size(batch: Any) -> int:
         return 1
 
 
+class HostUsage:
+    """The training thread's CPU time, the loader workers' and the device hooks' over training epochs.
+
+    :meth:`start` at an epoch's first step, :meth:`sample` after each step (the workers' CPU every ``every`` steps:
+    a read of ``/proc`` per worker), :meth:`close` at its end; the shares are over the sampled spans.
+
+    Args:
+        every: Steps between two reads of the workers' CPU time.
+        clock: Wall seconds; ``thread_clock``: the calling thread's CPU seconds (tests inject fakes).
+    """
+
+    def __init__(
+        self,
+        every: int = 20,
+        clock: Callable[[], float] = time.perf_counter,
+        thread_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
+        self.every, self.clock, self.thread_clock = every, clock, thread_clock
+        self.wall_s = self.thread_s = self.hook_s = 0.0
+        self.workers_wall_s, self.workers_s = 0.0, 0.0
+        self.workers_readable = True
+        self._open: list[float] | None = None  # wall, thread, hook at the epoch's start
+        self._workers_open: tuple[float, float] | None = None  # wall, workers' CPU at the epoch's start
+        self._last: list[float] | None = None
+        self._workers_last: tuple[float, float] | None = None
+        self._steps = 0
+
+    def start(self, pids: list[int], hook_s: float) -> None:
+        """The epoch's first step starts: the reference point."""
+        self._open = self._last = [self.clock(), self.thread_clock(), hook_s]
+        self._steps = 0
+        cpu = process_cpu_seconds(pids) if pids else None
+        self.workers_readable &= cpu is not None or not pids
+        self._workers_open = self._workers_last = None if cpu is None else (self._open[0], cpu)
+
+    def sample(self, pids: list[int], hook_s: float) -> None:
+        """A step ended: the thread and hook now; the workers every ``every`` steps."""
+        if self._open is None:
+            return
+        self._last = [self.clock(), self.thread_clock(), hook_s]
+        self._steps += 1
+        if self._workers_open is not None and pids and self._steps % self.every == 0:
+            cpu = process_cpu_seconds(pids)
+            if cpu is not None:
+                self._workers_last = (self._last[0], cpu)
+
+    def close(self) -> None:
+        """The epoch ended: add its spans to the totals."""
+        if self._open is not None and self._last is not None:
+            self.wall_s += self._last[0] - self._open[0]
+            self.thread_s += self._last[1] - self._open[1]
+            self.hook_s += self._last[2] - self._open[2]
+        if self._workers_open is not None and self._workers_last is not None:
+            self.workers_wall_s += self._workers_last[0] - self._workers_open[0]
+            self.workers_s += self._workers_last[1] - self._workers_open[1]
+        self._open = self._last = None
+        self._workers_open = self._workers_last = None
+
+    def facts(self, stats: DataWaitStats, workers: int, accelerator: bool) -> RunFacts:
+        """The run's :class:`~lightning_fastdata.callbacks.limit.RunFacts` (shares scaled to ``stats``' wall time)."""
+        share = self.thread_s / self.wall_s if self.wall_s > 0 else None
+        busy = self.workers_s / self.workers_wall_s if self.workers_wall_s > 0 and self.workers_readable else None
+        return RunFacts(
+            steps=stats.steps,
+            wall_s=stats.total_s,
+            wait_s=stats.wait_s,
+            hook_s=self.hook_s,
+            main_thread_cpu_s=None if share is None else share * stats.total_s,
+            workers=workers,
+            workers_cpu_s=None if busy is None else busy * stats.total_s,
+            accelerator=accelerator,
+        )
+
+
+def _worker_pids(trainer: Trainer) -> list[int]:
+    pids = getattr(getattr(trainer, "train_dataloader", None), "worker_pids", None)
+    return pids() if callable(pids) else []
+
+
+def _hook_s(trainer: Trainer) -> float:
+    return float(getattr(getattr(getattr(trainer, "datamodule", None), "transfer", None), "train_hook_s", 0.0))
+
+
 class DataWaitMonitor(Callback):
     """Log ``data_wait_fraction`` and ``samples_per_sec`` while training, and say what to change.
 
@@ -39,7 +126,10 @@ class DataWaitMonitor(Callback):
     given; the steps after the last logged value are logged when training ends, so a run shorter than the
     interval still logs once. At the end of the first epoch, if more than ``warn_threshold`` of the time was
     spent waiting, it warns once (rank 0) with the likely fix. With ``print_summary`` one line with the run's
-    images/s and wait fraction is printed when fit ends, with or without a logger.
+    images/s and wait fraction is printed when fit ends, with or without a logger. On an accelerator, the end of fit
+    also says which part limited the run, from measured facts (the training thread's and the workers' CPU time, the
+    wait, the device hook's host time: :func:`~lightning_fastdata.callbacks.limit.run_verdict`), with the advice
+    that fits; the first epoch's warning says the same.
 
     Args:
         log_every_n_steps: Steps between two logged values; ``None``: the Trainer's ``log_every_n_steps``.
@@ -58,16 +148,22 @@ class DataWaitMonitor(Callback):
         self.warn_threshold = warn_threshold
         self.print_summary = print_summary
         self.meter = DataWaitMeter()
+        self.usage = HostUsage()
         self._warned = False
+        self._started = False
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start timing here: the time between epochs (validation, checkpoints) is not waiting for data."""
         self.meter.reset_reference()
+        self._started = False
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Mark the batch as ready."""
+        if not self._started:
+            self._started = True
+            self.usage.start(_worker_pids(trainer), _hook_s(trainer))
         self.meter.step_start(_batch_size(batch))
 
     @override
@@ -76,6 +172,7 @@ class DataWaitMonitor(Callback):
     ) -> None:
         """Close the step; log the window when it is time."""
         self.meter.step_end()
+        self.usage.sample(_worker_pids(trainer) if self.usage.every else [], _hook_s(trainer))
         interval = self.log_every_n_steps or getattr(trainer, "log_every_n_steps", 0)  # 0: Trainer logs nothing
         if interval and trainer.global_step % interval == 0:
             stats = self.meter.window()
@@ -84,13 +181,15 @@ class DataWaitMonitor(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Warn once, after the first epoch, if the run is input-bound."""
+        """Warn once, after the first epoch, if the run is input-bound (or, on an accelerator, host-bound)."""
+        self.usage.close()
         stats = self.meter.total()
         if self._warned or stats.steps == 0:
             return
         self._warned = True
-        if stats.data_wait_fraction > self.warn_threshold:
-            rank_zero_warn(self.advice(stats, trainer))
+        verdict = self.verdict(stats, trainer)
+        if verdict.limit != "model":
+            rank_zero_warn(self.advice(stats, trainer, verdict))
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -102,10 +201,19 @@ class DataWaitMonitor(Callback):
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Print the run's totals if ``print_summary``."""
+        """Print the run's totals if ``print_summary``; on an accelerator, which part limited the run."""
+        self.usage.close()
         stats = self.meter.total()
         if self.print_summary and stats.steps:
             rank_zero_info(self.summary(stats))
+        if stats.steps and _on_accelerator(trainer):
+            rank_zero_info(f"lightning_fastdata: {self.verdict(stats, trainer).message}")
+
+    def verdict(self, stats: DataWaitStats, trainer: Trainer) -> Verdict:
+        """Which part limited the run so far (:func:`~lightning_fastdata.callbacks.limit.run_verdict`)."""
+        workers = int(getattr(getattr(trainer, "train_dataloader", None), "num_workers", 0) or 0)
+        facts = self.usage.facts(stats, workers, _on_accelerator(trainer))
+        return run_verdict(facts, self.warn_threshold)
 
     @staticmethod
     def summary(stats: DataWaitStats) -> str:
@@ -115,27 +223,17 @@ class DataWaitMonitor(Callback):
             f"{100 * stats.data_wait_fraction:.1f}% of step time spent waiting for data."
         )
 
-    def advice(self, stats: DataWaitStats, trainer: Trainer) -> str:
-        """A plain-words diagnosis of an input-bound run."""
-        dm = getattr(trainer, "datamodule", None)
-        workers = getattr(trainer.train_dataloader, "num_workers", None)
-        msg = f"The training loop waited for data {100 * stats.data_wait_fraction:.0f}% of the time. "
-        measure = (
-            " `fastdata doctor DATA --step-ms "
-            f"{1000 * (stats.total_s - stats.wait_s) / max(stats.steps, 1):.0f}` measures every option on your "
-            "data and this machine and writes the fastest config."
+    def advice(self, stats: DataWaitStats, trainer: Trainer, verdict: Verdict | None = None) -> str:
+        """The verdict on a run that waited (or was host-bound), and how to measure every option on its data."""
+        verdict = verdict or self.verdict(stats, trainer)
+        step_ms = 1000 * (stats.total_s - stats.wait_s) / max(stats.steps, 1)
+        return (
+            f"The training loop waited for data {100 * stats.data_wait_fraction:.0f}% of the time. {verdict.message} "
+            f"`fastdata doctor DATA --step-ms {step_ms:.0f}` measures every option on your data and this machine "
+            "and writes the fastest config."
         )
-        if workers == 0:
-            return (
-                msg + "The loader has num_workers=0: set num_workers='auto' (or > 0) to decode in parallel." + measure
-            )
-        name = type(dm).__name__ if dm is not None else "your DataModule"
-        if name == "ImageFolderDataModule":
-            return msg + (
-                f"JPEG decode is the likely limit ({workers} workers): train from TensorCacheDataModule (decode once, "
-                "no decode per epoch), or give the loader more workers if CPUs are idle." + measure
-            )
-        return msg + (
-            f"Check whether CPUs are idle (then raise num_workers, now {workers}) or the file system is the limit "
-            "(then move the data to one HDF5 file or a tensor cache on local disk)." + measure
-        )
+
+
+def _on_accelerator(trainer: Trainer) -> bool:
+    root = getattr(getattr(trainer, "strategy", None), "root_device", None)
+    return root is not None and root.type != "cpu"

@@ -1,13 +1,13 @@
-"""The loader arguments every DataModule takes, checked before anything is built (each error names its argument)."""
+"""The DataModules' loader arguments: checked once, and read as attributes of the parts that own them."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.workers import resolve_num_workers
 
-__all__ = ["check_loader_arguments"]
+__all__ = ["check_loader_arguments", "setting"]
 
 
 def check_loader_arguments(
@@ -47,3 +47,15 @@ def check_loader_arguments(
         raise InvalidValueError(
             f"repeated_augmentations should be a positive int (1: off), got {repeated_augmentations!r}."
         )
+
+
+def setting(part: str, name: str) -> Any:
+    """An attribute of the DataModule that is ``name`` of the part it owns (``loading`` or ``transfer``)."""
+
+    def get(self: Any) -> Any:
+        return getattr(getattr(self, part), name)
+
+    def set_(self: Any, value: Any) -> None:
+        setattr(getattr(self, part), name, value)
+
+    return property(get, set_, doc=f"``{name}``: see the class's arguments.")

@@ -7,11 +7,13 @@ The loaders are built in :mod:`~lightning_fastdata.datamodules.loaders`, moved a
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
 import torch
+from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -21,13 +23,14 @@ from lightning_fastdata._ext import native
 from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 from lightning_fastdata.augment.pipeline import DeviceAugment, as_transform_list
 from lightning_fastdata.augment.sample import SampleTransform
-from lightning_fastdata.datamodules.arguments import check_loader_arguments
-from lightning_fastdata.datamodules.loaders import LoaderBuilding
+from lightning_fastdata.datamodules.arguments import check_loader_arguments, setting
+from lightning_fastdata.datamodules.loaders import LoaderFactory, LoaderSettings, world_of
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader
+from lightning_fastdata.datamodules.transfer import DeviceTransfer
 from lightning_fastdata.datasets.folder import ImageFolderDataset, prediction_index
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.sampling import SamplingSettings
+from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport, resolve_transport
 
 __all__ = ["FastDataModule"]
@@ -35,13 +38,17 @@ __all__ = ["FastDataModule"]
 log = logging.getLogger("lightning_fastdata")
 
 
-class FastDataModule(LoaderBuilding):
+class FastDataModule(LightningDataModule):
     """Base of the package's DataModules: loaders, device-side normalisation, worker resolution.
 
     Loaders return ``(images, labels)`` with images uint8 ``N x 3 x H x W`` (channels-last); after they reach
     the training device, its ``on_after_batch_transfer``
-    (:class:`~lightning_fastdata.datamodules.transfer.DeviceTransferHooks`) turns them into normalised float32, so
+    (:class:`~lightning_fastdata.datamodules.transfer.DeviceTransfer`) turns them into normalised float32, so
     a quarter of the bytes cross shared memory and PCIe. The train loader is a torchdata ``StatefulDataLoader``.
+
+    The module owns its parts as objects: :attr:`sampling` (what an epoch draws), :attr:`loading` (the loader
+    arguments), :attr:`transfer` (transfer settings and the device side of a batch) and :attr:`loaders` (which
+    builds every loader); the loader arguments stay readable (and settable) as attributes of the same names.
 
     Args:
         image_size: Side of the square training and validation images.
@@ -196,42 +203,44 @@ class FastDataModule(LoaderBuilding):
         self.val_crop_fraction = crop_fraction if val_resize_size is None else self.val_crop_size / val_resize_size
         self.train_transforms = train_transforms
         self.val_transforms = val_transforms
-        self.device_augment = DeviceAugment(
+        device_augment = DeviceAugment(
             as_transform_list(device_transforms, "device_transforms"),
             as_transform_list(batch_transforms, "batch_transforms"),
             seed,
         )
-        self.repeated_augmentations = repeated_augmentations
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
-        self.persistent_workers = persistent_workers
-        self.prefetch_factor = prefetch_factor
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.seed = seed
-        self.in_order = in_order
-        self.snapshot_every_n_steps = snapshot_every_n_steps
-        self.block_shuffle = block_shuffle
-        self.batch_transport = resolve_transport(batch_transport)
-        self.normalizer = Normalizer(mean, std)
-        # Transfer settings a callback hands over through configure_transfer() (this module's own values win).
-        self.channels_last = True
-        self._prefetch = False
-        self._prefetch_to: torch.device | str | None = None
-        self._offered_pin_memory: bool | None = None
-        self._offered_workers: int | Literal["auto"] | None = None
+        #: The parts this module owns: its loader arguments, its transfer settings and device side, the loaders.
+        self.loading = LoaderSettings(
+            batch_size, shuffle, drop_last, seed, persistent_workers, prefetch_factor, in_order,
+            snapshot_every_n_steps, block_shuffle, resolve_transport(batch_transport), repeated_augmentations,
+        )  # fmt: skip
+        self.transfer = DeviceTransfer(Normalizer(mean, std), device_augment, pin_memory, num_workers)
+        self.loaders = LoaderFactory(self.loading, self.transfer)
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None
         self.predict_root = predict_root
         self.predict_dataset: ImageFolderDataset | None = None
-        self._resolved_workers: int | None = None
         # Exact resume: the train loader last built, and what a checkpoint asked of the next one.
         self._train_loader: ResumableLoader | None = None
         self.resume = LoaderResume()
         self._skip_epoch = -1
-        self._warned_in_order = False
+
+    # -- the loader arguments, as attributes (Lightning's batch-size finder sets batch_size) -----------
+    batch_size = setting("loading", "batch_size")
+    shuffle = setting("loading", "shuffle")
+    drop_last = setting("loading", "drop_last")
+    seed = setting("loading", "seed")
+    in_order = setting("loading", "in_order")
+    repeated_augmentations = setting("loading", "repeated_augmentations")
+    batch_transport = setting("loading", "batch_transport")
+    num_workers = setting("transfer", "num_workers")
+    pin_memory = setting("transfer", "pin_memory")
+    channels_last = setting("transfer", "channels_last")
+
+    @property
+    def normalizer(self) -> Normalizer:
+        """uint8 to normalised float with this module's ``mean``/``std`` (``denormalize`` for showing images)."""
+        return self.transfer.normalizer
 
     # -- what subclasses provide -----------------------------------------------------------------------
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
@@ -384,7 +393,7 @@ class FastDataModule(LoaderBuilding):
         no rank consumed, split over this run's ranks (elastic); one that lacks some rank's state (saved by one rank
         on an exception) restarts the interrupted epoch from its beginning on every rank, with a warning.
         """
-        world_size, rank = self._world()[:2]
+        world_size, rank = world_of(self.trainer)[:2]
         self.resume.load(state_dict, world_size, rank)
 
     @override
@@ -403,6 +412,77 @@ class FastDataModule(LoaderBuilding):
         if self._skip_epoch >= 0:
             self._report_skipped(self._skip_epoch)
             self._skip_epoch = -1
+
+    @override
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move ``batch`` to ``device``; a ``DeviceBatch`` keeps its keys on the host (any other batch as Lightning's).
+
+        The prefetcher moves a ``DeviceBatch`` the same way (``DeviceBatch.to``).
+        """
+        moved = self.transfer.moved(batch, device)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx) if moved is None else moved
+
+    @override
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Convert the uint8 images of ``(images, labels, ...)`` to normalised float on the device.
+
+        A training batch that carries its keys (a ``DeviceBatch``: ``device_transforms``/``batch_transforms``
+        given) is augmented here first and returned as ``(images, targets)``; the augmentation draws its
+        parameters from the keys, which :meth:`transfer_batch_to_device` left on the host. A training batch's host
+        time here is added to ``transfer.train_hook_s`` (what ``DataWaitMonitor``'s verdict names).
+        """
+        trainer = self.trainer
+        if trainer is None or not trainer.training:
+            return self._after_transfer(batch)
+        start = time.perf_counter()
+        out = self._after_transfer(batch)
+        self.transfer.train_hook_s += time.perf_counter() - start
+        return out
+
+    def _after_transfer(self, batch: Any) -> Any:
+        """The device side of a batch (:meth:`on_after_batch_transfer`); a subclass adds its own here."""
+        return self.transfer.after_transfer(batch, getattr(self, "num_classes", None))
+
+    def configure_transfer(
+        self,
+        prefetch: bool | None = None,
+        pin_memory: bool | None = None,
+        num_workers: int | Literal["auto"] | None = None,
+        channels_last: bool | None = None,
+        prefetch_device: torch.device | str | None = None,
+    ) -> dict[str, str]:
+        """Take the transfer settings a callback offers (``FastDataCallback`` calls this in its ``setup``).
+
+        Call before the loaders are built; a value given to the DataModule always wins. The arguments and what it
+        returns (whose value each setting uses): :meth:`~lightning_fastdata.datamodules.transfer.DeviceTransfer.offer`.
+        """
+        return self.transfer.offer(prefetch, pin_memory, num_workers, channels_last, prefetch_device)
+
+    # -- loaders ----------------------------------------------------------------------------------------
+    def _sampling_settings(self, dataset: Dataset, train: bool) -> SamplingSettings:
+        """The sampling settings ``dataset``'s loader draws with: this module's (a mix adds its sources' weights)."""
+        return self.sampling
+
+    def _sampling_of(self, dataset: Dataset, train: bool) -> tuple[Subset | None, EpochDraws | None]:
+        """The subset and (training) draws of ``dataset`` under the sampling settings; ``(None, None)``: plain."""
+        return self.loaders.sampling_of(self._sampling_settings(dataset, train), dataset, self.data_classes, train)
+
+    def _loader(self, dataset: Dataset, train: bool, labelled: bool = True, label_map: np.ndarray | None = None) -> Any:
+        """The loader of ``dataset`` (:meth:`LoaderFactory.build`), with its subset and draws.
+
+        ``labelled=False`` (predict): no subset, no label mapped. ``label_map``: the labels in another class list
+        (a mix's source), where no subset maps them.
+        """
+        sampling = self._sampling_of(dataset, train) if labelled else (None, None)
+        return self.loaders.build(
+            dataset,
+            self.trainer,
+            train,
+            sampling,
+            return_keys=bool(self.transfer.device_augment),
+            label_map=label_map,
+            predicting=not labelled,
+        )
 
     # -- helpers ----------------------------------------------------------------------------------------
     def _report_skipped(self, epoch: int) -> None:

@@ -250,11 +250,12 @@ class TensorCacheDataModule(FastDataModule):
         return self.augment_on
 
     @override
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+    def _after_transfer(self, batch: Any) -> Any:
         """With ``augment_on="device"``: crop, resize and flip the cached squares here, then normalise."""
         if isinstance(batch, DeviceBatch) and batch.boxes is not None and batch.flips is not None:
             cropped = crop_resize_flip(batch.images, batch.boxes, batch.flips, self.dataset_kwargs["image_size"])
             if batch.keys is not None:  # the policies work on uint8, as in the workers' path
-                return self.augment_on_device(cropped.round_().clamp_(0, 255).to(torch.uint8), batch.labels, batch.keys)
-            return self.format_images(self.normalizer(cropped)), batch.labels
-        return super().on_after_batch_transfer(batch, dataloader_idx)
+                as_uint8 = cropped.round_().clamp_(0, 255).to(torch.uint8)
+                return self.transfer.augment(as_uint8, batch.labels, batch.keys, getattr(self, "num_classes", None))
+            return self.transfer.format_images(self.normalizer(cropped)), batch.labels
+        return super()._after_transfer(batch)

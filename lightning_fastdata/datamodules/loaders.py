@@ -1,91 +1,101 @@
-"""How a DataModule's loaders are built: sampler (and its draws), workers, transport, pinned memory, prefetch."""
+"""How a DataModule's loaders are built: sampler (and its draws), workers, transport, pinned memory, prefetch.
+
+:class:`LoaderSettings` holds the loader arguments of :class:`~lightning_fastdata.FastDataModule` (validated when
+it is made); :class:`LoaderFactory`, which the DataModule owns, builds every loader from them, the DataModule's
+:class:`~lightning_fastdata.datamodules.transfer.DeviceTransfer` (workers, pinned memory, prefetch) and what the
+DataModule says of the dataset (its subset and draws, the device work, a label map).
+"""
 
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_intervals
-from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader, quiet_torchdata_in_order
-from lightning_fastdata.datamodules.transfer import DeviceTransferHooks
+from lightning_fastdata.datamodules.resume import ResumableLoader, quiet_torchdata_in_order
+from lightning_fastdata.datamodules.transfer import DeviceTransfer
 from lightning_fastdata.datasets.base import LoaderPlan
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
 from lightning_fastdata.loading.transport.collate import collate_prebatched
 from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport
-from lightning_fastdata.loading.workers import init_worker, resolve_num_workers
+from lightning_fastdata.loading.workers import init_worker
 
-__all__ = ["LoaderBuilding"]
+__all__ = ["LoaderFactory", "LoaderSettings", "world_of"]
 
 
-class LoaderBuilding(DeviceTransferHooks):
-    """The loader building of :class:`~lightning_fastdata.FastDataModule` (the one place loaders are made).
+@dataclass
+class LoaderSettings:
+    """A DataModule's loader arguments (``FastDataModule``'s names and meanings), validated by it."""
 
-    Every loader gets an :class:`~lightning_fastdata.EpochSampler`: training ones shuffled per epoch, sharded with
-    equal counts, with the draws of the sampling settings (weights, ``epoch_size``, a subset); evaluation ones every
-    sample (of the classes kept) exactly once over all ranks, in order.
-    """
-
-    # set by the DataModule (its arguments, validated)
-    sampling: SamplingSettings
-    data_classes: tuple[str, ...]
-    seed: int
+    batch_size: int
     shuffle: bool
     drop_last: bool
-    block_shuffle: int | None
-    repeated_augmentations: int
-    batch_size: int
+    seed: int
     persistent_workers: bool | None
     prefetch_factor: int | None
     in_order: bool
-    batch_transport: BatchTransport
     snapshot_every_n_steps: int | None
-    resume: LoaderResume
-    _warned_in_order: bool
+    block_shuffle: int | None
+    batch_transport: BatchTransport
+    repeated_augmentations: int
 
-    def _sampling_settings(self, dataset: Dataset, train: bool) -> SamplingSettings:
-        """The sampling settings ``dataset``'s loader draws with: this module's (a mix adds its sources' weights)."""
-        return self.sampling
 
-    def _sampling_of(self, dataset: Dataset, train: bool) -> tuple[Subset | None, EpochDraws | None]:
-        """The subset and (training) draws of ``dataset`` under the sampling settings; ``(None, None)``: plain."""
-        settings = self._sampling_settings(dataset, train)
+def world_of(trainer: Any) -> tuple[int, int, int]:
+    """``(world_size, global_rank, devices_per_node)`` of ``trainer``, else (``None``) a single process."""
+    if trainer is None:
+        return 1, 0, 1
+    return trainer.world_size, trainer.global_rank, max(1, trainer.num_devices)
+
+
+class LoaderFactory:
+    """Builds a DataModule's loaders (the one place they are made).
+
+    Every loader gets an :class:`~lightning_fastdata.EpochSampler`: training ones shuffled per epoch, sharded with
+    equal counts, with the draws of the sampling settings (weights, ``epoch_size``, a subset); evaluation ones every
+    sample (of the classes kept) exactly once over all ranks, in order. Training loaders are
+    :class:`~lightning_fastdata.datamodules.resume.ResumableLoader` (stateful), the others
+    :class:`~lightning_fastdata.loading.transport.loaders.PrefetchingDataLoader`.
+
+    Args:
+        settings: The loader arguments.
+        transfer: The DataModule's transfer settings (workers, pinned memory, prefetch).
+    """
+
+    def __init__(self, settings: LoaderSettings, transfer: DeviceTransfer) -> None:
+        self.settings = settings
+        self.transfer = transfer
+        self._warned_in_order = False
+
+    def sampling_of(
+        self, settings: SamplingSettings, dataset: Dataset, classes: tuple[str, ...], train: bool
+    ) -> tuple[Subset | None, EpochDraws | None]:
+        """The subset and (training) draws of ``dataset`` (its data's ``classes``) under ``settings``.
+
+        ``(None, None)``: a plain epoch; an evaluation split keeps only its subset's samples, each once, in order.
+        """
         if not settings.changes_draws or not train and not settings.subsets:
             return None, None
         targets = np.asarray(dataset.targets)  # type: ignore[attr-defined]
-        subset = settings.subset(targets, self.data_classes, train, self.seed)
+        subset = settings.subset(targets, classes, train, self.settings.seed)
         if train:
-            return subset, settings.draws(targets, subset, self.shuffle)
+            return subset, settings.draws(targets, subset, self.settings.shuffle)
         if subset.rows is None:
             return subset, None
-        return subset, EpochDraws.in_order(subset.rows)  # evaluation: the kept samples, each once, in order
+        return subset, EpochDraws.in_order(subset.rows)
 
-    def _world(self) -> tuple[int, int, int]:
-        """``(world_size, global_rank, devices_per_node)`` from the attached Trainer, else a single process."""
-        trainer = self.trainer
-        if trainer is None:
-            return 1, 0, 1
-        return trainer.world_size, trainer.global_rank, max(1, trainer.num_devices)
-
-    def _resolve_workers(self, devices_per_node: int) -> int:
-        if self._resolved_workers is None:
-            offered = self._offered_workers
-            wanted = offered if self.num_workers == "auto" and offered is not None else self.num_workers
-            self._resolved_workers = resolve_num_workers(wanted, devices_per_node)
-            if wanted == "auto":
-                rank_zero_info(f"lightning_fastdata: num_workers='auto' resolved to {self._resolved_workers}.")
-        return self._resolved_workers
-
-    def _snapshot_interval(self) -> int:
-        if self.snapshot_every_n_steps is not None:
-            return self.snapshot_every_n_steps
-        intervals = checkpoint_step_intervals(self.trainer)
+    def snapshot_interval(self, trainer: Any) -> int:
+        """Steps between the train loader's snapshots: the argument, else the checkpoint interval, else 1."""
+        if self.settings.snapshot_every_n_steps is not None:
+            return self.settings.snapshot_every_n_steps
+        intervals = checkpoint_step_intervals(trainer)
         if intervals is None:
             rank_zero_warn(
                 "lightning_fastdata: cannot read the step interval of a checkpoint callback (this Lightning has no "
@@ -94,85 +104,78 @@ class LoaderBuilding(DeviceTransferHooks):
             )
         return min(intervals) if intervals else 1
 
-    def _use_pin_memory(self) -> bool:
-        if self.pin_memory is not None:
-            return self.pin_memory
-        if self._offered_pin_memory is not None:
-            return self._offered_pin_memory
-        trainer = self.trainer
-        if trainer is None:
-            return False
-        return trainer.strategy.root_device.type == "cuda"
-
-    def _prefetch_device(self) -> torch.device | str | None:
-        if not self._prefetch:
-            return None
-        if self._prefetch_to is not None:
-            return self._prefetch_to
-        return None if self.trainer is None else self.trainer.strategy.root_device
-
-    def _loader(self, dataset: Dataset, train: bool, labelled: bool = True, label_map: np.ndarray | None = None) -> Any:
+    def build(
+        self,
+        dataset: Dataset,
+        trainer: Any,
+        train: bool,
+        sampling: tuple[Subset | None, EpochDraws | None] = (None, None),
+        return_keys: bool = False,
+        label_map: np.ndarray | None = None,
+        predicting: bool = False,
+    ) -> Any:
         """The loader of ``dataset``: training (``train``: shuffled, stateful) or evaluation.
 
-        ``labelled=False`` (predict): no subset, no label mapped. ``label_map``: the labels in another class list
-        (a mix's source), where no subset maps them.
+        ``sampling``: its subset and draws (the DataModule's sampling settings); ``return_keys``: batches carry their
+        keys (the device has work to do on them); ``label_map``: the labels in another class list (a mix's source),
+        where no subset maps them; ``predicting``: a ``trainer.predict`` loader.
         """
-        world_size, rank, devices = self._world()
-        workers = self._resolve_workers(devices)
-        subset, draws = self._sampling_of(dataset, train) if labelled else (None, None)
+        s = self.settings
+        world_size, rank, devices = world_of(trainer)
+        workers = self.transfer.workers(devices)
+        subset, draws = sampling
         sampler = EpochSampler(
             len(dataset),  # type: ignore[arg-type]
             num_replicas=world_size,
             rank=rank,
-            shuffle=self.shuffle and train,
-            seed=self.seed,
-            drop_last=self.drop_last and train,
-            block_size=self.block_shuffle if train else None,
-            repeats=self.repeated_augmentations if train else 1,
+            shuffle=s.shuffle and train,
+            seed=s.seed,
+            drop_last=s.drop_last and train,
+            block_size=s.block_shuffle if train else None,
+            repeats=s.repeated_augmentations if train else 1,
             even=train,  # evaluation: every sample once over all ranks, so N ranks' metrics equal one rank's
             draws=draws,
         )
         if hasattr(dataset, "for_loader"):  # this package's datasets, and a mix of them
             # the next batch's reads start early (from a bucket)
-            ahead = train and workers > 0 and self.in_order and getattr(dataset, "reads_ahead", False) and not draws
+            ahead = train and workers > 0 and s.in_order and getattr(dataset, "reads_ahead", False) and not draws
             plan = LoaderPlan(
-                return_keys=train and bool(self.device_augment),
+                return_keys=train and return_keys,
                 lookahead=BatchLookahead(sampler) if ahead else None,
                 epoch_samples=len(sampler),  # what max_corrupt_fraction is a fraction of
                 label_map=label_map if subset is None or subset.label_map is None else subset.label_map,
-                predicting=not labelled,
+                predicting=predicting,
             )
             dataset = dataset.for_loader(plan)
-        persistent = workers > 0 if self.persistent_workers is None else (self.persistent_workers and workers > 0)
+        persistent = workers > 0 if s.persistent_workers is None else (s.persistent_workers and workers > 0)
         kwargs: dict[str, Any] = dict(
-            batch_size=self.batch_size,
+            batch_size=s.batch_size,
             sampler=sampler,
             num_workers=workers,
             collate_fn=collate_prebatched,
-            pin_memory=self._use_pin_memory(),
-            drop_last=self.drop_last and train,
+            pin_memory=self.transfer.use_pin_memory(trainer),
+            drop_last=s.drop_last and train,
             worker_init_fn=init_worker,
             persistent_workers=persistent,
-            prefetch_factor=self.prefetch_factor if workers > 0 else None,
-            in_order=self.in_order,
-            batch_transport=self.batch_transport,
+            prefetch_factor=s.prefetch_factor if workers > 0 else None,
+            in_order=s.in_order,
+            batch_transport=s.batch_transport,
             # Worker seeds follow the DataModule's seed, so a run is reproducible end to end.
-            generator=torch.Generator().manual_seed(self.seed + rank),
+            generator=torch.Generator().manual_seed(s.seed + rank),
+            prefetch_device=self.transfer.prefetch_device(trainer),
         )
-        kwargs["prefetch_device"] = self._prefetch_device()
+        if not train:
+            return PrefetchingDataLoader(dataset, **kwargs)
+        exact = s.in_order or workers == 0
+        if not exact and not self._warned_in_order:
+            rank_zero_warn(
+                "in_order=False with worker processes gives up exact mid-epoch resume: a run resumed from a "
+                "checkpoint may repeat or skip samples of the interrupted epoch. Use in_order=True (the "
+                "default) where exact resume matters."
+            )
+            self._warned_in_order = True
         loader: DataLoader
-        if train:
-            exact = self.in_order or workers == 0
-            if not exact and not self._warned_in_order:
-                rank_zero_warn(
-                    "in_order=False with worker processes gives up exact mid-epoch resume: a run resumed from a "
-                    "checkpoint may repeat or skip samples of the interrupted epoch. Use in_order=True (the "
-                    "default) where exact resume matters."
-                )
-                self._warned_in_order = True
-            # Said once above, instead of by torchdata at every loader and state_dict.
-            with nullcontext() if exact else quiet_torchdata_in_order():
-                loader = ResumableLoader(dataset, snapshot_every_n_steps=self._snapshot_interval(), **kwargs)
-        else:
-            loader = PrefetchingDataLoader(dataset, **kwargs)
+        # Said once above, instead of by torchdata at every loader and state_dict.
+        with nullcontext() if exact else quiet_torchdata_in_order():
+            loader = ResumableLoader(dataset, snapshot_every_n_steps=self.snapshot_interval(trainer), **kwargs)
         return loader

@@ -1,72 +1,80 @@
-"""The DataModules' transfer hooks and settings: how a batch reaches the training device and what happens there."""
+"""How a DataModule's batches reach the training device and what happens there, as one object it owns.
+
+:class:`DeviceTransfer` holds the transfer settings (the DataModule's own ``pin_memory``/``num_workers`` and what a
+callback offered through ``configure_transfer``: pinned memory, workers, prefetch, the memory format) and does the
+device side of a batch: uint8 batches cross to the device (a :class:`~lightning_fastdata.loading.batch.DeviceBatch`'s
+keys stay on the host), are augmented there when the DataModule has device or batch transforms, and become
+normalised float in the output memory format. :class:`~lightning_fastdata.FastDataModule`'s Lightning hooks
+(``transfer_batch_to_device``, ``on_after_batch_transfer``) call it.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import LightningDataModule
-from typing_extensions import override
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_fastdata.augment.normalize import Normalizer
 from lightning_fastdata.augment.pipeline import DeviceAugment
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.workers import resolve_num_workers
 
-__all__ = ["DeviceTransferHooks"]
+__all__ = ["DeviceTransfer"]
 
 
-class DeviceTransferHooks(LightningDataModule):
-    """Lightning's transfer hooks of :class:`~lightning_fastdata.FastDataModule`.
+class DeviceTransfer:
+    """The transfer settings of one DataModule and the device side of its batches.
 
-    uint8 batches cross to the device (a :class:`~lightning_fastdata.loading.batch.DeviceBatch`'s keys stay on the
-    host), are augmented there when the DataModule has device or batch transforms, and become normalised float in
-    the output memory format.
+    Args:
+        normalizer: uint8 to normalised float, on whatever device the batch is on.
+        device_augment: ``device_transforms``, normalisation and ``batch_transforms`` of a training batch.
+        pin_memory: The DataModule's ``pin_memory`` (``None``: the callback's offer, else pinned on CUDA).
+        num_workers: The DataModule's ``num_workers`` (``"auto"``: the callback's offer, else the CPUs' share).
     """
 
-    # set by the DataModule: device_transforms, normalisation and batch_transforms; uint8 to normalised float on
-    # whatever device the batch is on; the output memory format (channels-last by default, else contiguous NCHW)
-    device_augment: DeviceAugment
-    normalizer: Normalizer
-    channels_last: bool
-    # the DataModule's own transfer settings, and what a callback offered (configure_transfer)
-    pin_memory: bool | None
-    num_workers: int | Literal["auto"]
-    _prefetch: bool
-    _prefetch_to: torch.device | str | None
-    _offered_pin_memory: bool | None
-    _offered_workers: int | Literal["auto"] | None
-    _resolved_workers: int | None
+    def __init__(
+        self,
+        normalizer: Normalizer,
+        device_augment: DeviceAugment,
+        pin_memory: bool | None,
+        num_workers: int | Literal["auto"],
+    ) -> None:
+        self.normalizer = normalizer
+        self.device_augment = device_augment
+        self.pin_memory = pin_memory
+        self.num_workers = num_workers
+        #: Output images in channels-last memory format (else contiguous NCHW).
+        self.channels_last = True
+        self.prefetch = False
+        self.prefetch_to: torch.device | str | None = None
+        self.offered_pin_memory: bool | None = None
+        self.offered_workers: int | Literal["auto"] | None = None
+        self._resolved_workers: int | None = None
+        #: Host seconds the training batches' device side took (``on_after_batch_transfer``), over the run.
+        self.train_hook_s = 0.0
 
-    @override
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Move ``batch`` to ``device``; a ``DeviceBatch`` keeps its keys on the host.
+    # -- the device side of a batch ---------------------------------------------------------------------------
+    @staticmethod
+    def moved(batch: Any, device: torch.device) -> Any:
+        """``batch`` on ``device`` if it is a ``DeviceBatch`` (its keys left on the host), else ``None``."""
+        return batch.to(device) if isinstance(batch, DeviceBatch) else None
 
-        A ``DeviceBatch`` moves by ``DeviceBatch.to`` (the prefetcher's move too); any other batch as Lightning's.
-        """
-        if isinstance(batch, DeviceBatch):
-            return batch.to(device)
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
-    def augment_on_device(self, images: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor) -> tuple[Any, Any]:
+    def augment(
+        self, images: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor, num_classes: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``device_transforms``, normalisation and ``batch_transforms`` of one training batch (uint8 in)."""
-        num_classes = getattr(self, "num_classes", None)
         images, targets = self.device_augment(images, labels, keys, self.normalizer, num_classes)
         return self.format_images(images), targets
 
-    @override
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Convert the uint8 images of ``(images, labels, ...)`` to normalised float on the device.
-
-        A training batch that carries its keys (a ``DeviceBatch``: ``device_transforms``/``batch_transforms``
-        given) is augmented here first and returned as ``(images, targets)``; the augmentation draws its
-        parameters from the keys, which :meth:`transfer_batch_to_device` left on the host.
-        """
+    def after_transfer(self, batch: Any, num_classes: int | None) -> Any:
+        """The uint8 images of ``batch`` as normalised float; a batch that carries its keys augmented first."""
         if isinstance(batch, DeviceBatch) and batch.keys is not None and batch.images.dtype == torch.uint8:
-            return self.augment_on_device(batch.images, batch.labels, batch.keys)
+            return self.augment(batch.images, batch.labels, batch.keys, num_classes)
         if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
             if batch[0].dtype == torch.uint8:
-                return (self.format_images(self.normalizer(batch[0])), *batch[1:])
+                images = self.format_images(self.normalizer(batch[0]))
+                return type(batch)(images, *batch[1:]) if hasattr(batch, "_fields") else (images, *batch[1:])
         return batch
 
     def format_images(self, images: torch.Tensor) -> torch.Tensor:
@@ -74,7 +82,8 @@ class DeviceTransferHooks(LightningDataModule):
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
         return images.contiguous(memory_format=fmt)
 
-    def configure_transfer(
+    # -- settings ---------------------------------------------------------------------------------------------
+    def offer(
         self,
         prefetch: bool | None = None,
         pin_memory: bool | None = None,
@@ -82,16 +91,15 @@ class DeviceTransferHooks(LightningDataModule):
         channels_last: bool | None = None,
         prefetch_device: torch.device | str | None = None,
     ) -> dict[str, str]:
-        """Take the transfer settings a callback offers (``FastDataCallback`` calls this in its ``setup``).
+        """Take a callback's offer (``FastDataModule.configure_transfer``); returns whose value each setting uses.
 
-        Call before the loaders are built. ``None`` means no opinion. ``pin_memory`` and ``num_workers`` are used
-        only where this DataModule's own value was left at its default (``None`` / ``"auto"``): a value given to
-        the DataModule always wins, and the returned mapping says, per setting, whose value is used.
+        ``None`` means no opinion. ``pin_memory`` and ``num_workers`` are used only where the DataModule's own value
+        was left at its default (``None`` / ``"auto"``): a value given to the DataModule always wins.
 
         Args:
             prefetch: Copy the next batch to the device one step ahead (the Trainer's device, or ``prefetch_device``).
-            pin_memory: Pinned host batches (where this module's ``pin_memory`` is ``None``).
-            num_workers: Worker processes (where this module's ``num_workers`` is ``"auto"``).
+            pin_memory: Pinned host batches (where the module's ``pin_memory`` is ``None``).
+            num_workers: Worker processes (where the module's ``num_workers`` is ``"auto"``).
             channels_last: Output images in channels-last memory format after transfer.
             prefetch_device: Prefetch to this device instead of the Trainer's (e.g. without a Trainer).
 
@@ -102,18 +110,44 @@ class DeviceTransferHooks(LightningDataModule):
             resolve_num_workers(num_workers)  # validates
         source: dict[str, str] = {}
         if prefetch is not None:
-            self._prefetch, source["prefetch"] = prefetch, "callback"
+            self.prefetch, source["prefetch"] = prefetch, "callback"
         if prefetch_device is not None:
-            self._prefetch_to = prefetch_device
+            self.prefetch_to = prefetch_device
         if channels_last is not None:
             self.channels_last, source["channels_last"] = channels_last, "callback"
-        self._offered_pin_memory = pin_memory
+        self.offered_pin_memory = pin_memory
         source["pin_memory"] = (
             "DataModule" if self.pin_memory is not None else "callback" if pin_memory is not None else "default"
         )
-        self._offered_workers = num_workers
+        self.offered_workers = num_workers
         self._resolved_workers = None
         source["num_workers"] = (
             "DataModule" if self.num_workers != "auto" else "callback" if num_workers is not None else "default"
         )
         return source
+
+    def workers(self, devices_per_node: int) -> int:
+        """The loader workers per rank: the DataModule's count, else the callback's, else ``"auto"`` resolved once."""
+        if self._resolved_workers is None:
+            offered = self.offered_workers
+            wanted = offered if self.num_workers == "auto" and offered is not None else self.num_workers
+            self._resolved_workers = resolve_num_workers(wanted, devices_per_node)
+            if wanted == "auto":
+                rank_zero_info(f"lightning_fastdata: num_workers='auto' resolved to {self._resolved_workers}.")
+        return self._resolved_workers
+
+    def use_pin_memory(self, trainer: Any) -> bool:
+        """Pinned host batches: the DataModule's choice, else the callback's, else on a CUDA Trainer."""
+        if self.pin_memory is not None:
+            return self.pin_memory
+        if self.offered_pin_memory is not None:
+            return self.offered_pin_memory
+        return trainer is not None and trainer.strategy.root_device.type == "cuda"
+
+    def prefetch_device(self, trainer: Any) -> torch.device | str | None:
+        """Where the next batch is copied one step ahead (``None``: no look-ahead)."""
+        if not self.prefetch:
+            return None
+        if self.prefetch_to is not None:
+            return self.prefetch_to
+        return None if trainer is None else trainer.strategy.root_device

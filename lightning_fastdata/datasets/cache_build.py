@@ -199,30 +199,16 @@ def build_tensor_cache(
         cache_size=cache_size,
         image_size=image_size,
         crop_fraction=crop_fraction,
-        fingerprint="",  # computed below, unless the folder check is enough
+        fingerprint="",  # computed in _checked, unless the folder check is enough
         classes=tuple(train_index.classes),
         storage=storage,
         quality=quality,
         exact_decode=exact_decode,
     )
-    record = None
-    if verify_source == "folders" and not in_bucket:
-        manifest = read_manifest(cache_dir)
-        unchanged, _ = folders_unchanged(manifest, indexes)
-        if unchanged and manifest is not None and changed_param(manifest.get("params", {}), params) is None:
-            return cache_dir
-        record = source_record(indexes)  # before the files' stat: a change after it shows in the next check
-    params = replace(params, fingerprint=listing_fingerprint(indexes, sources) if in_bucket else fingerprint(indexes))
-    current, why = cache_is_current(cache_dir, params)
-    if current:
-        if record is not None and not read_only:
-            _record_source(cache_dir, params, record)
+    checked = _checked(cache_dir, params, indexes, sources, verify_source, read_only)
+    if checked is None:
         return cache_dir
-    if read_only:
-        raise InvalidValueError(
-            f"Tensor cache {str(cache_dir)!r} is not usable ({why}) and read_only=True; run once with "
-            "read_only=False to (re)build it, or point cache_dir at a current cache."
-        )
+    params, record, why = checked
     parent = cache_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
     if not os.access(parent, os.W_OK):
@@ -236,80 +222,147 @@ def build_tensor_cache(
             "train": (len(train_index), cache_size),
             "val": (0 if val_index is None else len(val_index), image_size),
         }
-        state = {"params": {**asdict(params), "classes": list(params.classes)}, "done": {"train": 0, "val": 0}}
-        try:
-            previous = json.loads((partial / "progress.json").read_text())
-        except (OSError, ValueError):
-            previous = None
-        if previous is not None and previous.get("params") == state["params"]:
-            state["done"] = previous["done"]
-            log.warning(
-                "Resuming the interrupted tensor cache build in %s at train %d/%d, val %d/%d.",
-                partial,
-                state["done"]["train"],
-                sizes["train"][0],
-                state["done"]["val"],
-                sizes["val"][0],
-            )
-            print(f"lightning_fastdata: resuming the interrupted cache build in {partial}")
-        else:
-            if partial.exists():
-                print(f"lightning_fastdata: rebuilding the tensor cache from scratch in {partial} ({why})")
-                shutil.rmtree(partial)
-            else:
-                print(f"lightning_fastdata: building the tensor cache in {cache_dir} ({why})")
-            raw_bytes = sum(n * s * s * 3 + n * 8 for n, s in sizes.values())
-            needed = raw_bytes // (5 if storage == "jpeg" else 1) + (1 << 20)  # JPEG q90: ~1/6 to 1/10 of raw
-            free = shutil.disk_usage(parent).free
-            if free < needed:
-                raise DataError(
-                    f"Not enough disk space for the tensor cache in {str(parent)!r}: it needs {needed / 1e9:.2f} GB, "
-                    f"{free / 1e9:.2f} GB are free. Free space, lower cache_size, or choose another cache_dir."
-                )
-            partial.mkdir()
-            write_json(partial / "progress.json", state)
+        state = _start_or_resume(partial, cache_dir, params, sizes, why)
         if record is None and not in_bucket:  # taken before any decode: a change after it shows in the next check
             record = source_record(indexes)
         processes = processes or CpuBudget.detect().usable
-        context = get_context("fork" if os.name == "posix" else "spawn")
         if storage == "jpeg":
             _build_jpeg(partial, train_index, val_index, cache_size, quality, processes, progress, sources)
         else:
-            with context.Pool(processes, initializer=init_source_process) as pool:
-                for split, index in (("train", train_index), ("val", val_index)):
-                    n, side = sizes[split]
-                    labels = np.zeros(0, np.int64) if index is None else _stored_labels(index.labels)
-                    np.save(partial / f"{split}_labels.npy", labels)
-                    path = partial / f"{split}_images.npy"
-                    start = state["done"][split]
-                    images = _open_array_for_writing(path, (n, side, side, 3), resume=start > 0 and path.exists())
-                    offset = int(images.offset)
-                    del images  # the build processes write the rows (_decode_into_file)
-                    fraction = 1.0 if split == "train" else crop_fraction
-                    args = (str(path), offset, side, fraction, exact_decode)
-                    results = (
-                        ()
-                        if index is None
-                        else map_sources(
-                            pool, sources[index.root], index, _decode_into_file, args, start, positions=True
-                        )
-                    )
-                    bar = tqdm(
-                        total=n, initial=start, desc=f"cache {split}", unit="img", disable=not progress or n == 0
-                    )
-                    with open(path, "rb") as written:
-                        for i, _ in enumerate(results, start=start):
-                            bar.update()
-                            if (i + 1) % 256 == 0 or i + 1 == n:  # checkpoint the progress for a resume
-                                # results come in order: rows start..i are written; on disk before the record
-                                os.fsync(written.fileno())
-                                state["done"][split] = i + 1
-                                write_json(partial / "progress.json", state)
-                    bar.close()
+            _build_raw(partial, indexes, sizes, state, params, processes, progress, sources)
         write_manifest(partial, params, {split: sizes[split][0] for split in SPLITS}, record)
         (partial / "progress.json").unlink()
         replace_folder(partial, cache_dir)  # a stale cache is moved aside, the new one swapped in, the old deleted
     return cache_dir
+
+
+def _checked(
+    cache_dir: Path,
+    params: CacheParams,
+    indexes: tuple[FileIndex, FileIndex | None],
+    sources: Mapping[str, Storage],
+    verify_source: str,
+    read_only: bool,
+) -> tuple[CacheParams, Any, str] | None:
+    """The cache checked against its source: ``None`` if it is current, else ``(params, record, why not)``.
+
+    ``params`` come back with the source's fingerprint; ``record`` is the folders' record taken before the files'
+    stat where ``verify_source="folders"`` (a change after it shows in the next check), else ``None``.
+
+    Raises:
+        ValueError: If it is not current and ``read_only`` is set.
+    """
+    in_bucket = any(x.remote for x in sources.values())
+    record = None
+    if verify_source == "folders" and not in_bucket:
+        manifest = read_manifest(cache_dir)
+        unchanged, _ = folders_unchanged(manifest, indexes)
+        if unchanged and manifest is not None and changed_param(manifest.get("params", {}), params) is None:
+            return None
+        record = source_record(indexes)
+    params = replace(params, fingerprint=listing_fingerprint(indexes, sources) if in_bucket else fingerprint(indexes))
+    current, why = cache_is_current(cache_dir, params)
+    if current:
+        if record is not None and not read_only:
+            _record_source(cache_dir, params, record)
+        return None
+    if read_only:
+        raise InvalidValueError(
+            f"Tensor cache {str(cache_dir)!r} is not usable ({why}) and read_only=True; run once with "
+            "read_only=False to (re)build it, or point cache_dir at a current cache."
+        )
+    return params, record, why
+
+
+def _start_or_resume(
+    partial: Path, cache_dir: Path, params: CacheParams, sizes: dict[str, tuple[int, int]], why: str
+) -> dict[str, Any]:
+    """The build's progress record: a matching interrupted build's in ``partial``, else a new, empty one.
+
+    A new build starts from an empty ``partial`` (one of other parameters is removed), after a check of the disk's
+    free space.
+
+    Raises:
+        DataError: If there is not enough disk space (the message gives the size needed).
+    """
+    state = {"params": {**asdict(params), "classes": list(params.classes)}, "done": {"train": 0, "val": 0}}
+    try:
+        previous = json.loads((partial / "progress.json").read_text())
+    except (OSError, ValueError):
+        previous = None
+    if previous is not None and previous.get("params") == state["params"]:
+        state["done"] = previous["done"]
+        done = state["done"]
+        log.warning(
+            "Resuming the interrupted tensor cache build in %s at train %d/%d, val %d/%d.",
+            partial,
+            done["train"],
+            sizes["train"][0],
+            done["val"],
+            sizes["val"][0],
+        )
+        print(f"lightning_fastdata: resuming the interrupted cache build in {partial}")
+        return state
+    if partial.exists():
+        print(f"lightning_fastdata: rebuilding the tensor cache from scratch in {partial} ({why})")
+        shutil.rmtree(partial)
+    else:
+        print(f"lightning_fastdata: building the tensor cache in {cache_dir} ({why})")
+    raw_bytes = sum(n * s * s * 3 + n * 8 for n, s in sizes.values())
+    needed = raw_bytes // (5 if params.storage == "jpeg" else 1) + (1 << 20)  # JPEG q90: ~1/6 to 1/10 of raw
+    free = shutil.disk_usage(partial.parent).free
+    if free < needed:
+        raise DataError(
+            f"Not enough disk space for the tensor cache in {str(partial.parent)!r}: it needs {needed / 1e9:.2f} GB, "
+            f"{free / 1e9:.2f} GB are free. Free space, lower cache_size, or choose another cache_dir."
+        )
+    partial.mkdir()
+    write_json(partial / "progress.json", state)
+    return state
+
+
+def _build_raw(
+    partial: Path,
+    indexes: tuple[FileIndex, FileIndex | None],
+    sizes: dict[str, tuple[int, int]],
+    state: dict[str, Any],
+    params: CacheParams,
+    processes: int,
+    progress: bool,
+    sources: Mapping[str, Storage],
+) -> None:
+    """Decode every split's squares (crops, for validation) into its uint8 array, from where ``state`` says.
+
+    The progress is recorded every 256 rows, after they are on disk, so a killed build resumes there.
+    """
+    context = get_context("fork" if os.name == "posix" else "spawn")
+    with context.Pool(processes, initializer=init_source_process) as pool:
+        for split, index in zip(SPLITS, indexes):
+            n, side = sizes[split]
+            labels = np.zeros(0, np.int64) if index is None else _stored_labels(index.labels)
+            np.save(partial / f"{split}_labels.npy", labels)
+            path = partial / f"{split}_images.npy"
+            start = state["done"][split]
+            images = _open_array_for_writing(path, (n, side, side, 3), resume=start > 0 and path.exists())
+            offset = int(images.offset)
+            del images  # the build processes write the rows (_decode_into_file)
+            fraction = 1.0 if split == "train" else params.crop_fraction
+            args = (str(path), offset, side, fraction, params.exact_decode)
+            results = (
+                ()
+                if index is None
+                else map_sources(pool, sources[index.root], index, _decode_into_file, args, start, positions=True)
+            )
+            bar = tqdm(total=n, initial=start, desc=f"cache {split}", unit="img", disable=not progress or n == 0)
+            with open(path, "rb") as written:
+                for i, _ in enumerate(results, start=start):
+                    bar.update()
+                    if (i + 1) % 256 == 0 or i + 1 == n:  # checkpoint the progress for a resume
+                        # results come in order: rows start..i are written; on disk before the record
+                        os.fsync(written.fileno())
+                        state["done"][split] = i + 1
+                        write_json(partial / "progress.json", state)
+            bar.close()
 
 
 def _build_jpeg(

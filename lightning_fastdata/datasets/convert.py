@@ -210,36 +210,18 @@ def convert_folder_to_hdf5(
     """
     import h5py
 
-    if mode not in ("encoded", "raw"):
-        raise InvalidValueError(f"mode should be 'encoded' or 'raw', got {mode!r}.")
-    if size <= 0:
-        raise InvalidValueError(f"size should be a positive int, got {size!r}.")
-    if max_side is not None and (mode != "encoded" or max_side <= 0):
-        raise InvalidValueError(f"max_side={max_side!r} needs mode='encoded' and a positive int (the shorter side).")
-    if not 1 <= quality <= 100:
-        raise InvalidValueError(f"quality should be 1..100 (JPEG quality), got {quality!r}.")
+    _check_conversion(mode, size, max_side, quality)
     dst = Path(dst)
     if dst.exists() and not overwrite:
         raise PathExistsError(f"{str(dst)!r} exists; pass overwrite=True (--overwrite) to replace it.")
-    if isinstance(src, FileIndex):
-        index, storage = src, storage or LocalStorage(src.root)
-    else:
-        root = src if isinstance(src, str) and is_url(src) else os.fspath(src)
-        storage = open_storage(root, storage_options)
-        if labels is None:
-            index = storage.list_files()
-        else:
-            table = read_label_table(labels, label_separator)
-            index = labelled_indexes([storage.list_images()], table, multi_label, label_classes)[0]
     if (multi_label or label_classes is not None) and labels is None:
         raise InvalidValueError("multi_label and label_classes describe a label table: pass labels= (--labels).")
-    in_bucket = storage.remote
-    paths = [index.path(i) for i in range(len(index))]
+    index, storage = _source_listing(src, storage, storage_options, labels, multi_label, label_classes, label_separator)
     processes = processes or CpuBudget.detect().usable
     dst.parent.mkdir(parents=True, exist_ok=True)
     with (
         atomic_path(dst) as tmp,
-        tqdm(total=len(paths), desc=f"hdf5 ({mode})", unit="img", disable=not progress) as bar,
+        tqdm(total=len(index), desc=f"hdf5 ({mode})", unit="img", disable=not progress) as bar,
     ):
         context = get_context("fork" if os.name == "posix" else "spawn")
         with context.Pool(processes, initializer=init_source_process) as pool:
@@ -256,34 +238,80 @@ def convert_folder_to_hdf5(
                     f.attrs.update(max_side=max_side, quality=quality)
                     reencoded = map_sources(pool, storage, index, _reencode_indexed, (max_side, quality))
                     _write_reencoded(f, reencoded, dst, bar)
-                elif mode == "encoded" and in_bucket:  # no sizes up front: through the side file
+                elif mode == "encoded" and storage.remote:  # no sizes up front: through the side file
                     _write_reencoded(f, map_sources(pool, storage, index, _read_indexed), dst, bar)
                 elif mode == "encoded":
-                    sizes = np.array([os.path.getsize(p) for p in paths], dtype=np.int64)
-                    offsets = np.zeros(len(paths) + 1, dtype=np.int64)
-                    np.cumsum(sizes, out=offsets[1:])
-                    f.create_dataset("offsets", data=offsets)
-                    blob = f.create_dataset("images", shape=(int(offsets[-1]),), dtype=np.uint8)
-                    results: Iterator = map_sources(pool, storage, index, _read_indexed)
-                    indexes = _SideBlob(side_path(dst, "entropy"))
-                    try:
-                        for i, (data, entry) in enumerate(results):
-                            if len(data) != sizes[i]:
-                                raise DataError(f"{paths[i]!r} changed size during the conversion; run it again.")
-                            blob[offsets[i] : offsets[i + 1]] = np.frombuffer(data, dtype=np.uint8)
-                            indexes.append(entry)
-                            bar.update()
-                        _store_entropy_index(f, indexes)
-                    finally:
-                        indexes.discard()
+                    _write_encoded_files(f, map_sources(pool, storage, index, _read_indexed), index, dst, bar)
                 else:
                     f.attrs["size"] = size
-                    images = f.create_dataset("images", shape=(len(paths), size, size, 3), dtype=np.uint8)
-                    results = map_sources(pool, storage, index, _decode_square, (size,))
-                    for i, arr in enumerate(results):
+                    images = f.create_dataset("images", shape=(len(index), size, size, 3), dtype=np.uint8)
+                    for i, arr in enumerate(map_sources(pool, storage, index, _decode_square, (size,))):
                         images[i] = arr
                         bar.update()
         check = inspect_hdf5(str(tmp))  # re-open and validate before the file gets its real name
-        if len(check.labels) != len(paths) or check.mmap_offset is None:
+        if len(check.labels) != len(index) or check.mmap_offset is None:
             raise DataError(f"Verification of {str(tmp)!r} failed; nothing was written to {str(dst)!r}.")
     return dst
+
+
+def _check_conversion(mode: str, size: int, max_side: int | None, quality: int) -> None:
+    """Refuse an impossible conversion argument, naming it.
+
+    Raises:
+        ValueError: On an unknown ``mode``, a size or quality out of range, ``max_side`` without ``"encoded"``.
+    """
+    if mode not in ("encoded", "raw"):
+        raise InvalidValueError(f"mode should be 'encoded' or 'raw', got {mode!r}.")
+    if size <= 0:
+        raise InvalidValueError(f"size should be a positive int, got {size!r}.")
+    if max_side is not None and (mode != "encoded" or max_side <= 0):
+        raise InvalidValueError(f"max_side={max_side!r} needs mode='encoded' and a positive int (the shorter side).")
+    if not 1 <= quality <= 100:
+        raise InvalidValueError(f"quality should be 1..100 (JPEG quality), got {quality!r}.")
+
+
+def _source_listing(
+    src: Any,
+    storage: Storage | None,
+    storage_options: dict[str, Any] | None,
+    labels: str | os.PathLike[str] | None,
+    multi_label: bool,
+    label_classes: list[str] | None,
+    label_separator: str,
+) -> tuple[FileIndex, Storage]:
+    """The files to convert, with their labels (class sub-folders, or a label table), and where they are read."""
+    if isinstance(src, FileIndex):
+        return src, storage or LocalStorage(src.root)
+    root = src if isinstance(src, str) and is_url(src) else os.fspath(src)
+    storage = open_storage(root, storage_options)
+    if labels is None:
+        return storage.list_files(), storage
+    table = read_label_table(labels, label_separator)
+    return labelled_indexes([storage.list_images()], table, multi_label, label_classes)[0], storage
+
+
+def _write_encoded_files(f: Any, results: Iterator, index: FileIndex, dst: Path, bar: Any) -> None:
+    """A local folder's files as they are, into one ``images`` blob (their sizes known up front).
+
+    Each file's entropy index (made by the process that read it) goes beside it.
+
+    Raises:
+        DataError: If a file changed size between its listing and its read.
+    """
+    paths = [index.path(i) for i in range(len(index))]
+    sizes = np.array([os.path.getsize(p) for p in paths], dtype=np.int64)
+    offsets = np.zeros(len(paths) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    f.create_dataset("offsets", data=offsets)
+    blob = f.create_dataset("images", shape=(int(offsets[-1]),), dtype=np.uint8)
+    indexes = _SideBlob(side_path(dst, "entropy"))
+    try:
+        for i, (data, entry) in enumerate(results):
+            if len(data) != sizes[i]:
+                raise DataError(f"{paths[i]!r} changed size during the conversion; run it again.")
+            blob[offsets[i] : offsets[i + 1]] = np.frombuffer(data, dtype=np.uint8)
+            indexes.append(entry)
+            bar.update()
+        _store_entropy_index(f, indexes)
+    finally:
+        indexes.discard()

@@ -102,16 +102,7 @@ def doctor(
         ValueError: If a file is not an HDF5 file, or an argument is impossible.
     """
     start_all = time.perf_counter()
-    if devices < 1 or batch_size < 1 or image_size < 8 or seconds <= 0 or sample < 8:
-        raise InvalidValueError(
-            f"Impossible arguments: devices={devices}, batch_size={batch_size}, image_size={image_size}, "
-            f"seconds={seconds}, sample={sample} (need devices, batch_size >= 1, image_size >= 8, seconds > 0, "
-            "sample >= 8)."
-        )
-    if not is_url(path) and not os.path.exists(path):
-        raise PathNotFoundError(
-            f"{path!r} does not exist. Pass an image folder (root/<class>/<image>) or an HDF5 file."
-        )
+    _check_arguments(path, devices, batch_size, image_size, seconds, sample)
     cpus = CpuBudget.detect()
     share = max(1, cpus.usable // devices)
     workers = resolve_num_workers("auto", devices, cpus)  # what each rank gets in training
@@ -122,54 +113,13 @@ def doctor(
     written.pop("image_size", None)
     recipe_kw = (made, written)
     with _scratch(scratch_dir) as scratch:
-        try:
-            if is_url(path):
-                probe, sample_files = probe_bucket(
-                    path, storage_options, image_size, sample, scratch, workers * devices
-                )
-                prepared = folder_options(
-                    path, probe, sample_files, scratch, cpus.usable, batch_size, image_size, recipe_kw
-                )
-            elif os.path.isdir(path):
-                probe, sample_files = probe_folder(path, image_size, sample)
-                prepared = folder_options(
-                    path, probe, sample_files, scratch, cpus.usable, batch_size, image_size, recipe_kw
-                )
-            else:
-                probe, layout = probe_hdf5(path, image_size, sample)
-                prepared = hdf5_options(path, layout, batch_size, image_size, recipe_kw)
-        except PermissionError as err:
-            raise permission_error(path, err) from err
+        probe, prepared = _probe_and_prepare(
+            path, storage_options, image_size, sample, scratch, workers * devices, cpus.usable, batch_size, recipe_kw
+        )
         budget.deadline += probe.scan_s  # the listing comes on top of the budget
-        # a build from a bucket also fetches every object once, in its processes (one process's rate each)
-        fetch_s = probe.data_gb * 1e3 / (probe.read_mb_s_warm * cpus.usable) if probe.kind == "bucket" else 0.0
         sweep = sweep_counts(share, workers)
-        options: list[Option] = []
         with rank_share(share):
-            for k, prep in enumerate(prepared):
-                rate = budget.time(functools.partial(prep.make, workers), len(prepared) - k + len(sweep) - 1)
-                dataset_gb = prep.kb_per_image * probe.files / 1e6
-                expected = expected_rate(rate, dataset_gb, prep.kb_per_image, ram, probe.read_mb_s_cold, devices)
-                if probe.kind == "bucket" and prep.key == "folder":  # every epoch fetches every object again
-                    expected = min(rate, probe.read_mb_s_cold * 1e3 / prep.kb_per_image / devices)
-                options.append(
-                    Option(
-                        name=prep.name,
-                        images_per_s=rate,
-                        vs_baseline=float("nan"),
-                        kb_per_image=prep.kb_per_image,
-                        dataset_gb=dataset_gb,
-                        build_s=prep.build_s_per_image * probe.files + fetch_s * (prep.build_s_per_image > 0),
-                        config=prep.config,
-                        expected_per_s=expected,
-                        prepare=prep.prepare,
-                        key=prep.key,
-                        steps=prep.steps,
-                    )
-                )
-            base = next((o.images_per_s for o in options if o.key == BASELINE), float("nan"))
-            for o in options:
-                o.vs_baseline = o.images_per_s / base
+            options = _timed_options(prepared, probe, budget, workers, len(sweep) - 1, ram, cpus.usable, devices)
             free = shutil.disk_usage(scratch).free / 1e9
             chosen, reason = choose_option(options, probe.data_gb, ram, free, batch_size, step_ms, workers > 0)
             make = next(p.make for p in prepared if p.key == chosen.key)
@@ -199,3 +149,90 @@ def doctor(
         expected_wait_fraction=wait_fraction(min(rates[num_workers], cap), batch_size, step_ms, num_workers > 0),
         seconds=time.perf_counter() - start_all,
     )
+
+
+def _check_arguments(path: str, devices: int, batch_size: int, image_size: int, seconds: float, sample: int) -> None:
+    """Refuse impossible arguments and a local path that does not exist, naming them.
+
+    Raises:
+        ValueError: On an impossible argument; FileNotFoundError: if a local ``path`` does not exist.
+    """
+    if devices < 1 or batch_size < 1 or image_size < 8 or seconds <= 0 or sample < 8:
+        raise InvalidValueError(
+            f"Impossible arguments: devices={devices}, batch_size={batch_size}, image_size={image_size}, "
+            f"seconds={seconds}, sample={sample} (need devices, batch_size >= 1, image_size >= 8, seconds > 0, "
+            "sample >= 8)."
+        )
+    if not is_url(path) and not os.path.exists(path):
+        raise PathNotFoundError(
+            f"{path!r} does not exist. Pass an image folder (root/<class>/<image>) or an HDF5 file."
+        )
+
+
+def _probe_and_prepare(
+    path: str,
+    storage_options: dict[str, Any] | None,
+    image_size: int,
+    sample: int,
+    scratch: Path,
+    readers: int,
+    usable: int,
+    batch_size: int,
+    recipe_kw: tuple[dict[str, Any], dict[str, Any]],
+) -> tuple[Any, list[Any]]:
+    """The data's statistics from a sample, and each loader option to time on it.
+
+    A folder's, a bucket's or an HDF5 file's options.
+
+    Raises:
+        PermissionError: If the data cannot be listed or read (the message names the file).
+    """
+    try:
+        if is_url(path):
+            probe, files = probe_bucket(path, storage_options, image_size, sample, scratch, readers)
+            return probe, folder_options(path, probe, files, scratch, usable, batch_size, image_size, recipe_kw)
+        if os.path.isdir(path):
+            probe, files = probe_folder(path, image_size, sample)
+            return probe, folder_options(path, probe, files, scratch, usable, batch_size, image_size, recipe_kw)
+        probe, layout = probe_hdf5(path, image_size, sample)
+        return probe, hdf5_options(path, layout, batch_size, image_size, recipe_kw)
+    except PermissionError as err:
+        raise permission_error(path, err) from err
+
+
+def _timed_options(
+    prepared: list[Any], probe: Any, budget: Budget, workers: int, after: int, ram: float, usable: int, devices: int
+) -> list[Option]:
+    """Every prepared option timed within the budget, with its expected rate on the whole data and vs the baseline.
+
+    ``after``: the timings still to come once these are done (the budget is shared with them); the expected rate
+    counts RAM and cold reads of the whole data set.
+    """
+    # a build from a bucket also fetches every object once, in its processes (one process's rate each)
+    fetch_s = probe.data_gb * 1e3 / (probe.read_mb_s_warm * usable) if probe.kind == "bucket" else 0.0
+    options: list[Option] = []
+    for k, prep in enumerate(prepared):
+        rate = budget.time(functools.partial(prep.make, workers), len(prepared) - k + after)
+        dataset_gb = prep.kb_per_image * probe.files / 1e6
+        expected = expected_rate(rate, dataset_gb, prep.kb_per_image, ram, probe.read_mb_s_cold, devices)
+        if probe.kind == "bucket" and prep.key == "folder":  # every epoch fetches every object again
+            expected = min(rate, probe.read_mb_s_cold * 1e3 / prep.kb_per_image / devices)
+        options.append(
+            Option(
+                name=prep.name,
+                images_per_s=rate,
+                vs_baseline=float("nan"),
+                kb_per_image=prep.kb_per_image,
+                dataset_gb=dataset_gb,
+                build_s=prep.build_s_per_image * probe.files + fetch_s * (prep.build_s_per_image > 0),
+                config=prep.config,
+                expected_per_s=expected,
+                prepare=prep.prepare,
+                key=prep.key,
+                steps=prep.steps,
+            )
+        )
+    base = next((o.images_per_s for o in options if o.key == BASELINE), float("nan"))
+    for o in options:
+        o.vs_baseline = o.images_per_s / base
+    return options

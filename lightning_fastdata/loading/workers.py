@@ -12,7 +12,7 @@ import torch
 
 from lightning_fastdata.errors import InvalidValueError
 
-__all__ = ["CpuBudget", "init_build_process", "init_worker", "resolve_num_workers"]
+__all__ = ["CpuBudget", "init_build_process", "init_worker", "process_cpu_seconds", "resolve_num_workers"]
 
 
 def init_worker(worker_id: int) -> None:
@@ -117,3 +117,22 @@ def resolve_num_workers(num_workers: int | str, devices_per_node: int = 1, budge
             "multiprocessing."
         )
     return num_workers
+
+
+def process_cpu_seconds(pids: list[int]) -> float | None:
+    """The CPU time (user + system) the processes ``pids`` have used so far, summed; ``None`` where unreadable.
+
+    Read from ``/proc/<pid>/stat`` (Linux); a process gone meanwhile counts 0.
+    """
+    if not os.path.isdir("/proc/self"):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the whole line)
+    return total / tick

@@ -93,7 +93,7 @@ def test_explicit_datamodule_settings_win(image_folder: Path) -> None:
     fresh = ImageFolderDataModule(str(image_folder), image_size=16, num_workers=0)
     assert fresh.configure_transfer(prefetch=True, pin_memory=True, num_workers=3)["num_workers"] == "DataModule"
     assert fresh.configure_transfer(pin_memory=True)["pin_memory"] == "callback"
-    assert fresh._use_pin_memory() is True
+    assert fresh.transfer.use_pin_memory(trainer=None) is True
 
 
 class LoaderSubclass(DataLoader):

@@ -219,3 +219,34 @@ def test_the_progress_bar_shows_loss_and_acc_and_the_logger_gets_the_exact_train
     assert bar["loss"] == pytest.approx(float(metrics["train_loss"])) and bar["acc"] == pytest.approx(
         float(metrics["train_acc"])
     )
+
+
+@pytest.mark.timeout(120)
+def test_the_reference_loaders_worker_side_objects_hold_no_device_state(image_folder: Path) -> None:
+    """torchvision's reference loader of a recipe runs the recipe's transform objects in forked workers; the same
+    objects ran our device half on a device first (``meta`` stands in for a GPU). Nothing on a device may be
+    reachable from them (a forked worker that touches CUDA memory dies), and a transform that holds some is refused
+    when the loader is made, not at the step a worker dies."""
+    from lightning_fastdata.recipe import device_tensors, load_recipe, reference_loader
+
+    made, _ = load_recipe("recipe_torchvision")
+    made["image_size"] = 32
+    dm = ImageFolderDataModule(str(image_folder), batch_size=8, num_workers=0, val_fraction=0, **made)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    moved = dm.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    images, targets = dm.on_after_batch_transfer(moved, 0)  # the device half, on the stand-in device
+    assert images.device.type == "meta" and targets.shape == (8, 3)
+    loader = reference_loader(str(image_folder), made, batch_size=8, workers=0)
+    assert device_tensors((loader.dataset, loader.collate_fn)) == []
+    x, y = next(iter(loader))
+    assert x.shape == (8, 3, 32, 32) and y.shape == (8, 3)
+
+    held = torch.zeros(3, device="meta")
+
+    def shifted(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return images + held.sum(), labels
+
+    assert device_tensors([{"fn": shifted}]) == ["Tensor (3,) on meta"]
+    with pytest.raises(ValueError, match=r"hold tensors on a device \(Tensor \(3,\) on meta\)"):
+        reference_loader(str(image_folder), {**made, "batch_transforms": [shifted]}, batch_size=8, workers=0)

@@ -31,7 +31,11 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_fastdata.loading.transport import shm_pool
 from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher, PrefetchIterator
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport, PoolWorkerInit
-from lightning_fastdata.loading.transport.torch_internals import has_workers_to_shut_down, shut_down_workers
+from lightning_fastdata.loading.transport.torch_internals import (
+    has_workers_to_shut_down,
+    shut_down_workers,
+    worker_pids,
+)
 from lightning_fastdata.loading.transport.torchdata_internals import batches_yielded, sampler_state
 
 __all__ = ["SETTINGS_KEY", "PrefetchingDataLoader", "PrefetchingStatefulDataLoader", "with_prefetch"]
@@ -73,6 +77,7 @@ class _TransportMixin:
     num_workers: int
     batch_size: int | None
     _watched: weakref.ref[Any] | None = None
+    _inner: weakref.ref[Any] | None = None
 
     @staticmethod
     def _transport_kwargs(batch_transport: str, kwargs: dict[str, Any]) -> tuple[BatchTransport, dict[str, Any]]:
@@ -90,11 +95,17 @@ class _TransportMixin:
 
     def _watch(self, inner: Any) -> None:
         """Forget this iterator's workers' buffers once it is freed (its workers are joined by then)."""
+        self._inner = weakref.ref(inner)
         if has_workers_to_shut_down(inner):
             _LIVE_ITERATORS.add(inner)
         if self._pooled() and (self._watched is None or self._watched() is not inner):
             weakref.finalize(inner, shm_pool.collect, True).atexit = False
             self._watched = weakref.ref(inner)
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the workers of this loader's latest iterator (none before one, or without workers)."""
+        inner = None if self._inner is None else self._inner()
+        return [] if inner is None else worker_pids(inner)
 
     def _on_exhausted(self) -> Any:
         """End of an epoch: workers that were not persistent have exited; forget their buffers now."""

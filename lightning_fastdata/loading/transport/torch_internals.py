@@ -6,7 +6,8 @@ else:
 
 - ``_MultiProcessingDataLoaderIter._shutdown_workers()``: ask a loader iterator's workers to exit (the loaders call it
   at interpreter exit, before multiprocessing would kill them; :func:`has_workers_to_shut_down`,
-  :func:`shut_down_workers`);
+  :func:`shut_down_workers`), and its ``_workers`` (the processes, whose CPU time ``DataWaitMonitor`` reads:
+  :func:`worker_pids`);
 
 - ``torch.UntypedStorage._new_shared(nbytes)``: allocate a storage directly in shared memory (the allocator
   torch's own ``default_collate`` uses in workers);
@@ -45,6 +46,7 @@ __all__ = [
     "reserve_pages",
     "set_storage_reducer",
     "shut_down_workers",
+    "worker_pids",
     "storage_reducer",
     "storage_use_count",
 ]
@@ -123,3 +125,8 @@ def has_workers_to_shut_down(iterator: Any) -> bool:
 def shut_down_workers(iterator: Any) -> None:
     """Ask ``iterator``'s workers to exit now (torch's own clean-up of an iterator it is done with)."""
     iterator._shutdown_workers()
+
+
+def worker_pids(iterator: Any) -> list[int]:
+    """The process ids of ``iterator``'s workers (a ``DataLoader`` iterator's; none without workers)."""
+    return [int(w.pid) for w in getattr(iterator, "_workers", None) or [] if getattr(w, "pid", None)]
