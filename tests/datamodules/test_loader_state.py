@@ -167,3 +167,13 @@ def test_lightnings_own_save_of_the_loader_is_the_datamodules_and_a_resume_resto
     fit(7, ckpt=str(tmp_path / "3" / "last.ckpt"))
     got = torch.cat(seen)
     assert got.shape == whole.shape and torch.equal(got, whole)
+
+
+def test_the_loader_arguments_are_attributes_of_the_module_and_of_its_parts(sources: dict[str, Path]) -> None:
+    """``dm.batch_size`` is the loader settings' (Lightning's batch-size finder sets it); ``num_workers`` the
+    transfer's: one value each, read and set through either."""
+    dm = module("folder", sources, 0)
+    assert dm.batch_size == dm.loading.batch_size == 4 and dm.num_workers == dm.transfer.num_workers == 0
+    dm.batch_size = 8
+    assert dm.loading.batch_size == 8 and next(iter(dm.train_dataloader()))[0].shape[0] == 8
+    assert dm.seed == 0 and dm.normalizer is dm.transfer.normalizer
