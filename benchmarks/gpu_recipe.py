@@ -26,6 +26,7 @@ training process's one thread saturated.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import resource
 import statistics
@@ -184,7 +185,17 @@ def _policy_in_workers(made: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "train_transforms": policies[0] if len(policies) == 1 else v2.Compose(policies)}
 
 
-#: ``--recipe-variants``: the shipped recipe's DataModule arguments less one piece.
+def _static_policy(made: dict[str, Any]) -> dict[str, Any]:
+    """The whole recipe with its device policies' rounds in static shapes (every op over the whole batch:
+    :mod:`~lightning_fastdata.augment.static`; the same pixels, a fixed number of launches per batch)."""
+    policies = [copy.copy(t) for t in made.get("device_transforms") or []]
+    for policy in policies:
+        if hasattr(policy, "shapes"):
+            policy.shapes = "static"
+    return {**made, "device_transforms": policies}
+
+
+#: ``--recipe-variants``: the shipped recipe's DataModule arguments less one piece (or one piece another way).
 VARIANTS = {
     "no-policy": _without("device_transforms"),
     "no-batch-transforms": _without("batch_transforms"),
@@ -193,6 +204,7 @@ VARIANTS = {
     "one-torch-thread": dict,  # the whole recipe; FastDataCallback(host_threads=1): torch's ops on one thread
     "all-torch-threads": dict,  # the whole recipe; FastDataCallback(host_threads=None): torch's own thread count
     "policy-in-workers": _policy_in_workers,
+    "static-policy": _static_policy,
 }
 
 

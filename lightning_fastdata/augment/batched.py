@@ -26,6 +26,7 @@ from torch import nn
 from torchvision.transforms import v2
 
 import lightning_fastdata.augment.ops as ops
+import lightning_fastdata.augment.static as static
 import lightning_fastdata.augment.torchvision_internals as tv
 from lightning_fastdata.augment.keyed import uniforms
 from lightning_fastdata.errors import InvalidValueError
@@ -162,6 +163,10 @@ class _Policy(KeyedTransform):
     num_ops = 1
     num_magnitude_bins = 31
     magnitude: int | None = None  # None: a random bin per sample (TrivialAugment); else this bin (RandAugment)
+    #: How a round is applied: ``"grouped"`` (each op to the samples that drew it: the fewest pixels touched, the
+    #: CPU's path) or ``"static"`` (every op over the whole batch, identities elsewhere: the same pixels with a fixed
+    #: sequence of ops and shapes, :mod:`~lightning_fastdata.augment.static`, for a CUDA graph).
+    shapes = "grouped"
 
     def __init__(self, interpolation: str, fill: Any) -> None:
         super().__init__()
@@ -222,17 +227,22 @@ class _Policy(KeyedTransform):
             )
         height, width = images.shape[-2:]
         for op_names, magnitude in self.params(keys, seed, height, width):
-
-            def apply(
-                name: str, x: torch.Tensor, rows: torch.Tensor, m: torch.Tensor = magnitude, names: list[str] = op_names
-            ) -> torch.Tensor:
-                if name == "warp":
-                    picked = [names[i] for i in rows.tolist()]
-                    return _apply_warps(picked, x, m[rows], self.fill, self.interpolation)
-                return _apply_op(name, x, m[rows])
-
-            images = _apply_grouped(images, ["warp" if n in _WARPS else n for n in op_names], apply)
+            if self.shapes == "static":
+                images = static.apply_round(images, op_names, magnitude, self.fill, self.interpolation)
+            else:
+                images = self._apply_round_grouped(op_names, magnitude, images)
         return images
+
+    def _apply_round_grouped(self, op_names: list[str], magnitude: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        """One round: each sample's op (``op_names``, signed ``magnitude``) applied to the samples that drew it."""
+
+        def apply(name: str, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            if name == "warp":
+                picked = [op_names[i] for i in rows.tolist()]
+                return _apply_warps(picked, x, magnitude[rows], self.fill, self.interpolation)
+            return _apply_op(name, x, magnitude[rows])
+
+        return _apply_grouped(images, ["warp" if n in _WARPS else n for n in op_names], apply)
 
 
 class TrivialAugmentWide(_Policy):

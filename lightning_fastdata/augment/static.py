@@ -1,0 +1,122 @@
+"""A policy's ops with static shapes: every op over the whole batch, identity parameters where a sample drew another.
+
+The grouped path (:func:`~lightning_fastdata.augment.batched._apply_grouped`) applies each op to the samples that
+drew it: the ops launched, their shapes and the host-to-device copies depend on the draws. Here every op of the
+policy's table runs on the whole batch in a fixed order, with parameters that are exact identities for the samples
+that did not draw it (a factor of 1, posterize to 8 bits, solarize at 256, an identity warp, autocontrast and
+equalize chosen by a 0/1 mask), so a round gives each sample exactly its drawn op applied to the round's input: the
+same pixels as the grouped path, bit for bit (tested), with a sequence of ops and shapes that does not depend on the
+draws. That is what a CUDA graph needs (captured once, replayed each batch) and what the training thread's host time
+per batch gains from (a fixed number of launches); on the CPU, the grouped path stays the faster one.
+
+Exactness of the identities: uint8 x float32 ``1.0`` and ``+ 0 * other`` leave every value as it is; the sharpness
+blur is built from shifted adds in float32 (its true value is never within 1/26 of a rounding boundary, so the
+rounded blur is the one ``conv2d`` gives, without a convolution whose TF32 arithmetic could move it); the identity
+warp's source coordinates round to the pixel itself; quarter turns are integer matrices (the exact transposes
+torchvision makes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torchvision.transforms.v2 import functional as F
+
+import lightning_fastdata.augment.ops as ops
+
+__all__ = ["WARPS", "apply_round", "sharpness_blur"]
+
+#: The policies' geometric ops (one affine warp each sample; the identity for the others).
+WARPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+
+
+def sharpness_blur(images: torch.Tensor) -> torch.Tensor:
+    """Torchvision's sharpness blur of the inner pixels (``N x C x (H-2) x (W-2)``, float32, rounded) by shifted adds.
+
+    The 3 x 3 kernel is 1/13 around and 5/13 in the centre: the neighbours' sum is an integer (exact in float32),
+    so ``(sum + 5 * centre) / 13`` is within float32 rounding of the true value, which is never within 1/26 of a
+    half: rounding gives what torchvision's ``conv2d`` gives, on every device and precision setting.
+    """
+    x = images.to(torch.float32)
+    h, w = x.shape[-2:]
+    total = x[..., 0 : h - 2, 0 : w - 2] + x[..., 0 : h - 2, 1 : w - 1]
+    for dy, dx in ((0, 2), (1, 0), (1, 2), (2, 0), (2, 1), (2, 2)):
+        total = total + x[..., dy : h - 2 + dy, dx : w - 2 + dx]
+    return total.add_(x[..., 1 : h - 1, 1 : w - 1], alpha=5.0).div_(13.0).round_()
+
+
+def _sharpen(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``ops.adjust_sharpness`` with the blur by shifted adds (factor 1: the images as they are)."""
+    h, w = images.shape[-2:]
+    if h <= 2 or w <= 2:
+        return images
+    out = images.to(torch.float32, copy=True)
+    view = out[..., 1:-1, 1:-1]
+    ratio = (1.0 - ops.to_device(factor, images.device, torch.float64).view(-1, 1, 1, 1)).to(torch.float32)
+    view.addcmul_(sharpness_blur(images).sub_(view), ratio)
+    return out.clamp_(0, 255).to(torch.uint8)
+
+
+def _where(drew: torch.Tensor, changed: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    return torch.where(ops.to_device(drew, images.device).view(-1, 1, 1, 1), changed, images)
+
+
+def _warp_matrices(names: Sequence[str], magnitude: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Each sample's inverse affine (float32 ``N x 2 x 3``, host): its drawn warp's, the identity for the others.
+
+    A rotation by a multiple of 90 degrees is the exact integer matrix of the turn (torchvision turns those images
+    exactly; odd turns only on square images).
+    """
+    kind = torch.tensor([WARPS.index(n) if n in WARPS else -1 for n in names])
+    m = magnitude.to(torch.float64)
+    zero = torch.zeros(len(names), dtype=torch.float64)
+    degrees = ops.shear_degrees(m)
+    shear = torch.stack([torch.where(kind == 0, degrees, zero), torch.where(kind == 1, degrees, zero)], 1)
+    shift = torch.trunc(m)
+    translate = torch.stack([torch.where(kind == 2, shift, zero), torch.where(kind == 3, shift, zero)], 1)
+    rotating = kind == 4
+    turn = torch.where(rotating, m % 360, zero)
+    middle = torch.tensor([[w * 0.5, h * 0.5]], dtype=torch.float64)
+    center = torch.where((kind <= 1).unsqueeze(1), torch.zeros_like(middle), middle)
+    theta = ops._inverse_affine(len(names), h, w, torch.where(rotating, -turn, zero), translate, shear, center)
+    theta[kind < 0] = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    quarter = rotating & (torch.remainder(turn, 90) == 0)
+    for i in np.flatnonzero(quarter.numpy()).tolist():
+        k = int(round(float(turn[i]) / 90)) % 4
+        if k % 2 and h != w:
+            continue
+        # the inverse of rot90(k) (counter-clockwise) about the centre, on pixel-centre coordinates
+        c, s = [(1, 0), (0, 1), (-1, 0), (0, -1)][k]
+        theta[i] = torch.tensor([[c, -s, 0.0], [s, c, 0.0]], dtype=torch.float32)
+    return theta
+
+
+def apply_round(
+    images: torch.Tensor, names: Sequence[str], magnitude: torch.Tensor, fill: float | None, mode: str
+) -> torch.Tensor:
+    """One op round of a policy, every op over the whole batch: the same pixels as the grouped path.
+
+    Each sample's drawn op is ``names[i]`` with the signed ``magnitude[i]`` (on the host), the module docstring says
+    how the others are identities.
+    """
+    drew = {name: torch.tensor([n == name for n in names]) for name in set(names)}
+
+    def factor(name: str) -> torch.Tensor:
+        return torch.where(drew.get(name, torch.zeros(len(names), dtype=torch.bool)), 1.0 + magnitude, 1.0)
+
+    def mask(name: str) -> torch.Tensor:
+        return drew.get(name, torch.zeros(len(names), dtype=torch.bool))
+
+    h, w = images.shape[-2:]
+    out = ops._warp(images, _warp_matrices(names, magnitude, h, w), fill, mode)
+    out = ops.adjust_brightness(out, factor("Brightness"))
+    out = ops.adjust_saturation(out, factor("Color"))
+    out = ops.adjust_contrast(out, factor("Contrast"))
+    out = _sharpen(out, factor("Sharpness"))
+    out = ops.posterize(out, torch.where(mask("Posterize"), magnitude, 8.0).to(torch.int64))
+    out = ops.solarize(out, torch.where(mask("Solarize"), 255.0 * magnitude, 256.0))
+    out = _where(mask("AutoContrast"), F.autocontrast(out), out)
+    out = _where(mask("Equalize"), F.equalize(out), out)
+    return _where(mask("Invert"), 255 - out, out)
