@@ -21,7 +21,7 @@ from typing import Literal
 
 __all__ = ["SATURATED", "Limit", "RunFacts", "Verdict", "run_verdict"]
 
-#: A part counts as saturated at this share of its cores (a thread: of one core) over the run.
+#: A part counts as saturated at this share of its cores over the run (a thread at this share of one core).
 SATURATED = 0.85
 
 Limit = Literal["model", "decode", "training_thread", "loader", "transfer"]
@@ -58,12 +58,12 @@ class RunFacts:
 
     @property
     def main_thread_share(self) -> float | None:
-        """The training thread's CPU time as a share of the wall time (1.0: busy all the time)."""
+        """The training thread's CPU time as a share of the wall time (1.0 when busy all the time)."""
         return None if self.main_thread_cpu_s is None or self.wall_s <= 0 else self.main_thread_cpu_s / self.wall_s
 
     @property
     def busy_workers(self) -> float | None:
-        """The workers' CPU time over the wall time: how many cores they kept busy."""
+        """How many cores the workers kept busy (their CPU time over the wall time)."""
         return None if self.workers_cpu_s is None or self.wall_s <= 0 else self.workers_cpu_s / self.wall_s
 
     def per_step_ms(self, seconds: float) -> float:

@@ -38,7 +38,7 @@ class PredictionWriter(BasePredictionWriter):
     model's ``class_names``, which ``ImageClassifier`` keeps in its checkpoint).
 
     The model's ``predict_step`` returns a score per class, and what those scores are is said, never guessed
-    (:data:`ScoreKind`): by ``scores=``, else by the model's ``prediction_scores`` attribute (``ImageClassifier``
+    (``ScoreKind``): by ``scores=``, else by the model's ``prediction_scores`` attribute (``ImageClassifier``
     says ``"probabilities"``, or ``"multi_label_probabilities"`` with ``multi_label=True``). Probabilities are written
     as the model gives them; logits become probabilities by a softmax (``"logits"``) or each class's sigmoid
     (``"multi_label_logits"``). Only the top ``top_k`` of each row are kept while predicting, copied to the host
@@ -54,7 +54,7 @@ class PredictionWriter(BasePredictionWriter):
         scores: What ``predict_step``'s rows are; ``None``: what the model's ``prediction_scores`` says.
 
     Raises:
-        ValueError: If ``top_k`` is not positive or ``scores`` is not a :data:`ScoreKind`; at the start of
+        ValueError: If ``top_k`` is not positive or ``scores`` is not a ``ScoreKind``; at the start of
             ``trainer.predict``, if neither ``scores=`` nor the model says what its rows are.
     """
 

@@ -208,7 +208,7 @@ class FastDataModule(LightningDataModule):
             as_transform_list(batch_transforms, "batch_transforms"),
             seed,
         )
-        #: The parts this module owns: its loader arguments, its transfer settings and device side, the loaders.
+        # The parts this module owns: its loader arguments, its transfer settings and device side, the loaders.
         self.loading = LoaderSettings(
             batch_size, shuffle, drop_last, seed, persistent_workers, prefetch_factor, in_order,
             snapshot_every_n_steps, block_shuffle, resolve_transport(batch_transport), repeated_augmentations,

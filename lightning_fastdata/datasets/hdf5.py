@@ -40,7 +40,8 @@ class HDF5Dataset(AugmentedImageDataset):
     want them; the DataModule normalises only uint8).
 
     Args:
-        path: The HDF5 file, or the :class:`HDF5Layout` :func:`inspect_hdf5` returned for it (not inspected again).
+        path: The HDF5 file, or the :class:`HDF5Layout` :func:`~lightning_fastdata.datasets.hdf5_file.inspect_hdf5`
+            returned for it (not inspected again).
         images_key: Dataset of the images.
         labels_key: Dataset of the labels.
         layout: ``"auto"`` (from the file's attributes, dtype and shape), ``"encoded"``, ``"hwc"`` or ``"chw"``.
@@ -56,7 +57,8 @@ class HDF5Dataset(AugmentedImageDataset):
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
-        ValueError: On a bad file layout (see :func:`inspect_hdf5`) or an impossible argument.
+        ValueError: On a bad file layout (see :func:`~lightning_fastdata.datasets.hdf5_file.inspect_hdf5`) or an
+            impossible argument.
     """
 
     per_process_attrs = ("_file", "_images", "_mapped", "_entropy")

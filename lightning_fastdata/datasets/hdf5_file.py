@@ -184,11 +184,11 @@ def inspect_hdf5(
         layout: ``"auto"`` (from dtype and shape), or the layout the images are stored in.
         offsets_key: Dataset of the byte offsets (encoded files written by the converter).
         locking: h5py's file locking; ``None``: h5py's default (see
-            :func:`~lightning_fastdata.datasets.hdf5.open_hdf5`).
+            :func:`~lightning_fastdata.datasets.hdf5_file.open_hdf5`).
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
-        OSError: If the file is truncated or locked (see :func:`~lightning_fastdata.datasets.hdf5.open_hdf5`).
+        OSError: If the file is truncated or locked (see :func:`~lightning_fastdata.datasets.hdf5_file.open_hdf5`).
         ValueError: If it is not an HDF5 file, a key is missing, the format version is newer than this
             package, images and labels differ in length, a dtype or rank is wrong, or a label is out of range.
     """

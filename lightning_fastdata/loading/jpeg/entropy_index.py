@@ -97,7 +97,10 @@ def fingerprint(index: FileIndex) -> str:
 
 
 def entropy_index_folder(index_dir: str | os.PathLike[str], index: FileIndex) -> Path:
-    """Where :func:`build_entropy_index` keeps the indexes of ``index``'s files (one folder per data root)."""
+    """Where the indexes of ``index``'s files are kept: one folder per data root.
+
+    :func:`~lightning_fastdata.loading.jpeg.entropy_index_build.build_entropy_index` writes it.
+    """
     return Path(index_dir) / f"entropy-{hashlib.sha256(os.fsencode(_root(index))).hexdigest()[:16]}"
 
 
@@ -120,7 +123,7 @@ class EntropyIndexes:
     Picklable (only the folder is pickled), so a dataset holding it works in ``spawn``-ed workers too.
 
     Args:
-        folder: A folder written by :func:`build_entropy_index`.
+        folder: A folder written by :func:`~lightning_fastdata.loading.jpeg.entropy_index_build.build_entropy_index`.
     """
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:

@@ -70,8 +70,9 @@ def build_entropy_index(
         index_dir: A folder of ours (never inside the data); created if missing.
         processes: Processes that read and index the files.
         progress: Show a progress bar.
-        fraction: Each file's index budget as a share of its bytes (:data:`INDEX_FRACTION`, the measured best;
-            1.0: an entry per MCU). An index already there is reused whatever budget it was built with.
+        fraction: Each file's index budget as a share of its bytes
+            (:data:`~lightning_fastdata.loading.jpeg.entropy_index.INDEX_FRACTION`, the measured best; 1.0: an entry per
+            MCU). An index already there is reused whatever budget it was built with.
 
     Raises:
         DataError: If a file cannot be read (naming it); StorageError: if a bucket does not answer.
@@ -191,9 +192,9 @@ def start_background_build(index: FileIndex, storage: Storage, index_dir: str | 
     """Build the entropy index of ``index`` in a paced background process; return at once.
 
     Training starts without the index and every process takes it up as it is built, a finished piece at a time
-    (:class:`PendingEntropyIndex`): its crops are the same pixels with or without it, so the switch may come at any
-    step. The builder holds the folder's lock (another rank's or run's builder leaves it be), reads every file once
-    in one process paced by :class:`~lightning_fastdata.loading.jpeg.pace.Pace` (``BUILD_SHARE``, 2.5%, of the
+    (:class:`~lightning_fastdata.loading.jpeg.entropy_index.PendingEntropyIndex`): its crops are the same pixels with
+    or without it, so the switch may come at any step. The builder holds the folder's lock (another rank's or run's
+    builder leaves it be), reads every file once in one process paced by :class:`~lightning_fastdata.loading.jpeg.pace.Pace` (``BUILD_SHARE``, 2.5%, of the
     usable CPUs while the loader keeps them busy, the idle ones while some are), and ends with the training
     process. It does nothing where the index is already whole, or where ``index_dir`` cannot be written or has less
     than ``MIN_FREE_BYTES`` (2 GB) free (warned once). Returns the process, or ``None``.

@@ -223,7 +223,7 @@ class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
     def state_dict(self) -> dict[str, Any]:
         """The loader's exact state after the batch last returned (:meth:`state_after_current_batch`).
 
-        torchdata's state, and under :data:`SETTINGS_KEY` the settings it describes positions in (``batch_size``,
+        torchdata's state, and under ``SETTINGS_KEY`` the settings it describes positions in (``batch_size``,
         ``num_workers``, ``drop_last``, the sampler's ranks), which :meth:`load_state_dict` checks.
         """
         return self.state_after_current_batch()
