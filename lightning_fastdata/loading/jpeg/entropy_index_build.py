@@ -196,8 +196,9 @@ def start_background_build(index: FileIndex, storage: Storage, index_dir: str | 
     or without it, so the switch may come at any step. The builder holds the folder's lock (another rank's or run's
     builder leaves it be), reads every file once in one process paced by
     :class:`~lightning_fastdata.loading.jpeg.pace.Pace` (``BUILD_SHARE``, 2.5%, of the usable CPUs while the loader
-    keeps them busy, the idle ones while some are), and ends with the training process. It does nothing where the index is already whole, or where ``index_dir`` cannot be written or has less
-    than ``MIN_FREE_BYTES`` (2 GB) free (warned once). Returns the process, or ``None``.
+    keeps them busy, the idle ones while some are), and ends with the training process. It does nothing where the
+    index is already whole, or where ``index_dir`` cannot be written or has less than ``MIN_FREE_BYTES`` (2 GB) free
+    (warned once). Returns the process, or ``None``.
     """
     folder = entropy_index_folder(index_dir, index)
     if why_unusable(folder, index) is None:
