@@ -95,7 +95,7 @@ def _apply_op(name: str, images: torch.Tensor, magnitude: torch.Tensor) -> torch
 
 
 #: The policies' geometric ops: one affine warp for all their samples (a parameter set each), not one per op.
-_WARPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+_WARPS = static.WARPS
 
 #: Every op a policy can apply on the batch (:func:`_apply_op` and :func:`_apply_warps`).
 BATCHED_OPS = frozenset(
@@ -113,20 +113,9 @@ def _apply_warps(
     Each sample's parameters as torchvision's op gives them (float64, host), all in one ``affine``: its host-side
     set-up and its warp launched once per batch instead of once per op.
     """
-    kind = torch.tensor([_WARPS.index(name) for name in names])
-    m = magnitude.to(torch.float64)
-    zero = torch.zeros(len(names), dtype=torch.float64)
-    degrees = ops.shear_degrees(m)
-    shear = torch.stack([torch.where(kind == 0, degrees, zero), torch.where(kind == 1, degrees, zero)], 1)
-    shift = torch.trunc(m)
-    translate = torch.stack([torch.where(kind == 2, shift, zero), torch.where(kind == 3, shift, zero)], 1)
-    rotating = kind == 4
-    turn = torch.where(rotating, m % 360, zero)  # F.rotate's angle; F.affine's is its negative
-    # torchvision shears about the top-left corner (centre [0, 0]); it translates and rotates about the image centre
     h, w = images.shape[-2:]
-    middle = torch.tensor([[w * 0.5, h * 0.5]], dtype=torch.float64)
-    center = torch.where((kind <= 1).unsqueeze(1), torch.zeros_like(middle), middle)
-    out = ops.affine(images, torch.where(rotating, -turn, zero), translate, shear, center, fill, mode)
+    angle, translate, shear, center, turn, rotating = static.warp_parameters(names, magnitude, h, w)
+    out = ops.affine(images, angle, translate, shear, center, fill, mode)
     return ops.quarter_turns(images, out, turn, rotating)
 
 

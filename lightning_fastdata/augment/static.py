@@ -26,7 +26,7 @@ from torchvision.transforms.v2 import functional as F
 
 import lightning_fastdata.augment.ops as ops
 
-__all__ = ["WARPS", "apply_round", "sharpness_blur"]
+__all__ = ["WARPS", "apply_round", "sharpness_blur", "warp_parameters"]
 
 #: The policies' geometric ops (one affine warp each sample; the identity for the others).
 WARPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
@@ -63,11 +63,15 @@ def _where(drew: torch.Tensor, changed: torch.Tensor, images: torch.Tensor) -> t
     return torch.where(ops.to_device(drew, images.device).view(-1, 1, 1, 1), changed, images)
 
 
-def _warp_matrices(names: Sequence[str], magnitude: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """Each sample's inverse affine (float32 ``N x 2 x 3``, host): its drawn warp's, the identity for the others.
+def warp_parameters(
+    names: Sequence[str], magnitude: torch.Tensor, h: int, w: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sample's ``F.affine`` parameters for its drawn warp op, as torchvision's op gives them (float64, host).
 
-    A rotation by a multiple of 90 degrees is the exact integer matrix of the turn (torchvision turns those images
-    exactly; odd turns only on square images).
+    Returns ``(angle, translate, shear, center, turn, rotating)``: ``F.affine``'s angle, translation and shear,
+    the centre (torchvision shears about the top-left corner and translates and rotates about the image centre),
+    ``F.rotate``'s angle (``turn``, whose negative is ``angle``) and which samples rotate. Zeros for a sample that
+    drew no warp.
     """
     kind = torch.tensor([WARPS.index(n) if n in WARPS else -1 for n in names])
     m = magnitude.to(torch.float64)
@@ -80,8 +84,18 @@ def _warp_matrices(names: Sequence[str], magnitude: torch.Tensor, h: int, w: int
     turn = torch.where(rotating, m % 360, zero)
     middle = torch.tensor([[w * 0.5, h * 0.5]], dtype=torch.float64)
     center = torch.where((kind <= 1).unsqueeze(1), torch.zeros_like(middle), middle)
-    theta = ops._inverse_affine(len(names), h, w, torch.where(rotating, -turn, zero), translate, shear, center)
-    theta[kind < 0] = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    return torch.where(rotating, -turn, zero), translate, shear, center, turn, rotating
+
+
+def _warp_matrices(names: Sequence[str], magnitude: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Each sample's inverse affine (float32 ``N x 2 x 3``, host): its drawn warp's, the identity for the others.
+
+    A rotation by a multiple of 90 degrees is the exact integer matrix of the turn (torchvision turns those images
+    exactly; odd turns only on square images).
+    """
+    angle, translate, shear, center, turn, rotating = warp_parameters(names, magnitude, h, w)
+    theta = ops._inverse_affine(len(names), h, w, angle, translate, shear, center)
+    theta[torch.tensor([n not in WARPS for n in names])] = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
     quarter = rotating & (torch.remainder(turn, 90) == 0)
     for i in np.flatnonzero(quarter.numpy()).tolist():
         k = int(round(float(turn[i]) / 90)) % 4
