@@ -33,7 +33,9 @@ __all__ = [
     "posterize",
     "quarter_turns",
     "solarize",
+    "scaled_theta",
     "to_device",
+    "warp_scaled",
 ]
 
 
@@ -236,12 +238,24 @@ def quarter_turns(
 
 def _warp(images: torch.Tensor, theta: torch.Tensor, fill: float | None, mode: str) -> torch.Tensor:
     """Torchvision's ``_affine_grid`` + ``_apply_grid_transform``, one grid per sample (``theta`` on the host)."""
+    h, w = images.shape[-2:]
+    return warp_scaled(images, to_device(scaled_theta(theta, h, w), images.device), fill, mode)
+
+
+def scaled_theta(theta: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """The inverse affines (``N x 2 x 3``) as :func:`warp_scaled` takes them: transposed, rescaled to ``[-1, 1]``.
+
+    On the host: float32 division rounds the same everywhere.
+    """
+    return theta.transpose(1, 2).div(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32))
+
+
+def warp_scaled(images: torch.Tensor, scaled: torch.Tensor, fill: float | None, mode: str) -> torch.Tensor:
+    """The warp of :func:`_warp` by :func:`scaled_theta`'s matrices, already where ``images`` are (no copy here)."""
     if mode not in ("nearest", "bilinear"):
         raise ValueError(f"interpolation should be 'nearest' or 'bilinear' on tensors, got {mode!r}.")
     n, c, h, w = images.shape
     dev = images.device
-    # rescaled on the host (float32 division rounds the same everywhere), then one copy to the device
-    scaled = to_device(theta.transpose(1, 2).div(torch.tensor([0.5 * w, 0.5 * h], dtype=torch.float32)), dev)
     if mode == "nearest" and dev.type == "cpu" and native.imageops_available():  # the same arithmetic in C
         return warp_images(images, scaled, None if fill is None else int(round(float(fill))), bilinear=False)
     # torchvision's base grid: pixel centres relative to the image centre, and 1

@@ -26,7 +26,17 @@ from torchvision.transforms.v2 import functional as F
 
 import lightning_fastdata.augment.ops as ops
 
-__all__ = ["WARPS", "apply_round", "sharpness_blur", "warp_parameters"]
+__all__ = [
+    "WARPS",
+    "Layout",
+    "apply_parameters",
+    "apply_round",
+    "pack",
+    "round_parameters",
+    "sharpness_blur",
+    "unpack",
+    "warp_parameters",
+]
 
 #: The policies' geometric ops (one affine warp each sample; the identity for the others).
 WARPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
@@ -107,6 +117,49 @@ def _warp_matrices(names: Sequence[str], magnitude: torch.Tensor, h: int, w: int
     return theta
 
 
+def round_parameters(names: Sequence[str], magnitude: torch.Tensor, h: int, w: int) -> dict[str, torch.Tensor]:
+    """Every op's per-sample parameters for one round, on the host: the drawn op's, or the identity.
+
+    What :func:`apply_parameters` reads (:func:`pack` puts a batch's in one buffer). ``names[i]`` is sample ``i``'s
+    op, ``magnitude[i]`` its signed magnitude (float64).
+    """
+    drew = {name: torch.tensor([n == name for n in names]) for name in set(names)}
+    none = torch.zeros(len(names), dtype=torch.bool)
+
+    def factor(name: str) -> torch.Tensor:
+        return torch.where(drew.get(name, none), 1.0 + magnitude, 1.0)
+
+    return {
+        "scaled": ops.scaled_theta(_warp_matrices(names, magnitude, h, w), h, w),
+        "brightness": factor("Brightness"),
+        "color": factor("Color"),
+        "contrast": factor("Contrast"),
+        "sharpness": factor("Sharpness"),
+        "bits": torch.where(drew.get("Posterize", none), magnitude, 8.0).to(torch.int64),
+        "threshold": torch.where(drew.get("Solarize", none), 255.0 * magnitude, 256.0),
+        "autocontrast": drew.get("AutoContrast", none),
+        "equalize": drew.get("Equalize", none),
+        "invert": drew.get("Invert", none),
+    }
+
+
+def apply_parameters(images: torch.Tensor, p: dict[str, torch.Tensor], fill: float | None, mode: str) -> torch.Tensor:
+    """One round over the whole batch with :func:`round_parameters`' values.
+
+    The values may be on the host, or already on the device: then nothing is copied and nothing read back.
+    """
+    out = ops.warp_scaled(images, ops.to_device(p["scaled"], images.device), fill, mode)
+    out = ops.adjust_brightness(out, p["brightness"])
+    out = ops.adjust_saturation(out, p["color"])
+    out = ops.adjust_contrast(out, p["contrast"])
+    out = _sharpen(out, p["sharpness"])
+    out = ops.posterize(out, p["bits"])
+    out = ops.solarize(out, p["threshold"])
+    out = _where(p["autocontrast"], F.autocontrast(out), out)
+    out = _where(p["equalize"], F.equalize(out), out)
+    return _where(p["invert"], 255 - out, out)
+
+
 def apply_round(
     images: torch.Tensor, names: Sequence[str], magnitude: torch.Tensor, fill: float | None, mode: str
 ) -> torch.Tensor:
@@ -115,22 +168,31 @@ def apply_round(
     Each sample's drawn op is ``names[i]`` with the signed ``magnitude[i]`` (on the host), the module docstring says
     how the others are identities.
     """
-    drew = {name: torch.tensor([n == name for n in names]) for name in set(names)}
+    return apply_parameters(images, round_parameters(names, magnitude, *images.shape[-2:]), fill, mode)
 
-    def factor(name: str) -> torch.Tensor:
-        return torch.where(drew.get(name, torch.zeros(len(names), dtype=torch.bool)), 1.0 + magnitude, 1.0)
 
-    def mask(name: str) -> torch.Tensor:
-        return drew.get(name, torch.zeros(len(names), dtype=torch.bool))
+#: Where each parameter lies in a packed buffer: its name, dtype, shape, and its slice of the buffer.
+Layout = list[tuple[str, torch.dtype, tuple[int, ...], int, int]]
 
-    h, w = images.shape[-2:]
-    out = ops._warp(images, _warp_matrices(names, magnitude, h, w), fill, mode)
-    out = ops.adjust_brightness(out, factor("Brightness"))
-    out = ops.adjust_saturation(out, factor("Color"))
-    out = ops.adjust_contrast(out, factor("Contrast"))
-    out = _sharpen(out, factor("Sharpness"))
-    out = ops.posterize(out, torch.where(mask("Posterize"), magnitude, 8.0).to(torch.int64))
-    out = ops.solarize(out, torch.where(mask("Solarize"), 255.0 * magnitude, 256.0))
-    out = _where(mask("AutoContrast"), F.autocontrast(out), out)
-    out = _where(mask("Equalize"), F.equalize(out), out)
-    return _where(mask("Invert"), 255 - out, out)
+
+def pack(parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Layout]:
+    """Host parameters in one float64 buffer (one copy to the device), and where each lies.
+
+    float64 holds every value exactly: float32 and float64 numbers, small integers, and 0/1 for masks.
+    """
+    layout: Layout = []
+    flat, start = [], 0
+    for name, t in parts.items():
+        flat.append(t.reshape(-1).to(torch.float64))
+        layout.append((name, t.dtype, tuple(t.shape), start, start + t.numel()))
+        start += t.numel()
+    return torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64), layout
+
+
+def unpack(buffer: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+    """:func:`pack`'s parameters out of ``buffer`` (wherever it is), each with its dtype and shape again."""
+    out = {}
+    for name, dtype, shape, start, stop in layout:
+        part = buffer[start:stop].view(shape)
+        out[name] = part != 0 if dtype == torch.bool else part.to(dtype)
+    return out

@@ -103,3 +103,73 @@ def test_the_gpu_checks_static_variant_trains_the_whole_recipe_with_static_round
     assert set(variant) == set(made) and variant["batch_transforms"] is made["batch_transforms"]
     (ours,), (theirs,) = variant["device_transforms"], made["device_transforms"]
     assert ours.shapes == "static" and theirs.shapes == "grouped" and type(ours) is type(theirs)
+
+
+@pytest.mark.parametrize(
+    "after",
+    ["recipe", "mixup", "cutmix", "erasing-twice", "none"],
+)
+def test_the_static_device_half_gives_the_eager_pixels_and_targets_bit_for_bit(
+    photos: torch.Tensor, after: str
+) -> None:
+    """The recipe's device half (a policy, RandomErasing, MixUp or CutMix) with every parameter drawn on the host into
+    one buffer and a fixed sequence of ops: the eager path's images and soft targets, over several batches' keys."""
+    from torchvision.transforms import v2
+
+    from lightning_fastdata.augment import RandomErasing
+    from lightning_fastdata.augment.normalize import Normalizer
+    from lightning_fastdata.augment.pipeline import DeviceAugment
+    from lightning_fastdata.augment.static_half import StaticDeviceHalf, static_capable
+
+    batch = {
+        "recipe": [RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
+        "mixup": [v2.MixUp(alpha=0.4)],
+        "cutmix": [v2.CutMix(alpha=1.0)],
+        "erasing-twice": [RandomErasing(0.7), RandomErasing(0.7, value=1.0)],
+        "none": [],
+    }[after]
+    augment = DeviceAugment([TrivialAugmentWide(), RandAugment(num_ops=2)], batch, seed=5)
+    assert static_capable(augment)
+    half, normalize = StaticDeviceHalf(augment), Normalizer((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    labels = torch.arange(len(photos)) % 3
+    for epoch in range(6):
+        keys = keys_of(len(photos), epoch)
+        want = augment(photos.clone(), labels, keys, normalize, num_classes=3)
+        got = half(photos.clone(), labels, keys, normalize, num_classes=3)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), epoch
+
+
+def test_the_static_device_half_runs_one_sequence_of_ops_and_refuses_what_it_cannot_do() -> None:
+    """On the ``meta`` stand-in: after a warm-up (the normaliser's constants, as a graph capture warms up), the
+    recipe's run reads its buffer (copied once, before) and records the same ops and shapes for batches that drew
+    MixUp and CutMix, erased boxes or none; a ColorJitter has no static form."""
+    from torchvision.transforms import v2
+
+    from benchmarks.recorder import OpRecorder
+    from lightning_fastdata.augment import ColorJitter, RandomErasing
+    from lightning_fastdata.augment.normalize import Normalizer
+    from lightning_fastdata.augment.pipeline import DeviceAugment
+    from lightning_fastdata.augment.static import unpack
+    from lightning_fastdata.augment.static_half import StaticDeviceHalf
+
+    mixing = v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])
+    half = StaticDeviceHalf(DeviceAugment([TrivialAugmentWide()], [RandomErasing(0.25), mixing], seed=0))
+    images = torch.empty(16, 3, 32, 32, dtype=torch.uint8, device="meta")
+    labels = torch.empty(16, dtype=torch.int64, device="meta")
+    normalize = Normalizer((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    sequences, draws = [], set()
+    warm = half.plan(keys_of(16, 99), 16, 32, 32)
+    half.run(images, labels, unpack(warm[0].to("meta"), warm[1]), normalize, 3)  # the normaliser's constants, once
+    for epoch in range(8):
+        buffer, layout = half.plan(keys_of(16, epoch), 16, 32, 32)
+        draws.add(tuple(buffer[-4:].tolist()) == (0.0, 0.0, 0.0, 0.0))  # MixUp: an empty box
+        params = unpack(buffer.to("meta"), layout)
+        with OpRecorder() as rec:
+            out, targets = half.run(images, labels, params, normalize, num_classes=3)
+        assert out.shape == images.shape and targets.shape == (16, 3)
+        assert not [r for r in rec.rows.values() if r.device == "cpu" and r.max_elements > 64], "batch work on the host"
+        sequences.append([(r.op, r.calls, r.max_elements) for r in rec.rows.values() if r.device == "meta"])
+    assert draws == {True, False}  # both MixUp and CutMix were drawn
+    assert all(s == sequences[0] for s in sequences)
+    with pytest.raises(ValueError, match="without a static form"):
+        StaticDeviceHalf(DeviceAugment([ColorJitter(0.4)], [], seed=0))
