@@ -80,6 +80,8 @@ def recipe(s: Settings) -> dict[str, Any]:
     for name in s.recipe_variants:  # the recipe less one piece each: which piece costs the fed rate
         args = VARIANTS[name](dict(made))
         v_dm = ImageFolderDataModule(r.root, **common_args(r), **args)
+        if name in _MODULE:
+            _MODULE[name](v_dm)
         v_row, v_host = timed(f"variant {name}", partial(_fit_with_host, r, v_dm, **_CALLBACK.get(name, {})))
         variants.append({"variant": name, **v_row, "fed_ratio": v_row["img_s"] / synthetic, "host": v_host})
     out = {
@@ -205,8 +207,20 @@ VARIANTS = {
     "all-torch-threads": dict,  # the whole recipe; FastDataCallback(host_threads=None): torch's own thread count
     "policy-in-workers": _policy_in_workers,
     "static-policy": _static_policy,
+    "graphed": dict,  # the whole recipe; its device half captured as a CUDA graph (_MODULE)
 }
 
+
+def _graphed(dm: ImageFolderDataModule) -> None:
+    """The recipe's device half in static shapes, captured as a CUDA graph and replayed per batch."""
+    from lightning_fastdata.augment.captured import CapturedDeviceHalf
+    from lightning_fastdata.augment.static_half import StaticDeviceHalf
+
+    dm.transfer.device_augment = CapturedDeviceHalf(StaticDeviceHalf(dm.transfer.device_augment))  # type: ignore[assignment]
+
+
+#: What a variant changes on the DataModule it trains from, once made.
+_MODULE: dict[str, Any] = {"graphed": _graphed}
 
 #: What a variant changes in FastDataCallback's arguments.
 _CALLBACK: dict[str, dict[str, Any]] = {

@@ -190,6 +190,44 @@ def test_the_prediction_writer_never_makes_the_host_wait_for_the_gpu_per_batch(
     assert len(rows) == 1 + 39 and all(0 <= float(v) <= 1 for v in rows[1].split(",")[2::2])
 
 
+@pytest.mark.timeout(300)
+def test_the_captured_device_half_replays_the_eager_gpu_results_and_never_waits(image_folder: Path) -> None:
+    """The recipe's device half captured as a CUDA graph: each replay (a shorter last batch padded) gives the eager
+    path's images and targets on the GPU bit for bit, and after the capture no call waits for the GPU."""
+    from torchvision.io import decode_jpeg, read_file
+    from torchvision.transforms import v2
+    from torchvision.transforms.v2 import functional as F
+
+    from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
+    from lightning_fastdata.augment.captured import CapturedDeviceHalf, CudaGraph
+    from lightning_fastdata.augment.normalize import Normalizer
+    from lightning_fastdata.augment.pipeline import DeviceAugment
+    from lightning_fastdata.augment.static_half import StaticDeviceHalf
+
+    files = sorted(image_folder.glob("*/*.jpg"))[:32]
+    photos = torch.stack([F.center_crop(decode_jpeg(read_file(str(p))), [64, 64]) for p in files]).cuda()
+    mixing = v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])
+    augment = DeviceAugment([TrivialAugmentWide()], [RandomErasing(0.5), mixing], seed=3)
+    captured = CapturedDeviceHalf(StaticDeviceHalf(augment), CudaGraph())
+    normalize = Normalizer((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    labels = (torch.arange(32) % 3).cuda()
+
+    def keys_of(n: int, epoch: int) -> torch.Tensor:
+        return torch.stack([torch.full((n,), epoch), torch.arange(n), torch.zeros(n, dtype=torch.int64)], 1)
+
+    captured(photos.clone(), labels, keys_of(32, 0), normalize, 3)  # the capture
+    try:
+        for epoch, n in ((1, 32), (2, 32), (3, 21)):
+            torch.cuda.set_sync_debug_mode("error")
+            got = captured(photos[:n].clone(), labels[:n], keys_of(n, epoch), normalize, 3)
+            torch.cuda.set_sync_debug_mode(0)
+            want = augment(photos[:n].clone(), labels[:n], keys_of(n, epoch), normalize, num_classes=3)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), epoch
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert captured.replays == 4 and captured.eager_calls == 0
+
+
 def run(cfg: dict[str, Any]) -> int:
     out = subprocess.run([sys.executable, str(HELPER), json.dumps(cfg)], capture_output=True, text=True, timeout=240)
     assert out.returncode in (0, -9), out.stderr[-3000:]

@@ -87,6 +87,13 @@ class StaticDeviceHalf:
 
     def plan(self, keys: torch.Tensor, n: int, h: int, w: int) -> tuple[torch.Tensor, static.Layout]:
         """Every parameter of a batch of ``n`` images ``h x w`` with ``keys`` (host), in one float64 buffer."""
+        return static.pack(self.plan_parts(keys, n, h, w))
+
+    def plan_parts(self, keys: torch.Tensor, n: int, h: int, w: int) -> dict[str, torch.Tensor]:
+        """:meth:`plan`'s parameters by name (host).
+
+        Per sample (first dimension ``n``), or, named ``*.mix``, the batch's own (a mixing's ``lam`` and box).
+        """
         a = self.augment
         parts: dict[str, torch.Tensor] = {}
         for i, policy in enumerate(a.device_transforms):
@@ -101,7 +108,7 @@ class StaticDeviceHalf:
                 lam, box = _mix_draw(t, batch_seed(a.seed, keys, 200 + i), n, h, w)
                 blend = lam if box == (0, 0, 0, 0) else 1.0  # MixUp blends the pixels; CutMix only the targets
                 parts[f"b{i}.mix"] = torch.tensor([blend, 1.0 - blend, lam, 1.0 - lam, *box], dtype=torch.float64)
-        return static.pack(parts)
+        return parts
 
     def run(
         self,
@@ -122,8 +129,8 @@ class StaticDeviceHalf:
             if isinstance(t, RandomErasing):
                 images = ops.erase_masked(images, params[f"b{i}.boxes"], t.value, t.inplace)
                 continue
-            if labels.dim() == 1 and num_classes is not None:
-                labels = torch.nn.functional.one_hot(labels, num_classes).to(images.dtype)
+            if labels.dim() == 1 and num_classes is not None:  # one-hot rows, by a comparison (no check to wait for)
+                labels = (labels.unsqueeze(1) == torch.arange(num_classes, device=labels.device)).to(images.dtype)
             elif labels.dim() == 2 and not labels.is_floating_point():
                 labels = labels.to(images.dtype)
             images, labels = _mix(images, labels, params[f"b{i}.mix"])

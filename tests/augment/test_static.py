@@ -4,6 +4,7 @@ parameter, and the same ops and shapes whatever the draws (the ``meta`` device s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -173,3 +174,72 @@ def test_the_static_device_half_runs_one_sequence_of_ops_and_refuses_what_it_can
     assert all(s == sequences[0] for s in sequences)
     with pytest.raises(ValueError, match="without a static form"):
         StaticDeviceHalf(DeviceAugment([ColorJitter(0.4)], [], seed=0))
+
+
+def recipe_half() -> Any:
+    from torchvision.transforms import v2
+
+    from lightning_fastdata.augment import RandomErasing
+    from lightning_fastdata.augment.pipeline import DeviceAugment
+
+    mixing = v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])
+    return DeviceAugment([TrivialAugmentWide()], [RandomErasing(0.5), mixing], seed=3)
+
+
+def test_a_captured_device_half_replays_the_eager_results_pads_the_last_batch_and_copies_its_outputs(
+    photos: torch.Tensor,
+) -> None:
+    """With the stand-in graph (it replays into fixed outputs, as a CUDA graph does): each batch's result is the
+    eager path's, a shorter last batch is padded (its MixUp/CutMix pairs its own, its draws its own keys'), every
+    output is a copy (the next replay does not change it), and a batch of another image size runs eagerly."""
+    from lightning_fastdata.augment.captured import CapturedDeviceHalf, EagerGraph, pad_index
+    from lightning_fastdata.augment.normalize import Normalizer
+    from lightning_fastdata.augment.static_half import StaticDeviceHalf
+
+    augment = recipe_half()
+    captured = CapturedDeviceHalf(StaticDeviceHalf(augment), EagerGraph())
+    normalize = Normalizer((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    labels = torch.arange(len(photos)) % 3
+    results = []
+    for epoch, n in ((0, 24), (1, 24), (2, 17), (3, 24), (4, 5)):
+        keys = keys_of(n, epoch)
+        want = augment(photos[:n].clone(), labels[:n], keys, normalize, num_classes=3)
+        got = captured(photos[:n].clone(), labels[:n], keys, normalize, num_classes=3)
+        assert got[0].shape == want[0].shape and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), epoch
+        results.append((got, want))
+    for got, want in results:  # later replays wrote into the graph's outputs, not into what was handed out
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert captured.replays == 5 and captured.eager_calls == 0
+    assert pad_index(3, 7).tolist() == [2, 0, 1, 2, 0, 1, 2]  # the row before the real ones: the last real one
+    smaller = photos[:, :, :48, :48].contiguous()
+    keys = keys_of(24, 9)
+    want = augment(smaller.clone(), labels, keys, normalize, num_classes=3)
+    got = captured(smaller.clone(), labels, keys, normalize, num_classes=3)
+    assert captured.eager_calls == 1 and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.timeout(120)
+def test_the_gpu_checks_graphed_variant_gives_the_datamodules_own_batches(image_folder: Path) -> None:
+    """``--recipe-variants graphed`` puts the captured device half where the DataModule's device half was: the
+    batches after transfer are the eager ones (on the CPU the stand-in graph replays)."""
+    from benchmarks.gpu_recipe import _MODULE
+    from lightning_fastdata import ImageFolderDataModule
+    from lightning_fastdata.augment.captured import CapturedDeviceHalf
+    from lightning_fastdata.recipe import load_recipe
+
+    made, _ = load_recipe("recipe_torchvision")
+    made["image_size"] = 32
+
+    def module() -> ImageFolderDataModule:
+        dm = ImageFolderDataModule(str(image_folder), batch_size=8, num_workers=0, val_fraction=0, **made)
+        dm.setup("fit")
+        return dm
+
+    plain, graphed = module(), module()
+    _MODULE["graphed"](graphed)
+    assert isinstance(graphed.transfer.device_augment, CapturedDeviceHalf)
+    for a, b in zip(plain.train_dataloader(), graphed.train_dataloader()):
+        want = plain.on_after_batch_transfer(plain.transfer_batch_to_device(a, torch.device("cpu"), 0), 0)
+        got = graphed.on_after_batch_transfer(graphed.transfer_batch_to_device(b, torch.device("cpu"), 0), 0)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert graphed.transfer.device_augment.replays == len(plain.train_dataloader())
