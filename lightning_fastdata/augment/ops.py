@@ -263,11 +263,11 @@ def warp_scaled(images: torch.Tensor, scaled: torch.Tensor, fill: float | None, 
     by = torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, steps=h, device=dev)
     if mode == "nearest":
         return _gather_nearest(images, bx, by, scaled, fill)
-    base = torch.empty(1, h, w, 3, dtype=torch.float32, device=dev)
-    base[..., 0].copy_(bx)
-    base[..., 1].copy_(by.unsqueeze_(-1))
-    base[..., 2].fill_(1)
-    grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(scaled).view(n, h, w, 2)
+    # the grid element by element, (x * s0 + y * s1) + s2, as torchvision's bmm computes it on a CPU: the same
+    # roundings on every device, and no matrix product that TF32 would round (an identity warp stays exact)
+    rows, cols = by.view(1, h, 1, 1), bx.view(1, 1, w, 1)
+    grid = torch.add(cols * scaled[:, 0].view(n, 1, 1, 2), rows * scaled[:, 1].view(n, 1, 1, 2))
+    grid = grid.add_(scaled[:, 2].view(n, 1, 1, 2))
     source = images.to(torch.float32)
     if fill is not None:
         source = torch.cat((source, torch.ones((n, 1, h, w), dtype=torch.float32, device=dev)), dim=1)
