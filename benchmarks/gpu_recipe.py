@@ -208,6 +208,9 @@ VARIANTS = {
     "policy-in-workers": _policy_in_workers,
     "static-policy": _static_policy,
     "graphed": dict,  # the whole recipe; its device half captured as a CUDA graph (_MODULE)
+    # the policy in the workers with 13 and 14 workers a rank (the default leaves one CPU: 15 of 16; _MODULE)
+    "policy-in-workers-13w": _policy_in_workers,
+    "policy-in-workers-14w": _policy_in_workers,
 }
 
 
@@ -219,8 +222,21 @@ def _graphed(dm: ImageFolderDataModule) -> None:
     dm.transfer.device_augment = CapturedDeviceHalf(StaticDeviceHalf(dm.transfer.device_augment))  # type: ignore[assignment]
 
 
+def _workers(count: int) -> Any:
+    """The variant's loader with ``count`` workers a rank (the rule to ship counts the training process's threads)."""
+
+    def set_workers(dm: ImageFolderDataModule) -> None:
+        dm.num_workers = count
+
+    return set_workers
+
+
 #: What a variant changes on the DataModule it trains from, once made.
-_MODULE: dict[str, Any] = {"graphed": _graphed}
+_MODULE: dict[str, Any] = {
+    "graphed": _graphed,
+    "policy-in-workers-13w": _workers(13),
+    "policy-in-workers-14w": _workers(14),
+}
 
 #: What a variant changes in FastDataCallback's arguments.
 _CALLBACK: dict[str, dict[str, Any]] = {

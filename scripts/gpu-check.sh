@@ -46,7 +46,7 @@ EXTRA=()
 PRESET=()
 case "${1:-}" in
   diagnose) shift; set -- --parts tests,recipe --images 4000 --copies 34 "$@"
-    PRESET=(--steps 60 --epochs 2 --recipe-variants graphed,static-policy,policy-in-workers,no-policy) ;;
+    PRESET=(--steps 60 --epochs 2 --recipe-variants graphed,static-policy,policy-in-workers,policy-in-workers-14w,policy-in-workers-13w) ;;
   prove) shift; set -- --parts tests,recipe --images 4000 --copies 34 "$@"
     PRESET=(--steps 500 --epochs 3 --reference-epochs 2 --no-recipe-diagnose --recipe-variants policy-in-workers) ;;
 esac

@@ -165,3 +165,20 @@ def test_the_policy_in_workers_variant_trains_torchvisions_own_policy_in_the_wor
     dm.setup("fit")
     images, targets = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
     assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32 and targets.shape == (4, 3)  # soft
+
+
+def test_the_worker_count_variants_train_the_policy_in_the_workers_with_their_count(image_folder: Path) -> None:
+    """``policy-in-workers-13w``/``-14w`` (the GPU check's diagnose): the rule that leaves the training process's
+    busy threads their CPUs is measured at 13, 14 and 15 workers before it is shipped."""
+    from benchmarks.gpu_recipe import _MODULE, VARIANTS
+    from lightning_fastdata import ImageFolderDataModule
+    from lightning_fastdata.recipe import load_recipe
+
+    made, _ = load_recipe("recipe_torchvision")
+    made["image_size"] = 32
+    for name, count in (("policy-in-workers-13w", 13), ("policy-in-workers-14w", 14)):
+        args = VARIANTS[name](dict(made))
+        assert "device_transforms" not in args and args["train_transforms"] is not None
+        dm = ImageFolderDataModule(str(image_folder), num_workers=15, **args)
+        _MODULE[name](dm)
+        assert dm.num_workers == count and dm.transfer.workers(1) == count
