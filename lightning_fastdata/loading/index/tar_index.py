@@ -1,0 +1,199 @@
+"""WebDataset tar shards indexed for random access: each sample's image member (its offset and size) and its label.
+
+A WebDataset shard is an uncompressed tar whose members group into samples by key: the member's name up to the
+first dot of its base name (``train/n01440764_10026.JPEG`` -> key ``train/n01440764_10026``, extension ``JPEG``);
+members of one key are adjacent. :func:`index_tar` reads the headers (and the small label members) and seeks over
+the image data, so a sample is then read by one ``pread`` at its offset: an epoch can be a true global shuffle of
+every shard's samples, not a shuffle buffer over a stream, and a resume is exact.
+
+A sample's image is its member with extension ``jpg``, ``jpeg``, ``png`` or ``webp`` (any case); its label the
+integer in its ``cls`` (or ``txt``) member, or the field ``json_label`` of its ``json`` member. An index is kept in
+``index_dir`` under the shard's path, size and modification time (:func:`load_tar_index`): a shard that changed is
+indexed again, never read by an old index; a reader also checks the shard it opens (:meth:`TarIndex.check_unchanged`).
+
+Errors name the shard and the member: a truncated shard, a sample without an image or a label, two images of one
+key, a label that is not an integer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lightning_fastdata.errors import DataError
+from lightning_fastdata.loading.atomic import atomic_path
+
+__all__ = ["IMAGE_EXTENSIONS", "TarIndex", "index_tar", "load_tar_index"]
+
+#: The extensions of a sample's image member (lower case; matched in any case).
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+#: The version of the kept index files (another version is indexed again).
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TarIndex:
+    """One shard's samples, in member order.
+
+    Attributes:
+        path: The shard.
+        size: Its size in bytes when indexed.
+        mtime_ns: Its modification time when indexed.
+        keys: Each sample's key.
+        offsets: Each sample's image bytes' offset in the shard (int64).
+        sizes: Their sizes (int64).
+        labels: Each sample's label (int64).
+    """
+
+    path: str
+    size: int
+    mtime_ns: int
+    keys: tuple[str, ...]
+    offsets: np.ndarray
+    sizes: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def check_unchanged(self, st: os.stat_result) -> None:
+        """Refuse to read a shard that is not the one indexed (another size or modification time).
+
+        Raises:
+            DataError: Naming the shard and what differs.
+        """
+        if st.st_size != self.size or st.st_mtime_ns != self.mtime_ns:
+            raise DataError(
+                f"The shard {self.path!r} changed after it was indexed ({self.size} -> {st.st_size} bytes, modified "
+                "since): its samples would be read at the wrong places. Restart to index it again, and do not rewrite "
+                "shards while they are read."
+            )
+
+
+def _split(name: str) -> tuple[str, str]:
+    """WebDataset's ``(key, extension)`` of a member name."""
+    folder, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), (ext if dot else "")
+
+
+def _label(data: bytes, ext: str, where: str, json_label: str) -> int:
+    try:
+        if ext == "json":
+            value = json.loads(data)[json_label]
+        else:
+            value = data.decode().strip()
+        return int(value)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        field = f" (field {json_label!r})" if ext == "json" else ""
+        raise DataError(f"{where}: the label{field} is not an integer: {data[:40]!r}.") from None
+
+
+def index_tar(path: str | os.PathLike[str], json_label: str = "label") -> TarIndex:
+    """Index one uncompressed tar shard (module docstring): the headers and the label members, not the images.
+
+    Raises:
+        DataError: On a truncated or unreadable shard, a compressed one, or a sample without an image or a label
+            (named by shard and member).
+    """
+    path = os.fspath(path)
+    st = os.stat(path)
+    keys: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    labels: list[int] = []
+    current: dict[str, object] = {}
+
+    def close() -> None:
+        if not current:
+            return
+        key = str(current["key"])
+        if "offset" not in current:
+            raise DataError(f"{path}: sample {key!r} has no image member ({', '.join(IMAGE_EXTENSIONS)}).")
+        if "label" not in current:
+            raise DataError(f"{path}: sample {key!r} has no label member (.cls, .txt, or .json with {json_label!r}).")
+        keys.append(key)
+        offsets.append(int(current["offset"]))  # type: ignore[call-overload]
+        sizes.append(int(current["size"]))  # type: ignore[call-overload]
+        labels.append(int(current["label"]))  # type: ignore[call-overload]
+        current.clear()
+
+    try:
+        with tarfile.open(path, "r:") as tf:  # "r:": no compression (a compressed shard has no random access)
+            for member in tf:
+                if not member.isfile():
+                    continue
+                key, ext = _split(member.name)
+                if current and current["key"] != key:
+                    close()
+                current["key"] = key
+                kind = ext.lower()
+                where = f"{path}: member {member.name!r}"
+                if kind in IMAGE_EXTENSIONS:
+                    if "offset" in current:
+                        raise DataError(f"{where}: sample {key!r} has two image members; one per sample.")
+                    current["offset"], current["size"] = member.offset_data, member.size
+                elif kind in ("cls", "txt", "json"):
+                    handle = tf.extractfile(member)
+                    assert handle is not None
+                    current["label"] = _label(handle.read(), kind, where, json_label)
+            close()
+    except tarfile.TarError as err:
+        raise DataError(
+            f"{path} is not a readable uncompressed tar shard ({err}): truncated, compressed, or not a tar. Write "
+            "shards with `fastdata convert shards` (or webdataset's ShardWriter), uncompressed."
+        ) from None
+    end = max((o + s for o, s in zip(offsets, sizes)), default=0)
+    if end > st.st_size:
+        raise DataError(f"{path} is truncated: its last image ends at byte {end}, the file has {st.st_size}.")
+    return TarIndex(
+        path,
+        st.st_size,
+        st.st_mtime_ns,
+        tuple(keys),
+        np.asarray(offsets, dtype=np.int64),
+        np.asarray(sizes, dtype=np.int64),
+        np.asarray(labels, dtype=np.int64),
+    )
+
+
+def load_tar_index(
+    path: str | os.PathLike[str], index_dir: str | os.PathLike[str], json_label: str = "label"
+) -> TarIndex:
+    """The shard's index: kept in ``index_dir`` under its path, size and modification time, else built and kept.
+
+    Built by :func:`index_tar` and written atomically; an ``index_dir`` that cannot be written is skipped (the index
+    is then built each time).
+    """
+    path = os.path.abspath(os.fspath(path))
+    st = os.stat(path)
+    name = hashlib.sha256(f"{_FORMAT}|{path}|{st.st_size}|{st.st_mtime_ns}|{json_label}".encode()).hexdigest()[:24]
+    kept = Path(index_dir) / "tar-index" / f"{name}.npz"
+    try:
+        with np.load(kept, allow_pickle=False) as f:
+            return TarIndex(
+                path,
+                st.st_size,
+                st.st_mtime_ns,
+                tuple(str(k) for k in f["keys"]),
+                f["offsets"],
+                f["sizes"],
+                f["labels"],
+            )
+    except (OSError, KeyError, ValueError):
+        pass
+    index = index_tar(path, json_label)
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(kept) as tmp, open(tmp, "wb") as f:
+            keys = np.asarray(index.keys, dtype=str) if index.keys else np.zeros(0, dtype="<U1")
+            np.savez(f, keys=keys, offsets=index.offsets, sizes=index.sizes, labels=index.labels)
+    except OSError:
+        pass
+    return index

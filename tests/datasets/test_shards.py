@@ -1,0 +1,120 @@
+"""Tar shards (issue 62, first part): written from a folder, indexed by their headers, read by random access through
+the folder's decode path; a changed, truncated or unlabelled shard named."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_fastdata.datasets.folder import ImageFolderDataset
+from lightning_fastdata.datasets.shard_writer import write_tar_shards
+from lightning_fastdata.datasets.shards import TarShardDataset
+from lightning_fastdata.errors import DataError
+from lightning_fastdata.loading.index.tar_index import index_tar, load_tar_index
+from lightning_fastdata.loading.sampler import EpochSampler
+from lightning_fastdata.loading.transport.collate import collate_prebatched
+from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
+
+KW = dict(image_size=16, seed=0)
+
+
+@pytest.fixture(scope="module")
+def shards(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return write_tar_shards(image_folder, tmp_path_factory.mktemp("shards") / "train", shard_bytes=20_000)
+
+
+def dataset(shards: list[Path], index_dir: Path, train: bool = True) -> TarShardDataset:
+    classes = json.loads((shards[0].parent / "classes.json").read_text())
+    return TarShardDataset([load_tar_index(p, index_dir) for p in shards], classes, train=train, **KW)
+
+
+def test_shards_hold_every_image_once_with_its_label_in_the_listings_order(
+    image_folder: Path, shards: list[Path], tmp_path: Path
+) -> None:
+    folder = ImageFolderDataset(str(image_folder), train=True, **KW)
+    ds = dataset(shards, tmp_path)
+    assert len(shards) > 2 and len(ds) == len(folder) == 39 and ds.classes == folder.classes
+    assert np.array_equal(ds.targets, folder.targets)
+    with tarfile.open(shards[0]) as tf:
+        assert tf.getnames()[:2] == ["00000000.jpg", "00000000.cls"]
+    assert ds.describe(0) == f"{shards[0]}:00000000"
+
+
+def test_a_shard_sample_is_the_folders_sample_bit_for_bit(
+    image_folder: Path, shards: list[Path], tmp_path: Path
+) -> None:
+    """The same bytes through the same decode path: the same crops, flips and labels for the same keys."""
+    for train in (True, False):
+        folder = ImageFolderDataset(str(image_folder), train=train, **KW)
+        ds = dataset(shards, tmp_path, train)
+        keys = [(3, i) for i in range(len(ds))]
+        a, b = folder.__getitems__(keys), ds.__getitems__(keys)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.timeout(120)
+def test_an_epoch_through_workers_reads_every_sample_once_in_a_global_shuffle(
+    shards: list[Path], tmp_path: Path
+) -> None:
+    ds = dataset(shards, tmp_path)
+    sampler = EpochSampler(len(ds), shuffle=True, seed=0)
+    loader = PrefetchingDataLoader(ds, batch_size=8, sampler=sampler, num_workers=2, collate_fn=collate_prebatched)
+    labels = [int(x) for _, batch in loader for x in batch]
+    assert Counter(labels) == Counter(ds.targets.tolist())
+    first = [k[1] for k in list(sampler)[:8]]
+    assert len({int(ds._shard_of[i]) for i in first}) > 1  # one batch draws from several shards
+
+
+def test_a_kept_index_is_reused_and_a_changed_shard_indexed_again_never_misread(
+    shards: list[Path], tmp_path: Path
+) -> None:
+    copy = tmp_path / "s.tar"
+    copy.write_bytes(shards[0].read_bytes())
+    first = load_tar_index(copy, tmp_path / "idx")
+    assert len(list((tmp_path / "idx" / "tar-index").glob("*.npz"))) == 1
+    again = load_tar_index(copy, tmp_path / "idx")
+    assert again.keys == first.keys and np.array_equal(again.offsets, first.offsets)
+    ds = TarShardDataset([first], ["class_000", "class_001", "class_002"], train=False, **KW)
+    # the shard rewritten after indexing (another shard's content): the reader refuses it, naming it
+    copy.write_bytes(shards[1].read_bytes())
+    os.utime(copy, ns=(first.mtime_ns + 10**9, first.mtime_ns + 10**9))
+    with pytest.raises(DataError, match=r"s\.tar' changed after it was indexed"):
+        ds.__getitems__([0])
+    rebuilt = load_tar_index(copy, tmp_path / "idx")  # another size/mtime: indexed again
+    assert rebuilt.keys == index_tar(shards[1]).keys and rebuilt.keys != first.keys
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_bad_shards_are_named_with_their_member(shards: list[Path], tmp_path: Path) -> None:
+    jpeg = tarfile.open(shards[0]).extractfile("00000000.jpg").read()  # type: ignore[union-attr]
+    no_label = _tar(tmp_path / "a.tar", [("x/k1.jpg", jpeg), ("x/k1.cls", b"1"), ("x/k2.jpg", jpeg)])
+    with pytest.raises(DataError, match=r"a\.tar: sample 'x/k2' has no label member"):
+        index_tar(no_label)
+    two = _tar(tmp_path / "b.tar", [("k1.jpg", jpeg), ("k1.png", jpeg), ("k1.cls", b"0")])
+    with pytest.raises(DataError, match=r"member 'k1\.png': sample 'k1' has two image members"):
+        index_tar(two)
+    words = _tar(tmp_path / "c.tar", [("k1.jpg", jpeg), ("k1.cls", b"cat")])
+    with pytest.raises(DataError, match="the label is not an integer"):
+        index_tar(words)
+    as_json = _tar(tmp_path / "d.tar", [("k1.JPEG", jpeg), ("k1.json", b'{"label": 2, "w": 5}')])
+    assert index_tar(as_json).labels.tolist() == [2]  # ImageNet's upper-case extension, a JSON label
+    whole = shards[0].read_bytes()
+    (tmp_path / "e.tar").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataError, match=r"e\.tar (is truncated|is not a readable uncompressed tar shard)"):
+        index_tar(tmp_path / "e.tar")
