@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from lightning_fastdata.datamodules.folder import ImageFolderDataModule
     from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
     from lightning_fastdata.datamodules.mixed import MixedDataModule
+    from lightning_fastdata.datamodules.shards import ShardDataModule
     from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
     from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
     from lightning_fastdata.datasets.folder import ImageFolderDataset
@@ -58,6 +59,7 @@ _EXPORTS = {
     "PredictionWriter": "lightning_fastdata.callbacks.predictions",
     "PrefetchingDataLoader": "lightning_fastdata.loading.transport.loaders",
     "PrefetchingStatefulDataLoader": "lightning_fastdata.loading.transport.loaders",
+    "ShardDataModule": "lightning_fastdata.datamodules.shards",
     "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",
     "TensorCacheDataset": "lightning_fastdata.datasets.cache",
     "build_tensor_cache": "lightning_fastdata.datasets.cache",
@@ -89,6 +91,7 @@ __all__ = [
     "PredictionWriter",
     "PrefetchingDataLoader",
     "PrefetchingStatefulDataLoader",
+    "ShardDataModule",
     "TensorCacheDataModule",
     "TensorCacheDataset",
     "build_tensor_cache",

@@ -29,6 +29,7 @@ class TarShardDataset(AugmentedImageDataset):
     Args:
         shards: Each shard's :class:`~lightning_fastdata.loading.index.tar_index.TarIndex`.
         classes: The class names, in label order (a label ``k`` is ``classes[k]``).
+        indices: The samples (numbered shard after shard) this dataset holds, in order; ``None``: all (a split).
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`.
 
     Raises:
@@ -37,18 +38,22 @@ class TarShardDataset(AugmentedImageDataset):
 
     per_process_attrs = ("_fds",)
 
-    def __init__(self, shards: Sequence[TarIndex], classes: Sequence[str], **kwargs: Any) -> None:
+    def __init__(
+        self, shards: Sequence[TarIndex], classes: Sequence[str], indices: np.ndarray | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.shards = list(shards)
         self._classes = tuple(str(c) for c in classes)
         counts = [len(s) for s in self.shards]
         if not sum(counts):
             raise InvalidValueError(f"The shards {[s.path for s in self.shards][:3]} hold no sample.")
-        self._shard_of = np.repeat(np.arange(len(self.shards), dtype=np.int32), counts)
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._offsets = np.concatenate([s.offsets for s in self.shards])
-        self._sizes = np.concatenate([s.sizes for s in self.shards])
-        self._targets = np.concatenate([s.labels for s in self.shards]).astype(np.int64)
+        rows = np.arange(self._starts[-1]) if indices is None else np.asarray(indices, dtype=np.int64)
+        self._rows = rows  # each sample's number among all the shards' samples
+        self._shard_of = np.repeat(np.arange(len(self.shards), dtype=np.int32), counts)[rows]
+        self._offsets = np.concatenate([s.offsets for s in self.shards])[rows]
+        self._sizes = np.concatenate([s.sizes for s in self.shards])[rows]
+        self._targets = np.concatenate([s.labels for s in self.shards]).astype(np.int64)[rows]
         bad = np.flatnonzero((self._targets < 0) | (self._targets >= len(self._classes)))
         if bad.size:
             raise InvalidValueError(
@@ -71,15 +76,18 @@ class TarShardDataset(AugmentedImageDataset):
         """``shard.tar:key`` of sample ``index``."""
         s = int(self._shard_of[index])
         shard = self.shards[s]
-        return f"{shard.path}:{shard.keys[index - int(self._starts[s])]}"
+        return f"{shard.path}:{shard.keys[int(self._rows[index]) - int(self._starts[s])]}"
 
     def make_identity(self) -> DataIdentity:
         """Each sample's shard, key and label, and each shard's size, in this order."""
-        samples = label_hashes(self._targets)
-        for s, shard in enumerate(self.shards):
-            part = slice(int(self._starts[s]), int(self._starts[s + 1]))
-            keys = np.array([string_hash(k) for k in shard.keys], dtype=np.uint64)
-            samples[part] ^= mix(keys ^ np.uint64(string_hash(os.path.basename(shard.path))))
+        names = np.concatenate(
+            [
+                mix(np.array([string_hash(k) for k in shard.keys], dtype=np.uint64))
+                ^ np.uint64(string_hash(os.path.basename(shard.path)))
+                for shard in self.shards
+            ]
+        )
+        samples = label_hashes(self._targets) ^ mix(names[self._rows])
         sizes = "|".join(str(s.size) for s in self.shards)
         return DataIdentity.of(self.shards[0].path, samples, "tar|" + "/".join(self._classes) + "|" + sizes)
 

@@ -118,3 +118,51 @@ def test_bad_shards_are_named_with_their_member(shards: list[Path], tmp_path: Pa
     (tmp_path / "e.tar").write_bytes(whole[: len(whole) // 2])
     with pytest.raises(DataError, match=r"e\.tar (is truncated|is not a readable uncompressed tar shard)"):
         index_tar(tmp_path / "e.tar")
+
+
+def test_shard_patterns_expand_in_order(shards: list[Path]) -> None:
+    from lightning_fastdata.datamodules.shards import expand_shards
+
+    folder = shards[0].parent
+    assert expand_shards(str(folder)) == [str(p) for p in shards]
+    braces = str(folder / f"shard-{{000000..{len(shards) - 1:06d}}}.tar")
+    assert expand_shards(braces) == [str(p) for p in shards]
+    assert expand_shards([str(folder / "shard-00000[01].tar")]) == [str(p) for p in shards[:2]]
+    with pytest.raises(FileNotFoundError, match=r"The shard .*shard-000998\.tar. \(of .*\) does not exist"):
+        expand_shards(str(folder / "shard-{000998..000999}.tar"))
+    with pytest.raises(ValueError, match="not read in place yet"):
+        expand_shards("s3://bucket/train-{0..3}.tar")
+
+
+@pytest.mark.timeout(180)
+def test_the_shard_module_serves_the_folder_modules_batches_and_resumes_its_loader(
+    image_folder: Path, shards: list[Path], tmp_path: Path
+) -> None:
+    """The same samples in the same order: the same training and validation batches as ImageFolderDataModule (the
+    sampler's permutation and every crop are functions of the seed and the sample's number), through 2 workers, and
+    the loader's own state resumes it mid-epoch."""
+    from lightning_fastdata import ImageFolderDataModule, ShardDataModule
+
+    kw = dict(image_size=16, batch_size=8, num_workers=2, val_fraction=0.2, seed=1)
+    ours = ShardDataModule(str(shards[0].parent), index_dir=str(tmp_path), **kw)
+    ours.prepare_data()
+    ours.setup("fit")
+    folder = ImageFolderDataModule(str(image_folder), **kw)
+    folder.setup("fit")
+    assert ours.classes == folder.classes and ours.num_classes == 3
+    for a, b in zip([list(ours.train_dataloader()), list(ours.val_dataloader())],
+                    [list(folder.train_dataloader()), list(folder.val_dataloader())]):  # fmt: skip
+        assert len(a) == len(b) > 0
+        assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+    loader = ours.train_dataloader()
+    it = iter(loader)
+    first = [next(it)[1].clone() for _ in range(2)]
+    state = loader.state_dict()
+    del it
+    again = ShardDataModule(str(shards[0].parent), index_dir=str(tmp_path), **kw)
+    again.setup("fit")
+    resumed = again.train_dataloader()
+    resumed.load_state_dict(state)
+    rest = [b[1] for b in resumed]
+    whole = [b[1] for b in ours.train_dataloader()]
+    assert all(torch.equal(x, y) for x, y in zip(first + rest, whole)) and len(first + rest) == len(whole)
