@@ -126,6 +126,29 @@ def _convert(args: argparse.Namespace, rest: list[str]) -> None:
     print(f"fastdata convert: wrote {dst}")
 
 
+def _size_bytes(text: str) -> int:
+    """``1GB``, ``64MB``, ``500kB`` or a number of bytes, as an int (argparse's type)."""
+    units = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "b": 1}
+    lowered = text.strip().lower()
+    for unit, factor in sorted(units.items(), key=lambda u: -len(u[0])):
+        if lowered.endswith(unit):
+            try:
+                return int(float(lowered[: -len(unit)]) * factor)
+            except ValueError:
+                break
+    try:
+        return int(lowered)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write it as 1GB, 64MB or bytes.") from None
+
+
+def _convert_shards(args: argparse.Namespace, rest: list[str]) -> None:
+    from lightning_fastdata.datasets.shard_writer import write_tar_shards
+
+    written = write_tar_shards(args.src, args.dst, shard_bytes=args.shard_size)
+    print(f"fastdata convert: wrote {len(written)} shard(s) in {args.dst}")
+
+
 #: Subcommands whose options another parser reads: LightningCLI's, and the benchmark's.
 _PASS_THROUGH = ("fit", "validate", "test", "predict", "bench")
 
@@ -188,12 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     convert = sub.add_parser(
         "convert",
-        help="image folder -> one HDF5 file",
+        help="image folder -> one HDF5 file, or tar shards",
         description="Convert an image folder.",
         epilog="examples: fastdata convert hdf5 --src data/demo --dst data/demo.h5 --mode raw --size 160\n"
         "          fastdata convert hdf5 --src data/demo --dst data/demo-256.h5 --max-side 256  # compact\n"
         "          fastdata convert hdf5 --src s3://bucket/train --dst /local/nvme/train.h5 --max-side 256\n"
-        "          fastdata convert hdf5 --src train --labels train.csv --multi-label --dst train.h5  # a table",
+        "          fastdata convert hdf5 --src train --labels train.csv --multi-label --dst train.h5  # a table\n"
+        "          fastdata convert shards --src data/demo --dst data/demo-shards --shard-size 64MB  # tar shards",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     targets = convert.add_subparsers(dest="target", required=True)
@@ -233,6 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     h5.add_argument("--processes", type=int, default=None)
     h5.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
     h5.set_defaults(handler=_convert)
+    tars = targets.add_parser("shards", help="write WebDataset tar shards (<key>.<ext> + <key>.cls members)")
+    tars.add_argument("--src", required=True, help="image folder SRC/<class>/<image>")
+    tars.add_argument("--dst", required=True, help="output folder (shard-000000.tar, ...; classes.json beside)")
+    tars.add_argument("--format", choices=["tar"], default="tar", help="tar (WebDataset); Parquet is to come")
+    tars.add_argument("--shard-size", type=_size_bytes, default=10**9, help="about this much a shard (1GB, 64MB)")
+    tars.set_defaults(handler=_convert_shards)
 
     doctor = sub.add_parser(
         "doctor",

@@ -179,6 +179,22 @@ def test_a_bug_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
         main(["config"])
 
 
+def test_fastdata_convert_shards_writes_tar_shards_of_about_the_size_given(
+    image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import tarfile
+
+    main(["convert", "shards", "--src", str(image_folder), "--dst", str(tmp_path / "s"), "--shard-size", "20kB"])
+    shards = sorted((tmp_path / "s").glob("shard-*.tar"))
+    assert len(shards) > 2 and f"wrote {len(shards)} shard(s)" in capsys.readouterr().out
+    assert sum(len(tarfile.open(p).getnames()) for p in shards) == 2 * 39
+    assert json.loads((tmp_path / "s" / "classes.json").read_text()) == ["class_000", "class_001", "class_002"]
+    with pytest.raises(SystemExit):
+        main(["convert", "shards", "--src", str(image_folder), "--dst", str(tmp_path / "t"), "--shard-size", "big"])
+    assert "'big' is not a size" in capsys.readouterr().err
+
+
 def test_fastdata_convert_refuses_to_overwrite(image_folder: Path, tmp_path: Path) -> None:
     dst = tmp_path / "x.h5"
     main(["convert", "hdf5", "--src", str(image_folder), "--dst", str(dst), "--processes", "1"])

@@ -23,6 +23,7 @@ from helpers.fork_client import SERVER, rank_procs
 
 from benchmarks.s3_server import LocalS3, delete_objects, upload_folder
 from lightning_fastdata import convert_folder_to_hdf5
+from lightning_fastdata.datasets.shard_writer import write_tar_shards
 from lightning_fastdata.demos import make_image_folder
 
 HELPER = Path(__file__).parents[1] / "helpers" / "resume_run.py"
@@ -81,7 +82,11 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         rows.append([f"{k:03d}", f"{image.parent.name} {'odd' if k % 2 else 'even'}"])
     with open(root.parent / "tags.csv", "w", newline="") as f:
         csv.writer(f).writerows(rows)
-    return {"folder": str(root), "hdf5": str(h5), "cache": str(root), "flat": str(flat), "table": f.name}
+    shards = write_tar_shards(root, root.parent / "shards", shard_bytes=8_000)
+    return {
+        "folder": str(root), "hdf5": str(h5), "cache": str(root), "flat": str(flat), "table": f.name,
+        "shards": str(shards[0].parent),
+    }  # fmt: skip
 
 
 _UNINTERRUPTED: dict[tuple, Path] = {}
@@ -125,6 +130,14 @@ def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, de
         full, part = records(full_record, rank), records(tmp_path / "part", rank)
         assert [r["step"] for r in part] == list(range(STEPS))
         assert part == full, f"rank {rank}: resumed run differs from the uninterrupted one"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_is_exact_from_tar_shards(tmp_path: Path, sources: dict[str, str], workers: int) -> None:
+    """Tar shards (several, a sample read by its offset) resume mid-epoch at the exact sample under a Trainer."""
+    assert len(list(Path(sources["shards"]).glob("*.tar"))) > 2
+    conformance(tmp_path, "shards", sources["shards"], workers, 2)
 
 
 @pytest.mark.timeout(600)

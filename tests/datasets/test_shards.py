@@ -166,3 +166,29 @@ def test_the_shard_module_serves_the_folder_modules_batches_and_resumes_its_load
     rest = [b[1] for b in resumed]
     whole = [b[1] for b in ours.train_dataloader()]
     assert all(torch.equal(x, y) for x, y in zip(first + rest, whole)) and len(first + rest) == len(whole)
+
+
+@pytest.mark.timeout(180)
+def test_shards_join_a_mix_and_a_corrupt_member_is_skipped_or_named(
+    image_folder: Path, shards: list[Path], tmp_path: Path
+) -> None:
+    """A shard source in a MixedDataModule beside a folder (one class space by name); a member whose bytes are not
+    an image is named (``on_corrupt="raise"``) or skipped and counted (``"skip"``), as a corrupt file is."""
+    from lightning_fastdata import ImageFolderDataModule, MixedDataModule, ShardDataModule
+
+    kw: dict = dict(image_size=16, val_fraction=0.0)
+    mix = MixedDataModule([ShardDataModule(str(shards[0].parent), index_dir=str(tmp_path), **kw),
+                           ImageFolderDataModule(str(image_folder), **kw)],
+                          epoch_size=64, image_size=16, batch_size=16, num_workers=2)  # fmt: skip
+    assert mix.classes == ("class_000", "class_001", "class_002")
+    mix.setup("fit")
+    labels = Counter(int(x) for _, batch in mix.train_dataloader() for x in batch)
+    assert sum(labels.values()) == 64 and set(labels) <= {0, 1, 2}
+    jpeg = tarfile.open(shards[0]).extractfile("00000000.jpg").read()  # type: ignore[union-attr]
+    bad = _tar(tmp_path / "bad.tar", [("a.jpg", jpeg), ("a.cls", b"0"), ("b.jpg", b"not a jpeg"), ("b.cls", b"1")])
+    index = index_tar(bad)
+    with pytest.raises(OSError, match=r"bad\.tar:b"):
+        TarShardDataset([index], ["x", "y"], train=False, **KW).__getitems__([0, 1])
+    skipping = TarShardDataset([index], ["x", "y"], train=False, on_corrupt="skip", max_corrupt_fraction=1.0, **KW)
+    images, got = skipping.__getitems__([0, 1])[:2]
+    assert got.tolist() == [0] and images.shape[0] == 1 and skipping.skipped_count() == 1

@@ -1,6 +1,6 @@
 """One training run for the resume conformance tests; records what every step trained on.
 
-Usage: python resume_run.py '<json config>'. Config keys: kind (folder|hdf5|cache), source, workers, max_steps,
+Usage: python resume_run.py '<json config>'. Config keys: kind (folder|hdf5|cache|shards), source, workers, max_steps,
 ckpt_dir, save_every (checkpoint interval, or null), ckpt_path (resume from it, or null), record (JSON-lines file,
 one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), kill_at (SIGKILL this process at the
 start of that step, or null), raise_at (raise an error in that step, as an out-of-memory error would, with an
@@ -33,6 +33,7 @@ from lightning_fastdata import (
     HDF5DataModule,
     ImageFolderDataModule,
     MixedDataModule,
+    ShardDataModule,
     TensorCacheDataModule,
 )
 from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
@@ -100,6 +101,8 @@ def main(cfg: dict[str, Any]) -> None:
         dm = ImageFolderDataModule(cfg["source"], **kw)
     elif cfg["kind"] == "hdf5":
         dm = HDF5DataModule(cfg["source"], **kw)
+    elif cfg["kind"] == "shards":
+        dm = ShardDataModule(cfg["source"], index_dir=cfg["cache_dir"], **kw)
     else:
         dm = TensorCacheDataModule(cfg["source"], cfg["cache_dir"], cache_size=20, build_processes=1, **kw)
     callbacks: list[pl.Callback] = []
