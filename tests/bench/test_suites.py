@@ -302,3 +302,26 @@ def test_bench_predict_suite_times_the_baseline_and_our_predict_loader(tmp_path:
     assert [r["num_workers"] for r in rows] == [0, 0, 0, 2, 2, 2]
     assert rows[0]["loader"].startswith("baseline") and "predict_dataloader" in rows[1]["loader"]
     assert all(r["images_per_s"] > 0 for r in rows) and rows[0]["vs_baseline"] == 1.0
+
+
+@pytest.mark.timeout(300)
+def test_the_shards_suite_times_webdataset_and_ours_on_the_same_shards(tmp_path: Path) -> None:
+    """``python -m benchmarks.loaders --suites shards``: the same tar shards through webdataset + torchvision (the
+    baseline), ShardDataModule, and the folder module on the images they were written from."""
+    from benchmarks.loaders import main as lab_main
+
+    result = lab_main(
+        [
+            "--root", str(tmp_path / "bench"), "--num-classes", "2", "--per-class", "16", "--suites", "shards",
+            "--workers", "2", "--batch-size", "8", "--repeats", "1", "--min-seconds", "0",
+            "--scratch", str(tmp_path / "scratch"),
+        ]
+    )  # fmt: skip
+    rows = {row["loader"]: row for row in result["suites"]["shards"]}
+    assert set(rows) == {
+        "webdataset + torchvision (shuffle buffer 1000)",
+        "ShardDataModule",
+        "ImageFolderDataModule (same images)",
+    }
+    assert all(row["images_per_s"] > 0 and row["num_workers"] == 2 for row in rows.values())
+    assert list((tmp_path / "scratch" / "shards").glob("shard-*.tar"))
