@@ -177,6 +177,19 @@ _ORIGINALS = "ImageFolderDataModule (original JPEGs)"
 
 
 #: Every named figure: a function of the results files giving the text the pages show.
+#: The shards suite's baseline row.
+_WDS = "webdataset + torchvision (shuffle buffer 1000)"
+
+
+def _shards(name: str, loader: str) -> dict[str, Any]:
+    return row(name, loader, suite="shards")
+
+
+def _shards_vs_folder(name: str) -> float:
+    ours = _shards(name, "ShardDataModule")["images_per_s"]
+    return float(ours / _shards(name, "ImageFolderDataModule (same images)")["images_per_s"])
+
+
 def _predict(loader_prefix: str) -> list[float]:
     """The predict suite's ``vs_baseline`` of the row starting ``loader_prefix``, one per kind of JPEG."""
     return [
@@ -202,6 +215,19 @@ FIGURES: dict[str, Callable[[], str]] = {
     "sampling.predicted_draw": lambda: f"{_sampling_predicted('10M balanced, with replacement: draw s')} s",
     "sampling.predicted_peak": lambda: f"{_sampling_predicted('10M balanced, with replacement: peak MB')} MB",
     "sampling.machine": lambda: machine("sampling"),
+    "shards.date": lambda: date_of("shards-demo"),
+    "shards.machine": lambda: machine("shards-demo"),
+    "shards.demo_wds": lambda: count(_shards("shards-demo", _WDS)["images_per_s"]),
+    "shards.demo_ours": lambda: count(_shards("shards-demo", "ShardDataModule")["images_per_s"]),
+    "shards.demo_vs_wds": lambda: times(_shards("shards-demo", "ShardDataModule")["vs_baseline"]),
+    "shards.demo_vs_folder": lambda: times2(_shards_vs_folder("shards-demo")),
+    "shards.large_wds": lambda: count(_shards("shards-large", _WDS)["images_per_s"]),
+    "shards.large_ours": lambda: count(_shards("shards-large", "ShardDataModule")["images_per_s"]),
+    "shards.large_vs_wds": lambda: times(_shards("shards-large", "ShardDataModule")["vs_baseline"]),
+    "shards.large_vs_folder": lambda: times2(_shards_vs_folder("shards-large")),
+    "shards.predicted_demo": lambda: result("shards-demo")["predicted"]["vs_webdataset"],
+    "shards.predicted_large": lambda: result("shards-large")["predicted"]["vs_webdataset"],
+    "shards.predicted_folder": lambda: result("shards-demo")["predicted"]["vs_folder"],
     "predict.date": lambda: date_of("predict"),
     "predict.machine": lambda: machine("predict"),
     "predict.demo": lambda: times(_predict("ImageFolderDataModule predict_dataloader")[0]),
