@@ -128,9 +128,7 @@ class CapturedDeviceHalf:
         fits = fits and s["labels"].shape[1:] == labels.shape[1:] and s["num_classes"] == num_classes
         if not fits:
             self.eager_calls += 1
-            buffer, layout = static.pack(parts)
-            return self.half.run(images, labels, static.unpack(ops.to_device(buffer, images.device), layout),
-                                 normalize, num_classes)  # fmt: skip
+            return self.half(images, labels, keys, normalize, num_classes)
         index = pad_index(n, size)
         buffer, layout = static.pack(_padded(parts, n, index))
         if layout != s["layout"]:

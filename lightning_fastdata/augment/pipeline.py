@@ -27,7 +27,7 @@ from lightning_fastdata.augment.batched import KeyedTransform, to_batched
 from lightning_fastdata.augment.keyed import batch_seed, sample_seed
 from lightning_fastdata.errors import InvalidTypeError
 
-__all__ = ["DeviceAugment", "as_transform_list"]
+__all__ = ["DeviceAugment", "as_transform_list", "mixable_targets"]
 
 
 def as_transform_list(value: Any, what: str) -> list[Any]:
@@ -46,6 +46,22 @@ def as_transform_list(value: Any, what: str) -> list[Any]:
                 f"functions), got {type(item).__name__}."
             )
     return [to_batched(item) for item in items]
+
+
+def mixable_targets(labels: torch.Tensor, num_classes: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """``labels`` as the rows a mixing blends, in ``dtype``.
+
+    Class positions one-hot (with ``num_classes``), multi-hot rows as they are; float rows unchanged. On the CPU by
+    ``one_hot`` (which refuses a label out of range); on a device by a comparison: the same 0/1 values, with no range
+    check that would wait for the device (and capturable in a CUDA graph).
+    """
+    if labels.dim() == 1 and num_classes is not None:
+        if labels.device.type == "cpu":
+            return torch.nn.functional.one_hot(labels, num_classes).to(dtype)
+        return (labels.unsqueeze(1) == torch.arange(num_classes, device=labels.device)).to(dtype)
+    if labels.dim() == 2 and not labels.is_floating_point():  # multi-hot rows: mixed as they are
+        return labels.to(dtype)
+    return labels
 
 
 def _seeded(fn: Callable[..., Any], seed: int, device: torch.device, *args: Any) -> Any:
@@ -99,9 +115,6 @@ class DeviceAugment:
             if isinstance(t, KeyedTransform):
                 images = t(images, keys, self._seeds[after + i])
             else:
-                if labels.dim() == 1 and num_classes is not None:
-                    labels = torch.nn.functional.one_hot(labels, num_classes).to(images.dtype)
-                elif labels.dim() == 2 and not labels.is_floating_point():  # multi-hot rows: mixed as they are
-                    labels = labels.to(images.dtype)
+                labels = mixable_targets(labels, num_classes, images.dtype)
                 images, labels = _seeded(t, batch_seed(self.seed, keys, 200 + i), images.device, images, labels)
         return images, labels

@@ -31,7 +31,7 @@ import lightning_fastdata.augment.ops as ops
 import lightning_fastdata.augment.static as static
 from lightning_fastdata.augment.batched import RandomErasing, _Policy
 from lightning_fastdata.augment.keyed import batch_seed
-from lightning_fastdata.augment.pipeline import DeviceAugment
+from lightning_fastdata.augment.pipeline import DeviceAugment, mixable_targets
 
 __all__ = ["StaticDeviceHalf", "static_capable"]
 
@@ -129,10 +129,7 @@ class StaticDeviceHalf:
             if isinstance(t, RandomErasing):
                 images = ops.erase_masked(images, params[f"b{i}.boxes"], t.value, t.inplace)
                 continue
-            if labels.dim() == 1 and num_classes is not None:  # one-hot rows, by a comparison (no check to wait for)
-                labels = (labels.unsqueeze(1) == torch.arange(num_classes, device=labels.device)).to(images.dtype)
-            elif labels.dim() == 2 and not labels.is_floating_point():
-                labels = labels.to(images.dtype)
+            labels = mixable_targets(labels, num_classes, images.dtype)
             images, labels = _mix(images, labels, params[f"b{i}.mix"])
         return images, labels
 
