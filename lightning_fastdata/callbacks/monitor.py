@@ -59,22 +59,24 @@ class HostUsage:
         self._workers_last: tuple[float, float] | None = None
         self._steps = 0
 
-    def start(self, pids: list[int], hook_s: float) -> None:
-        """The epoch's first step starts: the reference point."""
+    def start(self, pids: Callable[[], list[int]], hook_s: float) -> None:
+        """The epoch's first step starts: the reference point (``pids``: the workers' process ids, asked now)."""
         self._open = self._last = [self.clock(), self.thread_clock(), hook_s]
         self._steps = 0
-        cpu = process_cpu_seconds(pids) if pids else None
-        self.workers_readable &= cpu is not None or not pids
+        found = pids()
+        cpu = process_cpu_seconds(found) if found else None
+        self.workers_readable &= cpu is not None or not found
         self._workers_open = self._workers_last = None if cpu is None else (self._open[0], cpu)
 
-    def sample(self, pids: list[int], hook_s: float) -> None:
-        """A step ended: the thread and hook now; the workers every ``every`` steps."""
+    def sample(self, pids: Callable[[], list[int]], hook_s: float) -> None:
+        """A step ended: the thread and hook now; the workers every ``every`` steps (only then ``pids`` is asked)."""
         if self._open is None:
             return
         self._last = [self.clock(), self.thread_clock(), hook_s]
         self._steps += 1
-        if self._workers_open is not None and pids and self._steps % self.every == 0:
-            cpu = process_cpu_seconds(pids)
+        if self._workers_open is not None and self._steps % self.every == 0:
+            found = pids()
+            cpu = process_cpu_seconds(found) if found else None
             if cpu is not None:
                 self._workers_last = (self._last[0], cpu)
 
@@ -163,7 +165,7 @@ class DataWaitMonitor(Callback):
         """Mark the batch as ready."""
         if not self._started:
             self._started = True
-            self.usage.start(_worker_pids(trainer), _hook_s(trainer))
+            self.usage.start(lambda: _worker_pids(trainer), _hook_s(trainer))
         self.meter.step_start(_batch_size(batch))
 
     @override
@@ -172,7 +174,7 @@ class DataWaitMonitor(Callback):
     ) -> None:
         """Close the step; log the window when it is time."""
         self.meter.step_end()
-        self.usage.sample(_worker_pids(trainer) if self.usage.every else [], _hook_s(trainer))
+        self.usage.sample(lambda: _worker_pids(trainer), _hook_s(trainer))
         interval = self.log_every_n_steps or getattr(trainer, "log_every_n_steps", 0)  # 0: Trainer logs nothing
         if interval and trainer.global_step % interval == 0:
             stats = self.meter.window()

@@ -16,7 +16,7 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.shards import TarShardDataset
 from lightning_fastdata.errors import InvalidValueError, PathNotFoundError
 from lightning_fastdata.hparams import save_init_hparams
-from lightning_fastdata.loading.index.tar_index import TarIndex, index_tar, load_tar_index
+from lightning_fastdata.loading.index.tar_index import TarIndex, load_tar_index
 from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
 from lightning_fastdata.loading.storage.base import is_url
 
@@ -118,7 +118,8 @@ class ShardDataModule(FastDataModule):
         elif beside.is_file():
             names = [str(c) for c in json.loads(beside.read_text())]
         else:  # numbers, up to the largest label of the first shard (the others are checked when read)
-            names = [str(k) for k in range(int(index_tar(self.shard_paths[0], json_label).labels.max()) + 1)]
+            first = load_tar_index(self.shard_paths[0], self.index_dir, json_label)  # kept: not indexed again
+            names = [str(k) for k in range(int(first.labels.max()) + 1)]
         self.classes = tuple(names)
 
     @property

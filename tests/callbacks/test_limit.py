@@ -77,11 +77,11 @@ def test_the_cpu_time_of_worker_processes_is_read_from_the_system() -> None:
 def test_host_usage_takes_the_shares_over_the_sampled_spans() -> None:
     wall, thread = [0.0], [0.0]
     usage = HostUsage(every=1, clock=lambda: wall[0], thread_clock=lambda: thread[0])
-    usage.start([], 0.0)
+    usage.start(list, 0.0)
     for _ in range(4):  # each step: 50 ms of wall time, 45 ms of it on the training thread, 10 ms in the hook
         wall[0] += 0.05
         thread[0] += 0.045
-        usage.sample([], hook_s=wall[0] / 5)
+        usage.sample(list, hook_s=wall[0] / 5)
     usage.close()
     got = usage.facts(DataWaitStats(steps=4, samples=1024, wait_s=0.02, total_s=0.2), workers=0, accelerator=True)
     assert got.main_thread_share == pytest.approx(0.9) and got.hook_s == pytest.approx(0.04)
