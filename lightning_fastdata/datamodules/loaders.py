@@ -135,6 +135,8 @@ class LoaderFactory:
             repeats=s.repeated_augmentations if train else 1,
             even=train,  # evaluation: every sample once over all ranks, so N ranks' metrics equal one rank's
             draws=draws,
+            # a dataset read in groups (Parquet row groups) shuffles in windows of them, unless told otherwise
+            windows=getattr(dataset, "windows", None) if train and draws is None and not s.block_shuffle else None,
         )
         if hasattr(dataset, "for_loader"):  # this package's datasets, and a mix of them
             # the next batch's reads start early (from a bucket)

@@ -1,4 +1,4 @@
-"""``ShardDataModule``: train from WebDataset tar shards on a local disk, at the folder module's speed, resumable."""
+"""``ShardDataModule``: train from WebDataset tar shards or Parquet files on a local disk, resumable."""
 
 from __future__ import annotations
 
@@ -13,15 +13,19 @@ from torch.utils.data import Dataset
 from typing_extensions import override
 
 from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datasets.parquet_shards import ParquetShardDataset, common_classes
 from lightning_fastdata.datasets.shards import TarShardDataset
 from lightning_fastdata.errors import InvalidValueError, PathNotFoundError
 from lightning_fastdata.hparams import save_init_hparams
+from lightning_fastdata.loading.index.parquet_index import ParquetIndex, load_parquet_index
 from lightning_fastdata.loading.index.tar_index import TarIndex, load_tar_index
 from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
 from lightning_fastdata.loading.storage.base import is_url
 
-__all__ = ["ShardDataModule", "expand_shards"]
+__all__ = ["ShardDataModule", "expand_shards", "shard_format"]
 
+#: The shard formats, by file extension.
+_FORMATS = {".tar": "tar", ".parquet": "parquet"}
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 
 
@@ -43,8 +47,8 @@ def _braces(pattern: str) -> list[str]:
 def expand_shards(spec: str | list[str]) -> list[str]:
     """The shard files ``spec`` names, in order.
 
-    ``spec``: a folder (its ``*.tar``, sorted), a glob, a brace pattern (``train-{000000..000099}.tar``), or a list of
-    any of these.
+    ``spec``: a folder (its ``*.tar``, or its ``*.parquet``, sorted), a glob, a brace pattern
+    (``train-{000000..000099}.tar``), or a list of any of these.
 
     Raises:
         FileNotFoundError: If a named shard does not exist or nothing matches (naming the pattern).
@@ -58,6 +62,7 @@ def expand_shards(spec: str | list[str]) -> list[str]:
             )
         if os.path.isdir(item):
             found = sorted(glob.glob(os.path.join(glob.escape(item), "*.tar")))
+            found = found or sorted(glob.glob(os.path.join(glob.escape(item), "*.parquet")))
         else:
             found = []
             for path in _braces(item):
@@ -66,28 +71,58 @@ def expand_shards(spec: str | list[str]) -> list[str]:
         if missing:
             raise PathNotFoundError(f"The shard {missing[0]!r} (of {item!r}) does not exist.")
         if not found:
-            raise PathNotFoundError(f"{item!r} names no .tar shard (a folder of them, a glob or a brace pattern).")
+            raise PathNotFoundError(
+                f"{item!r} names no .tar or .parquet shard (a folder of them, a glob or a brace pattern)."
+            )
         out += found
     return out
 
 
-class ShardDataModule(FastDataModule):
-    """Train, validate and test from WebDataset tar shards (``<key>.jpg`` + ``<key>.cls`` members), by random access.
+def shard_format(paths: list[str]) -> str:
+    """``"tar"`` or ``"parquet"``: the format of ``paths`` (by extension, one format for all).
 
-    A per-shard index of its members is built once and kept in ``index_dir``; an epoch is a global shuffle of all the
-    shards' samples, resumed exactly mid-epoch and on another world size, with sampling and mixes as every module;
-    each image goes through the folder module's decode path (the crop decoded alone). Local shards for now.
+    Raises:
+        ValueError: If a path is of neither, or the paths mix them (naming one of each).
+    """
+    kinds = {path: _FORMATS.get(os.path.splitext(path)[1].lower()) for path in paths}
+    unknown = [p for p, k in kinds.items() if k is None]
+    if unknown:
+        raise InvalidValueError(f"{unknown[0]!r} is not a shard: expected .tar (WebDataset) or .parquet files.")
+    found = sorted({k for k in kinds.values() if k is not None})
+    if len(found) > 1:
+        one = {k: p for p, k in kinds.items()}
+        raise InvalidValueError(f"The shards mix formats ({one['tar']!r}, {one['parquet']!r}); give one format.")
+    return found[0]
+
+
+class ShardDataModule(FastDataModule):
+    """Train, validate and test from WebDataset tar shards or the hubs' Parquet files of encoded images.
+
+    **Tar** (``<key>.jpg`` + ``<key>.cls`` members): a per-shard index of its members is built once and kept in
+    ``index_dir``; a sample is read by its offset, and an epoch is a global shuffle of all the shards' samples.
+    **Parquet** (an image column of bytes or ``{bytes, path}`` structs, a label column of integers, a ``ClassLabel`` or
+    class names): rows are read with their row group, so a training epoch shuffles windows of row groups holding about
+    ``shuffle_buffer`` rows together (each row group in random order, each window a uniform permutation; every row once
+    an epoch). Both resume exactly mid-epoch and on another world size, with sampling and mixes as every module; each
+    image goes through the folder module's decode path (the crop decoded alone). Local files for now.
 
     Args:
-        shards: The training shards: a folder of ``.tar`` files, a glob, a brace pattern
+        shards: The training shards: a folder of ``.tar`` (or ``.parquet``) files, a glob, a brace pattern
             (``data/train-{000000..000146}.tar``), or a list of them (``expand_shards``).
         val_shards: Validation shards, or ``None`` (then ``val_fraction`` of the training samples, seeded).
         test_shards: Test shards for ``trainer.test``, or ``None``.
         index_dir: Where the shards' indexes are kept (a folder of ours, never the data's); ``None``: the user cache
             (``~/.cache/lightning-fastdata``).
         label_classes: The class names in label order; ``None``: ``classes.json`` beside the first shard (written by
-            ``lightning_fastdata.datasets.shard_writer.write_tar_shards``), else the labels as numbers.
-        json_label: The label's field in a sample's ``.json`` member (where it has no ``.cls``).
+            ``lightning_fastdata.datasets.shard_writer.write_tar_shards``), else a Parquet file's ``ClassLabel`` (or
+            the sorted names a string label column holds), else the labels as numbers.
+        json_label: The label's field in a tar sample's ``.json`` member (where it has no ``.cls``).
+        image_column: Parquet: the column of encoded images (binary, or a struct with a ``bytes`` field).
+        label_column: Parquet: the label column.
+        shuffle_buffer: Parquet: rows per window of the training order (webdataset's ``.shuffle(n)``, but a
+            permutation); each worker keeps a window's row groups in memory. ``None``: a full shuffle, which reads a
+            row group per row. Sampling settings (``sample_weights``, ``epoch_size``, ``classes``) and a mix draw rows
+            one by one, each read with its row group: small row groups, or tar shards, serve them faster.
         **kwargs: Augmentation, split, sampling and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -103,6 +138,9 @@ class ShardDataModule(FastDataModule):
         index_dir: str | None = None,
         label_classes: list[str] | None = None,
         json_label: str = "label",
+        image_column: str = "image",
+        label_column: str = "label",
+        shuffle_buffer: int | None = 1000,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -112,14 +150,27 @@ class ShardDataModule(FastDataModule):
         self.test_shard_paths = None if test_shards is None else expand_shards(test_shards)
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self.json_label = json_label
+        self.image_column, self.label_column = image_column, label_column
+        if shuffle_buffer is not None and (not isinstance(shuffle_buffer, int) or shuffle_buffer < 1):
+            raise InvalidValueError(
+                f"shuffle_buffer should be a positive number of rows or None, got {shuffle_buffer!r}."
+            )
+        self.shuffle_buffer = shuffle_buffer
+        #: ``"tar"`` or ``"parquet"`` (every split's shards are of one format).
+        self.format = shard_format(self.shard_paths + (self.val_shard_paths or []) + (self.test_shard_paths or []))
         beside = Path(self.shard_paths[0]).parent / "classes.json"
         if label_classes is not None:
             names = [str(c) for c in label_classes]
         elif beside.is_file():
             names = [str(c) for c in json.loads(beside.read_text())]
-        else:  # numbers, up to the largest label of the first shard (the others are checked when read)
-            first = load_tar_index(self.shard_paths[0], self.index_dir, json_label)  # kept: not indexed again
-            names = [str(k) for k in range(int(first.labels.max()) + 1)]
+        else:
+            files: Any = self._indexes(self.shard_paths) if self.format == "parquet" else []
+            named = common_classes(files) if files else None
+            if named is not None:
+                names = list(named)
+            else:  # numbers, up to the largest label of the first shard (the others are checked when read)
+                first = self._indexes(self.shard_paths[:1])[0]  # kept: not indexed again
+                names = [str(k) for k in range(int(first.labels.max()) + 1)]
         self.classes = tuple(names)
 
     @property
@@ -127,8 +178,18 @@ class ShardDataModule(FastDataModule):
         """Number of classes."""
         return len(self.data_classes)
 
-    def _indexes(self, paths: list[str]) -> list[TarIndex]:
+    def _indexes(self, paths: list[str]) -> list[TarIndex] | list[ParquetIndex]:
+        if self.format == "parquet":
+            return [load_parquet_index(p, self.index_dir, self.image_column, self.label_column) for p in paths]
         return [load_tar_index(p, self.index_dir, self.json_label) for p in paths]
+
+    def _dataset(self, paths: list[str], train: bool, indices: Any = None) -> Dataset:
+        kwargs = self.split_kwargs(train)
+        if self.format == "parquet":
+            files: Any = self._indexes(paths)
+            buffer = self.shuffle_buffer if train else None
+            return ParquetShardDataset(files, self.data_classes, indices=indices, shuffle_buffer=buffer, **kwargs)
+        return TarShardDataset(self._indexes(paths), self.data_classes, indices=indices, **kwargs)  # type: ignore[arg-type]
 
     @override
     def prepare_data(self) -> None:
@@ -139,18 +200,12 @@ class ShardDataModule(FastDataModule):
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """The training samples and the validation ones (their shards, or a seeded share of the training ones)."""
-        train = self._indexes(self.shard_paths)
-        classes = self.data_classes
         if self.val_shard_paths is not None:
-            val = self._indexes(self.val_shard_paths)
-            return (
-                TarShardDataset(train, classes, **self.split_kwargs(True)),
-                TarShardDataset(val, classes, **self.split_kwargs(False)),
-            )
-        train_rows, val_rows = self.split(int(sum(len(s) for s in train)))
+            return self._dataset(self.shard_paths, True), self._dataset(self.val_shard_paths, False)
+        train_rows, val_rows = self.split(int(sum(len(s) for s in self._indexes(self.shard_paths))))
         return (
-            TarShardDataset(train, classes, indices=train_rows, **self.split_kwargs(True)),
-            None if val_rows is None else TarShardDataset(train, classes, indices=val_rows, **self.split_kwargs(False)),
+            self._dataset(self.shard_paths, True, train_rows),
+            None if val_rows is None else self._dataset(self.shard_paths, False, val_rows),
         )
 
     test_argument = "test_shards"
@@ -160,4 +215,4 @@ class ShardDataModule(FastDataModule):
         """``test_shards``' samples with the validation transforms (``None`` without ``test_shards``)."""
         if self.test_shard_paths is None:
             return None
-        return TarShardDataset(self._indexes(self.test_shard_paths), self.data_classes, **self.split_kwargs(False))
+        return self._dataset(self.test_shard_paths, False)

@@ -1,8 +1,11 @@
-"""Tar shards written from an image folder, as WebDataset reads them: ``<key>.<ext>`` and ``<key>.cls`` members.
+"""Shards written from an image folder: WebDataset tars, or Parquet files as the dataset hubs write them.
 
 :func:`write_tar_shards` packs a folder's files, in its listing's order, into uncompressed tars of about
-``shard_bytes`` each (``shard-000000.tar``, ...), each written under a temporary name and renamed when whole, and the
-class names beside them (``classes.json``). The files' bytes are copied as they are (no decode).
+``shard_bytes`` each (``shard-000000.tar``, ...: ``<key>.<ext>`` and ``<key>.cls`` members), and the class names
+beside them (``classes.json``). :func:`write_parquet_shards` writes Parquet files of about ``shard_bytes`` each
+(``shard-000000.parquet``, ...) with the hubs' columns: ``image`` (a ``{bytes, path}`` struct) and ``label`` (int64,
+a ``ClassLabel`` whose names are in the ``huggingface`` schema metadata), in row groups of ``rows_per_group`` rows.
+Each shard is written under a temporary name and renamed when whole; the files' bytes are copied as they are.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from lightning_fastdata.loading.atomic import atomic_path, atomic_write_text
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.storage.local import LocalStorage
 
-__all__ = ["write_tar_shards"]
+__all__ = ["write_parquet_shards", "write_tar_shards"]
 
 
 def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -26,6 +29,18 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     info.size = len(data)
     info.mtime = 0  # the same shards from the same files, whenever written
     tf.addfile(info, io.BytesIO(data))
+
+
+def _listing(src: str | os.PathLike[str] | FileIndex, dst: str | os.PathLike[str], shard_bytes: int) -> FileIndex:
+    """The folder's file index; refuses a bad size, or ``dst`` inside ``src`` (the data are read-only to us)."""
+    if shard_bytes <= 0:
+        raise InvalidValueError(f"shard_bytes should be a positive size in bytes, got {shard_bytes!r}.")
+    index = src if isinstance(src, FileIndex) else LocalStorage(os.fspath(src)).list_files()
+    root, out = os.path.realpath(index.root), os.path.realpath(os.fspath(dst))
+    if out == root or out.startswith(root + os.sep):
+        raise InvalidValueError(f"dst {os.fspath(dst)!r} is inside the data folder {index.root!r}; write it elsewhere.")
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    return index
 
 
 def write_tar_shards(
@@ -45,14 +60,8 @@ def write_tar_shards(
     Raises:
         ValueError: If ``shard_bytes`` is not positive, or ``dst`` is inside ``src`` (the data are read-only to us).
     """
-    if shard_bytes <= 0:
-        raise InvalidValueError(f"shard_bytes should be a positive size in bytes, got {shard_bytes!r}.")
-    index = src if isinstance(src, FileIndex) else LocalStorage(os.fspath(src)).list_files()
-    root, out = os.path.realpath(index.root), os.path.realpath(os.fspath(dst))
-    if out == root or out.startswith(root + os.sep):
-        raise InvalidValueError(f"dst {os.fspath(dst)!r} is inside the data folder {index.root!r}; write it elsewhere.")
+    index = _listing(src, dst, shard_bytes)
     folder = Path(dst)
-    folder.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     i, n = 0, len(index)
     while i < n:
@@ -68,4 +77,51 @@ def write_tar_shards(
                 i += 1
         written.append(path)
     atomic_write_text(folder / "classes.json", json.dumps(list(index.classes)))
+    return written
+
+
+def write_parquet_shards(
+    src: str | os.PathLike[str] | FileIndex,
+    dst: str | os.PathLike[str],
+    shard_bytes: int = 1 << 30,
+    prefix: str = "shard",
+    rows_per_group: int = 100,
+) -> list[Path]:
+    """Write ``src/<class>/<image>`` (or a :class:`~lightning_fastdata.loading.index.files.FileIndex`) as Parquet.
+
+    The hubs' layout (module docstring): what ``datasets.load_dataset("parquet", ...)`` and
+    :class:`~lightning_fastdata.datamodules.shards.ShardDataModule` read, the class names in the schema metadata.
+
+    Returns:
+        The files written, in order.
+
+    Raises:
+        ValueError: If ``shard_bytes`` or ``rows_per_group`` is not positive, or ``dst`` is inside ``src``.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if rows_per_group <= 0:
+        raise InvalidValueError(f"rows_per_group should be a positive number of rows, got {rows_per_group!r}.")
+    index = _listing(src, dst, shard_bytes)
+    features = {"image": {"_type": "Image"}, "label": {"names": list(index.classes), "_type": "ClassLabel"}}
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("image", image_type), ("label", pa.int64())]).with_metadata(
+        {"huggingface": json.dumps({"info": {"features": features}})}
+    )
+    folder = Path(dst)
+    written: list[Path] = []
+    i, n = 0, len(index)
+    while i < n:
+        path = folder / f"{prefix}-{len(written):06d}.parquet"
+        with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+            size = 0
+            while i < n and (size == 0 or size < shard_bytes):
+                rows = range(i, min(n, i + rows_per_group))
+                images = [{"bytes": Path(index.path(j)).read_bytes(), "path": index.relpath(j)} for j in rows]
+                labels = [int(index.labels[j]) for j in rows]
+                writer.write_table(pa.table({"image": images, "label": labels}, schema=schema))
+                size += sum(len(im["bytes"]) for im in images)
+                i = rows.stop
+        written.append(path)
     return written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -12,12 +13,52 @@ from torch.utils.data import DistributedSampler
 
 from lightning_fastdata.loading.sampling import EpochDraws, describe_change
 
-__all__ = ["BatchLookahead", "EpochSampler", "SampleKey"]
+__all__ = ["BatchLookahead", "EpochSampler", "SampleKey", "ShuffleWindows"]
 
 #: What :class:`EpochSampler` yields: ``(epoch, index)``, or ``(epoch, index, repeat)`` with repeated augmentation.
 #: Datasets derive a sample's random augmentation from ``(seed, epoch, index, repeat)``, so it depends neither on the
 #: worker count nor on prefetch depth.
 SampleKey = tuple[int, int] | tuple[int, int, int]
+
+
+class ShuffleWindows:
+    """Read groups (a Parquet file's row groups) shuffled in windows: an order that reads each group in one piece.
+
+    Each epoch puts the groups in a random order, cuts that order into windows of ``window`` groups, and shuffles
+    the samples of each window together (a uniform permutation within it). A batch then draws from the groups of
+    one window (or two), so a reader that holds one window's groups reads each group once, and the samples of
+    ``window`` groups mix in every batch: webdataset's shuffle buffer, but a permutation, so every sample comes
+    exactly once an epoch and a position is the whole state of a resume.
+
+    Args:
+        starts: Each group's first sample (ascending, from 0).
+        window: Groups per window (at least 1).
+    """
+
+    def __init__(self, starts: np.ndarray, window: int) -> None:
+        starts = np.asarray(starts, dtype=np.int64)
+        if starts.ndim != 1 or not starts.size or starts[0] != 0 or np.any(np.diff(starts) <= 0):
+            raise ValueError("ShuffleWindows needs the groups' first samples, ascending from 0.")
+        if window < 1:
+            raise ValueError(f"window should be a positive number of groups, got {window!r}.")
+        self.starts, self.window = starts, int(window)
+
+    @property
+    def identity(self) -> str:
+        """What the order depends on: the groups and the window (a resume must find the same)."""
+        digest = hashlib.sha256(self.starts.tobytes()).hexdigest()[:16]
+        return f"windows:{self.window}:{len(self.starts)}:{digest}"
+
+    def order(self, length: int, gen: torch.Generator) -> torch.Tensor:
+        """The epoch's permutation of ``range(length)`` drawn from ``gen``."""
+        ends = np.append(self.starts[1:], length)
+        groups = torch.randperm(len(self.starts), generator=gen).numpy()
+        sizes = (ends - self.starts)[groups]
+        first = np.repeat(self.starts[groups] - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
+        positions = np.arange(length, dtype=np.int64) + first  # the groups' samples, group after group
+        window_of = np.repeat(np.arange(len(groups)) // self.window, sizes)
+        noise = torch.rand(length, generator=gen, dtype=torch.float64).numpy()
+        return torch.from_numpy(positions[np.lexsort((noise, window_of))])
 
 
 class EpochSampler(DistributedSampler):
@@ -53,6 +94,9 @@ class EpochSampler(DistributedSampler):
             epoch is then ``draws.size`` samples, sharded, resumed and continued on another world size like a plain
             one. Where a sample may be drawn twice, ``repeat`` numbers the draws (``position x repeats + r``), so every
             draw has its own key and augmentation.
+        windows: Shuffle within windows of read groups (:class:`ShuffleWindows`) instead of fully, each rank taking
+            a contiguous run of the order (its own windows); ``None``: a full shuffle. Like ``block_size``, it shapes
+            a training epoch only and is part of the state a resume checks.
 
     Raises:
         ValueError: On an impossible argument (named), e.g. ``even=False`` with ``drop_last`` or ``repeats``.
@@ -70,7 +114,10 @@ class EpochSampler(DistributedSampler):
         repeats: int = 1,
         even: bool = True,
         draws: EpochDraws | None = None,
+        windows: ShuffleWindows | None = None,
     ) -> None:
+        if windows is not None and (block_size is not None or draws is not None or not even):
+            raise ValueError("windows shapes a plain training epoch: it takes no block_size, draws or even=False.")
         if draws is not None and block_size is not None:
             raise ValueError(
                 "block_shuffle reads runs of neighbouring samples; with sample_weights, epoch_size or a subset an "
@@ -105,6 +152,7 @@ class EpochSampler(DistributedSampler):
         )
         self.length = length
         self.block_size = block_size
+        self.windows = windows if shuffle else None
         self.repeats = repeats
         #: How many entries one epoch's order has (each sample ``repeats`` times, as ``index * repeats + repeat``).
         self.slots = length * repeats
@@ -139,6 +187,8 @@ class EpochSampler(DistributedSampler):
             gen = torch.Generator().manual_seed(self.seed + epoch)
             starts = torch.randperm(-(-self.length // self.block_size), generator=gen) * self.block_size
             order = torch.cat([torch.arange(s, min(s + self.block_size, self.length)) for s in starts.tolist()])
+        elif self.windows is not None:
+            order = self.windows.order(self.length, torch.Generator().manual_seed(self.seed + epoch))
         elif self.shuffle:
             gen = torch.Generator().manual_seed(self.seed + epoch)
             order = torch.randperm(self.length, generator=gen)
@@ -181,7 +231,7 @@ class EpochSampler(DistributedSampler):
             pad = replicas - len(left) % replicas
             left = torch.cat([left, order.repeat(-(-pad // len(order)))[:pad]])
         per_rank = len(left) // replicas
-        if self.block_size:
+        if self.block_size or self.windows is not None:
             return left[rank * per_rank : (rank + 1) * per_rank]
         return left[rank::replicas]
 
@@ -266,12 +316,21 @@ class EpochSampler(DistributedSampler):
             state["draws"] = dict(self.draws.identity)
         if self.repeats > 1:
             state["repeats"] = self.repeats
+        state["order"] = self._order_identity()
         if self._consumed is not None and self._consumed_epoch == self.epoch:
             state["consumed"] = self._consumed_packed
         return state
 
+    def _order_identity(self) -> str:
+        """How an epoch's order is drawn, beyond the seed: ``shuffle`` (full), blocks, windows, or in order."""
+        if not self.shuffle:
+            return "in order"
+        if self.block_size:
+            return f"blocks:{self.block_size}"
+        return "shuffle" if self.windows is None else self.windows.identity
+
     def check_compatible(self, state: dict[str, Any]) -> None:
-        """Raise if ``state`` describes another permutation: saved with another seed or dataset length.
+        """Raise if ``state`` describes another permutation: saved with another seed, order or dataset length.
 
         Raises:
             ValueError: Naming both values and what to do.
@@ -286,6 +345,12 @@ class EpochSampler(DistributedSampler):
                 f"Sampler state was saved with repeats={state.get('repeats', 1)!r} (repeated_augmentations), this "
                 f"sampler has repeats={self.repeats!r}: resume with the checkpoint's setting, or start without "
                 "ckpt_path."
+            )
+        if "order" in state and state["order"] != self._order_identity():  # (older states have none)
+            raise ValueError(
+                f"Sampler state was saved with another order ({state['order']!r}, now "
+                f"{self._order_identity()!r}: block_shuffle, shuffle_buffer or the read groups changed): its positions "
+                "describe another order. Resume with the checkpoint's settings, or start without ckpt_path."
             )
         saved, now = state.get("draws") or {}, {} if self.draws is None else self.draws.identity
         changed = describe_change(saved, now)

@@ -23,7 +23,7 @@ from helpers.fork_client import SERVER, rank_procs
 
 from benchmarks.s3_server import LocalS3, delete_objects, upload_folder
 from lightning_fastdata import convert_folder_to_hdf5
-from lightning_fastdata.datasets.shard_writer import write_tar_shards
+from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
 from lightning_fastdata.demos import make_image_folder
 
 HELPER = Path(__file__).parents[1] / "helpers" / "resume_run.py"
@@ -83,9 +83,10 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     with open(root.parent / "tags.csv", "w", newline="") as f:
         csv.writer(f).writerows(rows)
     shards = write_tar_shards(root, root.parent / "shards", shard_bytes=8_000)
+    parquet = write_parquet_shards(root, root.parent / "parquet", shard_bytes=8_000, rows_per_group=4)
     return {
         "folder": str(root), "hdf5": str(h5), "cache": str(root), "flat": str(flat), "table": f.name,
-        "shards": str(shards[0].parent),
+        "shards": str(shards[0].parent), "parquet": str(parquet[0].parent),
     }  # fmt: skip
 
 
@@ -96,7 +97,7 @@ def uninterrupted(base: dict[str, Any], tmp_path: Path) -> Path:
     """The reference run, once per (kind, workers, devices) for the whole module."""
     key = (base["kind"], base["workers"], base["devices"], base.get("snapshot"), base["source"])
     key += (base.get("batch_size"), base.get("block_shuffle"), base.get("recipe"), base.get("labels"))
-    key += (json.dumps(base.get("sampling"), sort_keys=True), base.get("mix_with"))
+    key += (json.dumps(base.get("sampling"), sort_keys=True), base.get("mix_with"), base.get("shuffle_buffer"))
     if key not in _UNINTERRUPTED:
         record = tmp_path / "full"
         run({**base, "max_steps": STEPS, "record": str(record)})
@@ -123,6 +124,8 @@ def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, de
         base["sampling"] = extra.pop("sampling")
     if "mix_with" in extra:
         base["mix_with"] = extra.pop("mix_with")
+    if "shuffle_buffer" in extra:
+        base["shuffle_buffer"] = extra.pop("shuffle_buffer")
     full_record = uninterrupted(base, tmp_path)
     ckpt = stopped_at(base, k, tmp_path, record="part")
     run({**base, "max_steps": STEPS, "record": str(tmp_path / "part"), "ckpt_path": ckpt, **extra})
@@ -138,6 +141,29 @@ def test_resume_is_exact_from_tar_shards(tmp_path: Path, sources: dict[str, str]
     """Tar shards (several, a sample read by its offset) resume mid-epoch at the exact sample under a Trainer."""
     assert len(list(Path(sources["shards"]).glob("*.tar"))) > 2
     conformance(tmp_path, "shards", sources["shards"], workers, 2)
+
+
+@pytest.mark.timeout(300)
+def test_resume_is_exact_from_parquet_shards_in_windows_of_row_groups(tmp_path: Path, sources: dict) -> None:
+    """Parquet files (row groups of 4 rows, shuffled in windows of 2) resume mid-epoch at the exact sample."""
+    assert len(list(Path(sources["parquet"]).glob("*.parquet"))) > 2
+    conformance(tmp_path, "shards", sources["parquet"], 2, 3, shuffle_buffer=8)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.slow
+def test_parquet_shards_continue_from_two_ranks_on_one(tmp_path: Path, sources: dict[str, str]) -> None:
+    """2 ranks x 2 workers stopped after step 1 (each rank its own windows of row groups), continued on 1 rank
+    without workers: the epoch's samples left, none lost or trained twice; the next epoch as one rank's."""
+    base = {"kind": "shards", "source": sources["parquet"], "workers": 0, "devices": 1, "shuffle_buffer": 8}
+    base["cache_dir"] = str(tmp_path / "c")
+    single = records(uninterrupted(base, tmp_path))
+    ckpt = stopped_at({**base, "devices": 2, "workers": 2}, 1, tmp_path)
+    run({**base, "max_steps": 6, "record": str(tmp_path / "one"), "ckpt_path": ckpt})
+    old, one = every_rank(tmp_path / "old", 2), records(tmp_path / "one")
+    assert len(samples(old[0], 0)) == len(samples(old[1], 0)) == 8
+    assert sorted(samples(old[0], 0) + samples(old[1], 0) + samples(one, 0)) == sorted(samples(single, 0))
+    assert samples(one, 1) == samples(single, 1)[: len(samples(one, 1))] and len(samples(one, 1)) == 16
 
 
 @pytest.mark.timeout(600)

@@ -102,7 +102,7 @@ def main(cfg: dict[str, Any]) -> None:
     elif cfg["kind"] == "hdf5":
         dm = HDF5DataModule(cfg["source"], **kw)
     elif cfg["kind"] == "shards":
-        dm = ShardDataModule(cfg["source"], index_dir=cfg["cache_dir"], **kw)
+        dm = ShardDataModule(cfg["source"], index_dir=cfg["cache_dir"], shuffle_buffer=cfg.get("shuffle_buffer"), **kw)
     else:
         dm = TensorCacheDataModule(cfg["source"], cfg["cache_dir"], cache_size=20, build_processes=1, **kw)
     callbacks: list[pl.Callback] = []

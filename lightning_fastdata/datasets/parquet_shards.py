@@ -1,0 +1,207 @@
+"""``ParquetShardDataset``: the rows of Parquet files of encoded images, read by row group and decoded as files are.
+
+A row's image is read with its row group (the image column alone, ``pyarrow``), which each process keeps in a small
+cache of whole row groups (:attr:`ParquetShardDataset.cache_groups`): the training order reads a window of row groups
+at a time (:attr:`ParquetShardDataset.windows`), so each row group is read once per window by a process, not
+once per row. The bytes then go through the folder module's path: the decode of the crop alone, the batch built in
+shared memory, corrupt images by ``on_corrupt`` (a null image is a corrupt one). Rows are numbered file after file,
+in file order. Each process opens the files itself and checks that each is the file indexed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
+from lightning_fastdata.errors import DataError, InvalidValueError
+from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
+from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values
+from lightning_fastdata.loading.sampler import ShuffleWindows
+
+__all__ = ["ParquetShardDataset", "common_classes"]
+
+
+def common_classes(files: Sequence[ParquetIndex]) -> tuple[str, ...] | None:
+    """The class names of files whose labels are names (a ``ClassLabel``'s, or strings); ``None`` for numbers.
+
+    The files' own list where they all have the same (a ``ClassLabel``), else the sorted union of their names.
+    """
+    lists = {f.label_names for f in files if f.label_names}
+    if not lists:
+        return None
+    if len(lists) == 1:
+        return next(iter(lists))
+    return tuple(sorted({n for names in lists for n in names}))
+
+
+class ParquetShardDataset(AugmentedImageDataset):
+    """The rows of Parquet files (in the order given, each in file order), as whole uint8 batches.
+
+    Args:
+        files: Each file's :class:`~lightning_fastdata.loading.index.parquet_index.ParquetIndex`.
+        classes: The class names, in label order. A file with named labels is mapped onto them by name.
+        indices: The rows (numbered file after file) this dataset holds, in order; ``None``: all (a split).
+        shuffle_buffer: The training order's window, in rows (:attr:`windows`); ``None``: no window (a full shuffle
+            reads a row group per row: slow).
+        cache_groups: How many row groups each process keeps (at least what one window reads, plus two).
+        **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`.
+
+    Raises:
+        ValueError: If there is no row, or a label is outside ``classes`` (naming the file and row).
+    """
+
+    per_process_attrs = ("_files", "_groups")
+
+    def __init__(
+        self,
+        files: Sequence[ParquetIndex],
+        classes: Sequence[str],
+        indices: np.ndarray | None = None,
+        shuffle_buffer: int | None = 1000,
+        cache_groups: int = 4,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.files = list(files)
+        self._classes = tuple(str(c) for c in classes)
+        counts = [len(f) for f in self.files]
+        if not sum(counts):
+            raise InvalidValueError(f"The Parquet files {[f.path for f in self.files][:3]} hold no row.")
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        rows = np.arange(starts[-1]) if indices is None else np.asarray(indices, dtype=np.int64)
+        self._rows = rows
+        self._file_of = np.repeat(np.arange(len(self.files), dtype=np.int32), counts)[rows]
+        in_file = rows - starts[self._file_of]
+        # each row's row group (numbered over all files) and its row within it
+        group_starts = [np.concatenate([[0], np.cumsum(f.group_rows)]) for f in self.files]
+        first_group = np.concatenate([[0], np.cumsum([len(f.group_rows) for f in self.files])]).astype(np.int64)
+        local = np.empty(len(rows), dtype=np.int64)
+        self._row_in_group = np.empty(len(rows), dtype=np.int64)
+        for k, gs in enumerate(group_starts):
+            mine = self._file_of == k
+            local[mine] = np.searchsorted(gs, in_file[mine], side="right") - 1
+            self._row_in_group[mine] = in_file[mine] - gs[local[mine]]
+        self._group_of = first_group[self._file_of] + local
+        self._group_local = local
+        position = {name: k for k, name in enumerate(self._classes)}
+        labels = []
+        for f in self.files:
+            if f.label_names:
+                lookup = np.array([position.get(n, -1) for n in f.label_names], dtype=np.int64)
+                labels.append(lookup[f.labels])
+            else:
+                labels.append(f.labels)
+        self._targets = np.concatenate(labels).astype(np.int64)[rows]
+        bad = np.flatnonzero((self._targets < 0) | (self._targets >= len(self._classes)))
+        if bad.size:
+            raise InvalidValueError(
+                f"{self.describe(int(bad[0]))} has a label outside the {len(self._classes)} classes "
+                f"{list(self._classes)[:5]}; give every class a name (label_classes=)."
+            )
+        if cache_groups < 1:
+            raise InvalidValueError(f"cache_groups should be a positive number of row groups, got {cache_groups!r}.")
+        self.cache_groups = int(cache_groups)
+        #: The training order that reads whole row groups (the loader's sampler takes it), or ``None``.
+        self.windows = None if shuffle_buffer is None else self._shuffle_windows(shuffle_buffer)
+        self._files: dict[int, Any] | None = None
+        self._groups: OrderedDict[int, Any] | None = None
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The class names, in label order."""
+        return self._classes
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Every row's label (int64), file after file."""
+        return self._targets
+
+    def describe(self, index: int) -> str:
+        """``file.parquet:row N (row group G)`` of sample ``index``."""
+        f = self.files[int(self._file_of[index])]
+        row = int(self._rows[index]) - int(sum(len(x) for x in self.files[: int(self._file_of[index])]))
+        return f"{f.path}:row {row} (row group {int(self._group_local[index])})"
+
+    def _shuffle_windows(self, samples: int) -> ShuffleWindows:
+        """Windows of row groups holding about ``samples`` rows; each process then keeps a window's (and two more)."""
+        if samples < 1:
+            raise InvalidValueError(f"shuffle_buffer should be a positive number of rows or None, got {samples!r}.")
+        starts = np.flatnonzero(np.concatenate([[True], np.diff(self._group_of) != 0]))
+        mean_rows = len(self._group_of) / len(starts)
+        window = max(1, round(samples / mean_rows))
+        self.cache_groups = max(self.cache_groups, window + 2)
+        return ShuffleWindows(starts, window)
+
+    def make_identity(self) -> DataIdentity:
+        """Each row's file, row and label, and each file's size, in this order."""
+        names = np.concatenate(
+            [
+                mix(np.arange(len(f), dtype=np.uint64)) ^ np.uint64(string_hash(os.path.basename(f.path)))
+                for f in self.files
+            ]
+        )
+        samples = label_hashes(self._targets) ^ mix(names[self._rows])
+        sizes = "|".join(str(f.size) for f in self.files)
+        return DataIdentity.of(self.files[0].path, samples, "parquet|" + "/".join(self._classes) + "|" + sizes)
+
+    def _file(self, k: int) -> Any:
+        import pyarrow.parquet as pq
+
+        if not self._handles_open() or self._files is None:
+            self._files, self._groups = {}, OrderedDict()
+            self._mark_handles_open()
+        pf = self._files.get(k)
+        if pf is None:
+            f = self.files[k]
+            handle = open(f.path, "rb")  # noqa: SIM115 - kept open for the process's reads
+            try:
+                f.check_unchanged(os.fstat(handle.fileno()))
+                pf = pq.ParquetFile(handle)
+            except Exception:
+                handle.close()
+                raise
+            self._files[k] = pf
+        return pf
+
+    def _group(self, index: int) -> Any:
+        """The image bytes of sample ``index``'s row group (read once, kept while the cache holds it)."""
+        import pyarrow as pa
+
+        g = int(self._group_of[index])
+        k = int(self._file_of[index])
+        pf = self._file(k)
+        assert self._groups is not None
+        values = self._groups.get(g)
+        if values is not None:
+            self._groups.move_to_end(g)
+            return values
+        f = self.files[k]
+        try:
+            table = pf.read_row_group(int(self._group_local[index]), columns=[f.image_column])
+        except (pa.ArrowException, OSError) as err:
+            raise OSError(f"{f.path}: row group {int(self._group_local[index])} cannot be read ({err})") from None
+        values = image_values(table.column(0), f.path, f.image_column)
+        self._groups[g] = values
+        while len(self._groups) > self.cache_groups:
+            self._groups.popitem(last=False)
+        return values
+
+    def read_sources(self, indices: np.ndarray) -> list[Source]:
+        """Each sample's image bytes from its row group (an ``OSError`` in its place where a read fails)."""
+        out: list[Source] = []
+        for i in indices.tolist():
+            try:
+                values = self._group(i)
+            except DataError:
+                raise  # a file that is not the one indexed: never read, never skipped
+            except OSError as err:
+                out.append(err)
+                continue
+            value = values[int(self._row_in_group[i])]
+            out.append(value.as_py() if value.is_valid else b"")  # a null image: corrupt (on_corrupt)
+        return out

@@ -1,0 +1,185 @@
+"""Parquet files of encoded images indexed by row group: each row's label, each row group's rows.
+
+The dataset hubs ship image datasets as Parquet files with an image column of encoded bytes (binary, or the hubs'
+``{bytes, path}`` struct) beside a label column (integers, class-name strings, or integers whose names are a
+``ClassLabel``'s in the file's ``huggingface`` schema metadata). Parquet compresses a column chunk in pages, so a row
+is read with its row group (``pyarrow.parquet.ParquetFile.read_row_group`` of the image column alone): the reader
+finds a row by ``(file, row group, row)`` (:class:`ParquetIndex`), and the epoch's order reads each row group in one
+piece (:class:`~lightning_fastdata.loading.sampler.ShuffleWindows`).
+
+:func:`index_parquet` reads the footer and the label column only, never the images. An index is kept in
+``index_dir`` under the file's path, size and modification time (:func:`load_parquet_index`): a file that changed is
+indexed again; a reader checks the file it opens (:meth:`ParquetIndex.check_unchanged`). Errors name the file, the
+column and the row: a missing column, an image column that holds no bytes, a row without a label.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_fastdata.errors import DataError
+from lightning_fastdata.loading.atomic import atomic_path
+
+__all__ = ["ParquetIndex", "image_values", "index_parquet", "load_parquet_index"]
+
+#: The version of the kept index files (another version is indexed again).
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ParquetIndex:
+    """One Parquet file's rows, in file order.
+
+    Attributes:
+        path: The file.
+        size: Its size in bytes when indexed.
+        mtime_ns: Its modification time when indexed.
+        group_rows: Each row group's number of rows (int64).
+        labels: Each row's label (int64): the integer, or the position of its class name in ``label_names``.
+        label_names: The class names the labels are positions in (a ``ClassLabel``'s, or the sorted names a string
+            column holds); empty for plain integer labels.
+        image_column: The column the image bytes are in.
+    """
+
+    path: str
+    size: int
+    mtime_ns: int
+    group_rows: np.ndarray
+    labels: np.ndarray
+    label_names: tuple[str, ...]
+    image_column: str
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def check_unchanged(self, st: os.stat_result) -> None:
+        """Refuse to read a file that is not the one indexed (another size or modification time).
+
+        Raises:
+            DataError: Naming the file.
+        """
+        if st.st_size != self.size or st.st_mtime_ns != self.mtime_ns:
+            raise DataError(
+                f"The Parquet file {self.path!r} changed after it was indexed ({self.size} -> {st.st_size} bytes, "
+                "modified since): its rows would be read at the wrong places. Restart to index it again, and do not "
+                "rewrite files while they are read."
+            )
+
+
+def _class_label_names(schema: object, column: str) -> tuple[str, ...]:
+    """The names of ``column``'s ``ClassLabel`` in the hubs' schema metadata (``huggingface``), else ()."""
+    metadata = getattr(schema, "metadata", None) or {}
+    try:
+        features = json.loads(metadata[b"huggingface"])["info"]["features"]
+        names = features[column]["names"]
+    except (KeyError, TypeError, ValueError):
+        return ()
+    return tuple(str(n) for n in names) if isinstance(names, list) else ()
+
+
+def image_values(column: Any, path: str, name: str) -> Any:
+    """The binary values of an image column's array: the column itself, or a ``{bytes, path}`` struct's ``bytes``.
+
+    Raises:
+        DataError: If the column holds neither (naming the file and the column).
+    """
+    import pyarrow as pa
+
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = arr.type
+    if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+        arr = arr.field("bytes")
+        kind = arr.type
+    if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind)):
+        raise DataError(
+            f"{path}: the image column {name!r} holds {column.type}, not encoded image bytes (binary, or a struct "
+            "with a 'bytes' field as the hubs write it). Name the image column with image_column=."
+        )
+    return arr
+
+
+def index_parquet(
+    path: str | os.PathLike[str], image_column: str = "image", label_column: str = "label"
+) -> ParquetIndex:
+    """Index one Parquet file (module docstring): its footer and its label column, not the images.
+
+    Raises:
+        DataError: If the file is not readable Parquet, a column is missing (the file's columns named), the image
+            column holds no bytes, or a row has no label (the row named).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = os.fspath(path)
+    st = os.stat(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(f"{path} is not a readable Parquet file ({err}): truncated, or not Parquet.") from None
+    schema = pf.schema_arrow
+    for role, name in (("image", image_column), ("label", label_column)):
+        if schema.get_field_index(name) < 0:
+            raise DataError(
+                f"{path} has no {role} column {name!r}; its columns are {schema.names}. Name it with {role}_column=."
+            )
+    image_values(pa.array([], type=schema.field(image_column).type), path, image_column)  # its type, checked
+    try:
+        column = pf.read(columns=[label_column]).column(0).combine_chunks()
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(f"{path}: the label column {label_column!r} cannot be read ({err}).") from None
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{path}: row {row} has no label (column {label_column!r} is null there).")
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    names = _class_label_names(schema, label_column)
+    if pa.types.is_integer(column.type):
+        labels = column.to_numpy().astype(np.int64)
+    elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        values = np.asarray(column.to_pylist(), dtype=object)
+        names = tuple(sorted(set(values.tolist())))
+        labels = np.searchsorted(np.asarray(names, dtype=object), values).astype(np.int64)
+    else:
+        raise DataError(
+            f"{path}: the label column {label_column!r} holds {column.type}; expected integers or class names."
+        )
+    group_rows = np.array([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)], dtype=np.int64)
+    return ParquetIndex(path, st.st_size, st.st_mtime_ns, group_rows, labels, names, image_column)
+
+
+def load_parquet_index(
+    path: str | os.PathLike[str],
+    index_dir: str | os.PathLike[str],
+    image_column: str = "image",
+    label_column: str = "label",
+) -> ParquetIndex:
+    """The file's index: kept in ``index_dir`` under its path, size, modification time and columns, else built.
+
+    Built by :func:`index_parquet` and written atomically; an ``index_dir`` that cannot be written is skipped.
+    """
+    path = os.path.abspath(os.fspath(path))
+    st = os.stat(path)
+    key = f"{_FORMAT}|{path}|{st.st_size}|{st.st_mtime_ns}|{image_column}|{label_column}"
+    kept = Path(index_dir) / "parquet-index" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz"
+    try:
+        with np.load(kept, allow_pickle=False) as f:
+            names = tuple(str(n) for n in f["label_names"])
+            return ParquetIndex(path, st.st_size, st.st_mtime_ns, f["group_rows"], f["labels"], names, image_column)
+    except (OSError, KeyError, ValueError):
+        pass
+    index = index_parquet(path, image_column, label_column)
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(kept) as tmp, open(tmp, "wb") as f:
+            names_array = np.asarray(index.label_names, dtype=str) if index.label_names else np.zeros(0, dtype="<U1")
+            np.savez(f, group_rows=index.group_rows, labels=index.labels, label_names=names_array)
+    except OSError:
+        pass
+    return index

@@ -1,0 +1,207 @@
+"""Parquet shards (issue 62): the hubs' layout written by our converter and by pyarrow itself, indexed from the
+footer and the label column, read by row group through the folder's decode path, in windows of row groups; bad
+files named."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from lightning_fastdata.datasets.folder import ImageFolderDataset
+from lightning_fastdata.datasets.parquet_shards import ParquetShardDataset
+from lightning_fastdata.datasets.shard_writer import write_parquet_shards
+from lightning_fastdata.errors import DataError
+from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.index.parquet_index import index_parquet, load_parquet_index
+from lightning_fastdata.loading.sampler import EpochSampler
+from lightning_fastdata.loading.storage.local import LocalStorage
+from lightning_fastdata.loading.transport.collate import collate_prebatched
+from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
+
+KW = dict(image_size=16, seed=0)
+CLASSES = ["class_000", "class_001", "class_002"]
+
+
+@pytest.fixture(scope="module")
+def parquet(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """3 files of row groups of 5 rows (the last ones shorter), as the hubs lay them out."""
+    return write_parquet_shards(
+        image_folder, tmp_path_factory.mktemp("parquet") / "train", shard_bytes=25_000, rows_per_group=5
+    )
+
+
+def dataset(files: list[Path], index_dir: Path, train: bool = True, **kw: object) -> ParquetShardDataset:
+    return ParquetShardDataset([load_parquet_index(p, index_dir) for p in files], CLASSES, train=train, **KW, **kw)
+
+
+def hub_table(index: FileIndex, rows: range, label: str = "names") -> pa.Table:
+    """A table as the hubs' ``datasets`` writes it: image structs, and labels as a ClassLabel or as class names."""
+    images = [{"bytes": Path(index.path(i)).read_bytes(), "path": index.relpath(i)} for i in rows]
+    labels = [int(index.labels[i]) for i in rows]
+    if label == "names":
+        return pa.table({"image": images, "label": [index.classes[k] for k in labels]})
+    meta = {"huggingface": json.dumps({"info": {"features": {"label": {"names": CLASSES, "_type": "ClassLabel"}}}})}
+    return pa.table({"image": images, "label": pa.array(labels, pa.int64())}).replace_schema_metadata(meta)
+
+
+def test_parquet_files_hold_every_image_once_and_read_as_the_folders_samples_bit_for_bit(
+    image_folder: Path, parquet: list[Path], tmp_path: Path
+) -> None:
+    """The same bytes through the same decode path: the same crops, flips and labels for the same keys."""
+    assert len(parquet) > 2
+    assert pq.ParquetFile(parquet[0]).num_row_groups > 1
+    for train in (True, False):
+        folder = ImageFolderDataset(str(image_folder), train=train, **KW)
+        ds = dataset(parquet, tmp_path, train)
+        assert len(ds) == len(folder) == 39 and np.array_equal(ds.targets, folder.targets)
+        keys = [(3, i) for i in range(len(ds))]
+        a, b = folder.__getitems__(keys), ds.__getitems__(keys)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert dataset(parquet, tmp_path).describe(7) == f"{parquet[0]}:row 7 (row group 1)"
+
+
+@pytest.mark.parametrize("label", ["names", "classlabel"])
+def test_files_written_by_pyarrow_as_the_hubs_do_are_read_with_their_class_names(
+    image_folder: Path, tmp_path: Path, label: str
+) -> None:
+    """pyarrow's own writer (snappy pages, dictionary encoding, the hubs' page index): labels as class-name strings
+    (each file holding only some classes, named by name) or as a ClassLabel in the schema metadata."""
+    from lightning_fastdata import ShardDataModule
+
+    index = LocalStorage(str(image_folder)).list_files()
+    out = tmp_path / "hub"
+    out.mkdir()
+    for k, rows in enumerate([range(0, 10), range(10, 39)]):  # the first file holds class_000 only
+        pq.write_table(hub_table(index, rows, label), out / f"train-{k:05d}-of-00002.parquet", row_group_size=4,
+                       write_page_index=True)  # fmt: skip
+    dm = ShardDataModule(str(out), index_dir=str(tmp_path / "idx"), image_size=16, batch_size=8, val_fraction=0.0)
+    assert dm.format == "parquet" and dm.classes == tuple(CLASSES)
+    dm.setup("fit")
+    ds = dm.train_dataset
+    assert np.array_equal(ds.targets, index.labels)  # type: ignore[union-attr]
+    labels = Counter(int(x) for _, batch in dm.train_dataloader() for x in batch)
+    assert labels == Counter(index.labels.tolist())
+
+
+@pytest.mark.timeout(120)
+def test_an_epoch_through_workers_reads_each_row_group_once_per_window(parquet: list[Path], tmp_path: Path) -> None:
+    """Windows of whole row groups, shuffled together: every sample once; a batch mixes the row groups of its window;
+    each worker reads each row group of the epoch once (counted in the workers)."""
+    ds = dataset(parquet, tmp_path, shuffle_buffer=10)
+    assert ds.windows is not None and ds.windows.window == 2  # row groups of 5 rows
+    sampler = EpochSampler(len(ds), shuffle=True, seed=0, windows=ds.windows)
+    order = sampler.epoch_order().numpy()
+    groups = ds._group_of[order]
+    first_window = set(groups[:10].tolist())
+    assert len(first_window) == 2 and sorted(order.tolist()) == list(range(len(ds)))
+    assert len(set(groups[:5].tolist())) == 2  # not a run of one row group: the window's rows are shuffled
+    loader = PrefetchingDataLoader(ds, batch_size=5, sampler=sampler, num_workers=2, collate_fn=collate_prebatched)
+    labels = [int(x) for _, batch in loader for x in batch]
+    assert Counter(labels) == Counter(ds.targets.tolist())
+
+
+def test_row_groups_are_read_once_per_window_in_one_process(parquet: list[Path], tmp_path: Path) -> None:
+    ds = dataset(parquet, tmp_path, shuffle_buffer=10)
+    reads: list[int] = []
+    real = pq.ParquetFile.read_row_group
+
+    def counting(self: pq.ParquetFile, i: int, *args: object, **kw: object) -> pa.Table:
+        reads.append(i)
+        return real(self, i, *args, **kw)  # type: ignore[arg-type]
+
+    pq.ParquetFile.read_row_group = counting  # type: ignore[method-assign]
+    try:
+        order = EpochSampler(len(ds), shuffle=True, seed=0, windows=ds.windows).epoch_order().numpy()
+        for start in range(0, len(order), 4):
+            ds.__getitems__([(0, int(i)) for i in order[start : start + 4]])
+    finally:
+        pq.ParquetFile.read_row_group = real  # type: ignore[method-assign]
+    assert len(reads) == len(set(ds._group_of.tolist()))  # every row group read once in the epoch
+
+
+def test_a_kept_index_is_reused_and_a_changed_file_is_refused(parquet: list[Path], tmp_path: Path) -> None:
+    copy = tmp_path / "s.parquet"
+    copy.write_bytes(parquet[0].read_bytes())
+    first = load_parquet_index(copy, tmp_path / "idx")
+    assert len(list((tmp_path / "idx" / "parquet-index").glob("*.npz"))) == 1
+    again = load_parquet_index(copy, tmp_path / "idx")
+    assert np.array_equal(again.labels, first.labels) and again.label_names == tuple(CLASSES)
+    ds = ParquetShardDataset([first], CLASSES, train=False, **KW)
+    copy.write_bytes(parquet[1].read_bytes())
+    os.utime(copy, ns=(first.mtime_ns + 10**9, first.mtime_ns + 10**9))
+    with pytest.raises(DataError, match=r"s\.parquet' changed after it was indexed"):
+        ds.__getitems__([0])
+    assert np.array_equal(load_parquet_index(copy, tmp_path / "idx").labels, index_parquet(parquet[1]).labels)
+
+
+def test_bad_parquet_files_are_named(image_folder: Path, parquet: list[Path], tmp_path: Path) -> None:
+    index = LocalStorage(str(image_folder)).list_files()
+    pq.write_table(hub_table(index, range(3), "classlabel").drop_columns(["label"]), tmp_path / "a.parquet")
+    with pytest.raises(DataError, match=r"a\.parquet has no label column 'label'; its columns are \['image'\]"):
+        index_parquet(tmp_path / "a.parquet")
+    pq.write_table(pa.table({"image": ["x", "y"], "label": [0, 1]}), tmp_path / "b.parquet")
+    with pytest.raises(DataError, match=r"b\.parquet: the image column 'image' holds string, not encoded image"):
+        index_parquet(tmp_path / "b.parquet")
+    pq.write_table(pa.table({"img": [b"x", b"y"], "label": pa.array([0, None], pa.int64())}), tmp_path / "c.parquet")
+    with pytest.raises(DataError, match=r"c\.parquet: row 1 has no label"):
+        index_parquet(tmp_path / "c.parquet", image_column="img")
+    whole = parquet[0].read_bytes()
+    (tmp_path / "d.parquet").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataError, match=r"d\.parquet is not a readable Parquet file"):
+        index_parquet(tmp_path / "d.parquet")
+
+
+def test_a_corrupt_or_null_image_is_named_or_skipped(image_folder: Path, tmp_path: Path) -> None:
+    jpeg = Path(LocalStorage(str(image_folder)).list_files().path(0)).read_bytes()
+    table = pa.table({"image": pa.array([jpeg, b"not a jpeg", None], pa.binary()), "label": [0, 1, 1]})
+    pq.write_table(table, tmp_path / "bad.parquet")
+    files = [index_parquet(tmp_path / "bad.parquet")]
+    with pytest.raises(OSError, match=r"bad\.parquet:row 1 \(row group 0\)"):
+        ParquetShardDataset(files, ["x", "y"], train=False, **KW).__getitems__([0, 1])
+    skipping = ParquetShardDataset(files, ["x", "y"], train=False, on_corrupt="skip", max_corrupt_fraction=1.0, **KW)
+    images, got = skipping.__getitems__([0, 1, 2])[:2]
+    assert got.tolist() == [0] and images.shape[0] == 1 and skipping.skipped_count() == 2
+
+
+@pytest.mark.timeout(180)
+def test_the_module_serves_the_folder_modules_batches_and_refuses_a_state_of_another_window(
+    image_folder: Path, parquet: list[Path], tmp_path: Path
+) -> None:
+    """Without windows (a full shuffle) the same training and validation batches as ImageFolderDataModule, through
+    2 workers; with windows, a loader state resumes only the same windows (shuffle_buffer changed: refused)."""
+    from lightning_fastdata import ImageFolderDataModule, MixedDataModule, ShardDataModule
+
+    kw = dict(image_size=16, batch_size=8, num_workers=2, val_fraction=0.2, seed=1)
+    ours = ShardDataModule(str(parquet[0].parent), index_dir=str(tmp_path), shuffle_buffer=None, **kw)
+    ours.setup("fit")
+    folder = ImageFolderDataModule(str(image_folder), **kw)
+    folder.setup("fit")
+    assert ours.classes == folder.classes
+    for a, b in zip([list(ours.train_dataloader()), list(ours.val_dataloader())],
+                    [list(folder.train_dataloader()), list(folder.val_dataloader())]):  # fmt: skip
+        assert len(a) == len(b) > 0
+        assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+    windowed = ShardDataModule(str(parquet[0].parent), index_dir=str(tmp_path), shuffle_buffer=10, **kw)
+    windowed.setup("fit")
+    loader = windowed.train_dataloader()
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    other = ShardDataModule(str(parquet[0].parent), index_dir=str(tmp_path), shuffle_buffer=20, **kw)
+    other.setup("fit")
+    with pytest.raises(ValueError, match="another order .*shuffle_buffer"):
+        other.train_dataloader().load_state_dict(state)
+    mix = MixedDataModule([ShardDataModule(str(parquet[0].parent), index_dir=str(tmp_path), val_fraction=0.0),
+                           ImageFolderDataModule(str(image_folder), val_fraction=0.0)],
+                          epoch_size=48, image_size=16, batch_size=16, num_workers=2)  # fmt: skip
+    mix.setup("fit")
+    assert sum(len(batch) for _, batch in mix.train_dataloader()) == 48
