@@ -143,10 +143,13 @@ def _size_bytes(text: str) -> int:
 
 
 def _convert_shards(args: argparse.Namespace, rest: list[str]) -> None:
-    from lightning_fastdata.datasets.shard_writer import write_tar_shards
+    from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
 
-    written = write_tar_shards(args.src, args.dst, shard_bytes=args.shard_size)
-    print(f"fastdata convert: wrote {len(written)} shard(s) in {args.dst}")
+    if args.format == "parquet":
+        written = write_parquet_shards(args.src, args.dst, args.shard_size, rows_per_group=args.rows_per_group)
+    else:
+        written = write_tar_shards(args.src, args.dst, shard_bytes=args.shard_size)
+    print(f"fastdata convert: wrote {len(written)} {args.format} shard(s) in {args.dst}")
 
 
 #: Subcommands whose options another parser reads: LightningCLI's, and the benchmark's.
@@ -211,13 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     convert = sub.add_parser(
         "convert",
-        help="image folder -> one HDF5 file, or tar shards",
+        help="image folder -> one HDF5 file, or shards (WebDataset tars, Parquet)",
         description="Convert an image folder.",
         epilog="examples: fastdata convert hdf5 --src data/demo --dst data/demo.h5 --mode raw --size 160\n"
         "          fastdata convert hdf5 --src data/demo --dst data/demo-256.h5 --max-side 256  # compact\n"
         "          fastdata convert hdf5 --src s3://bucket/train --dst /local/nvme/train.h5 --max-side 256\n"
         "          fastdata convert hdf5 --src train --labels train.csv --multi-label --dst train.h5  # a table\n"
-        "          fastdata convert shards --src data/demo --dst data/demo-shards --shard-size 64MB  # tar shards",
+        "          fastdata convert shards --src data/demo --dst data/demo-shards --shard-size 64MB  # tar shards\n"
+        "          fastdata convert shards --src data/demo --dst data/demo-parquet --format parquet  # as the hubs",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     targets = convert.add_subparsers(dest="target", required=True)
@@ -257,11 +261,20 @@ def build_parser() -> argparse.ArgumentParser:
     h5.add_argument("--processes", type=int, default=None)
     h5.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
     h5.set_defaults(handler=_convert)
-    tars = targets.add_parser("shards", help="write WebDataset tar shards (<key>.<ext> + <key>.cls members)")
+    tars = targets.add_parser("shards", help="write WebDataset tar shards or the hubs' Parquet files")
     tars.add_argument("--src", required=True, help="image folder SRC/<class>/<image>")
-    tars.add_argument("--dst", required=True, help="output folder (shard-000000.tar, ...; classes.json beside)")
-    tars.add_argument("--format", choices=["tar"], default="tar", help="tar (WebDataset); Parquet is to come")
+    tars.add_argument(
+        "--dst", required=True, help="output folder (shard-000000.tar, ... and classes.json; or shard-000000.parquet)"
+    )
+    tars.add_argument(
+        "--format",
+        choices=["tar", "parquet"],
+        default="tar",
+        help="tar: WebDataset (<key>.<ext> + <key>.cls members); parquet: the hubs' image {bytes, path} and label "
+        "(ClassLabel) columns",
+    )
     tars.add_argument("--shard-size", type=_size_bytes, default=10**9, help="about this much a shard (1GB, 64MB)")
+    tars.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
     tars.set_defaults(handler=_convert_shards)
 
     doctor = sub.add_parser(

@@ -179,17 +179,27 @@ def test_a_bug_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
         main(["config"])
 
 
-def test_fastdata_convert_shards_writes_tar_shards_of_about_the_size_given(
+def test_fastdata_convert_shards_writes_tar_or_parquet_shards_of_about_the_size_given(
     image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import json
     import tarfile
 
+    import pyarrow.parquet as pq
+
     main(["convert", "shards", "--src", str(image_folder), "--dst", str(tmp_path / "s"), "--shard-size", "20kB"])
     shards = sorted((tmp_path / "s").glob("shard-*.tar"))
-    assert len(shards) > 2 and f"wrote {len(shards)} shard(s)" in capsys.readouterr().out
+    assert len(shards) > 2 and f"wrote {len(shards)} tar shard(s)" in capsys.readouterr().out
     assert sum(len(tarfile.open(p).getnames()) for p in shards) == 2 * 39
     assert json.loads((tmp_path / "s" / "classes.json").read_text()) == ["class_000", "class_001", "class_002"]
+    main(["convert", "shards", "--src", str(image_folder), "--dst", str(tmp_path / "p"), "--format", "parquet",
+          "--shard-size", "20kB", "--rows-per-group", "4"])  # fmt: skip
+    files = sorted((tmp_path / "p").glob("shard-*.parquet"))
+    assert len(files) > 2 and f"wrote {len(files)} parquet shard(s)" in capsys.readouterr().out
+    tables = [pq.read_table(p) for p in files]
+    assert sum(t.num_rows for t in tables) == 39 and pq.ParquetFile(files[0]).metadata.row_group(0).num_rows == 4
+    meta = json.loads(tables[0].schema.metadata[b"huggingface"])["info"]["features"]
+    assert meta["label"]["names"] == ["class_000", "class_001", "class_002"]
     with pytest.raises(SystemExit):
         main(["convert", "shards", "--src", str(image_folder), "--dst", str(tmp_path / "t"), "--shard-size", "big"])
     assert "'big' is not a size" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,13 @@ from lightning_fastdata.loading.index.parquet_index import ParquetIndex, load_pa
 from lightning_fastdata.loading.index.tar_index import TarIndex, load_tar_index
 from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
 from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.loading.storage.ranged import (
+    RemoteShard,
+    index_remote_parquet,
+    index_remote_tar,
+    list_remote_shards,
+    split_url,
+)
 
 __all__ = ["ShardDataModule", "expand_shards", "shard_format"]
 
@@ -44,22 +52,29 @@ def _braces(pattern: str) -> list[str]:
     return [pattern]
 
 
-def expand_shards(spec: str | list[str]) -> list[str]:
-    """The shard files ``spec`` names, in order.
+def expand_shards(spec: str | list[str], storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The shard files (or objects) ``spec`` names, in order.
 
     ``spec``: a folder (its ``*.tar``, or its ``*.parquet``, sorted), a glob, a brace pattern
-    (``train-{000000..000099}.tar``), or a list of any of these.
+    (``train-{000000..000099}.tar``), or a list of any of these; or the same as bucket URLs (``s3://b/train/``, a
+    prefix: its objects directly under it), listed with ``storage_options``.
 
     Raises:
         FileNotFoundError: If a named shard does not exist or nothing matches (naming the pattern).
-        ValueError: For a bucket URL (reading shards from a bucket comes later: copy them to local disk).
+        ValueError: If ``spec`` mixes local paths and URLs.
     """
+    return [s if isinstance(s, str) else s.url for s in _expand(spec, storage_options)]
+
+
+def _expand(spec: str | list[str], storage_options: Mapping[str, Any] | None) -> list[str] | list[RemoteShard]:
+    items = [spec] if isinstance(spec, str) else list(spec)
+    urls = [is_url(item) for item in items]
+    if any(urls):
+        if not all(urls):
+            raise InvalidValueError(f"{items!r}: give shards all local or all in a bucket, not both.")
+        return list_remote_shards([p for item in items for p in _braces(item)], storage_options)
     out: list[str] = []
-    for item in [spec] if isinstance(spec, str) else list(spec):
-        if is_url(item):
-            raise InvalidValueError(
-                f"{item!r}: shards in a bucket are not read in place yet; copy them to a local folder and pass that."
-            )
+    for item in items:
         if os.path.isdir(item):
             found = sorted(glob.glob(os.path.join(glob.escape(item), "*.tar")))
             found = found or sorted(glob.glob(os.path.join(glob.escape(item), "*.parquet")))
@@ -104,11 +119,13 @@ class ShardDataModule(FastDataModule):
     class names): rows are read with their row group, so a training epoch shuffles windows of row groups holding about
     ``shuffle_buffer`` rows together (each row group in random order, each window a uniform permutation; every row once
     an epoch). Both resume exactly mid-epoch and on another world size, with sampling and mixes as every module; each
-    image goes through the folder module's decode path (the crop decoded alone). Local files for now.
+    image goes through the folder module's decode path (the crop decoded alone). Shards in a bucket are read in place
+    (a sample, or a row group's image column, one ranged request; their indexes kept in ``index_dir``).
 
     Args:
         shards: The training shards: a folder of ``.tar`` (or ``.parquet``) files, a glob, a brace pattern
-            (``data/train-{000000..000146}.tar``), or a list of them (``expand_shards``).
+            (``data/train-{000000..000146}.tar``), a bucket prefix or pattern (``s3://bucket/imagenet/train/``), or a
+            list of them (``expand_shards``).
         val_shards: Validation shards, or ``None`` (then ``val_fraction`` of the training samples, seeded).
         test_shards: Test shards for ``trainer.test``, or ``None``.
         index_dir: Where the shards' indexes are kept (a folder of ours, never the data's); ``None``: the user cache
@@ -123,6 +140,8 @@ class ShardDataModule(FastDataModule):
             permutation); each worker keeps a window's row groups in memory. ``None``: a full shuffle, which reads a
             row group per row. Sampling settings (``sample_weights``, ``epoch_size``, ``classes``) and a mix draw rows
             one by one, each read with its row group: small row groups, or tar shards, serve them faster.
+        storage_options: Object-store settings for ``s3://`` (``gs://``, ``az://``) shards, as
+            :class:`~lightning_fastdata.ImageFolderDataModule` takes them (``endpoint``, ``max_inflight``, ...).
         **kwargs: Augmentation, split, sampling and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -141,13 +160,16 @@ class ShardDataModule(FastDataModule):
         image_column: str = "image",
         label_column: str = "label",
         shuffle_buffer: int | None = 1000,
+        storage_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         save_init_hparams(self)
-        self.shard_paths = expand_shards(shards)
-        self.val_shard_paths = None if val_shards is None else expand_shards(val_shards)
-        self.test_shard_paths = None if test_shards is None else expand_shards(test_shards)
+        self.storage_options = storage_options
+        self._remote: dict[str, RemoteShard] = {}
+        self.shard_paths = self._expand(shards)
+        self.val_shard_paths = None if val_shards is None else self._expand(val_shards)
+        self.test_shard_paths = None if test_shards is None else self._expand(test_shards)
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self.json_label = json_label
         self.image_column, self.label_column = image_column, label_column
@@ -158,11 +180,11 @@ class ShardDataModule(FastDataModule):
         self.shuffle_buffer = shuffle_buffer
         #: ``"tar"`` or ``"parquet"`` (every split's shards are of one format).
         self.format = shard_format(self.shard_paths + (self.val_shard_paths or []) + (self.test_shard_paths or []))
-        beside = Path(self.shard_paths[0]).parent / "classes.json"
+        beside = self._classes_beside()
         if label_classes is not None:
             names = [str(c) for c in label_classes]
-        elif beside.is_file():
-            names = [str(c) for c in json.loads(beside.read_text())]
+        elif beside is not None:
+            names = [str(c) for c in json.loads(beside)]
         else:
             files: Any = self._indexes(self.shard_paths) if self.format == "parquet" else []
             named = common_classes(files) if files else None
@@ -178,13 +200,53 @@ class ShardDataModule(FastDataModule):
         """Number of classes."""
         return len(self.data_classes)
 
+    def _expand(self, spec: str | list[str]) -> list[str]:
+        found = _expand(spec, self.storage_options)
+        self._remote.update({s.url: s for s in found if isinstance(s, RemoteShard)})
+        return [s if isinstance(s, str) else s.url for s in found]
+
+    def _storage(self, url: str) -> Any:
+        from lightning_fastdata.loading.storage.object_store import ObjectStorage
+
+        return ObjectStorage(split_url(url)[0], self.storage_options)
+
+    def _classes_beside(self) -> bytes | None:
+        """``classes.json`` beside the first shard (a file, or an object in the bucket), if there is one."""
+        first = self.shard_paths[0]
+        if not self._remote:
+            beside = Path(first).parent / "classes.json"
+            return beside.read_bytes() if beside.is_file() else None
+        key = split_url(first)[1].rpartition("/")[0]
+        data = next(iter(self._storage(first).read_many([f"{key}/classes.json" if key else "classes.json"])))
+        return None if isinstance(data, OSError) else data
+
     def _indexes(self, paths: list[str]) -> list[TarIndex] | list[ParquetIndex]:
         if self.format == "parquet":
-            return [load_parquet_index(p, self.index_dir, self.image_column, self.label_column) for p in paths]
-        return [load_tar_index(p, self.index_dir, self.json_label) for p in paths]
+            return [
+                load_parquet_index(p, self.index_dir, self.image_column, self.label_column, self._remote_parquet(p))
+                for p in paths
+            ]
+        return [load_tar_index(p, self.index_dir, self.json_label, self._remote_tar(p)) for p in paths]
+
+    def _remote_tar(self, url: str) -> tuple[int, int, Any] | None:
+        shard = self._remote.get(url)
+        if shard is None:
+            return None
+        return (
+            shard.size,
+            shard.version,
+            lambda: self._storage(url).run_direct(index_remote_tar, shard, self.json_label),
+        )
+
+    def _remote_parquet(self, url: str) -> tuple[int, int, Any] | None:
+        shard = self._remote.get(url)
+        if shard is None:
+            return None
+        columns = (self.image_column, self.label_column)
+        return shard.size, shard.version, lambda: self._storage(url).run_direct(index_remote_parquet, shard, *columns)
 
     def _dataset(self, paths: list[str], train: bool, indices: Any = None) -> Dataset:
-        kwargs = self.split_kwargs(train)
+        kwargs = {**self.split_kwargs(train), "storage_options": self.storage_options}
         if self.format == "parquet":
             files: Any = self._indexes(paths)
             buffer = self.shuffle_buffer if train else None

@@ -5,14 +5,16 @@ cache of whole row groups (:attr:`ParquetShardDataset.cache_groups`): the traini
 at a time (:attr:`ParquetShardDataset.windows`), so each row group is read once per window by a process, not
 once per row. The bytes then go through the folder module's path: the decode of the crop alone, the batch built in
 shared memory, corrupt images by ``on_corrupt`` (a null image is a corrupt one). Rows are numbered file after file,
-in file order. Each process opens the files itself and checks that each is the file indexed.
+in file order. Each process opens the files itself and checks that each is the file indexed. Files in a bucket are
+read in place: a row group's image column chunk is one ranged request, the row groups a batch lacks requested
+together (:mod:`~lightning_fastdata.loading.storage.ranged`).
 """
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,8 @@ from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values
 from lightning_fastdata.loading.sampler import ShuffleWindows
+from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.loading.storage.ranged import RemoteShard, read_remote_row_group, split_url
 
 __all__ = ["ParquetShardDataset", "common_classes"]
 
@@ -49,6 +53,7 @@ class ParquetShardDataset(AugmentedImageDataset):
         shuffle_buffer: The training order's window, in rows (:attr:`windows`); ``None``: no window (a full shuffle
             reads a row group per row: slow).
         cache_groups: How many row groups each process keeps (at least what one window reads, plus two).
+        storage_options: Object-store settings for files in a bucket (their paths are URLs).
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`.
 
     Raises:
@@ -64,6 +69,7 @@ class ParquetShardDataset(AugmentedImageDataset):
         indices: np.ndarray | None = None,
         shuffle_buffer: int | None = 1000,
         cache_groups: int = 4,
+        storage_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -110,6 +116,17 @@ class ParquetShardDataset(AugmentedImageDataset):
         self.windows = None if shuffle_buffer is None else self._shuffle_windows(shuffle_buffer)
         self._files: dict[int, Any] | None = None
         self._groups: OrderedDict[int, Any] | None = None
+        remote = [is_url(f.path) for f in self.files]
+        if any(remote) and not all(remote):
+            raise InvalidValueError("Give Parquet files all local or all in one bucket, not both.")
+        self._storage: Any = None
+        if all(remote):
+            from lightning_fastdata.loading.storage.object_store import ObjectStorage
+
+            roots = {split_url(f.path)[0] for f in self.files}
+            if len(roots) > 1:
+                raise InvalidValueError(f"Give Parquet files of one bucket, not of {sorted(roots)}.")
+            self._storage = ObjectStorage(roots.pop(), storage_options)
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -152,9 +169,8 @@ class ParquetShardDataset(AugmentedImageDataset):
     def _file(self, k: int) -> Any:
         import pyarrow.parquet as pq
 
-        if not self._handles_open() or self._files is None:
-            self._files, self._groups = {}, OrderedDict()
-            self._mark_handles_open()
+        self._cache()
+        assert self._files is not None
         pf = self._files.get(k)
         if pf is None:
             f = self.files[k]
@@ -168,39 +184,72 @@ class ParquetShardDataset(AugmentedImageDataset):
             self._files[k] = pf
         return pf
 
-    def _group(self, index: int) -> Any:
-        """The image bytes of sample ``index``'s row group (read once, kept while the cache holds it)."""
+    def _cache(self) -> OrderedDict[int, Any]:
+        if not self._handles_open() or self._groups is None:
+            self._files, self._groups = {}, OrderedDict()
+            self._mark_handles_open()
+        return self._groups
+
+    def _keep(self, g: int, values: Any) -> None:
+        groups = self._cache()
+        groups[g] = values
+        while len(groups) > self.cache_groups:
+            groups.popitem(last=False)
+
+    def _fetch_remote(self, firsts: dict[int, int]) -> dict[int, Any]:
+        """Row groups (each named by one of its samples) requested together; an ``OSError`` for one that failed."""
+        calls = []
+        for i in firsts.values():
+            f = self.files[int(self._file_of[i])]
+            calls.append((RemoteShard(f.path, f.size, f.mtime_ns), int(self._group_local[i]), f.image_column))
+        out: dict[int, Any] = {}
+        for g, call, values in zip(firsts, calls, self._storage.run_many(read_remote_row_group, calls)):
+            if isinstance(values, DataError):
+                raise values  # a file that changed after it was indexed: never read
+            if isinstance(values, BaseException) and not isinstance(values, OSError):
+                values = OSError(f"{call[0].url}: row group {call[1]} cannot be read ({values})")
+            out[g] = values
+        return out
+
+    def _read_local(self, index: int) -> Any:
+        """The image bytes of sample ``index``'s row group, read from its local file (an ``OSError`` if it fails)."""
         import pyarrow as pa
 
-        g = int(self._group_of[index])
         k = int(self._file_of[index])
-        pf = self._file(k)
-        assert self._groups is not None
-        values = self._groups.get(g)
-        if values is not None:
-            self._groups.move_to_end(g)
-            return values
-        f = self.files[k]
+        pf, f = self._file(k), self.files[k]
         try:
             table = pf.read_row_group(int(self._group_local[index]), columns=[f.image_column])
         except (pa.ArrowException, OSError) as err:
-            raise OSError(f"{f.path}: row group {int(self._group_local[index])} cannot be read ({err})") from None
-        values = image_values(table.column(0), f.path, f.image_column)
-        self._groups[g] = values
-        while len(self._groups) > self.cache_groups:
-            self._groups.popitem(last=False)
-        return values
+            return OSError(f"{f.path}: row group {int(self._group_local[index])} cannot be read ({err})")
+        return image_values(table.column(0), f.path, f.image_column)
 
     def read_sources(self, indices: np.ndarray) -> list[Source]:
         """Each sample's image bytes from its row group (an ``OSError`` in its place where a read fails)."""
+        groups = self._cache()
+        batch: dict[int, Any] = {}  # the batch's row groups: kept ones, then the others read
+        missing: dict[int, int] = {}
+        for i in indices.tolist():
+            g = int(self._group_of[i])
+            if g in batch or g in missing:
+                continue
+            if g in groups:
+                groups.move_to_end(g)
+                batch[g] = groups[g]
+            else:
+                missing[g] = i
+        if self._storage is not None:
+            read = self._fetch_remote(missing) if missing else {}
+        else:
+            read = {g: self._read_local(i) for g, i in missing.items()}
+        for g, values in read.items():
+            if not isinstance(values, OSError):
+                self._keep(g, values)
+        batch.update(read)
         out: list[Source] = []
         for i in indices.tolist():
-            try:
-                values = self._group(i)
-            except DataError:
-                raise  # a file that is not the one indexed: never read, never skipped
-            except OSError as err:
-                out.append(err)
+            values = batch[int(self._group_of[i])]
+            if isinstance(values, OSError):
+                out.append(values)
                 continue
             value = values[int(self._row_in_group[i])]
             out.append(value.as_py() if value.is_valid else b"")  # a null image: corrupt (on_corrupt)

@@ -1,16 +1,18 @@
 """``TarShardDataset``: the samples of WebDataset tar shards, read by random access and decoded as files are.
 
 Each sample's image is read with one ``pread`` at the offset its shard's index gives
-(:mod:`~lightning_fastdata.loading.index.tar_index`) and then goes through the same path as a file of an image
-folder: the decode of the crop only, the batch built in shared memory, corrupt images by ``on_corrupt``. Samples are
-numbered shard after shard, in member order, so a sampler's epoch is a global shuffle of all of them. Each process
-opens the shards itself (after a ``fork`` too) and checks, when it opens one, that it is the shard that was indexed.
+(:mod:`~lightning_fastdata.loading.index.tar_index`), or, for a shard in a bucket, one ranged request (several in
+flight, the next batch's started ahead: :mod:`~lightning_fastdata.loading.storage.ranged`), and then goes through
+the same path as a file of an image folder: the decode of the crop only, the batch built in shared memory, corrupt
+images by ``on_corrupt``. Samples are numbered shard after shard, in member order, so a sampler's epoch is a global
+shuffle of all of them. Each process opens the shards itself (after a ``fork`` too) and checks, when it opens one
+(a bucket: each answer), that it is the shard that was indexed.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,8 @@ from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
 from lightning_fastdata.loading.index.tar_index import TarIndex
+from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.loading.storage.ranged import split_url
 
 __all__ = ["TarShardDataset"]
 
@@ -30,6 +34,7 @@ class TarShardDataset(AugmentedImageDataset):
         shards: Each shard's :class:`~lightning_fastdata.loading.index.tar_index.TarIndex`.
         classes: The class names, in label order (a label ``k`` is ``classes[k]``).
         indices: The samples (numbered shard after shard) this dataset holds, in order; ``None``: all (a split).
+        storage_options: Object-store settings for shards in a bucket (their paths are URLs).
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`.
 
     Raises:
@@ -39,7 +44,12 @@ class TarShardDataset(AugmentedImageDataset):
     per_process_attrs = ("_fds",)
 
     def __init__(
-        self, shards: Sequence[TarIndex], classes: Sequence[str], indices: np.ndarray | None = None, **kwargs: Any
+        self,
+        shards: Sequence[TarIndex],
+        classes: Sequence[str],
+        indices: np.ndarray | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.shards = list(shards)
@@ -61,6 +71,18 @@ class TarShardDataset(AugmentedImageDataset):
                 f"{len(self._classes)} classes {list(self._classes)[:5]}; give every class a name (classes=)."
             )
         self._fds: dict[int, int] | None = None
+        remote = [is_url(s.path) for s in self.shards]
+        if any(remote) and not all(remote):
+            raise InvalidValueError("Give shards all local or all in one bucket, not both.")
+        self._storage: Any = None
+        if all(remote):
+            from lightning_fastdata.loading.storage.object_store import ObjectStorage
+
+            roots = {split_url(s.path)[0] for s in self.shards}
+            if len(roots) > 1:
+                raise InvalidValueError(f"Give shards of one bucket, not of {sorted(roots)}.")
+            self._storage = ObjectStorage(roots.pop(), storage_options)
+            self._keys = [split_url(s.path)[1] for s in self.shards]
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -107,8 +129,39 @@ class TarShardDataset(AugmentedImageDataset):
             self._fds[s] = fd
         return fd
 
+    @property
+    def reads_ahead(self) -> bool:
+        """Shards in a bucket: the next batch's members are requested while this one decodes."""
+        return self._storage is not None
+
+    def _requests(self, indices: np.ndarray) -> tuple[list[str], list[tuple[int, int]]]:
+        shard = self._shard_of[indices]
+        keys = [self._keys[s] for s in shard.tolist()]
+        starts = self._offsets[indices]
+        return keys, list(zip(starts.tolist(), (starts + self._sizes[indices]).tolist()))
+
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """Start the ranged requests of ``indices`` (this worker's next batch) now (shards in a bucket)."""
+        if self._storage is not None:
+            self._storage.read_ahead(*self._requests(indices))
+
+    def _read_remote(self, indices: np.ndarray) -> list[Source]:
+        keys, ranges = self._requests(indices)
+        versions = [self.shards[s].mtime_ns for s in self._shard_of[indices].tolist()]
+
+        def changed(k: int) -> None:
+            shard = self.shards[int(self._shard_of[indices[k]])]
+            raise DataError(
+                f"The shard {shard.path!r} changed after it was indexed (another size or ETag): its samples would be "
+                "read at the wrong places. Restart to index it again, and do not rewrite shards while they are read."
+            )
+
+        return list(self._storage.read_many(keys, versions, changed, ranges))
+
     def read_sources(self, indices: np.ndarray) -> list[Source]:
-        """Each sample's image bytes, one ``pread`` each (an ``OSError`` in its place where a read fails)."""
+        """Each sample's image bytes, one ``pread`` (or ranged request) each; an ``OSError`` where a read fails."""
+        if self._storage is not None:
+            return self._read_remote(indices)
         out: list[Source] = []
         for i in indices.tolist():
             try:

@@ -130,8 +130,6 @@ def test_shard_patterns_expand_in_order(shards: list[Path]) -> None:
     assert expand_shards([str(folder / "shard-00000[01].tar")]) == [str(p) for p in shards[:2]]
     with pytest.raises(FileNotFoundError, match=r"The shard .*shard-000998\.tar. \(of .*\) does not exist"):
         expand_shards(str(folder / "shard-{000998..000999}.tar"))
-    with pytest.raises(ValueError, match="not read in place yet"):
-        expand_shards("s3://bucket/train-{0..3}.tar")
 
 
 @pytest.mark.timeout(180)

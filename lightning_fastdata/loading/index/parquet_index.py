@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.atomic import atomic_path
 
-__all__ = ["ParquetIndex", "image_values", "index_parquet", "load_parquet_index"]
+__all__ = ["ParquetIndex", "image_values", "index_parquet", "index_parquet_file", "load_parquet_index"]
 
 #: The version of the kept index files (another version is indexed again).
 _FORMAT = 1
@@ -40,7 +41,7 @@ class ParquetIndex:
     Attributes:
         path: The file.
         size: Its size in bytes when indexed.
-        mtime_ns: Its modification time when indexed.
+        mtime_ns: Its modification time when indexed (a file in a bucket: its version, of its size and ETag).
         group_rows: Each row group's number of rows (int64).
         labels: Each row's label (int64): the integer, or the position of its class name in ``label_names``.
         label_names: The class names the labels are positions in (a ``ClassLabel``'s, or the sorted names a string
@@ -114,13 +115,24 @@ def index_parquet(
         DataError: If the file is not readable Parquet, a column is missing (the file's columns named), the image
             column holds no bytes, or a row has no label (the row named).
     """
+    path = os.fspath(path)
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        return index_parquet_file(f, path, st.st_size, st.st_mtime_ns, image_column, label_column)
+
+
+def index_parquet_file(
+    fileobj: Any, path: str, size: int, version: int, image_column: str = "image", label_column: str = "label"
+) -> ParquetIndex:
+    """:func:`index_parquet` of an open, seekable file (local, or an object read by ranges) of ``size`` bytes.
+
+    ``path`` names it in errors and in the index; ``version`` is its modification time (or an object's version).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = os.fspath(path)
-    st = os.stat(path)
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(fileobj)
     except (pa.ArrowException, OSError) as err:
         raise DataError(f"{path} is not a readable Parquet file ({err}): truncated, or not Parquet.") from None
     schema = pf.schema_arrow
@@ -151,7 +163,7 @@ def index_parquet(
             f"{path}: the label column {label_column!r} holds {column.type}; expected integers or class names."
         )
     group_rows = np.array([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)], dtype=np.int64)
-    return ParquetIndex(path, st.st_size, st.st_mtime_ns, group_rows, labels, names, image_column)
+    return ParquetIndex(path, size, version, group_rows, labels, names, image_column)
 
 
 def load_parquet_index(
@@ -159,22 +171,28 @@ def load_parquet_index(
     index_dir: str | os.PathLike[str],
     image_column: str = "image",
     label_column: str = "label",
+    remote: tuple[int, int, Callable[[], ParquetIndex]] | None = None,
 ) -> ParquetIndex:
     """The file's index: kept in ``index_dir`` under its path, size, modification time and columns, else built.
 
     Built by :func:`index_parquet` and written atomically; an ``index_dir`` that cannot be written is skipped.
+    ``remote``: a file in a bucket (``path`` its URL): its size, its version, and what builds its index.
     """
-    path = os.path.abspath(os.fspath(path))
-    st = os.stat(path)
-    key = f"{_FORMAT}|{path}|{st.st_size}|{st.st_mtime_ns}|{image_column}|{label_column}"
+    if remote is None:
+        path = os.path.abspath(os.fspath(path))
+        st = os.stat(path)
+        size, version = st.st_size, st.st_mtime_ns
+    else:
+        path, (size, version, _) = os.fspath(path), remote
+    key = f"{_FORMAT}|{path}|{size}|{version}|{image_column}|{label_column}"
     kept = Path(index_dir) / "parquet-index" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz"
     try:
         with np.load(kept, allow_pickle=False) as f:
             names = tuple(str(n) for n in f["label_names"])
-            return ParquetIndex(path, st.st_size, st.st_mtime_ns, f["group_rows"], f["labels"], names, image_column)
+            return ParquetIndex(path, size, version, f["group_rows"], f["labels"], names, image_column)
     except (OSError, KeyError, ValueError):
         pass
-    index = index_parquet(path, image_column, label_column)
+    index = index_parquet(path, image_column, label_column) if remote is None else remote[2]()
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(kept) as tmp, open(tmp, "wb") as f:

@@ -21,15 +21,17 @@ import hashlib
 import json
 import os
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.atomic import atomic_path
 
-__all__ = ["IMAGE_EXTENSIONS", "TarIndex", "index_tar", "load_tar_index"]
+__all__ = ["IMAGE_EXTENSIONS", "TarIndex", "index_tar", "index_tar_file", "load_tar_index"]
 
 #: The extensions of a sample's image member (lower case; matched in any case).
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -44,7 +46,7 @@ class TarIndex:
     Attributes:
         path: The shard.
         size: Its size in bytes when indexed.
-        mtime_ns: Its modification time when indexed.
+        mtime_ns: Its modification time when indexed (a shard in a bucket: its version, of its size and ETag).
         keys: Each sample's key.
         offsets: Each sample's image bytes' offset in the shard (int64).
         sizes: Their sizes (int64).
@@ -104,6 +106,15 @@ def index_tar(path: str | os.PathLike[str], json_label: str = "label") -> TarInd
     """
     path = os.fspath(path)
     st = os.stat(path)
+    with open(path, "rb") as f:
+        return index_tar_file(f, path, st.st_size, st.st_mtime_ns, json_label)
+
+
+def index_tar_file(fileobj: IO[bytes], path: str, size: int, version: int, json_label: str = "label") -> TarIndex:
+    """:func:`index_tar` of an open, seekable shard (a local file, or an object read by ranges) of ``size`` bytes.
+
+    ``path`` names it in errors and in the index; ``version`` is its modification time (or an object's version).
+    """
     keys: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
@@ -125,7 +136,9 @@ def index_tar(path: str | os.PathLike[str], json_label: str = "label") -> TarInd
         current.clear()
 
     try:
-        with tarfile.open(path, "r:") as tf:  # "r:": no compression (a compressed shard has no random access)
+        with tarfile.open(
+            fileobj=fileobj, mode="r:"
+        ) as tf:  # "r:": no compression (a compressed shard has no random access)
             for member in tf:
                 if not member.isfile():
                     continue
@@ -150,12 +163,12 @@ def index_tar(path: str | os.PathLike[str], json_label: str = "label") -> TarInd
             "shards with `fastdata convert shards` (or webdataset's ShardWriter), uncompressed."
         ) from None
     end = max((o + s for o, s in zip(offsets, sizes)), default=0)
-    if end > st.st_size:
-        raise DataError(f"{path} is truncated: its last image ends at byte {end}, the file has {st.st_size}.")
+    if end > size:
+        raise DataError(f"{path} is truncated: its last image ends at byte {end}, the file has {size}.")
     return TarIndex(
         path,
-        st.st_size,
-        st.st_mtime_ns,
+        size,
+        version,
         tuple(keys),
         np.asarray(offsets, dtype=np.int64),
         np.asarray(sizes, dtype=np.int64),
@@ -164,31 +177,32 @@ def index_tar(path: str | os.PathLike[str], json_label: str = "label") -> TarInd
 
 
 def load_tar_index(
-    path: str | os.PathLike[str], index_dir: str | os.PathLike[str], json_label: str = "label"
+    path: str | os.PathLike[str],
+    index_dir: str | os.PathLike[str],
+    json_label: str = "label",
+    remote: tuple[int, int, Callable[[], TarIndex]] | None = None,
 ) -> TarIndex:
     """The shard's index: kept in ``index_dir`` under its path, size and modification time, else built and kept.
 
     Built by :func:`index_tar` and written atomically; an ``index_dir`` that cannot be written is skipped (the index
-    is then built each time).
+    is then built each time). ``remote``: a shard in a bucket (``path`` its URL): its size, its version, and what
+    builds its index (reading it by ranges).
     """
-    path = os.path.abspath(os.fspath(path))
-    st = os.stat(path)
-    name = hashlib.sha256(f"{_FORMAT}|{path}|{st.st_size}|{st.st_mtime_ns}|{json_label}".encode()).hexdigest()[:24]
+    if remote is None:
+        path = os.path.abspath(os.fspath(path))
+        st = os.stat(path)
+        size, version = st.st_size, st.st_mtime_ns
+    else:
+        path, (size, version, _) = os.fspath(path), remote
+    name = hashlib.sha256(f"{_FORMAT}|{path}|{size}|{version}|{json_label}".encode()).hexdigest()[:24]
     kept = Path(index_dir) / "tar-index" / f"{name}.npz"
     try:
         with np.load(kept, allow_pickle=False) as f:
-            return TarIndex(
-                path,
-                st.st_size,
-                st.st_mtime_ns,
-                tuple(str(k) for k in f["keys"]),
-                f["offsets"],
-                f["sizes"],
-                f["labels"],
-            )
+            names = tuple(str(k) for k in f["keys"])
+            return TarIndex(path, size, version, names, f["offsets"], f["sizes"], f["labels"])
     except (OSError, KeyError, ValueError):
         pass
-    index = index_tar(path, json_label)
+    index = index_tar(path, json_label) if remote is None else remote[2]()
     try:
         kept.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(kept) as tmp, open(tmp, "wb") as f:

@@ -68,6 +68,7 @@ from lightning_fastdata.loading.storage.obstore_calls import (
     as_os_error,
     config_from_env,
     get_object,
+    get_object_range,
     list_prefix,
     profile_credentials,
 )
@@ -121,7 +122,7 @@ class _Session:
     def __init__(self, storage: ObjectStorage) -> None:
         self.store = storage.make_store()
         self.max_inflight = storage.max_inflight
-        self.ahead: tuple[tuple[str, ...], list[Future[Any]]] | None = None  # read_ahead's batch
+        self.ahead: tuple[Any, list[Future[Any]]] | None = None  # read_ahead's batch: (its requests, their futures)
         self.jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
         self.threads = 0
         self.idle = 0
@@ -306,34 +307,50 @@ class ObjectStorage:
         relpaths: Sequence[str],
         versions: Sequence[int] | None = None,
         on_changed: Callable[[int], None] | None = None,
+        ranges: Sequence[tuple[int, int]] | None = None,
     ) -> Iterator[bytes | OSError]:
         """Yield each object's bytes (or its ``OSError``) in order, fetching up to ``max_inflight`` at once.
 
         ``versions``: each object's size and ETag as listed (``versions`` of a
         :class:`~lightning_fastdata.FileIndex`); ``on_changed(k)`` is called, in this process, for each object ``k``
-        read with another one: it changed since the listing (module docstring).
+        read with another one: it changed since the listing (module docstring). ``ranges``: read only bytes
+        ``[start, end)`` of each object (a tar shard's member), one ranged request each.
         """
+        ranged = None if ranges is None else [(int(a), int(b)) for a, b in ranges]
         fetched = (
-            helper().call(_call_method, self, "_read_all", (list(relpaths),))
+            helper().call(_call_method, self, "_read_all", (list(relpaths), ranged))
             if not _direct()
-            else self._fetch(relpaths)
+            else self._fetch(relpaths, ranged)
         )
         for k, (data, version) in enumerate(fetched):
             if on_changed is not None and versions is not None and version is not None and version != versions[k]:
                 on_changed(k)
             yield data
 
-    def _fetch(self, relpaths: Sequence[str]) -> Iterator[tuple[bytes | OSError, int | None]]:
+    def _submit_reads(
+        self, session: _Session, relpaths: Sequence[str], ranges: Sequence[tuple[int, int]] | None
+    ) -> list[Future[tuple[bytes, int]]]:
+        budget = self.settings["retry_timeout"]
+        if ranges is None:
+            return [session.submit(retried, budget, get_object, session.store, rel) for rel in relpaths]
+        return [
+            session.submit(retried, budget, get_object_range, session.store, rel, a, b)
+            for rel, (a, b) in zip(relpaths, ranges)
+        ]
+
+    def _fetch(
+        self, relpaths: Sequence[str], ranges: Sequence[tuple[int, int]] | None = None
+    ) -> Iterator[tuple[bytes | OSError, int | None]]:
         """Each object's bytes (or ``OSError``) and read version, in order, as they arrive (a direct process)."""
         session = self._session()
         ahead, session.ahead = session.ahead, None
-        if ahead is not None and ahead[0] == tuple(relpaths):
+        wanted = (tuple(relpaths), None if ranges is None else tuple(ranges))
+        if ahead is not None and ahead[0] == wanted:
             futures = ahead[1]  # fetched ahead by read_ahead: already arriving
         else:
             for future in ahead[1] if ahead is not None else ():
                 future.cancel()  # a wrong guess: its requests that already started finish unread
-            budget = self.settings["retry_timeout"]
-            futures = [session.submit(retried, budget, get_object, session.store, rel) for rel in relpaths]
+            futures = self._submit_reads(session, relpaths, ranges)
         try:
             for rel, future in zip(relpaths, futures):
                 try:
@@ -344,7 +361,7 @@ class ObjectStorage:
             for future in futures:
                 future.cancel()
 
-    def read_ahead(self, relpaths: Sequence[str]) -> None:
+    def read_ahead(self, relpaths: Sequence[str], ranges: Sequence[tuple[int, int]] | None = None) -> None:
         """Start fetching ``relpaths`` now (the next batch); a later ``read_many`` of exactly them uses these fetches.
 
         Only in a process that reads directly (a loader worker); elsewhere it does nothing. One batch ahead: call
@@ -356,14 +373,33 @@ class ObjectStorage:
         session = self._session()
         for future in session.ahead[1] if session.ahead is not None else ():
             future.cancel()
-        budget = self.settings["retry_timeout"]
-        session.ahead = (
-            tuple(relpaths),
-            [session.submit(retried, budget, get_object, session.store, r) for r in relpaths],
-        )
+        ranged = None if ranges is None else [(int(a), int(b)) for a, b in ranges]
+        key = (tuple(relpaths), None if ranged is None else tuple(ranged))
+        session.ahead = (key, self._submit_reads(session, relpaths, ranged))
 
-    def _read_all(self, relpaths: list[str]) -> list[tuple[bytes | OSError, int | None]]:
-        return list(self._fetch(relpaths))
+    def _read_all(
+        self, relpaths: list[str], ranges: list[tuple[int, int]] | None = None
+    ) -> list[tuple[bytes | OSError, int | None]]:
+        return list(self._fetch(relpaths, ranges))
+
+    def run_many(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> list[T | BaseException]:
+        """``fn(store, *args)`` for each ``args`` of ``calls``, up to ``max_inflight`` at once.
+
+        Each one's result or error, in order; made here in a loader worker, else in the helper process; retried as a
+        read is.
+        """
+        if not _direct():
+            return helper().call(_call_method, self, "run_many", (fn, list(calls)))
+        session = self._session()
+        budget = self.settings["retry_timeout"]
+        futures = [session.submit(retried, budget, fn, session.store, *args) for args in calls]
+        out: list[T | BaseException] = []
+        for future in futures:
+            try:
+                out.append(future.result())
+            except Exception as err:  # noqa: BLE001 - handed to the caller, in order
+                out.append(err)
+        return out
 
     def stat(self, relpath: str) -> ObjectStat:
         """Size and ETag of one object.

@@ -59,6 +59,19 @@ def get_object(store: Any, relpath: str) -> tuple[bytes, int]:
     return data, object_version(int(meta["size"]), str(meta.get("e_tag") or ""))
 
 
+def get_object_range(store: Any, relpath: str, start: int, end: int) -> tuple[bytes, int]:
+    """Bytes ``[start, end)`` of the object and its version (one ranged request, as :func:`get_object`).
+
+    The version is of the object's whole size (the answer's ``Content-Range``) and ETag.
+    """
+    import obstore
+
+    result = obstore.get(store, relpath, options={"range": (start, end)})
+    meta = result.meta
+    data = bytes(result.bytes())
+    return data, object_version(int(meta["size"]), str(meta.get("e_tag") or ""))
+
+
 def list_prefix(store: Any, prefix: str) -> list[ObjectStat]:
     """Every object under ``prefix`` (pages of 1,000 keys, one after another)."""
     import obstore

@@ -22,7 +22,18 @@ BACKOFF = (0.25, 5.0)
 
 
 def permanent(err: BaseException) -> bool:
-    """Whether retrying ``err`` cannot help: a missing object or bucket, a refused credential, a bad request."""
+    """Whether retrying ``err`` cannot help.
+
+    A missing object or bucket, a refused credential, a bad request; data that are not what they should be (a
+    :class:`~lightning_fastdata.errors.DataError`, a file pyarrow cannot parse).
+    """
+    from lightning_fastdata.errors import DataError
+
+    cause: BaseException | None = err
+    while cause is not None:  # pyarrow raises what a file's read raised, or wraps it
+        if isinstance(cause, DataError) or type(cause).__name__ in ("ArrowInvalid", "ArrowTypeError"):
+            return True
+        cause = cause.__cause__ or cause.__context__
     from obstore.exceptions import (
         AlreadyExistsError,
         InvalidPathError,
@@ -62,6 +73,9 @@ class RetriesExhausted(Exception):
         super().__init__(f"{error} (retried for {seconds:.1f} s)")
         self.error = error
         self.seconds = seconds
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.error, self.seconds)  # crosses the helper process's pipe
 
 
 def retried(budget: float, fn: Callable[..., T], *args: Any) -> T:

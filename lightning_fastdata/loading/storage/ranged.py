@@ -1,0 +1,211 @@
+"""Shards in a bucket, read in place by byte ranges: their listing, their indexes, and Parquet row groups.
+
+A tar shard's sample is one ranged request of its image member (:meth:`ObjectStorage.read_many` with ``ranges``,
+several in flight per worker); indexing a shard and reading a Parquet file go through :class:`RangedFile`, a seekable
+file over ranged requests (read ahead in blocks) that ``tarfile`` and ``pyarrow`` read as a local file: ``pyarrow``
+asks for the footer, then for the column chunks of the row group it reads, each one request. Every answer carries
+the object's size and ETag; one that differs from the indexed version is refused (:class:`DataError` naming the
+URL): an object rewritten after it was indexed is never read at the old offsets.
+
+The functions named ``*_remote_*`` take an obstore store first: they run where obstore may run
+(:meth:`ObjectStorage.run_direct` and :meth:`ObjectStorage.run_many`: a loader worker, or the helper process).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_fastdata.errors import DataError, PathNotFoundError
+from lightning_fastdata.loading.index.parquet_index import (
+    ParquetIndex,
+    image_values,
+    index_parquet_file,
+)
+from lightning_fastdata.loading.index.tar_index import TarIndex, index_tar_file
+from lightning_fastdata.loading.storage.bucket_index import object_version
+from lightning_fastdata.loading.storage.obstore_calls import get_object_range
+
+__all__ = [
+    "RangedFile",
+    "RemoteShard",
+    "index_remote_parquet",
+    "index_remote_tar",
+    "list_remote_shards",
+    "read_remote_row_group",
+    "split_url",
+]
+
+#: Bytes a :class:`RangedFile` asks for at least, per request (it reads ahead that far).
+BLOCK = 8 << 20
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(bucket root, key)`` of an object URL: ``s3://b/x/y.tar`` -> ``("s3://b", "x/y.tar")``."""
+    scheme, _, rest = url.partition("://")
+    bucket, _, key = rest.partition("/")
+    return f"{scheme}://{bucket}", key
+
+
+@dataclass(frozen=True)
+class RemoteShard:
+    """One shard object: its URL, size and version (of its size and ETag, as listed).
+
+    Attributes:
+        url: The object's URL.
+        size: Its size in bytes.
+        version: :func:`~lightning_fastdata.loading.storage.bucket_index.object_version` of its size and ETag.
+    """
+
+    url: str
+    size: int
+    version: int
+
+    @classmethod
+    def listed(cls, url: str, size: int, etag: str) -> RemoteShard:
+        """The shard as a listing shows it (size and ETag)."""
+        return cls(url, int(size), object_version(int(size), etag))
+
+    @property
+    def root(self) -> str:
+        """Its bucket's URL (``s3://bucket``)."""
+        return split_url(self.url)[0]
+
+    @property
+    def key(self) -> str:
+        """Its key in the bucket."""
+        return split_url(self.url)[1]
+
+
+def _changed(url: str, size: int, version: int, got: int) -> DataError:
+    return DataError(
+        f"The shard {url!r} changed after it was indexed ({size} bytes then; another size or ETag now): its samples "
+        f"would be read at the wrong places (version {version} -> {got}). Restart to index it again, and do not "
+        "rewrite shards while they are read."
+    )
+
+
+class RangedFile(io.RawIOBase):
+    """A read-only, seekable file over an object's byte ranges, each answer checked against its version.
+
+    Args:
+        store: An obstore store (in a process where obstore may run).
+        shard: The object.
+        block: Bytes asked for at least per request (read ahead).
+    """
+
+    def __init__(self, store: Any, shard: RemoteShard, block: int = BLOCK) -> None:
+        super().__init__()
+        self.store, self.shard, self.block = store, shard, block
+        self.pos = 0
+        self._buffer, self._start = b"", 0
+
+    def readable(self) -> bool:  # noqa: D102 - io.RawIOBase
+        return True
+
+    def seekable(self) -> bool:  # noqa: D102
+        return True
+
+    def tell(self) -> int:  # noqa: D102
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:  # noqa: D102
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.shard.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, b: Any) -> int:  # noqa: D102
+        view = memoryview(b).cast("B")
+        n = min(len(view), self.shard.size - self.pos)
+        if n <= 0:
+            return 0
+        begin = self.pos - self._start
+        if not (0 <= begin and begin + n <= len(self._buffer)):
+            end = min(self.shard.size, self.pos + max(n, self.block))
+            data, version = get_object_range(self.store, self.shard.key, self.pos, end)
+            if version != self.shard.version:
+                raise _changed(self.shard.url, self.shard.size, self.shard.version, version)
+            self._buffer, self._start, begin = data, self.pos, 0
+        view[:n] = self._buffer[begin : begin + n]
+        self.pos += n
+        return n
+
+
+def index_remote_tar(store: Any, shard: RemoteShard, json_label: str) -> TarIndex:
+    """:func:`~lightning_fastdata.loading.index.tar_index.index_tar` of a shard in a bucket (read once, in blocks)."""
+    with io.BufferedReader(RangedFile(store, shard), buffer_size=1 << 16) as f:
+        return index_tar_file(f, shard.url, shard.size, shard.version, json_label)
+
+
+def index_remote_parquet(store: Any, shard: RemoteShard, image_column: str, label_column: str) -> ParquetIndex:
+    """:func:`~lightning_fastdata.loading.index.parquet_index.index_parquet` of a file in a bucket (footer, labels)."""
+    with RangedFile(store, shard, block=1 << 20) as f:
+        return index_parquet_file(f, shard.url, shard.size, shard.version, image_column, label_column)
+
+
+#: This process's open remote Parquet files (their footers read), by URL and version.
+_OPEN: OrderedDict[tuple[str, int], Any] = OrderedDict()
+_OPEN_MAX = 64
+
+
+def read_remote_row_group(store: Any, shard: RemoteShard, group: int, column: str) -> Any:
+    """The image bytes of one row group of a Parquet file in a bucket (its column chunk: one ranged request)."""
+    import pyarrow.parquet as pq
+
+    key = (shard.url, shard.version)
+    pf = _OPEN.get(key)
+    if pf is None:
+        pf = _OPEN[key] = pq.ParquetFile(RangedFile(store, shard, block=1 << 16))
+        while len(_OPEN) > _OPEN_MAX:
+            _OPEN.popitem(last=False)
+    _OPEN.move_to_end(key)
+    table = pf.read_row_group(group, columns=[column])
+    return image_values(table.column(0), shard.url, column)
+
+
+def _list_objects(store: Any, prefix: str) -> list[tuple[str, int, str]]:
+    from lightning_fastdata.loading.storage.obstore_calls import list_prefix
+
+    return [(e.key, e.size, e.version) for e in list_prefix(store, prefix)]
+
+
+def list_remote_shards(patterns: list[str], storage_options: Mapping[str, Any] | None = None) -> list[RemoteShard]:
+    """The shard objects ``patterns`` name (URLs: a prefix, a glob, or exact keys after brace expansion), in order.
+
+    A prefix (no ``.tar``/``.parquet`` ending, no glob) names its ``*.tar`` objects directly under it, else its
+    ``*.parquet``; each folder of the patterns is listed once (sizes and ETags come with the listing).
+
+    Raises:
+        FileNotFoundError: If a named object does not exist or a pattern matches nothing (naming it).
+    """
+    from lightning_fastdata.loading.storage.object_store import ObjectStorage
+
+    listed: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
+    out: list[RemoteShard] = []
+    for url in patterns:
+        root, key = split_url(url)
+        is_file = key.lower().endswith((".tar", ".parquet"))
+        has_glob = any(c in key for c in "*?[")
+        folder = os.path.dirname(key) if (is_file or has_glob) else key.rstrip("/")
+        if (root, folder) not in listed:
+            storage = ObjectStorage(root, storage_options)
+            entries = storage.run_direct(_list_objects, folder + "/" if folder else "")
+            listed[(root, folder)] = sorted(e for e in entries if os.path.dirname(e[0]) == folder)
+        entries = listed[(root, folder)]
+        if has_glob:
+            found = [e for e in entries if fnmatch.fnmatchcase(e[0], key)]
+        elif is_file:
+            found = [e for e in entries if e[0] == key]
+            if not found:
+                raise PathNotFoundError(f"The shard {url!r} does not exist (listed {root}/{folder}/).")
+        else:
+            found = [e for e in entries if e[0].endswith(".tar")] or [e for e in entries if e[0].endswith(".parquet")]
+        if not found:
+            raise PathNotFoundError(f"{url!r} names no .tar or .parquet shard (a prefix of them, a glob or names).")
+        out += [RemoteShard.listed(f"{root}/{k}", size, etag) for k, size, etag in found]
+    return out
