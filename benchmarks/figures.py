@@ -17,6 +17,7 @@ writes, else the date git last changed the file); a block's caption states both.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import subprocess
@@ -177,17 +178,58 @@ _ORIGINALS = "ImageFolderDataModule (original JPEGs)"
 
 
 #: Every named figure: a function of the results files giving the text the pages show.
-#: The shards suite's baseline row.
-_WDS = "webdataset + torchvision (shuffle buffer 1000)"
+#: The shards suite's rows (lightning_fastdata.bench.shards).
+_WDS, _HUB = "webdataset + torchvision (shuffle buffer 1000)", "datasets + torchvision (with_transform)"
+_TAR, _PARQUET, _SAME = "ShardDataModule (tar)", "ShardDataModule (parquet)", "ImageFolderDataModule (same images)"
 
 
 def _shards(name: str, loader: str) -> dict[str, Any]:
     return row(name, loader, suite="shards")
 
 
-def _shards_vs_folder(name: str) -> float:
-    ours = _shards(name, "ShardDataModule")["images_per_s"]
-    return float(ours / _shards(name, "ImageFolderDataModule (same images)")["images_per_s"])
+def _shards_vs_folder(name: str, loader: str) -> str:
+    return times2(float(_shards(name, loader)["images_per_s"] / _shards(name, _SAME)["images_per_s"]))
+
+
+def _shards_figures() -> dict[str, Callable[[], str]]:
+    """Each set's (``shards-demo``, ``shards-large``) rates and ratios, and the bucket run's (``shards-s3``)."""
+    out: dict[str, Callable[[], str]] = {}
+    for key in ("demo", "large"):
+        name = f"shards-{key}"
+        for short, loader in (("wds", _WDS), ("tar", _TAR), ("hub", _HUB), ("parquet", _PARQUET)):
+            out[f"shards.{key}_{short}"] = functools.partial(_shards_rate, name, loader)
+        out[f"shards.{key}_vs_wds"] = functools.partial(_shards_ratio, name, _TAR)
+        out[f"shards.{key}_vs_hub"] = functools.partial(_shards_ratio, name, _PARQUET)
+        out[f"shards.{key}_tar_vs_folder"] = functools.partial(_shards_vs_folder, name, _TAR)
+        out[f"shards.{key}_parquet_vs_folder"] = functools.partial(_shards_vs_folder, name, _PARQUET)
+    for short in ("tar", "parquet"):
+        out[f"shards.s3_{short}"] = functools.partial(_s3_vs_local, f"{short}, s3 direct")
+        out[f"shards.s3_{short}_delay"] = functools.partial(_s3_vs_local, f"{short}, s3 +20 ms/request")
+    out["shards.s3_date"] = functools.partial(date_of, "shards-s3")
+    out["shards.s3_machine"] = functools.partial(machine, "shards-s3")
+    for key in ("vs_webdataset", "vs_datasets", "parquet_vs_folder", "tar_vs_folder", "bucket_vs_local"):
+        out[f"shards.predicted_{key}"] = functools.partial(_shards_predicted, key)
+    return out
+
+
+def _shards_rate(name: str, loader: str) -> str:
+    return count(_shards(name, loader)["images_per_s"])
+
+
+def _shards_ratio(name: str, loader: str) -> str:
+    return times(_shards(name, loader)["vs_baseline"])
+
+
+def _shards_predicted(key: str) -> str:
+    return str(result("shards-demo")["predicted"][key])
+
+
+def _s3_vs_local(loader: str) -> str:
+    return times2(_s3_shards(loader)["vs_local"])
+
+
+def _s3_shards(loader: str) -> dict[str, Any]:
+    return next(r for r in result("shards-s3")["rows"] if r["loader"] == loader)
 
 
 def _predict(loader_prefix: str) -> list[float]:
@@ -217,17 +259,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "sampling.machine": lambda: machine("sampling"),
     "shards.date": lambda: date_of("shards-demo"),
     "shards.machine": lambda: machine("shards-demo"),
-    "shards.demo_wds": lambda: count(_shards("shards-demo", _WDS)["images_per_s"]),
-    "shards.demo_ours": lambda: count(_shards("shards-demo", "ShardDataModule")["images_per_s"]),
-    "shards.demo_vs_wds": lambda: times(_shards("shards-demo", "ShardDataModule")["vs_baseline"]),
-    "shards.demo_vs_folder": lambda: times2(_shards_vs_folder("shards-demo")),
-    "shards.large_wds": lambda: count(_shards("shards-large", _WDS)["images_per_s"]),
-    "shards.large_ours": lambda: count(_shards("shards-large", "ShardDataModule")["images_per_s"]),
-    "shards.large_vs_wds": lambda: times(_shards("shards-large", "ShardDataModule")["vs_baseline"]),
-    "shards.large_vs_folder": lambda: times2(_shards_vs_folder("shards-large")),
-    "shards.predicted_demo": lambda: result("shards-demo")["predicted"]["vs_webdataset"],
-    "shards.predicted_large": lambda: result("shards-large")["predicted"]["vs_webdataset"],
-    "shards.predicted_folder": lambda: result("shards-demo")["predicted"]["vs_folder"],
+    **_shards_figures(),
     "predict.date": lambda: date_of("predict"),
     "predict.machine": lambda: machine("predict"),
     "predict.demo": lambda: times(_predict("ImageFolderDataModule predict_dataloader")[0]),

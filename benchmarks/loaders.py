@@ -77,13 +77,6 @@ def _s3(args: argparse.Namespace) -> Any:
     return s3_main(s3_args + (["--pin"] if args.s3_pin else []))
 
 
-def _shards(args: argparse.Namespace) -> Any:
-    from benchmarks.shards import shards_suite
-
-    print("\nSuite shards: tar shards of the folder, webdataset + torchvision vs ours (ratios: to webdataset)\n")
-    return shards_suite(args)
-
-
 def _none(parser: argparse.ArgumentParser) -> None:
     return None
 
@@ -96,7 +89,6 @@ LAB = {
     "matrix": LabSuite("the entropy index on eight kinds of JPEG (~10 min; benchmarks.matrix)", _none, _matrix),
     "peers": LabSuite("DALI (CPU), SPDL and LitData beside ours (~12 min; benchmarks.peers)", _none, _peers),
     "s3": LabSuite("the folder module on a local S3 server (~8 min; benchmarks.s3)", _s3_arguments, _s3),
-    "shards": LabSuite("tar shards: webdataset + torchvision vs ShardDataModule (needs webdataset)", _none, _shards),
 }
 
 

@@ -37,6 +37,11 @@ def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[s
             "--data.init_args.cache_size",
             "40",
         ]
+    if "ShardDataModule" in config.read_text():  # the hubs' Parquet layout (the tar path has its own tests)
+        from lightning_fastdata.datasets.shard_writer import write_parquet_shards
+
+        write_parquet_shards(image_folder, tmp_path / "parquet", shard_bytes=20_000, rows_per_group=8)
+        return ["--data.init_args.shards", str(tmp_path / "parquet"), "--data.init_args.index_dir", str(tmp_path)]
     if config.name == "imagefolder.yaml":  # its commented options, switched on from the command line
         idx = ["--data.init_args.index_dir", str(tmp_path / "idx"), "--data.init_args.entropy_index", "true"]
         return ["--data.init_args.root", str(image_folder), *idx]

@@ -37,6 +37,9 @@ The lab's suites (``scale``, ``matrix``, ``peers``, ``s3``: the package's own me
 kinds of JPEG, its peers and a local S3 server) live in the repository's ``benchmarks/`` and run through this same
 harness from a checkout (``python -m benchmarks.loaders --suites ...``: :class:`LabSuite`); they are not installed.
 
+Suite ``shards`` (:mod:`lightning_fastdata.bench.shards`): the folder as WebDataset tars and as the hubs' Parquet files,
+through webdataset and the hubs' ``datasets`` library (with torchvision's transforms) and through ``ShardDataModule``.
+
 Suite ``callback`` (:mod:`lightning_fastdata.bench.callback`): the step time of the same CPU training run with and
 without ``FastDataCallback`` (fast in-memory data, so any overhead of the callback shows).
 """
@@ -121,7 +124,7 @@ class LabSuite:
 
 
 #: The suites installed with the package: what a user measures on their own data and recipe.
-SUITES = ("folder", "hdf5", "cache", "callback", "recipe", "predict")
+SUITES = ("folder", "hdf5", "cache", "callback", "recipe", "predict", "shards")
 
 
 def main(
@@ -269,6 +272,11 @@ def _run(args: argparse.Namespace, lab: Mapping[str, LabSuite]) -> dict[str, Any
         print("\nSuite predict: trainer.predict's loader (Resize + CenterCrop, in order, no labels needed)\n")
         print_table(rows)
         result["suites"]["predict"] = rows
+    if "shards" in args.suites:
+        from lightning_fastdata.bench.shards import shards_suite
+
+        print("\nSuite shards: tar and Parquet shards of the folder, what users write vs ours (each to its baseline)\n")
+        result["suites"]["shards"] = shards_suite(args)
     for name, suite in lab.items():
         if name in args.suites:
             result["suites"][name] = suite.run(args)

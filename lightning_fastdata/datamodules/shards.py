@@ -128,6 +128,9 @@ class ShardDataModule(FastDataModule):
             list of them (``expand_shards``).
         val_shards: Validation shards, or ``None`` (then ``val_fraction`` of the training samples, seeded).
         test_shards: Test shards for ``trainer.test``, or ``None``.
+        predict_shards: Shards for ``trainer.predict`` (labelled or not), in order, with the validation transforms;
+            :meth:`predict_path` names sample ``i`` (``shard.tar:key``, ``file.parquet:row N``). ``None``: the
+            module's ``predict_root`` (a folder of images), if any.
         index_dir: Where the shards' indexes are kept (a folder of ours, never the data's); ``None``: the user cache
             (``~/.cache/lightning-fastdata``).
         label_classes: The class names in label order; ``None``: ``classes.json`` beside the first shard (written by
@@ -161,6 +164,7 @@ class ShardDataModule(FastDataModule):
         label_column: str = "label",
         shuffle_buffer: int | None = 1000,
         storage_options: dict[str, Any] | None = None,
+        predict_shards: str | list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -170,6 +174,7 @@ class ShardDataModule(FastDataModule):
         self.shard_paths = self._expand(shards)
         self.val_shard_paths = None if val_shards is None else self._expand(val_shards)
         self.test_shard_paths = None if test_shards is None else self._expand(test_shards)
+        self.predict_shard_paths = None if predict_shards is None else self._expand(predict_shards)
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self.json_label = json_label
         self.image_column, self.label_column = image_column, label_column
@@ -179,7 +184,8 @@ class ShardDataModule(FastDataModule):
             )
         self.shuffle_buffer = shuffle_buffer
         #: ``"tar"`` or ``"parquet"`` (every split's shards are of one format).
-        self.format = shard_format(self.shard_paths + (self.val_shard_paths or []) + (self.test_shard_paths or []))
+        given = [self.shard_paths, self.val_shard_paths, self.test_shard_paths, self.predict_shard_paths]
+        self.format = shard_format([p for paths in given for p in paths or []])
         beside = self._classes_beside()
         if label_classes is not None:
             names = [str(c) for c in label_classes]
@@ -220,38 +226,36 @@ class ShardDataModule(FastDataModule):
         data = next(iter(self._storage(first).read_many([f"{key}/classes.json" if key else "classes.json"])))
         return None if isinstance(data, OSError) else data
 
-    def _indexes(self, paths: list[str]) -> list[TarIndex] | list[ParquetIndex]:
+    def _indexes(self, paths: list[str], labelled: bool = True) -> list[TarIndex] | list[ParquetIndex]:
         if self.format == "parquet":
+            label = self.label_column if labelled else None
             return [
-                load_parquet_index(p, self.index_dir, self.image_column, self.label_column, self._remote_parquet(p))
+                load_parquet_index(p, self.index_dir, self.image_column, label, self._remote_parquet(p, label))
                 for p in paths
             ]
-        return [load_tar_index(p, self.index_dir, self.json_label, self._remote_tar(p)) for p in paths]
+        json_label = self.json_label if labelled else None
+        return [load_tar_index(p, self.index_dir, json_label, self._remote_tar(p, json_label)) for p in paths]
 
-    def _remote_tar(self, url: str) -> tuple[int, int, Any] | None:
+    def _remote_tar(self, url: str, json_label: str | None) -> tuple[int, int, Any] | None:
         shard = self._remote.get(url)
         if shard is None:
             return None
-        return (
-            shard.size,
-            shard.version,
-            lambda: self._storage(url).run_direct(index_remote_tar, shard, self.json_label),
-        )
+        return shard.size, shard.version, lambda: self._storage(url).run_direct(index_remote_tar, shard, json_label)
 
-    def _remote_parquet(self, url: str) -> tuple[int, int, Any] | None:
+    def _remote_parquet(self, url: str, label_column: str | None) -> tuple[int, int, Any] | None:
         shard = self._remote.get(url)
         if shard is None:
             return None
-        columns = (self.image_column, self.label_column)
+        columns = (self.image_column, label_column)
         return shard.size, shard.version, lambda: self._storage(url).run_direct(index_remote_parquet, shard, *columns)
 
-    def _dataset(self, paths: list[str], train: bool, indices: Any = None) -> Dataset:
-        kwargs = {**self.split_kwargs(train), "storage_options": self.storage_options}
+    def _dataset(self, paths: list[str], train: bool, indices: Any = None, labelled: bool = True) -> Dataset:
+        kwargs = {**self.split_kwargs(train), "storage_options": self.storage_options, "labelled": labelled}
         if self.format == "parquet":
-            files: Any = self._indexes(paths)
+            files: Any = self._indexes(paths, labelled)
             buffer = self.shuffle_buffer if train else None
             return ParquetShardDataset(files, self.data_classes, indices=indices, shuffle_buffer=buffer, **kwargs)
-        return TarShardDataset(self._indexes(paths), self.data_classes, indices=indices, **kwargs)  # type: ignore[arg-type]
+        return TarShardDataset(self._indexes(paths, labelled), self.data_classes, indices=indices, **kwargs)  # type: ignore[arg-type]
 
     @override
     def prepare_data(self) -> None:
@@ -259,6 +263,8 @@ class ShardDataModule(FastDataModule):
         for paths in (self.shard_paths, self.val_shard_paths, self.test_shard_paths):
             if paths:
                 self._indexes(paths)
+        if self.predict_shard_paths:
+            self._indexes(self.predict_shard_paths, labelled=False)
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """The training samples and the validation ones (their shards, or a seeded share of the training ones)."""
@@ -278,3 +284,22 @@ class ShardDataModule(FastDataModule):
         if self.test_shard_paths is None:
             return None
         return self._dataset(self.test_shard_paths, False)
+
+    @override
+    def build_predict_dataset(self) -> Any:
+        """``predict_shards``' samples in order with the validation transforms (else ``predict_root``'s images)."""
+        if self.predict_shard_paths is None:
+            return super().build_predict_dataset()
+        return self._dataset(self.predict_shard_paths, False, labelled=False)
+
+    @override
+    def predict_storage_options(self) -> dict[str, Any] | None:
+        """A bucket ``predict_root`` is read with the module's ``storage_options``."""
+        return self.storage_options
+
+    @override
+    def predict_path(self, index: int) -> str:
+        """What prediction input ``index`` is: ``shard.tar:key`` or ``file.parquet:row N (row group G)``."""
+        if self.predict_shard_paths is not None and self.predict_dataset is not None:
+            return self.predict_dataset.describe(index)
+        return super().predict_path(index)

@@ -53,6 +53,8 @@ class ParquetShardDataset(AugmentedImageDataset):
         shuffle_buffer: The training order's window, in rows (:attr:`windows`); ``None``: no window (a full shuffle
             reads a row group per row: slow).
         cache_groups: How many row groups each process keeps (at least what one window reads, plus two).
+        labelled: Whether every sample has a label in ``classes`` (``False``: samples to predict on, whose batches
+            carry each sample's position, as a prediction folder's do).
         storage_options: Object-store settings for files in a bucket (their paths are URLs).
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`.
 
@@ -60,7 +62,7 @@ class ParquetShardDataset(AugmentedImageDataset):
         ValueError: If there is no row, or a label is outside ``classes`` (naming the file and row).
     """
 
-    per_process_attrs = ("_files", "_groups")
+    per_process_attrs = ("_files", "_groups", "_pending")
 
     def __init__(
         self,
@@ -70,6 +72,7 @@ class ParquetShardDataset(AugmentedImageDataset):
         shuffle_buffer: int | None = 1000,
         cache_groups: int = 4,
         storage_options: Mapping[str, Any] | None = None,
+        labelled: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -104,6 +107,8 @@ class ParquetShardDataset(AugmentedImageDataset):
                 labels.append(f.labels)
         self._targets = np.concatenate(labels).astype(np.int64)[rows]
         bad = np.flatnonzero((self._targets < 0) | (self._targets >= len(self._classes)))
+        if not labelled:  # samples to predict on: a prediction batch carries each sample's position instead
+            bad, self._targets = bad[:0], np.arange(len(self._targets), dtype=np.int64)
         if bad.size:
             raise InvalidValueError(
                 f"{self.describe(int(bad[0]))} has a label outside the {len(self._classes)} classes "
@@ -116,6 +121,7 @@ class ParquetShardDataset(AugmentedImageDataset):
         self.windows = None if shuffle_buffer is None else self._shuffle_windows(shuffle_buffer)
         self._files: dict[int, Any] | None = None
         self._groups: OrderedDict[int, Any] | None = None
+        self._pending: dict[int, Any] | None = None  # row groups read ahead (a bucket): their futures
         remote = [is_url(f.path) for f in self.files]
         if any(remote) and not all(remote):
             raise InvalidValueError("Give Parquet files all local or all in one bucket, not both.")
@@ -186,9 +192,44 @@ class ParquetShardDataset(AugmentedImageDataset):
 
     def _cache(self) -> OrderedDict[int, Any]:
         if not self._handles_open() or self._groups is None:
-            self._files, self._groups = {}, OrderedDict()
+            self._files, self._groups, self._pending = {}, OrderedDict(), {}
             self._mark_handles_open()
         return self._groups
+
+    @property
+    def reads_ahead(self) -> bool:
+        """Files in a bucket: the next batch's row groups are requested while this one decodes."""
+        return self._storage is not None
+
+    def _missing(self, indices: np.ndarray) -> dict[int, int]:
+        """The row groups of ``indices`` neither kept nor requested, each named by one of its samples."""
+        groups, pending = self._cache(), self._pending or {}
+        missing: dict[int, int] = {}
+        for i in indices.tolist():
+            g = int(self._group_of[i])
+            if g not in groups and g not in pending and g not in missing:
+                missing[g] = i
+        return missing
+
+    def _calls(self, firsts: dict[int, int]) -> list[tuple[Any, ...]]:
+        calls = []
+        for i in firsts.values():
+            f = self.files[int(self._file_of[i])]
+            calls.append((RemoteShard(f.path, f.size, f.mtime_ns), int(self._group_local[i]), f.image_column))
+        return calls
+
+    def read_ahead(self, indices: np.ndarray) -> None:
+        """Start the requests of the row groups ``indices`` (this worker's next batch) lacks (a bucket)."""
+        if self._storage is None:
+            return
+        for future in (self._pending or {}).values():
+            future.cancel()  # a guess that was not read: the previous batch took what it needed
+        if self._pending:
+            self._pending.clear()
+        missing = self._missing(indices)
+        futures = self._storage.start_many(read_remote_row_group, self._calls(missing)) if missing else None
+        if futures is not None and self._pending is not None:
+            self._pending.update(zip(missing, futures))
 
     def _keep(self, g: int, values: Any) -> None:
         groups = self._cache()
@@ -197,13 +238,25 @@ class ParquetShardDataset(AugmentedImageDataset):
             groups.popitem(last=False)
 
     def _fetch_remote(self, firsts: dict[int, int]) -> dict[int, Any]:
-        """Row groups (each named by one of its samples) requested together; an ``OSError`` for one that failed."""
-        calls = []
-        for i in firsts.values():
-            f = self.files[int(self._file_of[i])]
-            calls.append((RemoteShard(f.path, f.size, f.mtime_ns), int(self._group_local[i]), f.image_column))
+        """Row groups (each named by one of its samples): read ahead already, or requested together now.
+
+        An ``OSError`` in place of one that failed.
+        """
+        pending = self._pending if self._pending is not None else {}
+        ahead = [g for g in firsts if g in pending]
+        results: dict[int, Any] = {}
+        for g in ahead:
+            try:
+                results[g] = pending.pop(g).result()
+            except Exception as err:  # noqa: BLE001 - handled below as run_many's are
+                results[g] = err
+        rest = {g: i for g, i in firsts.items() if g not in results}
+        calls = self._calls(firsts)
+        if rest:
+            results.update(zip(rest, self._storage.run_many(read_remote_row_group, self._calls(rest))))
         out: dict[int, Any] = {}
-        for g, call, values in zip(firsts, calls, self._storage.run_many(read_remote_row_group, calls)):
+        for g, call in zip(firsts, calls):
+            values = results[g]
             if isinstance(values, DataError):
                 raise values  # a file that changed after it was indexed: never read
             if isinstance(values, BaseException) and not isinstance(values, OSError):

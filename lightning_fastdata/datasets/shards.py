@@ -12,7 +12,7 @@ shuffle of all of them. Each process opens the shards itself (after a ``fork`` t
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,8 @@ class TarShardDataset(AugmentedImageDataset):
         shards: Each shard's :class:`~lightning_fastdata.loading.index.tar_index.TarIndex`.
         classes: The class names, in label order (a label ``k`` is ``classes[k]``).
         indices: The samples (numbered shard after shard) this dataset holds, in order; ``None``: all (a split).
+        labelled: Whether every sample has a label in ``classes`` (``False``: samples to predict on, whose batches
+            carry each sample's position, as a prediction folder's do).
         storage_options: Object-store settings for shards in a bucket (their paths are URLs).
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`.
 
@@ -49,6 +51,7 @@ class TarShardDataset(AugmentedImageDataset):
         classes: Sequence[str],
         indices: np.ndarray | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        labelled: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -65,6 +68,8 @@ class TarShardDataset(AugmentedImageDataset):
         self._sizes = np.concatenate([s.sizes for s in self.shards])[rows]
         self._targets = np.concatenate([s.labels for s in self.shards]).astype(np.int64)[rows]
         bad = np.flatnonzero((self._targets < 0) | (self._targets >= len(self._classes)))
+        if not labelled:  # samples to predict on: a prediction batch carries each sample's position instead
+            bad, self._targets = bad[:0], np.arange(len(self._targets), dtype=np.int64)
         if bad.size:
             raise InvalidValueError(
                 f"{self.describe(int(bad[0]))} has label {int(self._targets[bad[0]])}, outside the "
@@ -145,7 +150,7 @@ class TarShardDataset(AugmentedImageDataset):
         if self._storage is not None:
             self._storage.read_ahead(*self._requests(indices))
 
-    def _read_remote(self, indices: np.ndarray) -> list[Source]:
+    def _read_remote(self, indices: np.ndarray) -> Iterator[Source]:
         keys, ranges = self._requests(indices)
         versions = [self.shards[s].mtime_ns for s in self._shard_of[indices].tolist()]
 
@@ -156,9 +161,9 @@ class TarShardDataset(AugmentedImageDataset):
                 "read at the wrong places. Restart to index it again, and do not rewrite shards while they are read."
             )
 
-        return list(self._storage.read_many(keys, versions, changed, ranges))
+        return self._storage.read_many(keys, versions, changed, ranges)  # decoded as they arrive
 
-    def read_sources(self, indices: np.ndarray) -> list[Source]:
+    def read_sources(self, indices: np.ndarray) -> list[Source] | Iterator[Source]:
         """Each sample's image bytes, one ``pread`` (or ranged request) each; an ``OSError`` where a read fails."""
         if self._storage is not None:
             return self._read_remote(indices)

@@ -305,12 +305,12 @@ def test_bench_predict_suite_times_the_baseline_and_our_predict_loader(tmp_path:
 
 
 @pytest.mark.timeout(300)
-def test_the_shards_suite_times_webdataset_and_ours_on_the_same_shards(tmp_path: Path) -> None:
-    """``python -m benchmarks.loaders --suites shards``: the same tar shards through webdataset + torchvision (the
-    baseline), ShardDataModule, and the folder module on the images they were written from."""
-    from benchmarks.loaders import main as lab_main
+def test_the_shards_suite_times_the_peers_and_ours_on_the_same_shards(tmp_path: Path) -> None:
+    """``fastdata bench --suites shards``: the same images as tar shards through webdataset + torchvision and as
+    Parquet through the hubs' datasets library (the baselines), through ShardDataModule, and the folder module."""
+    from lightning_fastdata.bench.loaders import main
 
-    result = lab_main(
+    result = main(
         [
             "--root", str(tmp_path / "bench"), "--num-classes", "2", "--per-class", "16", "--suites", "shards",
             "--workers", "2", "--batch-size", "8", "--repeats", "1", "--min-seconds", "0",
@@ -318,10 +318,16 @@ def test_the_shards_suite_times_webdataset_and_ours_on_the_same_shards(tmp_path:
         ]
     )  # fmt: skip
     rows = {row["loader"]: row for row in result["suites"]["shards"]}
-    assert set(rows) == {
+    assert list(rows) == [
         "webdataset + torchvision (shuffle buffer 1000)",
-        "ShardDataModule",
+        "ShardDataModule (tar)",
+        "datasets + torchvision (with_transform)",
+        "ShardDataModule (parquet)",
         "ImageFolderDataModule (same images)",
-    }
+    ]
     assert all(row["images_per_s"] > 0 and row["num_workers"] == 2 for row in rows.values())
+    assert rows["ShardDataModule (parquet)"]["baseline"] == "datasets + torchvision (with_transform)"
+    parquet = rows["ShardDataModule (parquet)"]
+    assert parquet["vs_baseline"] == parquet["images_per_s"] / rows[parquet["baseline"]]["images_per_s"]
     assert list((tmp_path / "scratch" / "shards").glob("shard-*.tar"))
+    assert list((tmp_path / "scratch" / "parquet").glob("shard-*.parquet"))

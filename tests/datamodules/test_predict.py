@@ -257,3 +257,55 @@ def test_the_writer_writes_what_the_model_says_its_rows_are(image_folder: Path, 
         written(tmp_path, dm, fixed_model(logits, "probabilities"))
     with pytest.raises(ValueError, match="scores should be one of"):
         PredictionWriter(str(tmp_path / "t.csv"), scores="softmax")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+def test_unlabelled_shards_are_predicted_in_order_and_named_by_shard_and_sample(
+    image_folder: Path, tmp_path: Path, fmt: str
+) -> None:
+    """``predict_shards``: shards without labels (no ``.cls`` members; no label column), each sample once in order
+    through 2 workers, its row in the table named ``shard.tar:key`` / ``file.parquet:row N``; the same images as
+    the folder they were written from, so the same predictions."""
+    import io
+    import tarfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lightning_fastdata import ShardDataModule
+    from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
+
+    train = (write_tar_shards if fmt == "tar" else write_parquet_shards)(image_folder, tmp_path / "train", 10**9)
+    files = sorted(p for p in image_folder.rglob("*.jpg"))
+    if fmt == "tar":
+        new = tmp_path / "new" / "new-000000.tar"
+        new.parent.mkdir()
+        with tarfile.open(new, "w") as tf:
+            for k, path in enumerate(files):
+                info = tarfile.TarInfo(f"{k:04d}.jpg")
+                info.size = path.stat().st_size
+                tf.addfile(info, io.BytesIO(path.read_bytes()))
+    else:
+        new = tmp_path / "new" / "new-000000.parquet"
+        new.parent.mkdir()
+        pq.write_table(pa.table({"image": [p.read_bytes() for p in files]}), new, row_group_size=8)
+    kw = dict(index_dir=str(tmp_path / "idx"), image_size=32, batch_size=4, num_workers=2)
+    dm = ShardDataModule(str(train[0].parent), predict_shards=str(new), **kw)
+    rows = predict(dm, tmp_path, top_k=1)
+    names = (
+        [f"{new}:{k:04d}" for k in range(len(files))]
+        if fmt == "tar"
+        else [f"{new}:row {k} (row group {k // 8})" for k in range(len(files))]
+    )
+    assert [r[0] for r in rows[1:]] == names
+    same = ImageFolderDataModule(str(image_folder), predict_root=str(image_folder), image_size=32, batch_size=4)
+    torch.manual_seed(0)
+    ours = torch.cat([b[0] for b in _predict_batches(dm)])
+    theirs = torch.cat([b[0] for b in _predict_batches(same)])
+    assert torch.equal(ours, theirs)  # the same images, in the same order, the same validation transforms
+
+
+def _predict_batches(dm: Any) -> list[Any]:
+    dm.setup("predict")
+    return list(dm.predict_dataloader())

@@ -4,6 +4,7 @@ files named."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections import Counter
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from PIL import Image
 
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.datasets.parquet_shards import ParquetShardDataset
@@ -205,3 +207,16 @@ def test_the_module_serves_the_folder_modules_batches_and_refuses_a_state_of_ano
                           epoch_size=48, image_size=16, batch_size=16, num_workers=2)  # fmt: skip
     mix.setup("fit")
     assert sum(len(batch) for _, batch in mix.train_dataloader()) == 48
+
+
+def test_the_hubs_datasets_library_reads_our_parquet_as_its_own(parquet: list[Path], tmp_path: Path) -> None:
+    """Our converter writes the hubs' layout: `datasets` sees an Image column and a ClassLabel with our names."""
+    datasets = pytest.importorskip("datasets")
+    hub = datasets.load_dataset("parquet", data_files=[str(p) for p in parquet], split="train", cache_dir=str(tmp_path))
+    assert len(hub) == 39 and hub.features["label"].names == CLASSES
+    assert type(hub.features["image"]).__name__ == "Image"
+    first = hub[0]
+    ours = pq.read_table(parquet[0]).slice(0, 1).to_pylist()[0]
+    assert (
+        first["label"] == ours["label"] and first["image"].size == Image.open(io.BytesIO(ours["image"]["bytes"])).size
+    )

@@ -107,7 +107,7 @@ def image_values(column: Any, path: str, name: str) -> Any:
 
 
 def index_parquet(
-    path: str | os.PathLike[str], image_column: str = "image", label_column: str = "label"
+    path: str | os.PathLike[str], image_column: str = "image", label_column: str | None = "label"
 ) -> ParquetIndex:
     """Index one Parquet file (module docstring): its footer and its label column, not the images.
 
@@ -122,11 +122,17 @@ def index_parquet(
 
 
 def index_parquet_file(
-    fileobj: Any, path: str, size: int, version: int, image_column: str = "image", label_column: str = "label"
+    fileobj: Any,
+    path: str,
+    size: int,
+    version: int,
+    image_column: str = "image",
+    label_column: str | None = "label",
 ) -> ParquetIndex:
     """:func:`index_parquet` of an open, seekable file (local, or an object read by ranges) of ``size`` bytes.
 
-    ``path`` names it in errors and in the index; ``version`` is its modification time (or an object's version).
+    ``path`` names it in errors and in the index; ``version`` is its modification time (or an object's version);
+    ``label_column=None``: unlabelled rows (to predict on), every label ``-1``.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -136,12 +142,16 @@ def index_parquet_file(
     except (pa.ArrowException, OSError) as err:
         raise DataError(f"{path} is not a readable Parquet file ({err}): truncated, or not Parquet.") from None
     schema = pf.schema_arrow
+    group_rows = np.array([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)], dtype=np.int64)
     for role, name in (("image", image_column), ("label", label_column)):
-        if schema.get_field_index(name) < 0:
+        if name is not None and schema.get_field_index(name) < 0:
             raise DataError(
                 f"{path} has no {role} column {name!r}; its columns are {schema.names}. Name it with {role}_column=."
             )
     image_values(pa.array([], type=schema.field(image_column).type), path, image_column)  # its type, checked
+    if label_column is None:
+        unlabelled = np.full(int(group_rows.sum()), -1, dtype=np.int64)
+        return ParquetIndex(path, size, version, group_rows, unlabelled, (), image_column)
     try:
         column = pf.read(columns=[label_column]).column(0).combine_chunks()
     except (pa.ArrowException, OSError) as err:
@@ -162,7 +172,6 @@ def index_parquet_file(
         raise DataError(
             f"{path}: the label column {label_column!r} holds {column.type}; expected integers or class names."
         )
-    group_rows = np.array([pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)], dtype=np.int64)
     return ParquetIndex(path, size, version, group_rows, labels, names, image_column)
 
 
@@ -170,7 +179,7 @@ def load_parquet_index(
     path: str | os.PathLike[str],
     index_dir: str | os.PathLike[str],
     image_column: str = "image",
-    label_column: str = "label",
+    label_column: str | None = "label",
     remote: tuple[int, int, Callable[[], ParquetIndex]] | None = None,
 ) -> ParquetIndex:
     """The file's index: kept in ``index_dir`` under its path, size, modification time and columns, else built.

@@ -85,7 +85,7 @@ def _split(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), (ext if dot else "")
 
 
-def _label(data: bytes, ext: str, where: str, json_label: str) -> int:
+def _label(data: bytes, ext: str, where: str, json_label: str | None) -> int:
     try:
         if ext == "json":
             value = json.loads(data)[json_label]
@@ -97,7 +97,7 @@ def _label(data: bytes, ext: str, where: str, json_label: str) -> int:
         raise DataError(f"{where}: the label{field} is not an integer: {data[:40]!r}.") from None
 
 
-def index_tar(path: str | os.PathLike[str], json_label: str = "label") -> TarIndex:
+def index_tar(path: str | os.PathLike[str], json_label: str | None = "label") -> TarIndex:
     """Index one uncompressed tar shard (module docstring): the headers and the label members, not the images.
 
     Raises:
@@ -110,10 +110,13 @@ def index_tar(path: str | os.PathLike[str], json_label: str = "label") -> TarInd
         return index_tar_file(f, path, st.st_size, st.st_mtime_ns, json_label)
 
 
-def index_tar_file(fileobj: IO[bytes], path: str, size: int, version: int, json_label: str = "label") -> TarIndex:
+def index_tar_file(
+    fileobj: IO[bytes], path: str, size: int, version: int, json_label: str | None = "label"
+) -> TarIndex:
     """:func:`index_tar` of an open, seekable shard (a local file, or an object read by ranges) of ``size`` bytes.
 
-    ``path`` names it in errors and in the index; ``version`` is its modification time (or an object's version).
+    ``path`` names it in errors and in the index; ``version`` is its modification time (or an object's version);
+    ``json_label=None``: unlabelled samples (to predict on), every label ``-1``.
     """
     keys: list[str] = []
     offsets: list[int] = []
@@ -127,7 +130,9 @@ def index_tar_file(fileobj: IO[bytes], path: str, size: int, version: int, json_
         key = str(current["key"])
         if "offset" not in current:
             raise DataError(f"{path}: sample {key!r} has no image member ({', '.join(IMAGE_EXTENSIONS)}).")
-        if "label" not in current:
+        if json_label is None:
+            current["label"] = -1  # unlabelled (shards to predict on): label members ignored
+        elif "label" not in current:
             raise DataError(f"{path}: sample {key!r} has no label member (.cls, .txt, or .json with {json_label!r}).")
         keys.append(key)
         offsets.append(int(current["offset"]))  # type: ignore[call-overload]
@@ -136,9 +141,8 @@ def index_tar_file(fileobj: IO[bytes], path: str, size: int, version: int, json_
         current.clear()
 
     try:
-        with tarfile.open(
-            fileobj=fileobj, mode="r:"
-        ) as tf:  # "r:": no compression (a compressed shard has no random access)
+        # "r:": no compression (a compressed shard has no random access)
+        with tarfile.open(fileobj=fileobj, mode="r:") as tf:
             for member in tf:
                 if not member.isfile():
                     continue
@@ -152,7 +156,7 @@ def index_tar_file(fileobj: IO[bytes], path: str, size: int, version: int, json_
                     if "offset" in current:
                         raise DataError(f"{where}: sample {key!r} has two image members; one per sample.")
                     current["offset"], current["size"] = member.offset_data, member.size
-                elif kind in ("cls", "txt", "json"):
+                elif kind in ("cls", "txt", "json") and json_label is not None:
                     handle = tf.extractfile(member)
                     assert handle is not None
                     current["label"] = _label(handle.read(), kind, where, json_label)
@@ -179,7 +183,7 @@ def index_tar_file(fileobj: IO[bytes], path: str, size: int, version: int, json_
 def load_tar_index(
     path: str | os.PathLike[str],
     index_dir: str | os.PathLike[str],
-    json_label: str = "label",
+    json_label: str | None = "label",
     remote: tuple[int, int, Callable[[], TarIndex]] | None = None,
 ) -> TarIndex:
     """The shard's index: kept in ``index_dir`` under its path, size and modification time, else built and kept.

@@ -382,6 +382,17 @@ class ObjectStorage:
     ) -> list[tuple[bytes | OSError, int | None]]:
         return list(self._fetch(relpaths, ranges))
 
+    def start_many(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> list[Future[T]] | None:
+        """Start ``fn(store, *args)`` for each ``args`` of ``calls`` now, on the request threads (a read ahead).
+
+        Their futures, in order; ``None`` where this process does not call obstore itself (then nothing starts).
+        """
+        if not _direct():
+            return None
+        session = self._session()
+        budget = self.settings["retry_timeout"]
+        return [session.submit(retried, budget, fn, session.store, *args) for args in calls]
+
     def run_many(self, fn: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> list[T | BaseException]:
         """``fn(store, *args)`` for each ``args`` of ``calls``, up to ``max_inflight`` at once.
 

@@ -136,13 +136,13 @@ class RangedFile(io.RawIOBase):
         return n
 
 
-def index_remote_tar(store: Any, shard: RemoteShard, json_label: str) -> TarIndex:
+def index_remote_tar(store: Any, shard: RemoteShard, json_label: str | None) -> TarIndex:
     """:func:`~lightning_fastdata.loading.index.tar_index.index_tar` of a shard in a bucket (read once, in blocks)."""
     with io.BufferedReader(RangedFile(store, shard), buffer_size=1 << 16) as f:
         return index_tar_file(f, shard.url, shard.size, shard.version, json_label)
 
 
-def index_remote_parquet(store: Any, shard: RemoteShard, image_column: str, label_column: str) -> ParquetIndex:
+def index_remote_parquet(store: Any, shard: RemoteShard, image_column: str, label_column: str | None) -> ParquetIndex:
     """:func:`~lightning_fastdata.loading.index.parquet_index.index_parquet` of a file in a bucket (footer, labels)."""
     with RangedFile(store, shard, block=1 << 20) as f:
         return index_parquet_file(f, shard.url, shard.size, shard.version, image_column, label_column)
