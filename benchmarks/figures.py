@@ -205,6 +205,9 @@ def _shards_figures() -> dict[str, Callable[[], str]]:
     for short in ("tar", "parquet"):
         out[f"shards.s3_{short}"] = functools.partial(_s3_vs_local, f"{short}, s3 direct")
         out[f"shards.s3_{short}_delay"] = functools.partial(_s3_vs_local, f"{short}, s3 +20 ms/request")
+    earlier = functools.partial(_s3_earlier, "tar_per_member_vs_local")
+    out["shards.s3_tar_per_member"] = functools.partial(lambda f: times2(f()["direct"]), earlier)
+    out["shards.s3_tar_per_member_delay"] = functools.partial(lambda f: times2(f()["delay_20ms"]), earlier)
     out["shards.s3_date"] = functools.partial(date_of, "shards-s3")
     out["shards.s3_machine"] = functools.partial(machine, "shards-s3")
     for key in ("vs_webdataset", "vs_datasets", "parquet_vs_folder", "tar_vs_folder", "bucket_vs_local"):
@@ -222,6 +225,10 @@ def _shards_ratio(name: str, loader: str) -> str:
 
 def _shards_predicted(key: str) -> str:
     return str(result("shards-demo")["predicted"][key])
+
+
+def _s3_earlier(key: str) -> Any:
+    return result("shards-s3")["earlier"][key]
 
 
 def _s3_vs_local(loader: str) -> str:

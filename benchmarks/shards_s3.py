@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--no-pin", dest="pin", action="store_false", help="loader, server and proxy share the CPUs")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    measured_on = machine()  # before pinning: the machine's CPUs, not the loader's one
     if threading.current_thread() is threading.main_thread():  # a SIGTERM stops the server through `finally`
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.pin:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"| {r['loader']} | {r['images_per_s']:.0f} | {r['vs_local']:.2f}x |")
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": machine() + (", loader on 1 CPU, server and proxy on the other" if args.pin else ""),
+        "machine": measured_on + (", loader on 1 CPU, server and proxy on the other" if args.pin else ""),
         "args": vars(args),
         "rows": rows,
     }

@@ -143,6 +143,10 @@ class ShardDataModule(FastDataModule):
             permutation); each worker keeps a window's row groups in memory. ``None``: a full shuffle, which reads a
             row group per row. Sampling settings (``sample_weights``, ``epoch_size``, ``classes``) and a mix draw rows
             one by one, each read with its row group: small row groups, or tar shards, serve them faster.
+        block_bytes: Tar shards in a bucket: members read in runs of about this many bytes, one request each, and
+            the training order shuffles windows of runs holding about ``shuffle_buffer`` samples, as Parquet's row
+            groups; ``None``: one request per member and a full shuffle (scattered reads such as weighted draws fall
+            back to it by themselves). Local shards are read member by member whatever this says.
         storage_options: Object-store settings for ``s3://`` (``gs://``, ``az://``) shards, as
             :class:`~lightning_fastdata.ImageFolderDataModule` takes them (``endpoint``, ``max_inflight``, ...).
         **kwargs: Augmentation, split, sampling and loader arguments of :class:`FastDataModule`.
@@ -165,6 +169,7 @@ class ShardDataModule(FastDataModule):
         shuffle_buffer: int | None = 1000,
         storage_options: dict[str, Any] | None = None,
         predict_shards: str | list[str] | None = None,
+        block_bytes: int | None = 8 * 2**20,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -183,6 +188,9 @@ class ShardDataModule(FastDataModule):
                 f"shuffle_buffer should be a positive number of rows or None, got {shuffle_buffer!r}."
             )
         self.shuffle_buffer = shuffle_buffer
+        if block_bytes is not None and (not isinstance(block_bytes, int) or block_bytes < 1):
+            raise InvalidValueError(f"block_bytes should be a positive size in bytes or None, got {block_bytes!r}.")
+        self.block_bytes = block_bytes
         #: ``"tar"`` or ``"parquet"`` (every split's shards are of one format).
         given = [self.shard_paths, self.val_shard_paths, self.test_shard_paths, self.predict_shard_paths]
         self.format = shard_format([p for paths in given for p in paths or []])
@@ -255,7 +263,8 @@ class ShardDataModule(FastDataModule):
             files: Any = self._indexes(paths, labelled)
             buffer = self.shuffle_buffer if train else None
             return ParquetShardDataset(files, self.data_classes, indices=indices, shuffle_buffer=buffer, **kwargs)
-        return TarShardDataset(self._indexes(paths, labelled), self.data_classes, indices=indices, **kwargs)  # type: ignore[arg-type]
+        blocks = {"block_bytes": self.block_bytes, "shuffle_buffer": self.shuffle_buffer if train else None}
+        return TarShardDataset(self._indexes(paths, labelled), self.data_classes, indices=indices, **blocks, **kwargs)  # type: ignore[arg-type]
 
     @override
     def prepare_data(self) -> None:

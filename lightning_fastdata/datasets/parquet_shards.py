@@ -1,7 +1,7 @@
 """``ParquetShardDataset``: the rows of Parquet files of encoded images, read by row group and decoded as files are.
 
 A row's image is read with its row group (the image column alone, ``pyarrow``), which each process keeps in a small
-cache of whole row groups (:attr:`ParquetShardDataset.cache_groups`): the training order reads a window of row groups
+cache of whole row groups (``cache_groups``): the training order reads a window of row groups
 at a time (:attr:`ParquetShardDataset.windows`), so each row group is read once per window by a process, not
 once per row. The bytes then go through the folder module's path: the decode of the crop alone, the batch built in
 shared memory, corrupt images by ``on_corrupt`` (a null image is a corrupt one). Rows are numbered file after file,
@@ -13,17 +13,16 @@ together (:mod:`~lightning_fastdata.loading.storage.ranged`).
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
-from lightning_fastdata.errors import DataError, InvalidValueError
+from lightning_fastdata.datasets.group_reads import GroupReads
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values
-from lightning_fastdata.loading.sampler import ShuffleWindows
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.ranged import RemoteShard, read_remote_row_group, split_url
 
@@ -43,7 +42,7 @@ def common_classes(files: Sequence[ParquetIndex]) -> tuple[str, ...] | None:
     return tuple(sorted({n for names in lists for n in names}))
 
 
-class ParquetShardDataset(AugmentedImageDataset):
+class ParquetShardDataset(GroupReads, AugmentedImageDataset):
     """The rows of Parquet files (in the order given, each in file order), as whole uint8 batches.
 
     Args:
@@ -118,10 +117,8 @@ class ParquetShardDataset(AugmentedImageDataset):
             raise InvalidValueError(f"cache_groups should be a positive number of row groups, got {cache_groups!r}.")
         self.cache_groups = int(cache_groups)
         #: The training order that reads whole row groups (the loader's sampler takes it), or ``None``.
-        self.windows = None if shuffle_buffer is None else self._shuffle_windows(shuffle_buffer)
+        self.windows = None if shuffle_buffer is None else self.group_windows(shuffle_buffer)
         self._files: dict[int, Any] | None = None
-        self._groups: OrderedDict[int, Any] | None = None
-        self._pending: dict[int, Any] | None = None  # row groups read ahead (a bucket): their futures
         remote = [is_url(f.path) for f in self.files]
         if any(remote) and not all(remote):
             raise InvalidValueError("Give Parquet files all local or all in one bucket, not both.")
@@ -150,16 +147,6 @@ class ParquetShardDataset(AugmentedImageDataset):
         row = int(self._rows[index]) - int(sum(len(x) for x in self.files[: int(self._file_of[index])]))
         return f"{f.path}:row {row} (row group {int(self._group_local[index])})"
 
-    def _shuffle_windows(self, samples: int) -> ShuffleWindows:
-        """Windows of row groups holding about ``samples`` rows; each process then keeps a window's (and two more)."""
-        if samples < 1:
-            raise InvalidValueError(f"shuffle_buffer should be a positive number of rows or None, got {samples!r}.")
-        starts = np.flatnonzero(np.concatenate([[True], np.diff(self._group_of) != 0]))
-        mean_rows = len(self._group_of) / len(starts)
-        window = max(1, round(samples / mean_rows))
-        self.cache_groups = max(self.cache_groups, window + 2)
-        return ShuffleWindows(starts, window)
-
     def make_identity(self) -> DataIdentity:
         """Each row's file, row and label, and each file's size, in this order."""
         names = np.concatenate(
@@ -175,7 +162,7 @@ class ParquetShardDataset(AugmentedImageDataset):
     def _file(self, k: int) -> Any:
         import pyarrow.parquet as pq
 
-        self._cache()
+        self._kept()
         assert self._files is not None
         pf = self._files.get(k)
         if pf is None:
@@ -190,81 +177,29 @@ class ParquetShardDataset(AugmentedImageDataset):
             self._files[k] = pf
         return pf
 
-    def _cache(self) -> OrderedDict[int, Any]:
-        if not self._handles_open() or self._groups is None:
-            self._files, self._groups, self._pending = {}, OrderedDict(), {}
-            self._mark_handles_open()
-        return self._groups
+    def reset_groups(self) -> None:
+        """Forget the kept row groups and the open files (a process of its own)."""
+        super().reset_groups()
+        self._files = {}
 
     @property
     def reads_ahead(self) -> bool:
-        """Files in a bucket: the next batch's row groups are requested while this one decodes."""
+        """Whether the next batch's row groups are requested while this one decodes (files in a bucket)."""
         return self._storage is not None
-
-    def _missing(self, indices: np.ndarray) -> dict[int, int]:
-        """The row groups of ``indices`` neither kept nor requested, each named by one of its samples."""
-        groups, pending = self._cache(), self._pending or {}
-        missing: dict[int, int] = {}
-        for i in indices.tolist():
-            g = int(self._group_of[i])
-            if g not in groups and g not in pending and g not in missing:
-                missing[g] = i
-        return missing
-
-    def _calls(self, firsts: dict[int, int]) -> list[tuple[Any, ...]]:
-        calls = []
-        for i in firsts.values():
-            f = self.files[int(self._file_of[i])]
-            calls.append((RemoteShard(f.path, f.size, f.mtime_ns), int(self._group_local[i]), f.image_column))
-        return calls
 
     def read_ahead(self, indices: np.ndarray) -> None:
         """Start the requests of the row groups ``indices`` (this worker's next batch) lacks (a bucket)."""
-        if self._storage is None:
-            return
-        for future in (self._pending or {}).values():
-            future.cancel()  # a guess that was not read: the previous batch took what it needed
-        if self._pending:
-            self._pending.clear()
-        missing = self._missing(indices)
-        futures = self._storage.start_many(read_remote_row_group, self._calls(missing)) if missing else None
-        if futures is not None and self._pending is not None:
-            self._pending.update(zip(missing, futures))
+        self.read_groups_ahead(indices)
 
-    def _keep(self, g: int, values: Any) -> None:
-        groups = self._cache()
-        groups[g] = values
-        while len(groups) > self.cache_groups:
-            groups.popitem(last=False)
+    def group_calls(self, firsts: Sequence[int]) -> tuple[Any, list[tuple[Any, ...]]]:
+        """:func:`~lightning_fastdata.loading.storage.ranged.read_remote_row_group` of each sample's row group."""
+        calls = []
+        for i in firsts:
+            f = self.files[int(self._file_of[i])]
+            calls.append((RemoteShard(f.path, f.size, f.mtime_ns), int(self._group_local[i]), f.image_column))
+        return read_remote_row_group, calls
 
-    def _fetch_remote(self, firsts: dict[int, int]) -> dict[int, Any]:
-        """Row groups (each named by one of its samples): read ahead already, or requested together now.
-
-        An ``OSError`` in place of one that failed.
-        """
-        pending = self._pending if self._pending is not None else {}
-        ahead = [g for g in firsts if g in pending]
-        results: dict[int, Any] = {}
-        for g in ahead:
-            try:
-                results[g] = pending.pop(g).result()
-            except Exception as err:  # noqa: BLE001 - handled below as run_many's are
-                results[g] = err
-        rest = {g: i for g, i in firsts.items() if g not in results}
-        calls = self._calls(firsts)
-        if rest:
-            results.update(zip(rest, self._storage.run_many(read_remote_row_group, self._calls(rest))))
-        out: dict[int, Any] = {}
-        for g, call in zip(firsts, calls):
-            values = results[g]
-            if isinstance(values, DataError):
-                raise values  # a file that changed after it was indexed: never read
-            if isinstance(values, BaseException) and not isinstance(values, OSError):
-                values = OSError(f"{call[0].url}: row group {call[1]} cannot be read ({values})")
-            out[g] = values
-        return out
-
-    def _read_local(self, index: int) -> Any:
+    def read_group(self, index: int) -> Any:
         """The image bytes of sample ``index``'s row group, read from its local file (an ``OSError`` if it fails)."""
         import pyarrow as pa
 
@@ -276,34 +211,11 @@ class ParquetShardDataset(AugmentedImageDataset):
             return OSError(f"{f.path}: row group {int(self._group_local[index])} cannot be read ({err})")
         return image_values(table.column(0), f.path, f.image_column)
 
+    def sample_bytes(self, group: Any, index: int) -> bytes:
+        """The row's image bytes (``b""`` for a null image: a corrupt sample, as ``on_corrupt`` says)."""
+        value = group[int(self._row_in_group[index])]
+        return value.as_py() if value.is_valid else b""
+
     def read_sources(self, indices: np.ndarray) -> list[Source]:
         """Each sample's image bytes from its row group (an ``OSError`` in its place where a read fails)."""
-        groups = self._cache()
-        batch: dict[int, Any] = {}  # the batch's row groups: kept ones, then the others read
-        missing: dict[int, int] = {}
-        for i in indices.tolist():
-            g = int(self._group_of[i])
-            if g in batch or g in missing:
-                continue
-            if g in groups:
-                groups.move_to_end(g)
-                batch[g] = groups[g]
-            else:
-                missing[g] = i
-        if self._storage is not None:
-            read = self._fetch_remote(missing) if missing else {}
-        else:
-            read = {g: self._read_local(i) for g, i in missing.items()}
-        for g, values in read.items():
-            if not isinstance(values, OSError):
-                self._keep(g, values)
-        batch.update(read)
-        out: list[Source] = []
-        for i in indices.tolist():
-            values = batch[int(self._group_of[i])]
-            if isinstance(values, OSError):
-                out.append(values)
-                continue
-            value = values[int(self._row_in_group[i])]
-            out.append(value.as_py() if value.is_valid else b"")  # a null image: corrupt (on_corrupt)
-        return out
+        return list(self.read_grouped(indices))

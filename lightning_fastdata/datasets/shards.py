@@ -18,16 +18,17 @@ from typing import Any
 import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
+from lightning_fastdata.datasets.group_reads import GroupReads
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
 from lightning_fastdata.loading.index.tar_index import TarIndex
 from lightning_fastdata.loading.storage.base import is_url
-from lightning_fastdata.loading.storage.ranged import split_url
+from lightning_fastdata.loading.storage.ranged import RemoteShard, read_remote_range, split_url
 
 __all__ = ["TarShardDataset"]
 
 
-class TarShardDataset(AugmentedImageDataset):
+class TarShardDataset(GroupReads, AugmentedImageDataset):
     """The samples of tar shards (in the order given, each in member order), as whole uint8 batches.
 
     Args:
@@ -37,13 +38,17 @@ class TarShardDataset(AugmentedImageDataset):
         labelled: Whether every sample has a label in ``classes`` (``False``: samples to predict on, whose batches
             carry each sample's position, as a prediction folder's do).
         storage_options: Object-store settings for shards in a bucket (their paths are URLs).
+        block_bytes: Shards in a bucket: read runs of consecutive members of about this many bytes, one request each
+            (kept per process, the next batch's requested ahead); ``None``: one request per sample.
+        shuffle_buffer: With ``block_bytes``: the training order in windows of runs holding about this many samples
+            (:attr:`windows`); ``None``: no window.
         **kwargs: Augmentation arguments of :class:`~lightning_fastdata.datasets.base.AugmentedImageDataset`.
 
     Raises:
         ValueError: If there is no sample, or a label is outside ``classes`` (naming the shard and sample).
     """
 
-    per_process_attrs = ("_fds",)
+    per_process_attrs = ("_fds", "_groups", "_pending")
 
     def __init__(
         self,
@@ -52,6 +57,8 @@ class TarShardDataset(AugmentedImageDataset):
         indices: np.ndarray | None = None,
         storage_options: Mapping[str, Any] | None = None,
         labelled: bool = True,
+        block_bytes: int | None = None,
+        shuffle_buffer: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -88,6 +95,36 @@ class TarShardDataset(AugmentedImageDataset):
                 raise InvalidValueError(f"Give shards of one bucket, not of {sorted(roots)}.")
             self._storage = ObjectStorage(roots.pop(), storage_options)
             self._keys = [split_url(s.path)[1] for s in self.shards]
+        #: Whether samples are read in runs of members (:class:`~lightning_fastdata.datasets.group_reads.GroupReads`).
+        self.block_reads = self._storage is not None and block_bytes is not None
+        #: The training order that reads whole runs (the loader's sampler takes it), or ``None``.
+        self.windows = None
+        if self.block_reads:
+            assert block_bytes is not None
+            self._blocks(block_bytes)
+            self.windows = None if shuffle_buffer is None else self.group_windows(shuffle_buffer)
+
+    def _blocks(self, block_bytes: int) -> None:
+        """Cut each shard into runs of consecutive members of about ``block_bytes`` each.
+
+        Sets each sample's run (numbered over all shards) and each run's byte range.
+        """
+        if block_bytes < 1:
+            raise InvalidValueError(f"block_bytes should be a positive size in bytes or None, got {block_bytes!r}.")
+        first, group_of, starts, ends = 0, [], [], []
+        for shard in self.shards:
+            if not len(shard):
+                continue
+            cut = (shard.offsets - shard.offsets[0]) // block_bytes  # members lie in offset order: runs ascend
+            heads = np.flatnonzero(np.concatenate([[True], np.diff(cut) != 0]))
+            tails = np.append(heads[1:], len(shard)) - 1
+            group_of.append(first + np.cumsum(np.concatenate([[0], np.diff(cut) != 0])))
+            starts.append(shard.offsets[heads])
+            ends.append(shard.offsets[tails] + shard.sizes[tails])
+            first += len(heads)
+        self._group_of = np.concatenate(group_of).astype(np.int64)[self._rows]
+        self._group_start = np.concatenate(starts).astype(np.int64)
+        self._group_end = np.concatenate(ends).astype(np.int64)
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -136,8 +173,28 @@ class TarShardDataset(AugmentedImageDataset):
 
     @property
     def reads_ahead(self) -> bool:
-        """Shards in a bucket: the next batch's members are requested while this one decodes."""
+        """Whether the next batch's members are requested while this one decodes (shards in a bucket)."""
         return self._storage is not None
+
+    def reset_groups(self) -> None:
+        """Forget the kept runs and the open shards (a process of its own)."""
+        super().reset_groups()
+        self._fds = {}
+
+    def group_calls(self, firsts: Sequence[int]) -> tuple[Any, list[tuple[Any, ...]]]:
+        """:func:`~lightning_fastdata.loading.storage.ranged.read_remote_range` of each sample's run."""
+        calls = []
+        for i in firsts:
+            shard, g = self.shards[int(self._shard_of[i])], int(self._group_of[i])
+            remote = RemoteShard(shard.path, shard.size, shard.mtime_ns)
+            calls.append((remote, int(self._group_start[g]), int(self._group_end[g])))
+        return read_remote_range, calls
+
+    def sample_bytes(self, group: Any, index: int) -> bytes:
+        """The member's bytes, cut from its run's (``group``: the run's first byte and its bytes)."""
+        start, data = group
+        at = int(self._offsets[index]) - start
+        return bytes(data[at : at + int(self._sizes[index])])
 
     def _requests(self, indices: np.ndarray) -> tuple[list[str], list[tuple[int, int]]]:
         shard = self._shard_of[indices]
@@ -147,8 +204,17 @@ class TarShardDataset(AugmentedImageDataset):
 
     def read_ahead(self, indices: np.ndarray) -> None:
         """Start the ranged requests of ``indices`` (this worker's next batch) now (shards in a bucket)."""
-        if self._storage is not None:
+        if self.block_reads and not self._scattered(indices):
+            self.read_groups_ahead(indices)
+        elif self._storage is not None:
             self._storage.read_ahead(*self._requests(indices))
+
+    def _scattered(self, indices: np.ndarray) -> bool:
+        """Whether ``indices`` lie in so many runs not at hand that one request per member is cheaper.
+
+        So it is for a full shuffle, weighted draws or a mix; a window of runs reads each run once.
+        """
+        return 2 * len(self._missing(indices)) > len(indices)
 
     def _read_remote(self, indices: np.ndarray) -> Iterator[Source]:
         keys, ranges = self._requests(indices)
@@ -165,6 +231,8 @@ class TarShardDataset(AugmentedImageDataset):
 
     def read_sources(self, indices: np.ndarray) -> list[Source] | Iterator[Source]:
         """Each sample's image bytes, one ``pread`` (or ranged request) each; an ``OSError`` where a read fails."""
+        if self.block_reads and not self._scattered(indices):
+            return list(self.read_grouped(indices))
         if self._storage is not None:
             return self._read_remote(indices)
         out: list[Source] = []

@@ -45,7 +45,7 @@ class ShuffleWindows:
 
     @property
     def identity(self) -> str:
-        """What the order depends on: the groups and the window (a resume must find the same)."""
+        """The groups and the window, which the order depends on (a resume must find the same)."""
         digest = hashlib.sha256(self.starts.tobytes()).hexdigest()[:16]
         return f"windows:{self.window}:{len(self.starts)}:{digest}"
 
@@ -94,9 +94,10 @@ class EpochSampler(DistributedSampler):
             epoch is then ``draws.size`` samples, sharded, resumed and continued on another world size like a plain
             one. Where a sample may be drawn twice, ``repeat`` numbers the draws (``position x repeats + r``), so every
             draw has its own key and augmentation.
-        windows: Shuffle within windows of read groups (:class:`ShuffleWindows`) instead of fully, each rank taking
-            a contiguous run of the order (its own windows); ``None``: a full shuffle. Like ``block_size``, it shapes
-            a training epoch only and is part of the state a resume checks.
+        windows: Shuffle within windows of read groups
+            (:class:`~lightning_fastdata.loading.sampler.ShuffleWindows`) instead of fully, each rank taking a
+            contiguous run of the order (its own windows); ``None``: a full shuffle. Like ``block_size``, it shapes a
+            training epoch only and is part of the state a resume checks.
 
     Raises:
         ValueError: On an impossible argument (named), e.g. ``even=False`` with ``drop_last`` or ``repeats``.

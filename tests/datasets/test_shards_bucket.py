@@ -39,6 +39,7 @@ def test_shards_in_a_bucket_serve_the_local_shards_batches_through_workers(
 
     folder, url = shard_sets[fmt]
     kw = dict(image_size=16, batch_size=8, num_workers=2, val_fraction=0.2, seed=1, shuffle_buffer=10)
+    kw["block_bytes"] = None  # tar members one request each: the local shards' global shuffle (blocks: below)
     local = ShardDataModule(str(folder), index_dir=str(tmp_path / "local"), **kw)
     remote = ShardDataModule(url + "/", index_dir=str(tmp_path / "remote"), storage_options=s3.storage_options(), **kw)
     assert remote.format == fmt and remote.classes == local.classes == ("class_000", "class_001", "class_002")
@@ -55,6 +56,33 @@ def test_shards_in_a_bucket_serve_the_local_shards_batches_through_workers(
     remote.num_workers = 0
     first = next(iter(remote.val_dataloader()))
     assert torch.equal(first[0], next(iter(local.val_dataloader()))[0])
+
+
+@pytest.mark.timeout(300)
+def test_tar_shards_in_a_bucket_are_read_in_runs_of_members_shuffled_in_windows(
+    shard_sets: dict[str, tuple], s3: LocalS3, tmp_path: Path
+) -> None:
+    """block_bytes: a run of members is one request; training shuffles windows of runs (every sample once an epoch,
+    through 2 workers), validation reads its runs in order: the local shards' validation batches bit for bit."""
+    from collections import Counter
+
+    from lightning_fastdata import ShardDataModule
+
+    folder, url = shard_sets["tar"]
+    kw = dict(image_size=16, batch_size=8, num_workers=2, val_fraction=0.2, seed=1, shuffle_buffer=8)
+    remote = ShardDataModule(url, index_dir=str(tmp_path / "r"), storage_options=s3.storage_options(),
+                             block_bytes=6_000, **kw)  # fmt: skip
+    local = ShardDataModule(str(folder), index_dir=str(tmp_path / "l"), **kw)
+    for dm in (remote, local):
+        dm.setup("fit")
+    train = remote.train_dataset
+    assert train.block_reads and train.windows is not None  # type: ignore[union-attr]
+    runs = len(set(train._group_of.tolist()))  # type: ignore[union-attr]
+    assert len(train) > runs > len(remote.shard_paths)  # several members a run, several runs a shard
+    labels = Counter(int(x) for _, batch in remote.train_dataloader() for x in batch)
+    assert labels == Counter(train.targets.tolist())  # type: ignore[union-attr]
+    a, b = list(remote.val_dataloader()), list(local.val_dataloader())
+    assert len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
 
 
 @pytest.mark.timeout(300)

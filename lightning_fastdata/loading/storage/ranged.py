@@ -1,14 +1,17 @@
 """Shards in a bucket, read in place by byte ranges: their listing, their indexes, and Parquet row groups.
 
-A tar shard's sample is one ranged request of its image member (:meth:`ObjectStorage.read_many` with ``ranges``,
-several in flight per worker); indexing a shard and reading a Parquet file go through :class:`RangedFile`, a seekable
-file over ranged requests (read ahead in blocks) that ``tarfile`` and ``pyarrow`` read as a local file: ``pyarrow``
-asks for the footer, then for the column chunks of the row group it reads, each one request. Every answer carries
-the object's size and ETag; one that differs from the indexed version is refused (:class:`DataError` naming the
-URL): an object rewritten after it was indexed is never read at the old offsets.
+A tar shard's sample is one ranged request of its image member
+(:meth:`~lightning_fastdata.loading.storage.object_store.ObjectStorage.read_many` with ``ranges``, several in flight
+per worker), or a run of members one request; indexing a shard and reading a Parquet file go through
+:class:`RangedFile`, a seekable file over ranged requests (read ahead in blocks) that ``tarfile`` and ``pyarrow`` read
+as a local file: ``pyarrow`` asks for the footer, then for the column chunks of the row group it reads, each one
+request. Every answer carries the object's size and ETag; one that differs from the indexed version is refused
+(:class:`~lightning_fastdata.errors.DataError` naming the URL): an object rewritten after it was indexed is never read
+at the old offsets.
 
-The functions named ``*_remote_*`` take an obstore store first: they run where obstore may run
-(:meth:`ObjectStorage.run_direct` and :meth:`ObjectStorage.run_many`: a loader worker, or the helper process).
+The functions that take an obstore store first run where obstore may run (a loader worker, or the helper process:
+:meth:`~lightning_fastdata.loading.storage.object_store.ObjectStorage.run_direct`,
+:meth:`~lightning_fastdata.loading.storage.object_store.ObjectStorage.run_many`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "index_remote_parquet",
     "index_remote_tar",
     "list_remote_shards",
+    "read_remote_range",
     "read_remote_row_group",
     "split_url",
 ]
@@ -146,6 +150,14 @@ def index_remote_parquet(store: Any, shard: RemoteShard, image_column: str, labe
     """:func:`~lightning_fastdata.loading.index.parquet_index.index_parquet` of a file in a bucket (footer, labels)."""
     with RangedFile(store, shard, block=1 << 20) as f:
         return index_parquet_file(f, shard.url, shard.size, shard.version, image_column, label_column)
+
+
+def read_remote_range(store: Any, shard: RemoteShard, start: int, end: int) -> tuple[int, bytes]:
+    """Bytes ``[start, end)`` of a shard in a bucket (one ranged request, its version checked), with ``start``."""
+    data, version = get_object_range(store, shard.key, start, end)
+    if version != shard.version:
+        raise _changed(shard.url, shard.size, shard.version, version)
+    return start, data
 
 
 #: This process's open remote Parquet files (their footers read), by URL and version.

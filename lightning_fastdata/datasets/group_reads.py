@@ -1,0 +1,164 @@
+"""Samples read a group at a time: a Parquet row group, or a run of a tar shard's members in a bucket.
+
+Where one read serves many samples (Parquet compresses a row group's column chunk as a whole; a bucket answers a
+ranged request with per-request costs, so a run of members is cheaper read at once), a dataset numbers groups of
+consecutive samples (:attr:`GroupReads._group_of`) and this mixin reads a batch's samples from their groups: the
+groups it keeps (the last :attr:`GroupReads.cache_groups` read by this process), those requested ahead while the
+previous batch decoded (a bucket), and the rest requested together. :meth:`GroupReads.group_windows` is the training
+order that makes that pay: the groups shuffled in windows
+(:class:`~lightning_fastdata.loading.sampler.ShuffleWindows`), each process keeping a window's groups.
+
+A subclass gives the groups' reads (:meth:`GroupReads.group_calls` for a bucket, :meth:`GroupReads.read_group` for a
+local file) and how a sample's bytes are cut from its group's (:meth:`GroupReads.sample_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from lightning_fastdata.errors import DataError, InvalidValueError
+from lightning_fastdata.loading.sampler import ShuffleWindows
+
+__all__ = ["GroupReads"]
+
+
+class GroupReads:
+    """The group reads of a dataset (module docstring); its ``_storage`` is an object store, or ``None`` (local).
+
+    Attributes:
+        cache_groups: How many groups each process keeps.
+    """
+
+    _group_of: np.ndarray
+    _storage: Any
+    cache_groups: int = 4
+    _groups: OrderedDict[int, Any] | None = None
+    _pending: dict[int, Any] | None = None
+
+    # -- what a subclass gives ----------------------------------------------------------------------------------
+    def group_calls(self, firsts: Sequence[int]) -> tuple[Callable[..., Any], list[tuple[Any, ...]]]:
+        """The function and arguments that read, from a bucket, the groups of samples ``firsts`` (one each)."""
+        raise NotImplementedError
+
+    def read_group(self, index: int) -> Any:
+        """Sample ``index``'s group read from a local file (an ``OSError`` in its place if that fails)."""
+        raise NotImplementedError
+
+    def sample_bytes(self, group: Any, index: int) -> bytes:
+        """Sample ``index``'s encoded bytes, from its group's (``b""`` for a missing image: a corrupt sample)."""
+        raise NotImplementedError
+
+    def reset_groups(self) -> None:
+        """Forget the kept and pending groups (a process of its own: after a fork, or when first used)."""
+        self._groups, self._pending = OrderedDict(), {}
+
+    # -- the reads ------------------------------------------------------------------------------------------
+    def group_windows(self, samples: int) -> ShuffleWindows:
+        """Windows of groups holding about ``samples`` samples; each process then keeps a window's (and two more).
+
+        Raises:
+            ValueError: If ``samples`` is not a positive number.
+        """
+        if not isinstance(samples, int) or samples < 1:
+            raise InvalidValueError(f"shuffle_buffer should be a positive number of samples or None, got {samples!r}.")
+        starts = np.flatnonzero(np.concatenate([[True], np.diff(self._group_of) != 0]))
+        window = max(1, round(samples / (len(self._group_of) / len(starts))))
+        self.cache_groups = max(self.cache_groups, window + 2)
+        return ShuffleWindows(starts, window)
+
+    def _kept(self) -> OrderedDict[int, Any]:
+        if not self._handles_open() or self._groups is None:  # type: ignore[attr-defined]
+            self.reset_groups()  # (a forked worker never waits on its parent's request threads)
+            self._mark_handles_open()  # type: ignore[attr-defined]
+        assert self._groups is not None
+        return self._groups
+
+    def _keep(self, g: int, values: Any) -> None:
+        groups = self._kept()
+        groups[g] = values
+        while len(groups) > self.cache_groups:
+            groups.popitem(last=False)
+
+    def _missing(self, indices: np.ndarray) -> dict[int, int]:
+        """The groups of ``indices`` neither kept nor requested ahead, each named by one of its samples."""
+        groups, pending = self._kept(), self._pending or {}
+        missing: dict[int, int] = {}
+        for i in indices.tolist():
+            g = int(self._group_of[i])
+            if g not in groups and g not in pending and g not in missing:
+                missing[g] = i
+        return missing
+
+    def read_groups_ahead(self, indices: np.ndarray) -> None:
+        """Start the requests of the groups ``indices`` (this worker's next batch) lacks (a bucket)."""
+        if self._storage is None:
+            return
+        self._kept()
+        assert self._pending is not None
+        for future in self._pending.values():
+            future.cancel()  # a guess not read: the previous batch took what it needed
+        self._pending.clear()
+        missing = self._missing(indices)
+        if missing:
+            fn, calls = self.group_calls(list(missing.values()))
+            futures = self._storage.start_many(fn, calls)
+            if futures is not None:
+                self._pending.update(zip(missing, futures))
+
+    def _fetch(self, firsts: dict[int, int]) -> dict[int, Any]:
+        """Groups (each named by one of its samples) from a bucket: read ahead already, or requested together now.
+
+        An ``OSError`` in place of one that failed.
+        """
+        pending = self._pending if self._pending is not None else {}
+        results: dict[int, Any] = {}
+        for g in [g for g in firsts if g in pending]:
+            try:
+                results[g] = pending.pop(g).result()
+            except Exception as err:  # noqa: BLE001 - handled below as run_many's are
+                results[g] = err
+        rest = {g: i for g, i in firsts.items() if g not in results}
+        if rest:
+            fn, calls = self.group_calls(list(rest.values()))
+            results.update(zip(rest, self._storage.run_many(fn, calls)))
+        out: dict[int, Any] = {}
+        for g, i in firsts.items():
+            values = results[g]
+            if isinstance(values, DataError):
+                raise values  # an object that changed after it was indexed: never read
+            if isinstance(values, BaseException) and not isinstance(values, OSError):
+                values = OSError(f"{self.describe(i)}: its group cannot be read ({values})")  # type: ignore[attr-defined]
+            out[g] = values
+        return out
+
+    def read_grouped(self, indices: np.ndarray) -> list[bytes | OSError]:
+        """Each sample's bytes from its group (an ``OSError`` in its place where its group's read failed)."""
+        groups = self._kept()
+        batch: dict[int, Any] = {}  # the batch's groups: kept ones, then the others read
+        missing: dict[int, int] = {}
+        for i in indices.tolist():
+            g = int(self._group_of[i])
+            if g in batch or g in missing:
+                continue
+            if g in groups:
+                groups.move_to_end(g)
+                batch[g] = groups[g]
+            else:
+                missing[g] = i
+        if self._storage is not None:
+            read = self._fetch(missing) if missing else {}
+        else:
+            read = {g: self.read_group(i) for g, i in missing.items()}
+        for g, values in read.items():
+            if not isinstance(values, OSError):
+                self._keep(g, values)
+        batch.update(read)
+        out: list[bytes | OSError] = []
+        for i in indices.tolist():
+            values = batch[int(self._group_of[i])]
+            out.append(values if isinstance(values, OSError) else self.sample_bytes(values, i))
+        return out
