@@ -210,7 +210,19 @@ def _shards_figures() -> dict[str, Callable[[], str]]:
     out["shards.s3_tar_per_member_delay"] = functools.partial(lambda f: times2(f()["delay_20ms"]), earlier)
     out["shards.s3_date"] = functools.partial(date_of, "shards-s3")
     out["shards.s3_machine"] = functools.partial(machine, "shards-s3")
-    for key in ("vs_webdataset", "vs_datasets", "parquet_vs_folder", "tar_vs_folder", "bucket_vs_local"):
+    indexed = "ShardDataModule (tar, entropy_index=True)"
+    out["shards.demo_tar_indexed"] = functools.partial(_shards_rate, "shards-demo", indexed)
+    out["shards.demo_indexed_vs_wds"] = functools.partial(_shards_ratio, "shards-demo", indexed)
+    out["shards.demo_indexed_vs_tar"] = functools.partial(_shards_between, "shards-demo", indexed, _TAR)
+    keys = (
+        "vs_webdataset",
+        "vs_datasets",
+        "parquet_vs_folder",
+        "tar_vs_folder",
+        "bucket_vs_local",
+        "tar_entropy_vs_tar",
+    )
+    for key in keys:
         out[f"shards.predicted_{key}"] = functools.partial(_shards_predicted, key)
     return out
 
@@ -221,6 +233,10 @@ def _shards_rate(name: str, loader: str) -> str:
 
 def _shards_ratio(name: str, loader: str) -> str:
     return times(_shards(name, loader)["vs_baseline"])
+
+
+def _shards_between(name: str, loader: str, other: str) -> str:
+    return times2(float(_shards(name, loader)["images_per_s"] / _shards(name, other)["images_per_s"]))
 
 
 def _shards_predicted(key: str) -> str:

@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 for pid in (s3.pid, slow.pid):
                     _pin_process(pid, server_cpu)
             kw = dict(val_fraction=0.0, image_size=args.size, batch_size=args.batch_size, num_workers=args.workers)
+            kw["entropy_index"] = False  # the reads compared, the decode the same everywhere
             candidates: list[Candidate] = []
             for fmt, folder in folders.items():
                 url = s3.url(f"shards-{fmt}")

@@ -10,7 +10,11 @@ flip), each format's ratio to its own baseline:
   (``load_dataset("parquet", ...)``, its Arrow cache built before timing) with ``with_transform`` applying the same
   torchvision transforms to its decoded PIL images, in a shuffled ``DataLoader``;
 - ``ShardDataModule (parquet)``: ours on the same Parquet files (row groups of 100 rows, windows of 1,000 rows);
+- ``ShardDataModule (tar, entropy_index=True)``: the tar row with each crop entropy-decoded alone, from the shards'
+  entropy index built before timing (where the compiled decoder is installed);
 - ``ImageFolderDataModule (same images)``: ours on the folder the shards were written from.
+
+Our rows other than the entropy index's run without it (``entropy_index=False``), as the folder suite's do.
 
 The peers are not dependencies: a baseline whose library is missing is left out, and said so
 (``pip install webdataset datasets``).
@@ -29,6 +33,7 @@ import torch
 
 from lightning_fastdata.datamodules.shards import ShardDataModule
 from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
+from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.measure import Candidate, count_images, measure, ours_module
 
 __all__ = ["hub_loader", "shards_suite", "webdataset_loader"]
@@ -38,9 +43,10 @@ WDS = "webdataset + torchvision (shuffle buffer 1000)"
 HUB = "datasets + torchvision (with_transform)"
 OURS_TAR = "ShardDataModule (tar)"
 OURS_PARQUET = "ShardDataModule (parquet)"
+OURS_TAR_INDEXED = "ShardDataModule (tar, entropy_index=True)"
 FOLDER = "ImageFolderDataModule (same images)"
 #: Each row's baseline (the folder row is compared with the tar baseline, as before).
-BASELINE = {WDS: WDS, OURS_TAR: WDS, FOLDER: WDS, HUB: HUB, OURS_PARQUET: HUB}
+BASELINE = {WDS: WDS, OURS_TAR: WDS, OURS_TAR_INDEXED: WDS, FOLDER: WDS, HUB: HUB, OURS_PARQUET: HUB}
 
 
 def _transform(size: int) -> Any:
@@ -109,8 +115,14 @@ def shards_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
             index_dir=os.path.join(args.scratch, "shard-index"), val_fraction=0.0, image_size=args.image_size,
             batch_size=args.batch_size, num_workers=workers,
         )  # fmt: skip
-        tar, parquet = ShardDataModule(tar_dir, **kw), ShardDataModule(parquet_dir, **kw)
-        for dm in (tar, parquet):
+        tar = ShardDataModule(tar_dir, entropy_index=False, **kw)
+        parquet = ShardDataModule(parquet_dir, entropy_index=False, **kw)
+        modules = [tar, parquet]
+        indexed = None
+        if entropy_index_available():
+            indexed = ShardDataModule(tar_dir, entropy_index=True, **kw)  # built in prepare_data, before timing
+            modules.append(indexed)
+        for dm in modules:
             dm.prepare_data()
             dm.setup("fit")
         folder = ours_module(args.root, args.image_size, args.batch_size, workers)
@@ -119,6 +131,8 @@ def shards_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
             loader = functools.partial(webdataset_loader, shards, args.image_size, args.batch_size, workers)
             candidates.append((WDS, loader, count_images))
         candidates.append((OURS_TAR, tar.train_dataloader, count_images))
+        if indexed is not None:
+            candidates.append((OURS_TAR_INDEXED, indexed.train_dataloader, count_images))
         if hub is not None:
             candidates.append((HUB, functools.partial(hub_loader, hub, args.image_size, args.batch_size, workers),
                                count_images))  # fmt: skip

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.workers import resolve_num_workers
 
-__all__ = ["check_loader_arguments", "setting"]
+__all__ = ["check_loader_arguments", "entropy_index_setting", "setting"]
 
 
 def check_loader_arguments(
@@ -47,6 +47,26 @@ def check_loader_arguments(
         raise InvalidValueError(
             f"repeated_augmentations should be a positive int (1: off), got {repeated_augmentations!r}."
         )
+
+
+def entropy_index_setting(entropy_index: bool | Literal["auto"]) -> bool | str:
+    """A DataModule's ``entropy_index`` argument, checked.
+
+    ``True``, ``"auto"``, or ``False`` (also where this install has no compiled JPEG decoder and ``"auto"`` was asked).
+
+    Raises:
+        ValueError: For another value, or ``True`` without the compiled decoder (saying what to install).
+    """
+    from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
+
+    if entropy_index not in (True, False, "auto"):
+        raise InvalidValueError(f"entropy_index should be True, False or 'auto', got {entropy_index!r}.")
+    if entropy_index is True and not entropy_index_available():
+        raise InvalidValueError(
+            "entropy_index=True needs the compiled JPEG decoder, which this install lacks (it was built without "
+            "libjpeg-turbo's headers): install libjpeg62-turbo-dev or libjpeg-turbo8-dev and reinstall."
+        )
+    return entropy_index if entropy_index_available() else False
 
 
 def setting(part: str, name: str) -> Any:

@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
 
+from lightning_fastdata.datamodules.arguments import entropy_index_setting
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.errors import InvalidValueError
@@ -22,7 +23,6 @@ from lightning_fastdata.loading.jpeg.entropy_index import (
     EntropyIndexes,
     PendingEntropyIndex,
     default_index_dir,
-    entropy_index_available,
     load_entropy_index,
 )
 from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index, start_background_build
@@ -270,15 +270,8 @@ class ImageFolderDataModule(FastDataModule):
     ) -> None:
         super().__init__(**kwargs)
         save_init_hparams(self)
-        if entropy_index not in (True, False, "auto"):
-            raise InvalidValueError(f"entropy_index should be True, False or 'auto', got {entropy_index!r}.")
-        if entropy_index is True and not entropy_index_available():
-            raise InvalidValueError(
-                "entropy_index=True needs the compiled JPEG decoder, which this install lacks (it was built without "
-                "libjpeg-turbo's headers): install libjpeg62-turbo-dev or libjpeg-turbo8-dev and reinstall."
-            )
         #: True (built in prepare_data), "auto" (built in the background, taken up as it is built) or False
-        self.entropy_index: bool | str = entropy_index if entropy_index_available() else False
+        self.entropy_index: bool | str = entropy_index_setting(entropy_index)
         self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
         self.source = FolderSource(
             root, val_root, index_dir, storage_options, index_ttl, test_root, labels, multi_label, label_classes,

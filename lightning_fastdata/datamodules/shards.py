@@ -8,19 +8,26 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from torch.utils.data import Dataset
 from typing_extensions import override
 
+from lightning_fastdata.datamodules.arguments import entropy_index_setting
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.parquet_shards import ParquetShardDataset, common_classes
+from lightning_fastdata.datasets.shard_sources import ShardSources, shard_file_index
 from lightning_fastdata.datasets.shards import TarShardDataset
 from lightning_fastdata.errors import InvalidValueError, PathNotFoundError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, load_parquet_index
 from lightning_fastdata.loading.index.tar_index import TarIndex, load_tar_index
-from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
+from lightning_fastdata.loading.jpeg.entropy_index import (
+    PendingEntropyIndex,
+    default_index_dir,
+    load_entropy_index,
+)
+from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index, start_background_build
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.ranged import (
     RemoteShard,
@@ -147,6 +154,10 @@ class ShardDataModule(FastDataModule):
             the training order shuffles windows of runs holding about ``shuffle_buffer`` samples, as Parquet's row
             groups; ``None``: one request per member and a full shuffle (scattered reads such as weighted draws fall
             back to it by themselves). Local shards are read member by member whatever this says.
+        entropy_index: Decode each JPEG crop from its own bits alone, with an entropy index of the training shards'
+            samples kept in ``index_dir`` (as :class:`~lightning_fastdata.ImageFolderDataModule`'s: the same pixels,
+            less decode): ``True`` builds it in ``prepare_data``; ``"auto"`` builds local shards' in the background
+            while training starts (taken up as it grows) and uses a bucket's if one was built; ``False``: none.
         storage_options: Object-store settings for ``s3://`` (``gs://``, ``az://``) shards, as
             :class:`~lightning_fastdata.ImageFolderDataModule` takes them (``endpoint``, ``max_inflight``, ...).
         **kwargs: Augmentation, split, sampling and loader arguments of :class:`FastDataModule`.
@@ -170,6 +181,7 @@ class ShardDataModule(FastDataModule):
         storage_options: dict[str, Any] | None = None,
         predict_shards: str | list[str] | None = None,
         block_bytes: int | None = 8 * 2**20,
+        entropy_index: bool | Literal["auto"] = "auto",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -191,6 +203,8 @@ class ShardDataModule(FastDataModule):
         if block_bytes is not None and (not isinstance(block_bytes, int) or block_bytes < 1):
             raise InvalidValueError(f"block_bytes should be a positive size in bytes or None, got {block_bytes!r}.")
         self.block_bytes = block_bytes
+        #: True (built in prepare_data), "auto" (built in the background, local shards) or False
+        self.entropy_index: bool | str = entropy_index_setting(entropy_index)
         #: ``"tar"`` or ``"parquet"`` (every split's shards are of one format).
         given = [self.shard_paths, self.val_shard_paths, self.test_shard_paths, self.predict_shard_paths]
         self.format = shard_format([p for paths in given for p in paths or []])
@@ -257,8 +271,11 @@ class ShardDataModule(FastDataModule):
         columns = (self.image_column, label_column)
         return shard.size, shard.version, lambda: self._storage(url).run_direct(index_remote_parquet, shard, *columns)
 
-    def _dataset(self, paths: list[str], train: bool, indices: Any = None, labelled: bool = True) -> Dataset:
+    def _dataset(
+        self, paths: list[str], train: bool, indices: Any = None, labelled: bool = True, entropy: Any = None
+    ) -> Dataset:
         kwargs = {**self.split_kwargs(train), "storage_options": self.storage_options, "labelled": labelled}
+        kwargs["entropy_indexes"] = entropy
         if self.format == "parquet":
             files: Any = self._indexes(paths, labelled)
             buffer = self.shuffle_buffer if train else None
@@ -274,14 +291,40 @@ class ShardDataModule(FastDataModule):
                 self._indexes(paths)
         if self.predict_shard_paths:
             self._indexes(self.predict_shard_paths, labelled=False)
+        if self.entropy_index:
+            index, every = self._entropy_list()
+            sources: Any = ShardSources(every)  # a Storage as the builder reads one
+            if self.entropy_index is True:
+                build_entropy_index(index, sources, self.index_dir)
+            elif not self._remote:  # "auto": training does not wait for it; a bucket's is never built unasked
+                start_background_build(index, sources, self.index_dir)
+
+    def _entropy_list(self) -> tuple[Any, Dataset]:
+        """The training shards' samples as the entropy index's file list, and a dataset that reads them all."""
+        every: Any = self._dataset(self.shard_paths, False)  # the training indexes, kept: read no shard again
+        shards = every.files if self.format == "parquet" else every.shards
+        index = shard_file_index(
+            [s.path for s in shards], [s.size for s in shards], [s.mtime_ns for s in shards], len(every)
+        )
+        return index, every
+
+    def _entropy(self) -> Any:
+        """The training shards' entropy indexes (or those built so far, with ``"auto"``), or ``None``."""
+        if not self.entropy_index:
+            return None
+        index, _ = self._entropy_list()
+        if self.entropy_index is True:  # None (warned, naming the folder and why): decoded without it, same pixels
+            return load_entropy_index(self.index_dir, index)
+        return PendingEntropyIndex(self.index_dir, index)
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """The training samples and the validation ones (their shards, or a seeded share of the training ones)."""
+        entropy = self._entropy()
         if self.val_shard_paths is not None:
-            return self._dataset(self.shard_paths, True), self._dataset(self.val_shard_paths, False)
+            return self._dataset(self.shard_paths, True, entropy=entropy), self._dataset(self.val_shard_paths, False)
         train_rows, val_rows = self.split(int(sum(len(s) for s in self._indexes(self.shard_paths))))
         return (
-            self._dataset(self.shard_paths, True, train_rows),
+            self._dataset(self.shard_paths, True, train_rows, entropy=entropy),
             None if val_rows is None else self._dataset(self.shard_paths, False, val_rows),
         )
 

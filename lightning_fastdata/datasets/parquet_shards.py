@@ -20,6 +20,7 @@ import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.datasets.group_reads import GroupReads
+from lightning_fastdata.datasets.shard_sources import ShardEntropy
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values
@@ -42,7 +43,7 @@ def common_classes(files: Sequence[ParquetIndex]) -> tuple[str, ...] | None:
     return tuple(sorted({n for names in lists for n in names}))
 
 
-class ParquetShardDataset(GroupReads, AugmentedImageDataset):
+class ParquetShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
     """The rows of Parquet files (in the order given, each in file order), as whole uint8 batches.
 
     Args:
@@ -52,6 +53,8 @@ class ParquetShardDataset(GroupReads, AugmentedImageDataset):
         shuffle_buffer: The training order's window, in rows (:attr:`windows`); ``None``: no window (a full shuffle
             reads a row group per row: slow).
         cache_groups: How many row groups each process keeps (at least what one window reads, plus two).
+        entropy_indexes: The entropy indexes of every sample of these shards
+            (:func:`~lightning_fastdata.datasets.shard_sources.shard_file_index`'s list), or ``None``.
         labelled: Whether every sample has a label in ``classes`` (``False``: samples to predict on, whose batches
             carry each sample's position, as a prediction folder's do).
         storage_options: Object-store settings for files in a bucket (their paths are URLs).
@@ -72,9 +75,11 @@ class ParquetShardDataset(GroupReads, AugmentedImageDataset):
         cache_groups: int = 4,
         storage_options: Mapping[str, Any] | None = None,
         labelled: bool = True,
+        entropy_indexes: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.entropy_indexes = entropy_indexes
         self.files = list(files)
         self._classes = tuple(str(c) for c in classes)
         counts = [len(f) for f in self.files]

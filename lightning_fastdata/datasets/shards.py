@@ -19,6 +19,7 @@ import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.datasets.group_reads import GroupReads
+from lightning_fastdata.datasets.shard_sources import ShardEntropy
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
 from lightning_fastdata.loading.index.tar_index import TarIndex
@@ -28,13 +29,15 @@ from lightning_fastdata.loading.storage.ranged import RemoteShard, read_remote_r
 __all__ = ["TarShardDataset"]
 
 
-class TarShardDataset(GroupReads, AugmentedImageDataset):
+class TarShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
     """The samples of tar shards (in the order given, each in member order), as whole uint8 batches.
 
     Args:
         shards: Each shard's :class:`~lightning_fastdata.loading.index.tar_index.TarIndex`.
         classes: The class names, in label order (a label ``k`` is ``classes[k]``).
         indices: The samples (numbered shard after shard) this dataset holds, in order; ``None``: all (a split).
+        entropy_indexes: The entropy indexes of every sample of these shards
+            (:func:`~lightning_fastdata.datasets.shard_sources.shard_file_index`'s list), or ``None``.
         labelled: Whether every sample has a label in ``classes`` (``False``: samples to predict on, whose batches
             carry each sample's position, as a prediction folder's do).
         storage_options: Object-store settings for shards in a bucket (their paths are URLs).
@@ -57,11 +60,13 @@ class TarShardDataset(GroupReads, AugmentedImageDataset):
         indices: np.ndarray | None = None,
         storage_options: Mapping[str, Any] | None = None,
         labelled: bool = True,
+        entropy_indexes: Any = None,
         block_bytes: int | None = None,
         shuffle_buffer: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.entropy_indexes = entropy_indexes
         self.shards = list(shards)
         self._classes = tuple(str(c) for c in classes)
         counts = [len(s) for s in self.shards]

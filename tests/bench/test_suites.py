@@ -321,6 +321,7 @@ def test_the_shards_suite_times_the_peers_and_ours_on_the_same_shards(tmp_path: 
     assert list(rows) == [
         "webdataset + torchvision (shuffle buffer 1000)",
         "ShardDataModule (tar)",
+        "ShardDataModule (tar, entropy_index=True)",
         "datasets + torchvision (with_transform)",
         "ShardDataModule (parquet)",
         "ImageFolderDataModule (same images)",

@@ -151,6 +151,16 @@ def test_resume_is_exact_from_parquet_shards_in_windows_of_row_groups(tmp_path: 
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("fmt", ["shards", "parquet"])
+def test_resume_is_exact_from_shards_in_a_bucket(tmp_path: Path, sources: dict, s3: LocalS3, fmt: str) -> None:
+    """Shards read in place (tar members in runs, Parquet row groups; windows of either) resume mid-epoch at the
+    exact sample through 2 workers."""
+    url = s3.url(f"resume-{fmt}-{tmp_path.name}")
+    upload_folder(sources[fmt], url, s3.storage_options())
+    conformance(tmp_path, "shards", url, 2, 3, storage_options=s3.storage_options(), shuffle_buffer=8)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.slow
 def test_parquet_shards_continue_from_two_ranks_on_one(tmp_path: Path, sources: dict[str, str]) -> None:
     """2 ranks x 2 workers stopped after step 1 (each rank its own windows of row groups), continued on 1 rank

@@ -220,3 +220,32 @@ def test_the_hubs_datasets_library_reads_our_parquet_as_its_own(parquet: list[Pa
     assert (
         first["label"] == ours["label"] and first["image"].size == Image.open(io.BytesIO(ours["image"]["bytes"])).size
     )
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+def test_the_entropy_index_of_shards_is_keyed_per_sample_and_changes_no_pixel(
+    image_folder: Path, parquet: list[Path], tmp_path: Path, fmt: str
+) -> None:
+    """entropy_index=True: every training sample's entry built from the shards (prepare_data), each sample's crop
+    decoded with it: the same batches as without, through 2 workers; a rewritten shard gives another list."""
+    from lightning_fastdata import ShardDataModule
+    from lightning_fastdata.datasets.shard_writer import write_tar_shards
+    from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
+
+    if not entropy_index_available():
+        pytest.skip("this install has no compiled JPEG decoder (the entropy index needs it)")
+    source = parquet[0].parent if fmt == "parquet" else write_tar_shards(image_folder, tmp_path / "t", 20_000)[0].parent
+    kw = dict(index_dir=str(tmp_path / "idx"), image_size=24, batch_size=8, num_workers=2, val_fraction=0.2, seed=3)
+    with_index = ShardDataModule(str(source), entropy_index=True, **kw)
+    with_index.prepare_data()
+    with_index.setup("fit")
+    train = with_index.train_dataset
+    assert train.entropy_indexes is not None  # type: ignore[union-attr]
+    entries = [train.entropy_index_of(i) for i in range(len(train))]  # type: ignore[union-attr]
+    assert all(e for e in entries) and len(set(entries)) == len(entries)  # one of its own for every photo
+    without = ShardDataModule(str(source), entropy_index=False, **kw)
+    without.setup("fit")
+    assert without.train_dataset.entropy_indexes is None  # type: ignore[union-attr]
+    a, b = list(with_index.train_dataloader()), list(without.train_dataloader())
+    assert len(a) == len(b) > 0 and all(torch.equal(x[0], y[0]) for x, y in zip(a, b))

@@ -190,3 +190,28 @@ def test_shards_join_a_mix_and_a_corrupt_member_is_skipped_or_named(
     skipping = TarShardDataset([index], ["x", "y"], train=False, on_corrupt="skip", max_corrupt_fraction=1.0, **KW)
     images, got = skipping.__getitems__([0, 1])[:2]
     assert got.tolist() == [0] and images.shape[0] == 1 and skipping.skipped_count() == 1
+
+
+def test_shards_written_by_webdatasets_own_writer_are_read_with_their_labels(
+    image_folder: Path, tmp_path: Path
+) -> None:
+    """webdataset.ShardWriter's shards (its key and member naming, its tar headers) read as ours are."""
+    wds = pytest.importorskip("webdataset")
+    from lightning_fastdata import ShardDataModule
+    from lightning_fastdata.loading.storage.local import LocalStorage
+
+    index = LocalStorage(str(image_folder)).list_files()
+    (tmp_path / "wds").mkdir()
+    with wds.ShardWriter(str(tmp_path / "wds" / "train-%06d.tar"), maxcount=10, verbose=0) as sink:
+        for i in range(len(index)):
+            sink.write(
+                {"__key__": f"sample{i:06d}", "jpg": Path(index.path(i)).read_bytes(), "cls": int(index.labels[i])}
+            )
+    dm = ShardDataModule(str(tmp_path / "wds"), index_dir=str(tmp_path / "idx"), label_classes=list(index.classes),
+                         image_size=16, batch_size=8, val_fraction=0.0, num_workers=0, shuffle=False)  # fmt: skip
+    dm.setup("fit")
+    assert len(dm.shard_paths) == 4 and np.array_equal(dm.train_dataset.targets, index.labels)  # type: ignore[union-attr]
+    folder = ImageFolderDataset(str(image_folder), train=False, **KW)
+    ours = TarShardDataset(dm.train_dataset.shards, index.classes, train=False, **KW)  # type: ignore[union-attr]
+    keys = [(0, i) for i in range(len(ours))]
+    assert torch.equal(folder.__getitems__(keys)[0], ours.__getitems__(keys)[0])

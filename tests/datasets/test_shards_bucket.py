@@ -63,19 +63,26 @@ def test_tar_shards_in_a_bucket_are_read_in_runs_of_members_shuffled_in_windows(
     shard_sets: dict[str, tuple], s3: LocalS3, tmp_path: Path
 ) -> None:
     """block_bytes: a run of members is one request; training shuffles windows of runs (every sample once an epoch,
-    through 2 workers), validation reads its runs in order: the local shards' validation batches bit for bit."""
+    through 2 workers), validation reads its runs in order: the local shards' validation batches bit for bit; the
+    shards' entropy index is built from the bucket."""
     from collections import Counter
 
     from lightning_fastdata import ShardDataModule
 
     folder, url = shard_sets["tar"]
     kw = dict(image_size=16, batch_size=8, num_workers=2, val_fraction=0.2, seed=1, shuffle_buffer=8)
+    from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
+
+    indexed = entropy_index_available()  # the shards' entropy index, built from the bucket by ranged reads
     remote = ShardDataModule(url, index_dir=str(tmp_path / "r"), storage_options=s3.storage_options(),
-                             block_bytes=6_000, **kw)  # fmt: skip
-    local = ShardDataModule(str(folder), index_dir=str(tmp_path / "l"), **kw)
+                             block_bytes=6_000, entropy_index=indexed, **kw)  # fmt: skip
+    local = ShardDataModule(str(folder), index_dir=str(tmp_path / "l"), entropy_index=False, **kw)
+    remote.prepare_data()
     for dm in (remote, local):
         dm.setup("fit")
     train = remote.train_dataset
+    if indexed:
+        assert all(train.entropy_index_of(i) for i in range(len(train)))  # type: ignore[union-attr]
     assert train.block_reads and train.windows is not None  # type: ignore[union-attr]
     runs = len(set(train._group_of.tolist()))  # type: ignore[union-attr]
     assert len(train) > runs > len(remote.shard_paths)  # several members a run, several runs a shard
