@@ -205,6 +205,9 @@ class AugmentedImageDataset(Dataset):
         """Whether :meth:`read_ahead` does anything (the DataModule plans a :attr:`lookahead` only then)."""
         return False
 
+    #: How many of this worker's next batches :meth:`read_ahead` is given (their indices, in order).
+    read_ahead_batches = 1
+
     def read_ahead(self, indices: np.ndarray) -> None:
         """Start reading the sources of ``indices`` (this worker's next batch) now; by default nothing.
 
@@ -381,7 +384,8 @@ class AugmentedImageDataset(Dataset):
         kept = np.ones(len(keys), dtype=bool)
         for slot, (key, index, sample_draws, source) in enumerate(zip(keys, indices.tolist(), draws, sources)):
             if slot == 0 and self.lookahead is not None and (info := get_worker_info()) is not None:
-                ahead = self.lookahead.after(keys, info.num_workers)  # this batch's reads are under way now
+                # this batch's reads are under way now
+                ahead = self.lookahead.after(keys, info.num_workers, self.read_ahead_batches)
                 if ahead is not None:
                     self.read_ahead(ahead)
             if isinstance(source, OSError):

@@ -38,6 +38,8 @@ class GroupReads:
     cache_groups: int = 4
     _groups: OrderedDict[int, Any] | None = None
     _pending: dict[int, Any] | None = None
+    #: A window's groups are requested this many batches ahead (the first batch of a window needs most of them).
+    read_ahead_batches = 4
 
     # -- what a subclass gives ----------------------------------------------------------------------------------
     def group_calls(self, firsts: Sequence[int]) -> tuple[Callable[..., Any], list[tuple[Any, ...]]]:
@@ -94,14 +96,17 @@ class GroupReads:
         return missing
 
     def read_groups_ahead(self, indices: np.ndarray) -> None:
-        """Start the requests of the groups ``indices`` (this worker's next batch) lacks (a bucket)."""
+        """Start the requests of the groups ``indices`` (this worker's next batches) lacks (a bucket).
+
+        Requests already under way for them go on; those for groups no longer wanted are cancelled.
+        """
         if self._storage is None:
             return
-        self._kept()
+        groups = self._kept()
         assert self._pending is not None
-        for future in self._pending.values():
-            future.cancel()  # a guess not read: the previous batch took what it needed
-        self._pending.clear()
+        wanted = {int(g) for g in np.unique(self._group_of[indices])} - set(groups)
+        for g in [g for g in self._pending if g not in wanted]:
+            self._pending.pop(g).cancel()  # a guess not read: the batches since took what they needed
         missing = self._missing(indices)
         if missing:
             fn, calls = self.group_calls(list(missing.values()))

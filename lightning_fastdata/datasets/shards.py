@@ -104,6 +104,8 @@ class TarShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         self.block_reads = self._storage is not None and block_bytes is not None
         #: The training order that reads whole runs (the loader's sampler takes it), or ``None``.
         self.windows = None
+        # runs of members: a window's are requested several batches ahead; one request a member: the next batch's
+        self.read_ahead_batches = GroupReads.read_ahead_batches if self.block_reads else 1
         if self.block_reads:
             assert block_bytes is not None
             self._blocks(block_bytes)
@@ -211,7 +213,7 @@ class TarShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         """Start the ranged requests of ``indices`` (this worker's next batch) now (shards in a bucket)."""
         if self.block_reads and not self._scattered(indices):
             self.read_groups_ahead(indices)
-        elif self._storage is not None:
+        elif self._storage is not None:  # one request a member: the next batch's alone (read_many matches them)
             self._storage.read_ahead(*self._requests(indices))
 
     def _scattered(self, indices: np.ndarray) -> bool:

@@ -405,8 +405,11 @@ class BatchLookahead:
         self._order = np.zeros(0, dtype=np.int64)
         self._position = np.zeros(0, dtype=np.int64)
 
-    def after(self, keys: Sequence[Any], num_workers: int) -> np.ndarray | None:
-        """The indices of this worker's next batch after ``keys`` (``(epoch, index)`` pairs), or ``None``."""
+    def after(self, keys: Sequence[Any], num_workers: int, depth: int = 1) -> np.ndarray | None:
+        """The indices of this worker's next batch after ``keys`` (``(epoch, index)`` pairs), or ``None``.
+
+        ``depth``: its next ``depth`` batches', in order (a reader of whole groups starts a window's early).
+        """
         if not keys or not isinstance(keys[0], (tuple, list)) or num_workers < 1 or self.sampler.repeats > 1:
             return None  # with repeats a sample is in the order several times: no guess
         if self.sampler.draws is not None:
@@ -425,5 +428,6 @@ class BatchLookahead:
         start = int(self._position[got[0]])
         if start < 0 or not np.array_equal(self._order[start : start + n], got):
             return None
-        nxt = self._order[start + num_workers * n : start + (num_workers + 1) * n]
+        step = num_workers * n
+        nxt = np.concatenate([self._order[start + k * step : start + k * step + n] for k in range(1, depth + 1)])
         return nxt if len(nxt) else None
