@@ -249,3 +249,22 @@ def test_the_entropy_index_of_shards_is_keyed_per_sample_and_changes_no_pixel(
     assert without.train_dataset.entropy_indexes is None  # type: ignore[union-attr]
     a, b = list(with_index.train_dataloader()), list(without.train_dataloader())
     assert len(a) == len(b) > 0 and all(torch.equal(x[0], y[0]) for x, y in zip(a, b))
+
+
+@pytest.mark.timeout(180)
+def test_sampling_settings_draw_from_parquet_rows_as_from_a_folder(
+    image_folder: Path, parquet: list[Path], tmp_path: Path
+) -> None:
+    """sample_weights, epoch_size and classes= on Parquet shards: the folder module's draws, label for label (the
+    draws are a function of the labels and the seed), read row group by row group through 2 workers."""
+    from lightning_fastdata import ImageFolderDataModule, ShardDataModule
+
+    kw = dict(image_size=16, batch_size=8, num_workers=2, val_fraction=0.0, seed=5, sample_weights="balanced",
+              epoch_size=30, classes=["class_002", "class_000"])  # fmt: skip
+    ours = ShardDataModule(str(parquet[0].parent), index_dir=str(tmp_path), **kw)
+    folder = ImageFolderDataModule(str(image_folder), **kw)
+    for dm in (ours, folder):
+        dm.setup("fit")
+    a, b = list(ours.train_dataloader()), list(folder.train_dataloader())
+    assert sum(len(x[1]) for x in a) == 30 and {int(v) for x in a for v in x[1]} <= {0, 1}
+    assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))

@@ -1,0 +1,129 @@
+"""Demo data for segmentation: photo-like scenes of coloured shapes whose masks are known, in VOC's layout.
+
+Each scene is a grey photo-like background (class 0) with a few ellipses, boxes and triangles, each filled with its
+class's colour (:data:`SEGMENTATION_COLOURS`); the mask holds each pixel's class, 255 (ignored) on a thin border
+around every shape, as VOC's masks have. A pixel's class is a function of its colour (:func:`classes_of_colours`:
+grey is background, a saturated colour is the class of the nearest palette colour), so after any augmentation a
+test can check ``mask == classes_of_colours(image)`` away from the shapes' edges: a flip or crop that moved the
+image and not the mask, or the reverse, cannot pass.
+
+:func:`make_segmentation_folder` writes ``JPEGImages/<id>.jpg``, ``SegmentationClass/<id>.png`` (palette PNGs whose
+indices are the classes, as VOC's) and ``ImageSets/Segmentation/{train,val}.txt``; each file written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from lightning_fastdata.demos import photo_like_image
+from lightning_fastdata.loading.atomic import atomic_write_bytes, atomic_write_text
+
+__all__ = [
+    "SEGMENTATION_CLASSES",
+    "SEGMENTATION_COLOURS",
+    "classes_of_colours",
+    "make_segmentation_folder",
+    "segmentation_scene",
+]
+
+#: The demo's classes: background, then one per shape colour.
+SEGMENTATION_CLASSES = ("background", "red", "green", "blue", "yellow", "magenta")
+#: Each class's fill colour (RGB); background pixels are grey.
+SEGMENTATION_COLOURS = np.array(
+    [[128, 128, 128], [225, 30, 30], [30, 200, 40], [40, 70, 235], [235, 220, 40], [215, 45, 215]], dtype=np.int32
+)
+#: The mask value of the borders (and, in training, of padding): ignored.
+BORDER = 255
+
+
+def _palette() -> list[int]:
+    """VOC's colour map (index -> RGB), as its PNG masks carry it: the classes' colours, white for 255."""
+    out = []
+    for i in range(256):
+        r = g = b = 0
+        c = i
+        for j in range(8):
+            r |= ((c >> 0) & 1) << (7 - j)
+            g |= ((c >> 1) & 1) << (7 - j)
+            b |= ((c >> 2) & 1) << (7 - j)
+            c >>= 3
+        out += [r, g, b]
+    out[3 * 255 : 3 * 256] = [224, 224, 192]
+    return out
+
+
+def segmentation_scene(rng: np.random.Generator, width: int, height: int) -> tuple[Image.Image, np.ndarray]:
+    """One scene: an RGB image and its ``height x width`` uint8 mask (module docstring)."""
+    grey = np.asarray(photo_like_image(rng, width, height, float(rng.random())).convert("L"))
+    image = Image.fromarray(np.stack([grey] * 3, axis=-1))
+    mask = Image.new("L", (width, height), 0)
+    paint, label = ImageDraw.Draw(image), ImageDraw.Draw(mask)
+    for _ in range(int(rng.integers(2, 6))):
+        cls = int(rng.integers(1, len(SEGMENTATION_CLASSES)))
+        w, h = rng.uniform(0.15, 0.5) * width, rng.uniform(0.15, 0.5) * height
+        x, y = rng.uniform(0, width - w), rng.uniform(0, height - h)
+        box = [x, y, x + w, y + h]
+        colour = tuple(int(v) for v in SEGMENTATION_COLOURS[cls])
+        kind = int(rng.integers(3))
+        for draw, fill, outline in ((paint, colour, None), (label, cls, BORDER)):
+            if kind == 0:
+                draw.ellipse(box, fill=fill, outline=outline, width=3 if outline else 0)
+            elif kind == 1:
+                draw.rectangle(box, fill=fill, outline=outline, width=3 if outline else 0)
+            else:
+                draw.polygon(
+                    [(x, y + h), (x + w / 2, y), (x + w, y + h)], fill=fill, outline=outline, width=3 if outline else 1
+                )
+    return image, np.asarray(mask, dtype=np.uint8).copy()
+
+
+def classes_of_colours(image: np.ndarray, min_saturation: int = 60) -> np.ndarray:
+    """Each pixel's class from its colour: background where grey, else the nearest class colour.
+
+    ``image``: ``H x W x 3`` or ``3 x H x W`` uint8.
+    """
+    rgb = np.asarray(image)
+    if rgb.shape[0] == 3 and rgb.shape[-1] != 3:
+        rgb = rgb.transpose(1, 2, 0)
+    rgb = rgb.astype(np.int32)
+    saturation = rgb.max(axis=-1) - rgb.min(axis=-1)
+    distance = ((rgb[..., None, :] - SEGMENTATION_COLOURS[1:]) ** 2).sum(axis=-1)
+    classes = 1 + distance.argmin(axis=-1)
+    return np.where(saturation >= min_saturation, classes, 0).astype(np.uint8)
+
+
+def make_segmentation_folder(
+    root: str | Path, count: int = 40, size: tuple[int, int] = (500, 375), quality: int = 90, seed: int = 0,
+    val_fraction: float = 0.2,
+) -> Path:  # fmt: skip
+    """Write ``count`` scenes under ``root`` in VOC's layout (module docstring); return ``root`` as a ``Path``.
+
+    Sizes vary between 85% and 100% of ``size`` (width, height); a fifth are portrait. The last ``val_fraction`` of
+    the ids are listed in ``val.txt``, the others in ``train.txt``.
+    """
+    root = Path(root)
+    for folder in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng([seed, 0x5E6])
+    palette = _palette()
+    ids = [f"scene_{i:06d}" for i in range(count)]
+    for name in ids:
+        w, h = int(size[0] * rng.uniform(0.85, 1.0)), int(size[1] * rng.uniform(0.85, 1.0))
+        if rng.random() < 0.2:
+            w, h = h, w
+        image, mask = segmentation_scene(rng, w, h)
+        jpeg, png = io.BytesIO(), io.BytesIO()
+        image.save(jpeg, "JPEG", quality=quality)
+        indexed = Image.fromarray(mask, mode="L").convert("P")
+        indexed.putpalette(palette)
+        indexed.save(png, "PNG")
+        atomic_write_bytes(root / "JPEGImages" / f"{name}.jpg", jpeg.getvalue(), fsync=False)
+        atomic_write_bytes(root / "SegmentationClass" / f"{name}.png", png.getvalue(), fsync=False)
+    cut = len(ids) - int(round(val_fraction * len(ids)))
+    atomic_write_text(root / "ImageSets" / "Segmentation" / "train.txt", "\n".join(ids[:cut]) + "\n")
+    atomic_write_text(root / "ImageSets" / "Segmentation" / "val.txt", "\n".join(ids[cut:]) + "\n")
+    return root
