@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from lightning_fastdata.diagnose.arguments import add_arguments as add_doctor_arguments
@@ -47,6 +48,16 @@ def __getattr__(name: str) -> Any:
 def _make_data(args: argparse.Namespace, rest: list[str]) -> None:
     from lightning_fastdata.demos import ensure_demo_data
 
+    if args.task == "segmentation":
+        from lightning_fastdata.demos_segmentation import make_segmentation_folder
+        from lightning_fastdata.errors import PathExistsError
+
+        root = Path(args.root)
+        if root.exists() and (not root.is_dir() or any(root.iterdir())):
+            raise PathExistsError(f"{args.root!r} exists and is not empty; choose a new or empty folder.")
+        make_segmentation_folder(root, count=args.count)
+        print(f"fastdata make-data: wrote {args.count} scenes and their masks in VOC's layout in {root}")
+        return
     ensure_demo_data(args.root, args.num_classes, args.per_class, args.processes, use_existing=False)
 
 
@@ -202,11 +213,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     make = sub.add_parser(
         "make-data",
-        help="write a photo-like JPEG folder",
+        help="write a photo-like JPEG folder (or segmentation scenes with masks)",
         description="Generate a photo-like JPEG folder (into a new or empty folder only).",
-        epilog="example: fastdata make-data data/fake --num-classes 4 --per-class 32",
+        epilog="examples: fastdata make-data data/fake --num-classes 4 --per-class 32\n"
+        "          fastdata make-data data/scenes --task segmentation --count 200  # VOC's layout, palette masks",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     make.add_argument("root")
+    make.add_argument(
+        "--task",
+        choices=["classification", "segmentation"],
+        default="classification",
+        help="classification: class sub-folders; segmentation: scenes of shapes whose masks are known (VOC layout)",
+    )
+    make.add_argument("--count", type=int, default=200, help="segmentation: scenes to write")
     make.add_argument("--num-classes", type=int, default=8)
     make.add_argument("--per-class", type=int, default=64)
     make.add_argument("--processes", type=int, default=2)

@@ -415,3 +415,18 @@ def test_a_label_table_from_the_command_line_links_the_models_classes_and_kind(
           "--processes", "1"])  # fmt: skip
     with h5py.File(tmp_path / "tags.h5") as f:
         assert f["labels"].shape == (39, 5) and f["labels"].dtype == "uint8" and int(f["labels"][()].sum()) == 78
+
+
+def test_make_data_writes_segmentation_scenes_in_vocs_layout_into_a_new_folder_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset
+    from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES
+
+    main(["make-data", str(tmp_path / "scenes"), "--task", "segmentation", "--count", "6"])
+    ds = SegmentationFolderDataset(tmp_path / "scenes", "train", num_classes=len(SEGMENTATION_CLASSES), crop_size=64)
+    images, masks = ds.__getitems__([0, 1])
+    assert len(ds) == 5 and images.shape == (2, 3, 64, 64) and masks.shape == (2, 64, 64)
+    assert "wrote 6 scenes" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="exists and is not empty; choose a new or empty folder"):
+        main(["make-data", str(tmp_path / "scenes"), "--task", "segmentation"])
