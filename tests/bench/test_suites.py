@@ -332,3 +332,18 @@ def test_the_shards_suite_times_the_peers_and_ours_on_the_same_shards(tmp_path: 
     assert parquet["vs_baseline"] == parquet["images_per_s"] / rows[parquet["baseline"]]["images_per_s"]
     assert list((tmp_path / "scratch" / "shards").glob("shard-*.tar"))
     assert list((tmp_path / "scratch" / "parquet").glob("shard-*.parquet"))
+
+
+@pytest.mark.timeout(180)
+def test_the_segmentation_bench_times_the_reference_and_ours_on_the_same_scenes(tmp_path: Path) -> None:
+    """``python -m benchmarks.segmentation``: torchvision's reference loader, ours, ours with the CPU normalise."""
+    from benchmarks.segmentation import main as segmentation_main
+
+    result = segmentation_main(
+        ["--images", "16", "--batch-size", "2", "--base-size", "64", "--crop-size", "48", "--repeats", "1",
+         "--min-seconds", "0", "--json", str(tmp_path / "seg.json")]
+    )  # fmt: skip
+    rows = {r["loader"]: r for r in result["rows"]}
+    assert list(rows)[0].startswith("torchvision reference") and len(rows) == 3
+    assert all(r["images_per_s"] > 0 and r["num_workers"] == 2 for r in rows.values())
+    assert (tmp_path / "seg.json").is_file()
