@@ -1,0 +1,92 @@
+"""SegmentationDataModule (issue 63, first part): the folder source through this package's loaders: workers, a
+loader state that resumes at the exact sample, the device side (normalised images, int64 masks), a Trainer fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_fastdata.augment.normalize import Normalizer
+from lightning_fastdata.augment.segmentation import IGNORE_INDEX
+from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
+from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, classes_of_colours, make_segmentation_folder
+from lightning_fastdata.testing import cpu_trainer
+
+N = len(SEGMENTATION_CLASSES)
+
+
+@pytest.fixture(scope="module")
+def voc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_segmentation_folder(tmp_path_factory.mktemp("segdm") / "voc", count=20, size=(160, 120), seed=5)
+
+
+def module(voc: Path, **kw: object) -> SegmentationDataModule:
+    args: dict = dict(num_classes=N, class_names=list(SEGMENTATION_CLASSES), base_size=64, crop_size=48,
+                      batch_size=4, num_workers=2, seed=2)  # fmt: skip
+    args.update(kw)
+    return SegmentationDataModule(str(voc), **args)
+
+
+@pytest.mark.timeout(180)
+def test_batches_resume_at_the_exact_sample_and_masks_follow_images_on_the_device(voc: Path) -> None:
+    dm = module(voc)
+    dm.setup("fit")
+    assert len(dm.train_dataset) == 16 and len(dm.val_dataset) == 4  # type: ignore[arg-type]
+    loader = dm.train_dataloader()
+    it = iter(loader)
+    first = [next(it) for _ in range(2)]
+    state = loader.state_dict()
+    del it
+    again = module(voc)
+    again.setup("fit")
+    resumed = again.train_dataloader()
+    resumed.load_state_dict(state)
+    whole = list(dm.train_dataloader())
+    rest = list(resumed)
+    assert len(first) + len(rest) == len(whole) == 4
+    for a, b in zip(first + rest, whole):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    images, masks = dm.on_after_batch_transfer(whole[0], 0)
+    assert images.dtype == torch.float32 and masks.dtype == torch.int64 and masks.shape == (4, 48, 48)
+    pixels = Normalizer().denormalize(images).numpy()
+    target = masks.numpy()
+    keep = (target != IGNORE_INDEX) & (target == np.roll(target, 3, axis=2)) & (target == np.roll(target, -3, axis=2))
+    keep &= (target == np.roll(target, 3, axis=1)) & (target == np.roll(target, -3, axis=1))
+    got = np.stack([classes_of_colours(p) for p in pixels])
+    assert keep.sum() > 1000 and (got[keep] == target[keep]).mean() > 0.99
+
+
+class TinySegmenter(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Conv2d(3, N, 1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, masks = batch
+        loss = F.cross_entropy(self.head(images), masks, ignore_index=IGNORE_INDEX)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        images, masks = batch
+        self.log("val_loss", F.cross_entropy(self.head(images), masks, ignore_index=IGNORE_INDEX))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+@pytest.mark.timeout(180)
+def test_a_trainer_fits_and_validates_from_the_module(voc: Path) -> None:
+    """A colour-to-class head learns the scenes (their classes are their colours): the loss falls."""
+    dm = module(voc, num_workers=0, batch_size=8)
+    trainer = cpu_trainer(epochs=6)
+    model = TinySegmenter()
+    trainer.fit(model, datamodule=dm)
+    assert trainer.state.finished and float(trainer.callback_metrics["val_loss"]) < 1.0
+    with pytest.raises(ValueError, match="takes no sampling settings yet"):
+        module(voc, sample_weights="balanced")
