@@ -20,12 +20,11 @@ import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.datasets.group_reads import GroupReads
-from lightning_fastdata.datasets.shard_sources import ShardEntropy
+from lightning_fastdata.datasets.shard_sources import ShardEntropy, shard_targets
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values
-from lightning_fastdata.loading.storage.base import is_url
-from lightning_fastdata.loading.storage.ranged import RemoteShard, read_remote_row_group, split_url
+from lightning_fastdata.loading.storage.ranged import RemoteShard, bucket_storage, read_remote_row_group
 
 __all__ = ["ParquetShardDataset", "common_classes"]
 
@@ -109,32 +108,14 @@ class ParquetShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
                 labels.append(lookup[f.labels])
             else:
                 labels.append(f.labels)
-        self._targets = np.concatenate(labels).astype(np.int64)[rows]
-        bad = np.flatnonzero((self._targets < 0) | (self._targets >= len(self._classes)))
-        if not labelled:  # samples to predict on: a prediction batch carries each sample's position instead
-            bad, self._targets = bad[:0], np.arange(len(self._targets), dtype=np.int64)
-        if bad.size:
-            raise InvalidValueError(
-                f"{self.describe(int(bad[0]))} has a label outside the {len(self._classes)} classes "
-                f"{list(self._classes)[:5]}; give every class a name (label_classes=)."
-            )
+        self._targets = shard_targets(np.concatenate(labels)[rows], self._classes, labelled, self.describe)
         if cache_groups < 1:
             raise InvalidValueError(f"cache_groups should be a positive number of row groups, got {cache_groups!r}.")
         self.cache_groups = int(cache_groups)
         #: The training order that reads whole row groups (the loader's sampler takes it), or ``None``.
         self.windows = None if shuffle_buffer is None else self.group_windows(shuffle_buffer)
         self._files: dict[int, Any] | None = None
-        remote = [is_url(f.path) for f in self.files]
-        if any(remote) and not all(remote):
-            raise InvalidValueError("Give Parquet files all local or all in one bucket, not both.")
-        self._storage: Any = None
-        if all(remote):
-            from lightning_fastdata.loading.storage.object_store import ObjectStorage
-
-            roots = {split_url(f.path)[0] for f in self.files}
-            if len(roots) > 1:
-                raise InvalidValueError(f"Give Parquet files of one bucket, not of {sorted(roots)}.")
-            self._storage = ObjectStorage(roots.pop(), storage_options)
+        self._storage: Any = bucket_storage([f.path for f in self.files], storage_options, "Parquet files")
 
     @property
     def classes(self) -> tuple[str, ...]:

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.storage.base import is_url
 
-__all__ = ["ShardEntropy", "ShardSources", "shard_file_index"]
+__all__ = ["ShardEntropy", "ShardSources", "shard_file_index", "shard_targets"]
 
 
 def shard_file_index(paths: Sequence[str], sizes: Sequence[int], versions: Sequence[int], count: int) -> FileIndex:
@@ -72,3 +73,24 @@ class ShardEntropy:
     def entropy_index_of(self, index: int) -> bytes | None:
         """Sample ``index``'s entropy index, if one was built."""
         return None if self.entropy_indexes is None else self.entropy_indexes.get(int(self._rows[index]))
+
+
+def shard_targets(targets: np.ndarray, classes: Sequence[str], labelled: bool, describe: Any) -> np.ndarray:
+    """A shard dataset's labels, each checked to be a position in ``classes``.
+
+    With ``labelled=False`` (samples to predict on): each sample's position, which a prediction batch carries instead.
+
+    Raises:
+        ValueError: For a label outside ``classes``, naming its sample (``describe(i)``); ``-1`` is a class name the
+            list lacks.
+    """
+    targets = np.asarray(targets, dtype=np.int64)
+    if not labelled:
+        return np.arange(len(targets), dtype=np.int64)
+    bad = np.flatnonzero((targets < 0) | (targets >= len(classes)))
+    if bad.size:
+        raise InvalidValueError(
+            f"{describe(int(bad[0]))} has label {int(targets[bad[0]])}, outside the {len(classes)} classes "
+            f"{list(classes)[:5]} (-1: a class name they lack); give every class a name (label_classes=)."
+        )
+    return targets

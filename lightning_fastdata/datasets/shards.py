@@ -19,12 +19,11 @@ import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.datasets.group_reads import GroupReads
-from lightning_fastdata.datasets.shard_sources import ShardEntropy
+from lightning_fastdata.datasets.shard_sources import ShardEntropy, shard_targets
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
 from lightning_fastdata.loading.index.tar_index import TarIndex
-from lightning_fastdata.loading.storage.base import is_url
-from lightning_fastdata.loading.storage.ranged import RemoteShard, read_remote_range, split_url
+from lightning_fastdata.loading.storage.ranged import RemoteShard, bucket_storage, read_remote_range, split_url
 
 __all__ = ["TarShardDataset"]
 
@@ -78,27 +77,11 @@ class TarShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         self._shard_of = np.repeat(np.arange(len(self.shards), dtype=np.int32), counts)[rows]
         self._offsets = np.concatenate([s.offsets for s in self.shards])[rows]
         self._sizes = np.concatenate([s.sizes for s in self.shards])[rows]
-        self._targets = np.concatenate([s.labels for s in self.shards]).astype(np.int64)[rows]
-        bad = np.flatnonzero((self._targets < 0) | (self._targets >= len(self._classes)))
-        if not labelled:  # samples to predict on: a prediction batch carries each sample's position instead
-            bad, self._targets = bad[:0], np.arange(len(self._targets), dtype=np.int64)
-        if bad.size:
-            raise InvalidValueError(
-                f"{self.describe(int(bad[0]))} has label {int(self._targets[bad[0]])}, outside the "
-                f"{len(self._classes)} classes {list(self._classes)[:5]}; give every class a name (classes=)."
-            )
+        labels = np.concatenate([s.labels for s in self.shards])[rows]
+        self._targets = shard_targets(labels, self._classes, labelled, self.describe)
         self._fds: dict[int, int] | None = None
-        remote = [is_url(s.path) for s in self.shards]
-        if any(remote) and not all(remote):
-            raise InvalidValueError("Give shards all local or all in one bucket, not both.")
-        self._storage: Any = None
-        if all(remote):
-            from lightning_fastdata.loading.storage.object_store import ObjectStorage
-
-            roots = {split_url(s.path)[0] for s in self.shards}
-            if len(roots) > 1:
-                raise InvalidValueError(f"Give shards of one bucket, not of {sorted(roots)}.")
-            self._storage = ObjectStorage(roots.pop(), storage_options)
+        self._storage: Any = bucket_storage([s.path for s in self.shards], storage_options, "shards")
+        if self._storage is not None:
             self._keys = [split_url(s.path)[1] for s in self.shards]
         #: Whether samples are read in runs of members (:class:`~lightning_fastdata.datasets.group_reads.GroupReads`).
         self.block_reads = self._storage is not None and block_bytes is not None
@@ -163,9 +146,8 @@ class TarShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         return DataIdentity.of(self.shards[0].path, samples, "tar|" + "/".join(self._classes) + "|" + sizes)
 
     def _fd(self, s: int) -> int:
-        if not self._handles_open() or self._fds is None:
-            self._fds = {}
-            self._mark_handles_open()
+        self._kept()  # this process's own handles (reset_groups after a fork)
+        assert self._fds is not None
         fd = self._fds.get(s)
         if fd is None:
             shard = self.shards[s]

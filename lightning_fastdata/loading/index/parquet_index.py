@@ -15,18 +15,16 @@ column and the row: a missing column, an image column that holds no bytes, a row
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lightning_fastdata.errors import DataError
-from lightning_fastdata.loading.atomic import atomic_path
+from lightning_fastdata.loading.index.kept import kept_index, refuse_changed, string_array
 
 __all__ = ["ParquetIndex", "image_values", "index_parquet", "index_parquet_file", "load_parquet_index"]
 
@@ -66,12 +64,7 @@ class ParquetIndex:
         Raises:
             DataError: Naming the file.
         """
-        if st.st_size != self.size or st.st_mtime_ns != self.mtime_ns:
-            raise DataError(
-                f"The Parquet file {self.path!r} changed after it was indexed ({self.size} -> {st.st_size} bytes, "
-                "modified since): its rows would be read at the wrong places. Restart to index it again, and do not "
-                "rewrite files while they are read."
-            )
+        refuse_changed("Parquet file", self.path, self.size, self.mtime_ns, st)
 
 
 def _class_label_names(schema: object, column: str) -> tuple[str, ...]:
@@ -184,29 +177,20 @@ def load_parquet_index(
 ) -> ParquetIndex:
     """The file's index: kept in ``index_dir`` under its path, size, modification time and columns, else built.
 
-    Built by :func:`index_parquet` and written atomically; an ``index_dir`` that cannot be written is skipped.
-    ``remote``: a file in a bucket (``path`` its URL): its size, its version, and what builds its index.
+    Built by :func:`index_parquet` and written atomically (:func:`~lightning_fastdata.loading.index.kept.kept_index`);
+    an ``index_dir`` that cannot be written is skipped. ``remote``: a file in a bucket (``path`` its URL): its size,
+    its version, and what builds its index.
     """
-    if remote is None:
-        path = os.path.abspath(os.fspath(path))
-        st = os.stat(path)
-        size, version = st.st_size, st.st_mtime_ns
-    else:
-        path, (size, version, _) = os.fspath(path), remote
-    key = f"{_FORMAT}|{path}|{size}|{version}|{image_column}|{label_column}"
-    kept = Path(index_dir) / "parquet-index" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz"
-    try:
-        with np.load(kept, allow_pickle=False) as f:
-            names = tuple(str(n) for n in f["label_names"])
-            return ParquetIndex(path, size, version, f["group_rows"], f["labels"], names, image_column)
-    except (OSError, KeyError, ValueError):
-        pass
-    index = index_parquet(path, image_column, label_column) if remote is None else remote[2]()
-    try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(kept) as tmp, open(tmp, "wb") as f:
-            names_array = np.asarray(index.label_names, dtype=str) if index.label_names else np.zeros(0, dtype="<U1")
-            np.savez(f, group_rows=index.group_rows, labels=index.labels, label_names=names_array)
-    except OSError:
-        pass
-    return index
+
+    def load(f: Any, path: str, size: int, version: int) -> ParquetIndex:
+        names = tuple(str(n) for n in f["label_names"])
+        return ParquetIndex(path, size, version, f["group_rows"], f["labels"], names, image_column)
+
+    def save(index: ParquetIndex) -> dict[str, np.ndarray]:
+        return {"group_rows": index.group_rows, "labels": index.labels, "label_names": string_array(index.label_names)}
+
+    def build(p: str) -> ParquetIndex:
+        return index_parquet(p, image_column, label_column)
+
+    settings = f"{_FORMAT}|{image_column}|{label_column}"
+    return kept_index(path, index_dir, "parquet-index", settings, remote, build, load, save)

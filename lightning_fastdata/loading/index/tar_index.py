@@ -17,19 +17,17 @@ key, a label that is not an integer.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
 from lightning_fastdata.errors import DataError
-from lightning_fastdata.loading.atomic import atomic_path
+from lightning_fastdata.loading.index.kept import kept_index, refuse_changed, string_array
 
 __all__ = ["IMAGE_EXTENSIONS", "TarIndex", "index_tar", "index_tar_file", "load_tar_index"]
 
@@ -70,12 +68,7 @@ class TarIndex:
         Raises:
             DataError: Naming the shard and what differs.
         """
-        if st.st_size != self.size or st.st_mtime_ns != self.mtime_ns:
-            raise DataError(
-                f"The shard {self.path!r} changed after it was indexed ({self.size} -> {st.st_size} bytes, modified "
-                "since): its samples would be read at the wrong places. Restart to index it again, and do not rewrite "
-                "shards while they are read."
-            )
+        refuse_changed("shard", self.path, self.size, self.mtime_ns, st)
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -188,30 +181,18 @@ def load_tar_index(
 ) -> TarIndex:
     """The shard's index: kept in ``index_dir`` under its path, size and modification time, else built and kept.
 
-    Built by :func:`index_tar` and written atomically; an ``index_dir`` that cannot be written is skipped (the index
-    is then built each time). ``remote``: a shard in a bucket (``path`` its URL): its size, its version, and what
-    builds its index (reading it by ranges).
+    Built by :func:`index_tar` and written atomically (:func:`~lightning_fastdata.loading.index.kept.kept_index`); an
+    ``index_dir`` that cannot be written is skipped (the index is then built each time). ``remote``: a shard in a
+    bucket (``path`` its URL): its size, its version, and what builds its index (reading it by ranges).
     """
-    if remote is None:
-        path = os.path.abspath(os.fspath(path))
-        st = os.stat(path)
-        size, version = st.st_size, st.st_mtime_ns
-    else:
-        path, (size, version, _) = os.fspath(path), remote
-    name = hashlib.sha256(f"{_FORMAT}|{path}|{size}|{version}|{json_label}".encode()).hexdigest()[:24]
-    kept = Path(index_dir) / "tar-index" / f"{name}.npz"
-    try:
-        with np.load(kept, allow_pickle=False) as f:
-            names = tuple(str(k) for k in f["keys"])
-            return TarIndex(path, size, version, names, f["offsets"], f["sizes"], f["labels"])
-    except (OSError, KeyError, ValueError):
-        pass
-    index = index_tar(path, json_label) if remote is None else remote[2]()
-    try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(kept) as tmp, open(tmp, "wb") as f:
-            keys = np.asarray(index.keys, dtype=str) if index.keys else np.zeros(0, dtype="<U1")
-            np.savez(f, keys=keys, offsets=index.offsets, sizes=index.sizes, labels=index.labels)
-    except OSError:
-        pass
-    return index
+
+    def load(f: Any, path: str, size: int, version: int) -> TarIndex:
+        keys = tuple(str(k) for k in f["keys"])
+        return TarIndex(path, size, version, keys, f["offsets"], f["sizes"], f["labels"])
+
+    def save(index: TarIndex) -> dict[str, np.ndarray]:
+        return {"keys": string_array(index.keys), "offsets": index.offsets, "sizes": index.sizes,
+                "labels": index.labels}  # fmt: skip
+
+    settings = f"{_FORMAT}|{json_label}"
+    return kept_index(path, index_dir, "tar-index", settings, remote, lambda p: index_tar(p, json_label), load, save)

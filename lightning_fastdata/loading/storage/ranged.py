@@ -20,22 +20,24 @@ import fnmatch
 import io
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_fastdata.errors import DataError, PathNotFoundError
+from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.index.parquet_index import (
     ParquetIndex,
     image_values,
     index_parquet_file,
 )
 from lightning_fastdata.loading.index.tar_index import TarIndex, index_tar_file
+from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.bucket_index import object_version
 from lightning_fastdata.loading.storage.obstore_calls import get_object_range
 
 __all__ = [
     "RangedFile",
+    "bucket_storage",
     "RemoteShard",
     "index_remote_parquet",
     "index_remote_tar",
@@ -131,10 +133,8 @@ class RangedFile(io.RawIOBase):
         begin = self.pos - self._start
         if not (0 <= begin and begin + n <= len(self._buffer)):
             end = min(self.shard.size, self.pos + max(n, self.block))
-            data, version = get_object_range(self.store, self.shard.key, self.pos, end)
-            if version != self.shard.version:
-                raise _changed(self.shard.url, self.shard.size, self.shard.version, version)
-            self._buffer, self._start, begin = data, self.pos, 0
+            self._start, self._buffer = read_remote_range(self.store, self.shard, self.pos, end)
+            begin = 0
         view[:n] = self._buffer[begin : begin + n]
         self.pos += n
         return n
@@ -150,6 +150,27 @@ def index_remote_parquet(store: Any, shard: RemoteShard, image_column: str, labe
     """:func:`~lightning_fastdata.loading.index.parquet_index.index_parquet` of a file in a bucket (footer, labels)."""
     with RangedFile(store, shard, block=1 << 20) as f:
         return index_parquet_file(f, shard.url, shard.size, shard.version, image_column, label_column)
+
+
+def bucket_storage(paths: Sequence[str], storage_options: Mapping[str, Any] | None, what: str) -> Any:
+    """The object store that holds ``paths`` (all in one bucket), or ``None`` where they are local files.
+
+    An :class:`~lightning_fastdata.loading.storage.object_store.ObjectStorage` of the bucket's root.
+
+    Raises:
+        ValueError: If they mix local files and URLs, or span several buckets (``what`` names them: "shards").
+    """
+    remote = [is_url(p) for p in paths]
+    if not any(remote):
+        return None
+    if not all(remote):
+        raise InvalidValueError(f"Give {what} all local or all in one bucket, not both.")
+    roots = {split_url(p)[0] for p in paths}
+    if len(roots) > 1:
+        raise InvalidValueError(f"Give {what} of one bucket, not of {sorted(roots)}.")
+    from lightning_fastdata.loading.storage.object_store import ObjectStorage
+
+    return ObjectStorage(roots.pop(), storage_options)
 
 
 def read_remote_range(store: Any, shard: RemoteShard, start: int, end: int) -> tuple[int, bytes]:
