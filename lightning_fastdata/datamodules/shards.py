@@ -188,6 +188,7 @@ class ShardDataModule(FastDataModule):
         save_init_hparams(self)
         self.storage_options = storage_options
         self._remote: dict[str, RemoteShard] = {}
+        self._loaded: dict[tuple[str, bool], Any] = {}  # (shard, labelled) -> its index, once loaded
         self.shard_paths = self._expand(shards)
         self.val_shard_paths = None if val_shards is None else self._expand(val_shards)
         self.test_shard_paths = None if test_shards is None else self._expand(test_shards)
@@ -249,14 +250,22 @@ class ShardDataModule(FastDataModule):
         return None if isinstance(data, OSError) else data
 
     def _indexes(self, paths: list[str], labelled: bool = True) -> list[TarIndex] | list[ParquetIndex]:
+        """The shards' indexes, kept in ``index_dir`` and loaded once per module (the splits share them)."""
+        out: Any = []
+        for p in paths:
+            index = self._loaded.get((p, labelled))
+            if index is None:
+                index = self._loaded[(p, labelled)] = self._load_index(p, labelled)
+            out.append(index)
+        return out
+
+    def _load_index(self, path: str, labelled: bool) -> TarIndex | ParquetIndex:
         if self.format == "parquet":
             label = self.label_column if labelled else None
-            return [
-                load_parquet_index(p, self.index_dir, self.image_column, label, self._remote_parquet(p, label))
-                for p in paths
-            ]
+            remote = self._remote_parquet(path, label)
+            return load_parquet_index(path, self.index_dir, self.image_column, label, remote)
         json_label = self.json_label if labelled else None
-        return [load_tar_index(p, self.index_dir, json_label, self._remote_tar(p, json_label)) for p in paths]
+        return load_tar_index(path, self.index_dir, json_label, self._remote_tar(path, json_label))
 
     def _remote_tar(self, url: str, json_label: str | None) -> tuple[int, int, Any] | None:
         shard = self._remote.get(url)

@@ -14,7 +14,9 @@ import io
 import json
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_path, atomic_write_text
@@ -43,6 +45,37 @@ def _listing(src: str | os.PathLike[str] | FileIndex, dst: str | os.PathLike[str
     return index
 
 
+def _pack(
+    index: FileIndex,
+    dst: str | os.PathLike[str],
+    name: str,
+    shard_bytes: int,
+    step: int,
+    overhead: int,
+    open_writer: Callable[[Path], Any],
+    write: Callable[[Any, list[tuple[int, bytes]]], None],
+) -> list[Path]:
+    """Write ``index``'s files, in order, into shards ``dst/<name % k>`` of about ``shard_bytes`` each.
+
+    Each shard is written under a temporary name (``open_writer(tmp)``, a context manager) and renamed when whole;
+    ``write(writer, rows)`` writes ``step`` files at a time (their positions and bytes), each counted at its size
+    plus ``overhead``; a shard holds at least one step.
+    """
+    written: list[Path] = []
+    i, n = 0, len(index)
+    while i < n:
+        path = Path(dst) / (name % len(written))
+        with atomic_path(path) as tmp, open_writer(tmp) as writer:
+            size = 0
+            while i < n and (size == 0 or size < shard_bytes):
+                rows = [(j, Path(index.path(j)).read_bytes()) for j in range(i, min(n, i + step))]
+                write(writer, rows)
+                size += sum(len(data) + overhead for _, data in rows)
+                i += len(rows)
+        written.append(path)
+    return written
+
+
 def write_tar_shards(
     src: str | os.PathLike[str] | FileIndex,
     dst: str | os.PathLike[str],
@@ -61,22 +94,18 @@ def write_tar_shards(
         ValueError: If ``shard_bytes`` is not positive, or ``dst`` is inside ``src`` (the data are read-only to us).
     """
     index = _listing(src, dst, shard_bytes)
-    folder = Path(dst)
-    written: list[Path] = []
-    i, n = 0, len(index)
-    while i < n:
-        path = folder / f"{prefix}-{len(written):06d}.tar"
-        with atomic_path(path) as tmp, tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tf:
-            size = 0
-            while i < n and (size == 0 or size < shard_bytes):
-                data = Path(index.path(i)).read_bytes()
-                ext = os.path.splitext(index.relpath(i))[1].lower().lstrip(".") or "jpg"
-                _add(tf, f"{i:08d}.{ext}", data)
-                _add(tf, f"{i:08d}.cls", str(int(index.labels[i])).encode())
-                size += len(data) + 1024
-                i += 1
-        written.append(path)
-    atomic_write_text(folder / "classes.json", json.dumps(list(index.classes)))
+
+    def write(tf: tarfile.TarFile, rows: list[tuple[int, bytes]]) -> None:
+        for i, data in rows:
+            ext = os.path.splitext(index.relpath(i))[1].lower().lstrip(".") or "jpg"
+            _add(tf, f"{i:08d}.{ext}", data)
+            _add(tf, f"{i:08d}.cls", str(int(index.labels[i])).encode())
+
+    def open_tar(tmp: Path) -> tarfile.TarFile:
+        return tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT)
+
+    written = _pack(index, dst, f"{prefix}-%06d.tar", shard_bytes, 1, 1024, open_tar, write)
+    atomic_write_text(Path(dst) / "classes.json", json.dumps(list(index.classes)))
     return written
 
 
@@ -109,19 +138,13 @@ def write_parquet_shards(
     schema = pa.schema([("image", image_type), ("label", pa.int64())]).with_metadata(
         {"huggingface": json.dumps({"info": {"features": features}})}
     )
-    folder = Path(dst)
-    written: list[Path] = []
-    i, n = 0, len(index)
-    while i < n:
-        path = folder / f"{prefix}-{len(written):06d}.parquet"
-        with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
-            size = 0
-            while i < n and (size == 0 or size < shard_bytes):
-                rows = range(i, min(n, i + rows_per_group))
-                images = [{"bytes": Path(index.path(j)).read_bytes(), "path": index.relpath(j)} for j in rows]
-                labels = [int(index.labels[j]) for j in rows]
-                writer.write_table(pa.table({"image": images, "label": labels}, schema=schema))
-                size += sum(len(im["bytes"]) for im in images)
-                i = rows.stop
-        written.append(path)
-    return written
+
+    def write(writer: Any, rows: list[tuple[int, bytes]]) -> None:
+        images = [{"bytes": data, "path": index.relpath(j)} for j, data in rows]
+        labels = [int(index.labels[j]) for j, _ in rows]
+        writer.write_table(pa.table({"image": images, "label": labels}, schema=schema))
+
+    def open_parquet(tmp: Path) -> Any:
+        return pq.ParquetWriter(tmp, schema)
+
+    return _pack(index, dst, f"{prefix}-%06d.parquet", shard_bytes, rows_per_group, 0, open_parquet, write)
