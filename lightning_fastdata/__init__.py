@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from lightning_fastdata._ext.native import decoder_summary
     from lightning_fastdata.augment.normalize import Normalizer
     from lightning_fastdata.callbacks.fastdata import FastDataCallback
+    from lightning_fastdata.callbacks.mask_writer import MaskWriter
     from lightning_fastdata.callbacks.monitor import DataWaitMonitor
     from lightning_fastdata.callbacks.predictions import PredictionWriter
     from lightning_fastdata.datamodules.base import FastDataModule
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from lightning_fastdata.datamodules.folder import ImageFolderDataModule
     from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
     from lightning_fastdata.datamodules.mixed import MixedDataModule
+    from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
     from lightning_fastdata.datamodules.shards import ShardDataModule
     from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
     from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher
     from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
     from lightning_fastdata.models import ImageClassifier
+    from lightning_fastdata.segmenter import ImageSegmenter
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
@@ -53,12 +56,15 @@ _EXPORTS = {
     "HDF5Dataset": "lightning_fastdata.datasets.hdf5",
     "ImageClassifier": "lightning_fastdata.models",
     "ImageFolderDataModule": "lightning_fastdata.datamodules.folder",
+    "ImageSegmenter": "lightning_fastdata.segmenter",
+    "MaskWriter": "lightning_fastdata.callbacks.mask_writer",
     "MixedDataModule": "lightning_fastdata.datamodules.mixed",
     "ImageFolderDataset": "lightning_fastdata.datasets.folder",
     "Normalizer": "lightning_fastdata.augment.normalize",
     "PredictionWriter": "lightning_fastdata.callbacks.predictions",
     "PrefetchingDataLoader": "lightning_fastdata.loading.transport.loaders",
     "PrefetchingStatefulDataLoader": "lightning_fastdata.loading.transport.loaders",
+    "SegmentationDataModule": "lightning_fastdata.datamodules.segmentation",
     "ShardDataModule": "lightning_fastdata.datamodules.shards",
     "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",
     "TensorCacheDataset": "lightning_fastdata.datasets.cache",
@@ -85,12 +91,15 @@ __all__ = [
     "HDF5Dataset",
     "ImageClassifier",
     "ImageFolderDataModule",
+    "ImageSegmenter",
+    "MaskWriter",
     "MixedDataModule",
     "ImageFolderDataset",
     "Normalizer",
     "PredictionWriter",
     "PrefetchingDataLoader",
     "PrefetchingStatefulDataLoader",
+    "SegmentationDataModule",
     "ShardDataModule",
     "TensorCacheDataModule",
     "TensorCacheDataset",

@@ -1,4 +1,4 @@
-"""Demo data for segmentation: photo-like scenes of coloured shapes whose masks are known, in VOC's layout.
+"""Demo data for segmentation: photo-like scenes of coloured shapes whose masks are known, in the common layouts.
 
 Each scene is a grey photo-like background (class 0) with a few ellipses, boxes and triangles, each filled with its
 class's colour (:data:`SEGMENTATION_COLOURS`); the mask holds each pixel's class, 255 (ignored) on a thin border
@@ -7,22 +7,26 @@ grey is background, a saturated colour is the class of the nearest palette colou
 test can check ``mask == classes_of_colours(image)`` away from the shapes' edges: a flip or crop that moved the
 image and not the mask, or the reverse, cannot pass.
 
-:func:`make_segmentation_folder` writes ``JPEGImages/<id>.jpg``, ``SegmentationClass/<id>.png`` (palette PNGs whose
-indices are the classes, as VOC's) and ``ImageSets/Segmentation/{train,val}.txt``; each file written atomically.
+:func:`make_segmentation_folder` writes them in VOC's layout (``JPEGImages/<id>.jpg``, ``SegmentationClass/<id>.png``
+palette PNGs whose indices are the classes, ``ImageSets/Segmentation/{train,val}.txt``), ADE20K's or Cityscapes';
+each file written atomically.
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from lightning_fastdata.datasets.segmentation_layouts import voc_palette
 from lightning_fastdata.demos import photo_like_image
 from lightning_fastdata.loading.atomic import atomic_write_bytes, atomic_write_text
 
 __all__ = [
+    "CITYSCAPES_IDS_OF_CLASSES",
     "SEGMENTATION_CLASSES",
     "SEGMENTATION_COLOURS",
     "classes_of_colours",
@@ -38,22 +42,6 @@ SEGMENTATION_COLOURS = np.array(
 )
 #: The mask value of the borders (and, in training, of padding): ignored.
 BORDER = 255
-
-
-def _palette() -> list[int]:
-    """VOC's colour map (index -> RGB), as its PNG masks carry it: the classes' colours, white for 255."""
-    out = []
-    for i in range(256):
-        r = g = b = 0
-        c = i
-        for j in range(8):
-            r |= ((c >> 0) & 1) << (7 - j)
-            g |= ((c >> 1) & 1) << (7 - j)
-            b |= ((c >> 2) & 1) << (7 - j)
-            c >>= 3
-        out += [r, g, b]
-    out[3 * 255 : 3 * 256] = [224, 224, 192]
-    return out
 
 
 def segmentation_scene(rng: np.random.Generator, width: int, height: int) -> tuple[Image.Image, np.ndarray]:
@@ -96,34 +84,66 @@ def classes_of_colours(image: np.ndarray, min_saturation: int = 60) -> np.ndarra
     return np.where(saturation >= min_saturation, classes, 0).astype(np.uint8)
 
 
+#: Cityscapes' label id of each demo class (whose training id is the demo class): road, sidewalk, building, wall,
+#: fence, pole; borders get id 0 (unlabelled, ignored).
+CITYSCAPES_IDS_OF_CLASSES = (7, 8, 11, 12, 13, 17)
+
+
 def make_segmentation_folder(
     root: str | Path, count: int = 40, size: tuple[int, int] = (500, 375), quality: int = 90, seed: int = 0,
-    val_fraction: float = 0.2,
+    val_fraction: float = 0.2, layout: Literal["voc", "ade20k", "cityscapes"] = "voc",
 ) -> Path:  # fmt: skip
-    """Write ``count`` scenes under ``root`` in VOC's layout (module docstring); return ``root`` as a ``Path``.
+    """Write ``count`` scenes under ``root`` (module docstring); return ``root`` as a ``Path``.
 
     Sizes vary between 85% and 100% of ``size`` (width, height); a fifth are portrait. The last ``val_fraction`` of
-    the ids are listed in ``val.txt``, the others in ``train.txt``.
+    the scenes are the validation split. ``layout``: VOC's (palette masks, 255 borders, split lists), ADE20K's
+    (``images/{training,validation}``, ``annotations/...``: grey masks holding class + 1, 0 on the borders) or
+    Cityscapes' (PNG images in ``leftImg8bit/{train,val}/<city>``, ``gtFine`` label ids by
+    :data:`CITYSCAPES_IDS_OF_CLASSES`, 0 on the borders; a colour file beside each, as Cityscapes has).
     """
     root = Path(root)
-    for folder in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
-        (root / folder).mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng([seed, 0x5E6])
-    palette = _palette()
+    palette = voc_palette()
     ids = [f"scene_{i:06d}" for i in range(count)]
-    for name in ids:
+    cut = len(ids) - int(round(val_fraction * len(ids)))
+    for k, name in enumerate(ids):
         w, h = int(size[0] * rng.uniform(0.85, 1.0)), int(size[1] * rng.uniform(0.85, 1.0))
         if rng.random() < 0.2:
             w, h = h, w
         image, mask = segmentation_scene(rng, w, h)
-        jpeg, png = io.BytesIO(), io.BytesIO()
-        image.save(jpeg, "JPEG", quality=quality)
-        indexed = Image.fromarray(mask, mode="L").convert("P")
-        indexed.putpalette(palette)
-        indexed.save(png, "PNG")
-        atomic_write_bytes(root / "JPEGImages" / f"{name}.jpg", jpeg.getvalue(), fsync=False)
-        atomic_write_bytes(root / "SegmentationClass" / f"{name}.png", png.getvalue(), fsync=False)
-    cut = len(ids) - int(round(val_fraction * len(ids)))
-    atomic_write_text(root / "ImageSets" / "Segmentation" / "train.txt", "\n".join(ids[:cut]) + "\n")
-    atomic_write_text(root / "ImageSets" / "Segmentation" / "val.txt", "\n".join(ids[cut:]) + "\n")
+        encoded, png = io.BytesIO(), io.BytesIO()
+        if layout == "voc":
+            image.save(encoded, "JPEG", quality=quality)
+            indexed = Image.fromarray(mask, mode="L").convert("P")
+            indexed.putpalette(palette)
+            indexed.save(png, "PNG")
+            files = [(f"JPEGImages/{name}.jpg", encoded), (f"SegmentationClass/{name}.png", png)]
+        elif layout == "ade20k":
+            split = "training" if k < cut else "validation"
+            image.save(encoded, "JPEG", quality=quality)
+            Image.fromarray(np.where(mask == BORDER, 0, mask + 1).astype(np.uint8), mode="L").save(png, "PNG")
+            files = [(f"images/{split}/ADE_{name}.jpg", encoded), (f"annotations/{split}/ADE_{name}.png", png)]
+        else:
+            split = "train" if k < cut else "val"
+            city = ("aachen", "bremen")[k % 2]
+            stem = f"{split}/{city}/{city}_{k:06d}_000019"
+            image.save(encoded, "PNG")
+            ids_of = np.array([*CITYSCAPES_IDS_OF_CLASSES, *[0] * (256 - len(CITYSCAPES_IDS_OF_CLASSES))], np.uint8)
+            Image.fromarray(ids_of[mask], mode="L").save(png, "PNG")
+            colour = io.BytesIO()
+            image.save(colour, "PNG")
+            files = [
+                (f"leftImg8bit/{stem}_leftImg8bit.png", encoded),
+                (f"gtFine/{stem}_gtFine_labelIds.png", png),
+                (f"gtFine/{stem}_gtFine_color.png", colour),
+            ]
+        for rel, buffer in files:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(root / rel, buffer.getvalue(), fsync=False)
+    if layout == "voc":
+        (root / "ImageSets" / "Segmentation").mkdir(parents=True, exist_ok=True)
+        atomic_write_text(root / "ImageSets" / "Segmentation" / "train.txt", "\n".join(ids[:cut]) + "\n")
+        atomic_write_text(root / "ImageSets" / "Segmentation" / "val.txt", "\n".join(ids[cut:]) + "\n")
+    elif layout == "ade20k":
+        atomic_write_text(root / "objectInfo150.txt", "Idx\tRatio\tTrain\tVal\tName\n")
     return root

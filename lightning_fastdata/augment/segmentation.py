@@ -101,14 +101,16 @@ def _centres(start: int, extent: int, count: int) -> np.ndarray:
     return start + np.minimum(((np.arange(count) + 0.5) * extent / count).astype(np.int64), extent - 1)
 
 
-def render_mask(mask: np.ndarray, window: Window, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``mask`` (``H x W`` class indices) through ``window``: nearest sampling into its place, padding ignored.
+def render_mask(
+    mask: np.ndarray, window: Window, out: torch.Tensor | None = None, fill: int = IGNORE_INDEX
+) -> torch.Tensor:
+    """``mask`` (``H x W`` class indices) through ``window``: nearest sampling into its place, padding ``fill``.
 
     Writes into ``out`` (``uint8``, ``window.size``) if given; returns it.
     """
     if out is None:
         out = torch.empty(window.size, dtype=torch.uint8)
-    out.fill_(IGNORE_INDEX)
+    out.fill_(fill)
     top, left, box_h, box_w = window.box
     pt, pl, ph, pw = window.place
     rows = _centres(top, box_h, ph)

@@ -78,6 +78,11 @@ class PredictionWriter(BasePredictionWriter):
                 f"PredictionWriter(scores=...) ({', '.join(map(repr, SCORE_KINDS))}), or give the model a "
                 "prediction_scores attribute saying it."
             )
+        if self.scores is None and said == "masks":
+            raise InvalidValueError(
+                f"{type(pl_module).__name__}.predict_step returns masks, not class scores: use MaskWriter (PNG masks "
+                "and a table of them) instead of PredictionWriter."
+            )
         self._kind = self.scores or _score_kind(said, f"{type(pl_module).__name__}.prediction_scores")
 
     @override

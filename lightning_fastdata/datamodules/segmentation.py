@@ -1,22 +1,24 @@
-"""``SegmentationDataModule``: images and masks from a VOC-style folder, with the loaders every module has.
+"""``SegmentationDataModule``: images and masks (VOC, ADE20K, Cityscapes, paired folders; local or in a bucket).
 
-Issue 63, first part: the folder source (:class:`~lightning_fastdata.datasets.segmentation.SegmentationFolderDataset`)
-through this package's loaders (stateful, sharded, resumable, workers, pinned memory), its batches normalised on the
-device with their masks made ``int64`` there. Sampling settings, mixes and the other sources come later.
+The source (:class:`~lightning_fastdata.datasets.segmentation.SegmentationFolderDataset`) goes through this package's
+loaders (stateful, sharded, resumable, workers, pinned memory); its batches are normalised on the device with their
+masks made ``int64`` there. ``trainer.predict`` reads ``predict_root``'s images at the base size
+(:class:`~lightning_fastdata.datasets.segmentation.SegmentationPredictDataset`).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
 
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset
+from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset, SegmentationPredictDataset
+from lightning_fastdata.datasets.segmentation_layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.batch import Batch
@@ -25,7 +27,7 @@ __all__ = ["SegmentationDataModule"]
 
 
 class SegmentationDataModule(FastDataModule):
-    """Train and validate on a VOC-style segmentation folder as torchvision's segmentation reference does.
+    """Train and validate on a segmentation folder or bucket as torchvision's segmentation reference does.
 
     Training batches: the reference's random resize (0.5-2x ``base_size``), flip and ``crop_size`` crop, the image's
     crop decoded alone and its mask sampled through the same window; validation at ``base_size``, padded to the
@@ -33,17 +35,26 @@ class SegmentationDataModule(FastDataModule):
     the masks ``int64``: ``images, masks = batch`` in ``training_step``.
 
     Args:
-        root: The folder (``JPEGImages``, ``SegmentationClass``, ``ImageSets/Segmentation``).
-        num_classes: The classes the masks hold (VOC: 21).
-        class_names: Their names, in index order; ``None``: the numbers.
+        root: The data: a folder or bucket URL in VOC's, ADE20K's, Cityscapes' or a paired layout
+            (:mod:`~lightning_fastdata.datasets.segmentation_layouts`).
+        num_classes: The classes the masks hold (VOC: 21, ADE20K: 150, Cityscapes: 19).
+        class_names: Their names, in index order; ``None``: Cityscapes' with ``layout="cityscapes"``, else numbers.
         base_size: The reference's base size (520).
         crop_size: The training crop (480).
         hflip_prob: The training flip's probability.
-        train_split: The split list ``ImageSets/Segmentation/<train_split>.txt`` trained on.
-        val_split: The split validated on, or ``None``.
+        train_split: The split trained on: VOC's list ``ImageSets/Segmentation/<train_split>.txt``, else the
+            split's sub-folder (ADE20K: ``training``; paired folders without splits: ``""``).
+        val_split: The split validated on (ADE20K: ``validation``), or ``None``; a missing default ``"val"`` is
+            skipped with a warning.
         test_split: The split ``trainer.test`` reads, or ``None``.
         ignore_index: The mask value of borders and padding (the loss ignores it).
-        **kwargs: Loader arguments of :class:`FastDataModule` (``batch_size``, ``num_workers``, ``seed``, ...).
+        layout: ``"auto"`` (told by the root's folders), ``"voc"``, ``"ade20k"``, ``"cityscapes"`` or ``"paired"``.
+        images_dir: Paired folders: the images' folder under ``root``.
+        masks_dir: Paired folders: the masks' folder under ``root``.
+        label_map: Mask value -> class (or -> ``ignore_index``), replacing the layout's own meaning of the values.
+        storage_options: Object-store settings for bucket roots (as :class:`~lightning_fastdata.ImageFolderDataModule`).
+        **kwargs: Loader arguments of :class:`FastDataModule` (``batch_size``, ``num_workers``, ``seed``,
+            ``predict_root``, ...).
 
     Raises:
         ValueError: On a bad argument, or sampling settings (not supported here yet).
@@ -63,6 +74,11 @@ class SegmentationDataModule(FastDataModule):
         val_split: str | None = "val",
         test_split: str | None = None,
         ignore_index: int = IGNORE_INDEX,
+        layout: Layout = "auto",
+        images_dir: str = "images",
+        masks_dir: str = "annotations",
+        label_map: dict[int, int] | None = None,
+        storage_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("image_size", crop_size)
@@ -74,16 +90,21 @@ class SegmentationDataModule(FastDataModule):
                 "SegmentationDataModule takes no sampling settings yet (sample_weights, epoch_size, classes, "
                 "max_per_class, fraction): an image holds several classes, so they need a per-pixel definition."
             )
+        if layout not in LAYOUTS:
+            raise InvalidValueError(f"layout should be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}.")
+        if class_names is None and layout == "cityscapes" and num_classes == len(CITYSCAPES_CLASSES):
+            class_names = list(CITYSCAPES_CLASSES)
         if class_names is not None and len(class_names) != num_classes:
             raise InvalidValueError(f"class_names names {len(class_names)} classes, num_classes is {num_classes}.")
         self.root = os.fspath(root)
         self.classes = tuple(class_names) if class_names is not None else tuple(str(k) for k in range(num_classes))
         self.settings_of_windows: dict[str, Any] = dict(
             num_classes=num_classes, base_size=base_size, crop_size=crop_size, hflip_prob=hflip_prob,
-            ignore_index=ignore_index,
+            ignore_index=ignore_index, layout=layout, images_dir=images_dir, masks_dir=masks_dir, label_map=label_map,
+            storage_options=storage_options,
         )  # fmt: skip
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
-        self.ignore_index = ignore_index
+        self.ignore_index, self.base_size, self.storage_options = ignore_index, base_size, storage_options
 
     @property
     def num_classes(self) -> int:
@@ -94,12 +115,17 @@ class SegmentationDataModule(FastDataModule):
         return SegmentationFolderDataset(self.root, split, train=train, seed=self.seed, **self.settings_of_windows)
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
-        """The training split, and the validation split if its list exists."""
+        """The training split, and the validation split (the default ``"val"`` only if it exists)."""
+        train = self._dataset(self.train_split, True)
         val = None
         if self.val_split is not None:
-            if (Path(self.root) / "ImageSets" / "Segmentation" / f"{self.val_split}.txt").is_file():
+            try:
                 val = self._dataset(self.val_split, False)
-        return self._dataset(self.train_split, True), val
+            except FileNotFoundError as err:
+                if self.val_split != "val":
+                    raise
+                rank_zero_warn(f"No validation: {err} Pass val_split= the split to validate on, or None.")
+        return train, val
 
     @override
     def build_test_dataset(self) -> Dataset | None:
@@ -107,7 +133,20 @@ class SegmentationDataModule(FastDataModule):
         return None if self.test_split is None else self._dataset(self.test_split, False)
 
     @override
+    def build_predict_dataset(self) -> Any:
+        """``predict_root``'s images at the base size (batches carry each image's size for the prediction writer)."""
+        if self.predict_root is None:
+            return None
+        return SegmentationPredictDataset(self.predict_root, self.base_size, self.storage_options)
+
+    def predict_relpath(self, index: int) -> str:
+        """Prediction input ``index``'s path relative to ``predict_root`` (what a mask file is named after)."""
+        if self.predict_dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.predict_relpath() needs setup('predict') with predict_root=.")
+        return self.predict_dataset.index.relpath(index)
+
+    @override
     def _after_transfer(self, batch: Any) -> Any:
-        """Normalised float images and ``int64`` masks, on the device."""
+        """Normalised float images, and ``int64`` masks, on the device."""
         out = self.transfer.after_transfer(batch, None)  # the images normalised (channels-last by default)
-        return Batch(out[0], out[1].long())
+        return Batch(out[0], out[1].long()) if isinstance(out, Batch) else out

@@ -1,23 +1,20 @@
-"""``SegmentationFolderDataset``: images and their masks from a VOC-style folder, through one window each.
+"""``SegmentationFolderDataset``: a split's images and masks, through one window each; ``SegmentationPredictDataset``.
 
-The layout is VOC's: ``JPEGImages/<id>.jpg``, ``SegmentationClass/<id>.png`` (palette PNGs whose indices are the
-classes, 255 on object borders) and ``ImageSets/Segmentation/<split>.txt`` listing a split's ids. Each sample's
-image and mask go through one :class:`~lightning_fastdata.augment.segmentation.Window` (torchvision's segmentation
-reference: a random resize, a flip and a padded crop in training; the base size in evaluation): the image decoded
-only where the window needs it, the mask decoded once and sampled into the same place. A batch is a
-:class:`~lightning_fastdata.loading.batch.Batch` of uint8 images ``N x 3 x H x W`` and uint8 masks ``N x H x W``
-(evaluation batches padded to their largest image: images with 0, masks with the ignore index).
-
-Issue 63, first part: the dataset and its checks; its DataModule, model and metrics come next.
+The layouts (VOC, ADE20K, Cityscapes, paired folders; local or in a bucket) and what a mask's values mean are
+:mod:`~lightning_fastdata.datasets.segmentation_layouts`'. Each sample's image and mask go through one
+:class:`~lightning_fastdata.augment.segmentation.Window` (torchvision's segmentation reference: a random resize, a
+flip and a padded crop in training; the base size in evaluation): the image decoded only where the window needs it,
+the mask decoded once and sampled into the same place. A batch is a :class:`~lightning_fastdata.loading.batch.Batch`
+of uint8 images ``N x 3 x H x W`` and uint8 masks ``N x H x W`` (evaluation batches padded to their largest image:
+images with 0, masks with the ignore index).
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -32,15 +29,19 @@ from lightning_fastdata.augment.segmentation import (
     train_window,
     window_draws,
 )
-from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
+from lightning_fastdata.datasets.folder import prediction_index
+from lightning_fastdata.datasets.segmentation_layouts import find_pairs, map_mask, mask_table
+from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.batch import Batch
+from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
+from lightning_fastdata.loading.storage.registry import open_storage
 
-__all__ = ["SegmentationFolderDataset", "read_mask"]
+__all__ = ["SegmentationFolderDataset", "SegmentationPredictBatch", "SegmentationPredictDataset", "read_mask"]
 
 
 def read_mask(data: bytes, name: str) -> np.ndarray:
-    """A mask file's class indices (``H x W`` uint8): a palette or grey PNG's values as they are.
+    """A mask file's values (``H x W`` uint8): a palette or grey PNG's values as they are.
 
     Raises:
         DataError: For an RGB mask (its colours are not classes: give a palette PNG) or an unreadable file (named).
@@ -58,22 +59,62 @@ def read_mask(data: bytes, name: str) -> np.ndarray:
         raise DataError(f"{name} is not a readable mask ({err}).") from None
 
 
+def _checked(value: bytes | OSError, name: str) -> bytes:
+    if isinstance(value, OSError):
+        raise DataError(f"Cannot read {name}: {value}.") from value
+    return value
+
+
+def _key(key: Any, n: int) -> tuple[int, int, int]:
+    if isinstance(key, (tuple, list)):
+        full = (int(key[0]), int(key[1]), int(key[2]) if len(key) > 2 else 0)
+    else:
+        full = (0, int(key), 0)
+    if not 0 <= full[1] < n:
+        raise IndexError(f"index {full[1]} is out of range for a dataset of {n} samples.")
+    return full
+
+
+def _fixed_box(box: tuple[int, int, int, int]) -> Callable[[int, int], tuple[int, int, int, int]]:
+    return lambda width, height: box
+
+
+def _padded(samples: Sequence[tuple[torch.Tensor, torch.Tensor | None]], fill: int) -> tuple[torch.Tensor, Any]:
+    """The samples' images (and masks) in one batch, padded to the largest: images 0, masks ``fill``."""
+    h = max(int(image.shape[1]) for image, _ in samples)
+    w = max(int(image.shape[2]) for image, _ in samples)
+    images = torch.zeros(len(samples), 3, h, w, dtype=torch.uint8)
+    masks = None if samples[0][1] is None else torch.full((len(samples), h, w), fill, dtype=torch.uint8)
+    for k, (image, mask) in enumerate(samples):
+        images[k, :, : image.shape[1], : image.shape[2]] = image
+        if masks is not None and mask is not None:
+            masks[k, : mask.shape[0], : mask.shape[1]] = mask
+    return images, masks
+
+
 class SegmentationFolderDataset(Dataset):
-    """A VOC-style folder's split as whole batches of images and masks (module docstring).
+    """A segmentation split as whole batches of images and masks (module docstring).
 
     Args:
-        root: The folder (``JPEGImages``, ``SegmentationClass``, ``ImageSets/Segmentation``).
-        split: The list ``ImageSets/Segmentation/<split>.txt`` names the ids of.
-        num_classes: The classes a mask may hold (``0 .. num_classes - 1``, and ``ignore_index``).
+        root: The data's root: a folder or a bucket URL in one of the layouts of
+            :mod:`~lightning_fastdata.datasets.segmentation_layouts`.
+        split: The split: VOC's list ``ImageSets/Segmentation/<split>.txt``, else the split's sub-folder.
+        num_classes: The classes a mask holds (``0 .. num_classes - 1``, and ``ignore_index``).
         train: The reference's training window (random resize, flip, padded crop); else its evaluation (base size).
         base_size: The reference's base size (its ``--base-size``, 520).
         crop_size: The training crop (its ``--crop-size``, 480).
         hflip_prob: The flip's probability.
         seed: The seed every sample's window is drawn from, with its key ``(epoch, index, repeat)``.
         ignore_index: The mask value of borders and padding.
+        layout: ``"auto"``, ``"voc"``, ``"ade20k"``, ``"cityscapes"`` or ``"paired"``.
+        images_dir: Paired folders: the images' folder under ``root``.
+        masks_dir: Paired folders: the masks' folder under ``root``.
+        label_map: Mask value -> class (or -> ``ignore_index``), replacing the layout's own meaning of the values; a
+            value it does not name is an error.
+        storage_options: Object-store settings for a bucket ``root``.
 
     Raises:
-        FileNotFoundError: If the split's list or an image or mask it names is missing (named).
+        FileNotFoundError: If the split, or an image or mask it names, is missing (named).
         ValueError: On a bad argument (named).
     """
 
@@ -88,6 +129,11 @@ class SegmentationFolderDataset(Dataset):
         hflip_prob: float = 0.5,
         seed: int = 0,
         ignore_index: int = IGNORE_INDEX,
+        layout: str = "auto",
+        images_dir: str = "images",
+        masks_dir: str = "annotations",
+        label_map: Mapping[int, int] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not 0 < num_classes <= 255 or not 0 <= ignore_index <= 255 or ignore_index < num_classes:
             raise InvalidValueError(
@@ -96,57 +142,32 @@ class SegmentationFolderDataset(Dataset):
             )
         if base_size < 1 or crop_size < 1:
             raise InvalidValueError(f"base_size and crop_size should be positive, got {base_size!r}, {crop_size!r}.")
-        self.root = Path(root)
-        listing = self.root / "ImageSets" / "Segmentation" / f"{split}.txt"
-        if not listing.is_file():
-            raise PathNotFoundError(f"{listing} does not exist: a VOC-style folder lists each split's ids there.")
-        self.ids = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
-        if not self.ids:
-            raise InvalidValueError(f"{listing} lists no id.")
-        for i in self.ids:
-            for path in (self.image_path(i), self.mask_path(i)):
-                if not path.is_file():
-                    kind = "image" if path.suffix == ".jpg" else "mask"
-                    raise PathNotFoundError(f"{listing} names {i!r}, whose {kind} {path} does not exist.")
+        self.root = os.fspath(root)
+        options = None if storage_options is None else dict(storage_options)
+        self.pairs = find_pairs(self.root, split, layout, images_dir, masks_dir, options)
+        if not self.pairs.images:
+            raise InvalidValueError(f"The split {split!r} of {self.root} holds no image.")
+        self.storage = open_storage(self.root, options)
+        self.table = mask_table(self.pairs.layout, num_classes, ignore_index, label_map)
         self.num_classes, self.ignore_index = num_classes, ignore_index
         self.train, self.base_size, self.crop_size = train, base_size, crop_size
         self.hflip_prob, self.seed = hflip_prob, seed
 
-    def image_path(self, sample_id: str) -> Path:
-        """Sample ``sample_id``'s image."""
-        return self.root / "JPEGImages" / f"{sample_id}.jpg"
+    @property
+    def layout(self) -> str:
+        """The layout read (``"auto"`` resolved)."""
+        return self.pairs.layout
 
-    def mask_path(self, sample_id: str) -> Path:
-        """Sample ``sample_id``'s mask."""
-        return self.root / "SegmentationClass" / f"{sample_id}.png"
+    def image_path(self, index: int) -> str:
+        """Sample ``index``'s image (path or URL)."""
+        return self.storage.url(self.pairs.images[index])
+
+    def mask_path(self, index: int) -> str:
+        """Sample ``index``'s mask (path or URL)."""
+        return self.storage.url(self.pairs.masks[index])
 
     def __len__(self) -> int:
-        return len(self.ids)
-
-    def _key(self, key: Any) -> tuple[int, int, int]:
-        if isinstance(key, (tuple, list)):
-            full = (int(key[0]), int(key[1]), int(key[2]) if len(key) > 2 else 0)
-        else:
-            full = (0, int(key), 0)
-        if not 0 <= full[1] < len(self):
-            raise IndexError(f"index {full[1]} is out of range for a dataset of {len(self)} samples.")
-        return full
-
-    def _mask(self, sample_id: str, size: tuple[int, int]) -> np.ndarray:
-        path = self.mask_path(sample_id)
-        mask = read_mask(path.read_bytes(), str(path))
-        if mask.shape != size:
-            raise DataError(
-                f"{path} is {mask.shape[1]}x{mask.shape[0]}, its image {self.image_path(sample_id)} is "
-                f"{size[1]}x{size[0]}: a mask must be its image's size."
-            )
-        bad = (mask >= self.num_classes) & (mask != self.ignore_index)
-        if bad.any():
-            raise DataError(
-                f"{path} holds the value {int(mask[bad].max())}, above the {self.num_classes} classes (and not the "
-                f"ignore index {self.ignore_index}): give num_classes= the classes the masks use."
-            )
-        return mask
+        return len(self.pairs.images)
 
     def window(self, full_key: tuple[int, int, int], width: int, height: int) -> Window:
         """The sample's window: the training one drawn from its key, or the evaluation one."""
@@ -155,34 +176,108 @@ class SegmentationFolderDataset(Dataset):
         draws = window_draws(self.seed, [full_key])[0]
         return train_window(draws, width, height, self.base_size, self.crop_size, hflip_prob=self.hflip_prob)
 
-    def _sample(self, full_key: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        sample_id = self.ids[full_key[1]]
-        path = self.image_path(sample_id)
-        data = path.read_bytes()
-        with Image.open(io.BytesIO(data)) as im:
-            width, height = im.size
+    def mask_of(self, data: bytes, index: int) -> np.ndarray:
+        """Sample ``index``'s mask file as classes (``H x W`` uint8).
+
+        Raises:
+            DataError: On an RGB or unreadable mask, or a value that is no class (named).
+        """
+        name = self.mask_path(index)
+        return map_mask(read_mask(data, name), self.table, name, self.num_classes, self.ignore_index)
+
+    def _sample(self, full_key: tuple[int, int, int], data: bytes, mask_data: bytes) -> tuple[torch.Tensor, Any]:
+        index = full_key[1]
+        mask = self.mask_of(mask_data, index)
+        height, width = mask.shape
         win = self.window(full_key, width, height)
+
+        def box(w: int, h: int) -> tuple[int, int, int, int]:  # the mask's size is the image's, or it is an error
+            if (w, h) != (width, height):
+                raise DataError(
+                    f"{self.mask_path(index)} is {width}x{height}, its image {self.image_path(index)} is {w}x{h}: a "
+                    "mask must be its image's size."
+                )
+            return win.box
+
         image = torch.zeros(3, *win.size, dtype=torch.uint8)
         top, left, ph, pw = win.place
-        decode_resized_crop(data, image[:, top : top + ph, left : left + pw], lambda w, h: win.box, win.flip, str(path))
-        mask = render_mask(self._mask(sample_id, (height, width)), win)
-        if self.ignore_index != IGNORE_INDEX:
-            mask[mask == IGNORE_INDEX] = self.ignore_index
-        return image, mask
+        decode_resized_crop(data, image[:, top : top + ph, left : left + pw], box, win.flip, self.image_path(index))
+        return image, render_mask(mask, win, fill=self.ignore_index)
 
     def __getitems__(self, keys: Sequence[Any]) -> Batch:
         """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""
-        samples = [self._sample(self._key(k)) for k in keys]
-        h = max(int(image.shape[1]) for image, _ in samples)
-        w = max(int(image.shape[2]) for image, _ in samples)
-        images = torch.zeros(len(samples), 3, h, w, dtype=torch.uint8)
-        masks = torch.full((len(samples), h, w), self.ignore_index, dtype=torch.uint8)
-        for k, (image, mask) in enumerate(samples):
-            images[k, :, : image.shape[1], : image.shape[2]] = image
-            masks[k, : mask.shape[0], : mask.shape[1]] = mask
+        full = [_key(k, len(self)) for k in keys]
+        paths = [p for f in full for p in (self.pairs.images[f[1]], self.pairs.masks[f[1]])]
+        read = list(self.storage.read_many(paths))  # a bucket's reads in flight together
+        samples = []
+        for j, f in enumerate(full):
+            data = _checked(read[2 * j], self.image_path(f[1]))
+            samples.append(self._sample(f, data, _checked(read[2 * j + 1], self.mask_path(f[1]))))
+        images, masks = _padded(samples, self.ignore_index)
         return Batch(images, masks)
 
     def __getitem__(self, key: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(image, mask)`` of one sample."""
         images, masks = self.__getitems__([key])
         return images[0], masks[0]
+
+
+class SegmentationPredictBatch(NamedTuple):
+    """A segmentation ``trainer.predict`` batch: uint8 ``images``, their ``indices``, and ``sizes``.
+
+    ``sizes`` (``N x 4`` int64): each image's own height and width, then the height and width it was resized to
+    (at the batch's top left; the rest is padding): what a prediction is cut to and resized back from.
+    """
+
+    images: torch.Tensor
+    indices: torch.Tensor
+    sizes: torch.Tensor
+
+
+class SegmentationPredictDataset(Dataset):
+    """Images to segment, each at the evaluation size (its shorter side ``base_size``), batches padded.
+
+    Args:
+        source: A folder of images (flat or nested), a bucket prefix, or a ``.txt`` list of image paths
+            (:func:`~lightning_fastdata.datasets.folder.prediction_index`).
+        base_size: The evaluation size of the shorter side.
+        storage_options: Object-store settings for a bucket ``source``.
+    """
+
+    def __init__(self, source: str, base_size: int = 520, storage_options: Mapping[str, Any] | None = None) -> None:
+        options = None if storage_options is None else dict(storage_options)
+        self.index: FileIndex = prediction_index(source, options)
+        self.storage = open_storage(self.index.root, options)
+        self.base_size = base_size
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def path(self, index: int) -> str:
+        """Input ``index``'s path or URL."""
+        return self.storage.url(self.index.relpath(index))
+
+    def __getitems__(self, keys: Sequence[Any]) -> SegmentationPredictBatch:
+        """The images at the base size, their indices and sizes (:class:`SegmentationPredictBatch`)."""
+        indices = [_key(k, len(self))[1] for k in keys]
+        read = list(self.storage.read_many([self.index.relpath(i) for i in indices]))
+        samples: list[tuple[torch.Tensor, Any]] = []
+        sizes = []
+        for i, value in zip(indices, read):
+            data = _checked(value, self.path(i))
+            try:
+                with Image.open(io.BytesIO(data)) as im:
+                    width, height = im.size
+            except OSError as err:
+                raise DataError(f"Cannot decode image {self.path(i)!r}: {err}.") from None
+            win = eval_window(width, height, self.base_size)
+            image = torch.zeros(3, *win.size, dtype=torch.uint8)
+            decode_resized_crop(data, image, _fixed_box(win.box), False, self.path(i))
+            samples.append((image, None))
+            sizes.append((height, width, *win.size))
+        images, _ = _padded(samples, 0)
+        return SegmentationPredictBatch(images, torch.tensor(indices), torch.tensor(sizes, dtype=torch.int64))
+
+    def __getitem__(self, key: Any) -> SegmentationPredictBatch:
+        """A batch of one."""
+        return self.__getitems__([key])

@@ -70,7 +70,7 @@ def test_evaluation_batches_are_at_the_base_size_padded_to_the_largest(voc: Path
     images, masks = ds.__getitems__([0, 1, 2])
     sizes = []
     for k in range(3):
-        with Image.open(ds.image_path(ds.ids[k])) as im:
+        with Image.open(ds.image_path(k)) as im:
             w, h = im.size
         s = 90 / min(w, h)
         sizes.append((round(h * s), round(w * s)))
@@ -98,9 +98,60 @@ def test_bad_masks_and_missing_files_are_named(voc: Path, tmp_path: Path) -> Non
     with pytest.raises(DataError, match=rf"{ids[1]}\.png is 50x40, its image .* is \d+x\d+: a mask must be"):
         ds[1]
     two = SegmentationFolderDataset(voc, "train", num_classes=2)  # the scenes hold classes 1..5
-    with pytest.raises(DataError, match=r"holds the value [2-5], above the 2 classes \(and not the ignore index"):
+    with pytest.raises(DataError, match=r"holds the value [2-5], which is no class of the 2 \(num_classes=\)"):
         for i in range(len(two)):
             two[i]
     (bad / "SegmentationClass" / f"{ids[2]}.png").unlink()
     with pytest.raises(FileNotFoundError, match=rf"names '{ids[2]}', whose mask .* does not exist"):
         SegmentationFolderDataset(bad, "train", num_classes=N)
+
+
+@pytest.mark.parametrize("layout", ["ade20k", "cityscapes"])
+def test_ade20k_and_cityscapes_layouts_mean_their_own_mask_values(tmp_path: Path, layout: str) -> None:
+    """ADE20K's masks hold class + 1 (0 ignored), Cityscapes' label ids (its table makes them training ids): read
+    through either layout, found by ``"auto"``, the classes are the scenes' colours again."""
+    root = make_segmentation_folder(tmp_path / layout, count=10, size=(120, 90), seed=4, layout=layout)
+    split = "training" if layout == "ade20k" else "train"
+    classes = 150 if layout == "ade20k" else 19
+    ds = SegmentationFolderDataset(root, split, num_classes=classes, base_size=64, crop_size=48, seed=2)
+    assert ds.layout == layout and len(ds) == 8
+    batch = ds.__getitems__(list(range(8)))
+    agree, total = agreement(batch.images, batch.labels)
+    assert total > 3000 and agree / total > 0.99
+    assert (batch.labels == IGNORE_INDEX).any()  # the borders (ADE20K's 0, Cityscapes' unlabelled) are ignored
+    if layout == "cityscapes":  # the colour files beside the label ids are not masks; each image has its own
+        assert all(ds.mask_path(k).endswith("_gtFine_labelIds.png") for k in range(len(ds)))
+        assert [Path(ds.image_path(k)).name.split("_")[1] for k in range(8)] == [
+            Path(ds.mask_path(k)).name.split("_")[1] for k in range(8)
+        ]
+        with pytest.raises(ValueError, match=r"\(19 classes\) maps the mask value 19 to 6: .*\(num_classes=6\)"):
+            SegmentationFolderDataset(root, split, num_classes=6)
+
+
+def test_paired_folders_match_by_relative_path_and_stem_and_take_a_label_map(tmp_path: Path) -> None:
+    src = make_segmentation_folder(tmp_path / "voc", count=6, size=(100, 80), seed=6)
+    root = tmp_path / "paired"
+    names = sorted(p.stem for p in (src / "JPEGImages").iterdir())
+    for k, name in enumerate(names):  # nested at different depths; masks as grey PNGs holding class * 10
+        sub = "a/b" if k % 2 else "c"
+        (root / "pics" / sub).mkdir(parents=True, exist_ok=True)
+        (root / "labels" / sub).mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / "JPEGImages" / f"{name}.jpg", root / "pics" / sub / f"{name}.jpg")
+        mask = np.asarray(Image.open(src / "SegmentationClass" / f"{name}.png"))
+        Image.fromarray(np.where(mask == 255, 255, mask * 10).astype(np.uint8), mode="L").save(
+            root / "labels" / sub / f"{name}.png"
+        )
+    table = {10 * k: k for k in range(N)}
+    ds = SegmentationFolderDataset(root, "", num_classes=N, layout="paired", images_dir="pics", masks_dir="labels",
+                                   label_map=table, train=False, base_size=64)  # fmt: skip
+    assert len(ds) == 6 and ds.image_path(0).endswith("pics/a/b/" + names[1] + ".jpg")
+    images, masks = ds.__getitems__(list(range(6)))
+    agree, total = agreement(images, masks)
+    assert total > 3000 and agree / total > 0.99
+    with pytest.raises(DataError, match=r"holds the value [1-5]0, which is no class"):  # the values without the map
+        SegmentationFolderDataset(root, "", num_classes=N, layout="paired", images_dir="pics", masks_dir="labels")[0]
+    (root / "labels" / "c" / f"{names[0]}.png").unlink()
+    with pytest.raises(DataError, match=rf"The image .*pics/c/{names[0]}\.jpg has no mask: expected .*labels/c/"):
+        SegmentationFolderDataset(root, "", num_classes=N, layout="paired", images_dir="pics", masks_dir="labels")
+    with pytest.raises(FileNotFoundError, match="is not a segmentation layout this package knows"):
+        SegmentationFolderDataset(root, "", num_classes=N)
