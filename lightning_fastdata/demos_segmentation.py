@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw
 
 from lightning_fastdata.datasets.segmentation_layouts import voc_palette
 from lightning_fastdata.demos import photo_like_image
-from lightning_fastdata.loading.atomic import atomic_write_bytes, atomic_write_text
+from lightning_fastdata.loading.atomic import atomic_path, atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "CITYSCAPES_IDS_OF_CLASSES",
@@ -31,6 +31,7 @@ __all__ = [
     "SEGMENTATION_COLOURS",
     "classes_of_colours",
     "make_segmentation_folder",
+    "make_segmentation_hdf5",
     "segmentation_scene",
 ]
 
@@ -147,3 +148,35 @@ def make_segmentation_folder(
     elif layout == "ade20k":
         atomic_write_text(root / "objectInfo150.txt", "Idx\tRatio\tTrain\tVal\tName\n")
     return root
+
+
+def make_segmentation_hdf5(
+    path: str | Path, count: int = 40, size: tuple[int, int] = (160, 120), seed: int = 0, encoded: bool = False,
+    val_fraction: float = 0.25, groups: bool = True,
+) -> Path:  # fmt: skip
+    """Write ``count`` scenes of one ``size`` (width, height) to an HDF5 file; return its path.
+
+    ``images``: decoded ``N x H x W x 3`` uint8, or (``encoded``) one JPEG byte string each; ``masks``:
+    ``N x H x W x 1`` uint8 (the classes, 255 on borders). With ``groups`` the last ``val_fraction`` are in ``val/``
+    and the others in ``train/``; without, everything at the top level. Written to a temporary name, then renamed.
+    """
+    import h5py
+
+    path = Path(path)
+    rng = np.random.default_rng([seed, 0x5E7])
+    scenes = [segmentation_scene(rng, size[0], size[1]) for _ in range(count)]
+    cut = count - int(round(val_fraction * count)) if groups else count
+    parts = {"train": scenes[:cut], "val": scenes[cut:]} if groups else {"": scenes}
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        for group, items in parts.items():
+            prefix = f"{group}/" if group else ""
+            if encoded:
+                data = f.create_dataset(f"{prefix}images", (len(items),), dtype=h5py.vlen_dtype(np.uint8))
+                for k, (image, _) in enumerate(items):
+                    buffer = io.BytesIO()
+                    image.save(buffer, "JPEG", quality=90)
+                    data[k] = np.frombuffer(buffer.getvalue(), np.uint8)
+            else:
+                f[f"{prefix}images"] = np.stack([np.asarray(image) for image, _ in items])
+            f[f"{prefix}masks"] = np.stack([mask[..., None] for _, mask in items])
+    return path

@@ -17,7 +17,12 @@ from typing_extensions import override
 
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset, SegmentationPredictDataset
+from lightning_fastdata.datasets.segmentation import (
+    SegmentationFolderDataset,
+    SegmentationPredictDataset,
+    WindowedSegmentation,
+)
+from lightning_fastdata.datasets.segmentation_hdf5 import HDF5_SUFFIXES, SegmentationHDF5Dataset, hdf5_split_group
 from lightning_fastdata.datasets.segmentation_layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
@@ -36,7 +41,9 @@ class SegmentationDataModule(FastDataModule):
 
     Args:
         root: The data: a folder or bucket URL in VOC's, ADE20K's, Cityscapes' or a paired layout
-            (:mod:`~lightning_fastdata.datasets.segmentation_layouts`).
+            (:mod:`~lightning_fastdata.datasets.segmentation_layouts`), or an HDF5 file (``.h5``) whose splits are
+            groups holding ``images_key`` and ``masks_key`` (a file without groups: the training split at its top
+            level; a split may also name another HDF5 file) (:mod:`~lightning_fastdata.datasets.segmentation_hdf5`).
         num_classes: The classes the masks hold (VOC: 21, ADE20K: 150, Cityscapes: 19).
         class_names: Their names, in index order; ``None``: Cityscapes' with ``layout="cityscapes"``, else numbers.
         base_size: The reference's base size (520).
@@ -53,6 +60,8 @@ class SegmentationDataModule(FastDataModule):
         masks_dir: Paired folders: the masks' folder under ``root``.
         label_map: Mask value -> class (or -> ``ignore_index``), replacing the layout's own meaning of the values.
         storage_options: Object-store settings for bucket roots (as :class:`~lightning_fastdata.ImageFolderDataModule`).
+        images_key: An HDF5 ``root``: the images dataset in each split's group (or at the top level).
+        masks_key: An HDF5 ``root``: the masks dataset beside it.
         **kwargs: Loader arguments of :class:`FastDataModule` (``batch_size``, ``num_workers``, ``seed``,
             ``predict_root``, ...).
 
@@ -79,6 +88,8 @@ class SegmentationDataModule(FastDataModule):
         masks_dir: str = "annotations",
         label_map: dict[int, int] | None = None,
         storage_options: dict[str, Any] | None = None,
+        images_key: str = "images",
+        masks_key: str = "masks",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("image_size", crop_size)
@@ -100,9 +111,12 @@ class SegmentationDataModule(FastDataModule):
         self.classes = tuple(class_names) if class_names is not None else tuple(str(k) for k in range(num_classes))
         self.settings_of_windows: dict[str, Any] = dict(
             num_classes=num_classes, base_size=base_size, crop_size=crop_size, hflip_prob=hflip_prob,
-            ignore_index=ignore_index, layout=layout, images_dir=images_dir, masks_dir=masks_dir, label_map=label_map,
-            storage_options=storage_options,
+            ignore_index=ignore_index, label_map=label_map,
         )  # fmt: skip
+        self.settings_of_folders: dict[str, Any] = dict(
+            layout=layout, images_dir=images_dir, masks_dir=masks_dir, storage_options=storage_options
+        )
+        self.images_key, self.masks_key = images_key, masks_key
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.ignore_index, self.base_size, self.storage_options = ignore_index, base_size, storage_options
 
@@ -111,8 +125,19 @@ class SegmentationDataModule(FastDataModule):
         """Number of classes."""
         return len(self.classes)
 
-    def _dataset(self, split: str, train: bool) -> SegmentationFolderDataset:
-        return SegmentationFolderDataset(self.root, split, train=train, seed=self.seed, **self.settings_of_windows)
+    def _dataset(self, split: str, train: bool) -> WindowedSegmentation:
+        """``split`` of the folder, bucket or HDF5 file (a split may name another HDF5 file)."""
+        if self.root.lower().endswith(HDF5_SUFFIXES):
+            if split.lower().endswith(HDF5_SUFFIXES):
+                path, group = split, ""
+            else:
+                path, group = self.root, hdf5_split_group(self.root, split, self.images_key, self.train_split)
+            return SegmentationHDF5Dataset(
+                path, group, self.images_key, self.masks_key, train=train, seed=self.seed, **self.settings_of_windows
+            )
+        return SegmentationFolderDataset(
+            self.root, split, train=train, seed=self.seed, **self.settings_of_windows, **self.settings_of_folders
+        )
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """The training split, and the validation split (the default ``"val"`` only if it exists)."""

@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from lightning_fastdata.augment.geometry import resize_crop_into
 from lightning_fastdata.augment.segmentation import (
     IGNORE_INDEX,
     Window,
@@ -37,7 +38,14 @@ from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.storage.registry import open_storage
 
-__all__ = ["SegmentationFolderDataset", "SegmentationPredictBatch", "SegmentationPredictDataset", "read_mask"]
+__all__ = [
+    "SegmentationFolderDataset",
+    "SegmentationPredictBatch",
+    "SegmentationPredictDataset",
+    "WindowedSegmentation",
+    "read_mask",
+    "sample_key",
+]
 
 
 def read_mask(data: bytes, name: str) -> np.ndarray:
@@ -65,7 +73,8 @@ def _checked(value: bytes | OSError, name: str) -> bytes:
     return value
 
 
-def _key(key: Any, n: int) -> tuple[int, int, int]:
+def sample_key(key: Any, n: int) -> tuple[int, int, int]:
+    """A loader's key (an index, or ``(epoch, index[, repeat])``) as ``(epoch, index, repeat)``, checked."""
     if isinstance(key, (tuple, list)):
         full = (int(key[0]), int(key[1]), int(key[2]) if len(key) > 2 else 0)
     else:
@@ -92,7 +101,97 @@ def _padded(samples: Sequence[tuple[torch.Tensor, torch.Tensor | None]], fill: i
     return images, masks
 
 
-class SegmentationFolderDataset(Dataset):
+class WindowedSegmentation(Dataset):
+    """What every segmentation source shares: the settings, each sample's window, a sample rendered through it.
+
+    A subclass finds its samples and reads a batch (``__getitems__``): each image (encoded bytes, or a decoded
+    ``3 x H x W`` uint8 tensor) and its mask's values, rendered by :meth:`render`.
+
+    Raises:
+        ValueError: On a bad argument (named).
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 21,
+        train: bool = True,
+        base_size: int = 520,
+        crop_size: int = 480,
+        hflip_prob: float = 0.5,
+        seed: int = 0,
+        ignore_index: int = IGNORE_INDEX,
+    ) -> None:
+        if not 0 < num_classes <= 255 or not 0 <= ignore_index <= 255 or ignore_index < num_classes:
+            raise InvalidValueError(
+                f"num_classes={num_classes!r} and ignore_index={ignore_index!r}: masks are uint8, so classes are "
+                "0 .. num_classes - 1 below the ignore index (at most 255)."
+            )
+        if base_size < 1 or crop_size < 1:
+            raise InvalidValueError(f"base_size and crop_size should be positive, got {base_size!r}, {crop_size!r}.")
+        self.num_classes, self.ignore_index = num_classes, ignore_index
+        self.train, self.base_size, self.crop_size = train, base_size, crop_size
+        self.hflip_prob, self.seed = hflip_prob, seed
+        self.table = mask_table("", num_classes, ignore_index, None)
+
+    def window(self, full_key: tuple[int, int, int], width: int, height: int) -> Window:
+        """The sample's window: the training one drawn from its key, or the evaluation one."""
+        if not self.train:
+            return eval_window(width, height, self.base_size)
+        draws = window_draws(self.seed, [full_key])[0]
+        return train_window(draws, width, height, self.base_size, self.crop_size, hflip_prob=self.hflip_prob)
+
+    def classes_of(self, values: np.ndarray, name: str) -> np.ndarray:
+        """A mask's values as classes (``H x W`` uint8) through this source's table.
+
+        Raises:
+            DataError: On a value that is no class (named with ``name``).
+        """
+        return map_mask(values, self.table, name, self.num_classes, self.ignore_index)
+
+    def render(
+        self, full_key: tuple[int, int, int], image: bytes | torch.Tensor, mask: np.ndarray, names: tuple[str, str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sample through its window: ``image`` (encoded, or ``3 x H x W`` uint8) and ``mask`` (classes).
+
+        Raises:
+            DataError: If the image is not the mask's size (both named by ``names``: image, mask).
+        """
+        height, width = mask.shape
+
+        def box(w: int, h: int) -> tuple[int, int, int, int]:  # the mask's size is the image's, or it is an error
+            if (w, h) != (width, height):
+                raise DataError(
+                    f"{names[1]} is {width}x{height}, its image {names[0]} is {w}x{h}: a mask must be its image's size."
+                )
+            return win.box
+
+        win = self.window(full_key, width, height)
+        out = torch.zeros(3, *win.size, dtype=torch.uint8)
+        top, left, ph, pw = win.place
+        place = out[:, top : top + ph, left : left + pw]
+        if isinstance(image, torch.Tensor):
+            t, l_, h, w = box(int(image.shape[2]), int(image.shape[1]))
+            resize_crop_into(place, image[:, t : t + h, l_ : l_ + w], win.flip)
+        else:
+            decode_resized_crop(image, place, box, win.flip, names[0])
+        return out, render_mask(mask, win, fill=self.ignore_index)
+
+    def batch(self, samples: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Batch:
+        """Rendered samples as one batch, padded to the largest (images 0, masks the ignore index)."""
+        images, masks = _padded(samples, self.ignore_index)
+        return Batch(images, masks)
+
+    def __getitems__(self, keys: Sequence[Any]) -> Batch:
+        """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""
+        raise NotImplementedError
+
+    def __getitem__(self, key: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(image, mask)`` of one sample."""
+        images, masks = self.__getitems__([key])
+        return images[0], masks[0]
+
+
+class SegmentationFolderDataset(WindowedSegmentation):
     """A segmentation split as whole batches of images and masks (module docstring).
 
     Args:
@@ -135,13 +234,7 @@ class SegmentationFolderDataset(Dataset):
         label_map: Mapping[int, int] | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if not 0 < num_classes <= 255 or not 0 <= ignore_index <= 255 or ignore_index < num_classes:
-            raise InvalidValueError(
-                f"num_classes={num_classes!r} and ignore_index={ignore_index!r}: masks are uint8, so classes are "
-                "0 .. num_classes - 1 below the ignore index (at most 255)."
-            )
-        if base_size < 1 or crop_size < 1:
-            raise InvalidValueError(f"base_size and crop_size should be positive, got {base_size!r}, {crop_size!r}.")
+        super().__init__(num_classes, train, base_size, crop_size, hflip_prob, seed, ignore_index)
         self.root = os.fspath(root)
         options = None if storage_options is None else dict(storage_options)
         self.pairs = find_pairs(self.root, split, layout, images_dir, masks_dir, options)
@@ -149,9 +242,6 @@ class SegmentationFolderDataset(Dataset):
             raise InvalidValueError(f"The split {split!r} of {self.root} holds no image.")
         self.storage = open_storage(self.root, options)
         self.table = mask_table(self.pairs.layout, num_classes, ignore_index, label_map)
-        self.num_classes, self.ignore_index = num_classes, ignore_index
-        self.train, self.base_size, self.crop_size = train, base_size, crop_size
-        self.hflip_prob, self.seed = hflip_prob, seed
 
     @property
     def layout(self) -> str:
@@ -169,57 +259,18 @@ class SegmentationFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.pairs.images)
 
-    def window(self, full_key: tuple[int, int, int], width: int, height: int) -> Window:
-        """The sample's window: the training one drawn from its key, or the evaluation one."""
-        if not self.train:
-            return eval_window(width, height, self.base_size)
-        draws = window_draws(self.seed, [full_key])[0]
-        return train_window(draws, width, height, self.base_size, self.crop_size, hflip_prob=self.hflip_prob)
-
-    def mask_of(self, data: bytes, index: int) -> np.ndarray:
-        """Sample ``index``'s mask file as classes (``H x W`` uint8).
-
-        Raises:
-            DataError: On an RGB or unreadable mask, or a value that is no class (named).
-        """
-        name = self.mask_path(index)
-        return map_mask(read_mask(data, name), self.table, name, self.num_classes, self.ignore_index)
-
-    def _sample(self, full_key: tuple[int, int, int], data: bytes, mask_data: bytes) -> tuple[torch.Tensor, Any]:
-        index = full_key[1]
-        mask = self.mask_of(mask_data, index)
-        height, width = mask.shape
-        win = self.window(full_key, width, height)
-
-        def box(w: int, h: int) -> tuple[int, int, int, int]:  # the mask's size is the image's, or it is an error
-            if (w, h) != (width, height):
-                raise DataError(
-                    f"{self.mask_path(index)} is {width}x{height}, its image {self.image_path(index)} is {w}x{h}: a "
-                    "mask must be its image's size."
-                )
-            return win.box
-
-        image = torch.zeros(3, *win.size, dtype=torch.uint8)
-        top, left, ph, pw = win.place
-        decode_resized_crop(data, image[:, top : top + ph, left : left + pw], box, win.flip, self.image_path(index))
-        return image, render_mask(mask, win, fill=self.ignore_index)
-
     def __getitems__(self, keys: Sequence[Any]) -> Batch:
         """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""
-        full = [_key(k, len(self)) for k in keys]
+        full = [sample_key(k, len(self)) for k in keys]
         paths = [p for f in full for p in (self.pairs.images[f[1]], self.pairs.masks[f[1]])]
         read = list(self.storage.read_many(paths))  # a bucket's reads in flight together
         samples = []
         for j, f in enumerate(full):
-            data = _checked(read[2 * j], self.image_path(f[1]))
-            samples.append(self._sample(f, data, _checked(read[2 * j + 1], self.mask_path(f[1]))))
-        images, masks = _padded(samples, self.ignore_index)
-        return Batch(images, masks)
-
-    def __getitem__(self, key: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(image, mask)`` of one sample."""
-        images, masks = self.__getitems__([key])
-        return images[0], masks[0]
+            names = (self.image_path(f[1]), self.mask_path(f[1]))
+            data, mask_data = _checked(read[2 * j], names[0]), _checked(read[2 * j + 1], names[1])
+            mask = self.classes_of(read_mask(mask_data, names[1]), names[1])
+            samples.append(self.render(f, data, mask, names))
+        return self.batch(samples)
 
 
 class SegmentationPredictBatch(NamedTuple):
@@ -259,7 +310,7 @@ class SegmentationPredictDataset(Dataset):
 
     def __getitems__(self, keys: Sequence[Any]) -> SegmentationPredictBatch:
         """The images at the base size, their indices and sizes (:class:`SegmentationPredictBatch`)."""
-        indices = [_key(k, len(self))[1] for k in keys]
+        indices = [sample_key(k, len(self))[1] for k in keys]
         read = list(self.storage.read_many([self.index.relpath(i) for i in indices]))
         samples: list[tuple[torch.Tensor, Any]] = []
         sizes = []

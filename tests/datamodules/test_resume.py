@@ -25,6 +25,7 @@ from benchmarks.s3_server import LocalS3, delete_objects, upload_folder
 from lightning_fastdata import convert_folder_to_hdf5
 from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
 from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.demos_segmentation import make_segmentation_folder, make_segmentation_hdf5
 
 HELPER = Path(__file__).parents[1] / "helpers" / "resume_run.py"
 STEPS = 12  # 39 images, batch 8: 5 steps per epoch, so 12 steps cross two epoch boundaries
@@ -84,7 +85,11 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         csv.writer(f).writerows(rows)
     shards = write_tar_shards(root, root.parent / "shards", shard_bytes=8_000)
     parquet = write_parquet_shards(root, root.parent / "parquet", shard_bytes=8_000, rows_per_group=4)
+    scenes = make_segmentation_folder(root.parent / "scenes", count=49, size=(40, 30), seed=2)  # 39 to train on
+    scenes_h5 = make_segmentation_hdf5(root.parent / "scenes.h5", count=39, size=(40, 30), seed=2, encoded=True,
+                                       groups=False)  # fmt: skip
     return {
+        "segmentation": str(scenes), "segmentation_h5": str(scenes_h5),
         "folder": str(root), "hdf5": str(h5), "cache": str(root), "flat": str(flat), "table": f.name,
         "shards": str(shards[0].parent), "parquet": str(parquet[0].parent),
     }  # fmt: skip
@@ -158,6 +163,33 @@ def test_resume_is_exact_from_shards_in_a_bucket(tmp_path: Path, sources: dict, 
     url = s3.url(f"resume-{fmt}-{tmp_path.name}")
     upload_folder(sources[fmt], url, s3.storage_options())
     conformance(tmp_path, "shards", url, 2, 3, storage_options=s3.storage_options(), shuffle_buffer=8)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("where", ["local", "bucket", "hdf5"])
+def test_resume_is_exact_from_segmentation_scenes(tmp_path: Path, sources: dict, s3: LocalS3, where: str) -> None:
+    """Images and masks (VOC's layout, locally and in a bucket; an HDF5 file) resume mid-epoch at the exact sample
+    through 2 workers: the same image and mask checksums (their windows from each sample's key) step for step."""
+    source, extra = sources["segmentation_h5" if where == "hdf5" else "segmentation"], {}
+    if where == "bucket":
+        source = s3.url(f"resume-scenes-{tmp_path.name}")
+        upload_folder(sources["segmentation"], source, s3.storage_options())
+        extra = {"storage_options": s3.storage_options()}
+    conformance(tmp_path, "segmentation", source, 2, 7, **extra)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.slow
+def test_segmentation_continues_from_two_ranks_on_one(tmp_path: Path, sources: dict[str, str]) -> None:
+    """2 ranks x 2 workers stopped after step 2, continued on 1 rank without workers: every image and mask of the
+    interrupted epoch trained once (the same windows), the next epoch as one rank's."""
+    base = {"kind": "segmentation", "source": sources["segmentation"], "workers": 0, "devices": 1, "cache_dir": ""}
+    single = records(uninterrupted(base, tmp_path))
+    ckpt = stopped_at({**base, "devices": 2, "workers": 2}, 2, tmp_path)
+    run({**base, "max_steps": 8, "record": str(tmp_path / "one"), "ckpt_path": ckpt})
+    old, one = every_rank(tmp_path / "old", 2), records(tmp_path / "one")
+    assert sorted(samples(old[0], 0) + samples(old[1], 0) + samples(one, 0)) == sorted(samples(single, 0))
+    assert samples(one, 1) == samples(single, 1)[: len(samples(one, 1))] and len(samples(one, 1)) > 8
 
 
 @pytest.mark.timeout(600)

@@ -90,3 +90,24 @@ def test_a_trainer_fits_and_validates_from_the_module(voc: Path) -> None:
     assert trainer.state.finished and float(trainer.callback_metrics["val_loss"]) < 1.0
     with pytest.raises(ValueError, match="takes no sampling settings yet"):
         module(voc, sample_weights="balanced")
+
+
+@pytest.mark.timeout(180)
+def test_an_hdf5_file_fits_validates_and_tests_through_the_module(tmp_path: Path) -> None:
+    """Groups ``train``/``val`` of one file; the test split another file (a split may name one); a file without
+    groups trains from its top level and says it has no validation split."""
+    from lightning_fastdata.demos_segmentation import make_segmentation_hdf5
+
+    grouped = make_segmentation_hdf5(tmp_path / "g.h5", count=20, size=(100, 80), seed=3)
+    flat = make_segmentation_hdf5(tmp_path / "f.h5", count=8, size=(100, 80), seed=4, groups=False)
+    dm = module(grouped, num_workers=0, batch_size=8, test_split=str(flat))
+    trainer = cpu_trainer(epochs=6)
+    trainer.fit(TinySegmenter(), datamodule=dm)
+    assert len(dm.train_dataset) == 15 and len(dm.val_dataset) == 5  # type: ignore[arg-type]
+    assert float(trainer.callback_metrics["val_loss"]) < 1.0
+    dm.setup("test")
+    assert len(dm.test_dataset) == 8  # type: ignore[arg-type]
+    alone = module(flat, num_workers=0)
+    with pytest.warns(UserWarning, match=r"No validation: .*f\.h5 has no group 'val'"):
+        alone.setup("fit")
+    assert len(alone.train_dataset) == 8 and alone.val_dataset is None  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """One training run for the resume conformance tests; records what every step trained on.
 
-Usage: python resume_run.py '<json config>'. Config keys: kind (folder|hdf5|cache|shards), source, workers, max_steps,
+Usage: python resume_run.py '<json config>'. Config keys: kind (folder|hdf5|cache|shards|segmentation), source, workers, max_steps,
 ckpt_dir, save_every (checkpoint interval, or null), ckpt_path (resume from it, or null), record (JSON-lines file,
 one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), kill_at (SIGKILL this process at the
 start of that step, or null), raise_at (raise an error in that step, as an out-of-memory error would, with an
@@ -33,6 +33,7 @@ from lightning_fastdata import (
     HDF5DataModule,
     ImageFolderDataModule,
     MixedDataModule,
+    SegmentationDataModule,
     ShardDataModule,
     TensorCacheDataModule,
 )
@@ -53,6 +54,9 @@ class Recorder(pl.LightningModule):
             raise RuntimeError("simulated out of memory")  # this step's batch was never trained
         sums = images.double().flatten(1).sum(1).round(decimals=3).tolist()
         line = {"step": self.global_step, "epoch": self.current_epoch, "rank": self.global_rank}
+        if labels.dim() == 3:  # segmentation masks: a checksum of each, weighted by position (a moved mask differs)
+            weights = torch.arange(1, labels[0].numel() + 1, dtype=torch.float64)
+            labels = (labels.flatten(1).double() * weights).sum(1).long()
         line.update(labels=labels.tolist(), sums=sums)
         with open(f"{self.record}.rank{self.global_rank}", "a") as f:
             f.write(json.dumps(line) + "\n")
@@ -101,6 +105,8 @@ def main(cfg: dict[str, Any]) -> None:
         dm = ImageFolderDataModule(cfg["source"], **kw)
     elif cfg["kind"] == "hdf5":
         dm = HDF5DataModule(cfg["source"], **kw)
+    elif cfg["kind"] == "segmentation":
+        dm = SegmentationDataModule(cfg["source"], num_classes=6, base_size=24, crop_size=16, val_split=None, **kw)
     elif cfg["kind"] == "shards":
         dm = ShardDataModule(cfg["source"], index_dir=cfg["cache_dir"], shuffle_buffer=cfg.get("shuffle_buffer"), **kw)
     else:
