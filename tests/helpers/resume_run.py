@@ -1,6 +1,7 @@
 """One training run for the resume conformance tests; records what every step trained on.
 
-Usage: python resume_run.py '<json config>'. Config keys: kind (folder|hdf5|cache|shards|segmentation), source, workers, max_steps,
+Usage: python resume_run.py '<json config>'. Config keys: kind (folder|hdf5|cache|shards|segmentation), source, workers,
+max_steps,
 ckpt_dir, save_every (checkpoint interval, or null), ckpt_path (resume from it, or null), record (JSON-lines file,
 one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), kill_at (SIGKILL this process at the
 start of that step, or null), raise_at (raise an error in that step, as an out-of-memory error would, with an
