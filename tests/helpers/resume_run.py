@@ -1,18 +1,17 @@
 """One training run for the resume conformance tests; records what every step trained on.
 
 Usage: python resume_run.py '<json config>'. Config keys: kind (folder|hdf5|cache|shards|segmentation), source, workers,
-max_steps,
-ckpt_dir, save_every (checkpoint interval, or null), ckpt_path (resume from it, or null), record (JSON-lines file,
-one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), kill_at (SIGKILL this process at the
-start of that step, or null), raise_at (raise an error in that step, as an out-of-memory error would, with an
+max_steps, ckpt_dir, save_every (checkpoint interval, or null), ckpt_path (resume from it, or null), record (JSON-lines
+file, one line per step, appended and flushed at once), devices (1 or 2: DDP on CPU), kill_at (SIGKILL this process at
+the start of that step, or null), raise_at (raise an error in that step, as an out-of-memory error would, with an
 OnExceptionCheckpoint saving ckpt_dir/on_exception.ckpt), stepping (touch trainer.estimated_stepping_batches in
 configure_optimizers, Lightning #20550; it only loads data early with max_epochs set), max_epochs, cache_dir,
-accelerator ("cpu" unless given), storage_options (for an s3:// source), prefetch (add FastDataCallback: pinned
-memory and the side-stream prefetch), batch_size (8 unless given), block_shuffle, recipe (train with a training
-recipe: TrivialAugmentWide in the workers and on the device, RandomErasing, MixUp or CutMix, repeated augmentation),
-labels (a label table for a flat folder source; folder and cache kinds), multi_label, mix_with (kind "mixed": an
-HDF5 file drawn twice as often as the folder source, in a MixedDataModule of 30 samples an epoch), sampling (the
-DataModule's sampling arguments: sample_weights, replacement, epoch_size, classes, max_per_class, fraction).
+accelerator ("cpu" unless given), storage_options (for an s3:// source), prefetch (add FastDataCallback: pinned memory
+and the side-stream prefetch), batch_size (8 unless given), block_shuffle, recipe (train with a training recipe:
+TrivialAugmentWide in the workers and on the device, RandomErasing, MixUp or CutMix, repeated augmentation), labels (a
+label table for a flat folder source; folder and cache kinds), multi_label, mix_with (kind "mixed": an HDF5 file drawn
+twice as often as the folder source, in a MixedDataModule of 30 samples an epoch), sampling (the DataModule's sampling
+arguments: sample_weights, replacement, epoch_size, classes, max_per_class, fraction).
 """
 
 from __future__ import annotations
