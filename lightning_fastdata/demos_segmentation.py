@@ -92,11 +92,12 @@ CITYSCAPES_IDS_OF_CLASSES = (7, 8, 11, 12, 13, 17)
 
 def make_segmentation_folder(
     root: str | Path, count: int = 40, size: tuple[int, int] = (500, 375), quality: int = 90, seed: int = 0,
-    val_fraction: float = 0.2, layout: Literal["voc", "ade20k", "cityscapes"] = "voc",
+    val_fraction: float = 0.2, layout: Literal["voc", "ade20k", "cityscapes"] = "voc", fixed_size: bool = False,
 ) -> Path:  # fmt: skip
     """Write ``count`` scenes under ``root`` (module docstring); return ``root`` as a ``Path``.
 
-    Sizes vary between 85% and 100% of ``size`` (width, height); a fifth are portrait. The last ``val_fraction`` of
+    Sizes vary between 85% and 100% of ``size`` (width, height); a fifth are portrait (``fixed_size``: every scene
+    ``size``). The last ``val_fraction`` of
     the scenes are the validation split. ``layout``: VOC's (palette masks, 255 borders, split lists), ADE20K's
     (``images/{training,validation}``, ``annotations/...``: grey masks holding class + 1, 0 on the borders) or
     Cityscapes' (PNG images in ``leftImg8bit/{train,val}/<city>``, ``gtFine`` label ids by
@@ -111,6 +112,8 @@ def make_segmentation_folder(
         w, h = int(size[0] * rng.uniform(0.85, 1.0)), int(size[1] * rng.uniform(0.85, 1.0))
         if rng.random() < 0.2:
             w, h = h, w
+        if fixed_size:
+            w, h = size
         image, mask = segmentation_scene(rng, w, h)
         encoded, png = io.BytesIO(), io.BytesIO()
         if layout == "voc":

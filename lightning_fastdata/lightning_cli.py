@@ -17,12 +17,14 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from lightning_fastdata.callbacks.mask_writer import MaskWriter
 from lightning_fastdata.callbacks.predictions import PredictionWriter
 from lightning_fastdata.cli_internals import short_error
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.errors import UsageError
 from lightning_fastdata.hparams import without_secrets
 from lightning_fastdata.models import ImageClassifier
+from lightning_fastdata.segmenter import ImageSegmenter
 from lightning_fastdata.shipped import find_config
 
 __all__ = ["FastDataCLI", "SecretFreeSaveConfigCallback", "run_cli"]
@@ -37,6 +39,29 @@ def _with_configs_found(argv: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             out[i] = "--config=" + str(find_config(arg.split("=", 1)[1]))
     return out
+
+
+def _segmentation_data(argv: list[str]) -> bool:
+    """Whether the DataModule ``argv`` asks for (in a ``--config`` file or ``--data``) is a ``SegmentationDataModule``.
+
+    Its model is then :class:`~lightning_fastdata.ImageSegmenter` (a segmentation config's ``model:`` section holds
+    that model's arguments).
+    """
+    import yaml
+
+    for i, arg in enumerate(argv):
+        value = None
+        if arg in ("--data", "--data.class_path") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(("--data=", "--data.class_path=")):
+            value = arg.split("=", 1)[1]
+        elif arg == "--config" and i + 1 < len(argv) and os.path.isfile(argv[i + 1]):
+            with open(argv[i + 1], encoding="utf-8") as f:
+                data = (yaml.safe_load(f) or {}).get("data")
+            value = data.get("class_path") if isinstance(data, dict) else None
+        if isinstance(value, str) and value.rsplit(".", 1)[-1] == "SegmentationDataModule":
+            return True
+    return False
 
 
 def _usage_error(err: BaseException) -> UsageError | None:
@@ -75,10 +100,17 @@ class FastDataCLI(LightningCLI):
     """
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Link the class count, names and kind so configs never repeat them (the names go into the checkpoint)."""
+        """Link the class count, names and kind so configs never repeat them (the names go into the checkpoint).
+
+        A segmentation run (:class:`~lightning_fastdata.ImageSegmenter`) links the ignored mask value instead of the
+        kind.
+        """
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.classes", "model.class_names", compute_fn=list, apply_on="instantiate")
-        parser.link_arguments("data.multi_label", "model.multi_label", apply_on="instantiate")
+        if isinstance(self.model_class, type) and issubclass(self.model_class, ImageSegmenter):
+            parser.link_arguments("data.ignore_index", "model.ignore_index", apply_on="instantiate")
+        else:
+            parser.link_arguments("data.multi_label", "model.multi_label", apply_on="instantiate")
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -115,11 +147,17 @@ class FastDataCLI(LightningCLI):
         """``fastdata predict`` writes the prediction table (a ``PredictionWriter``) unless the config has one.
 
         To ``<default_root_dir>/predictions.csv``; ``--trainer.callbacks+=lightning_fastdata.PredictionWriter
-        --trainer.callbacks.output FILE`` chooses another file or ``top_k``.
+        --trainer.callbacks.output FILE`` chooses another file or ``top_k``. A segmentation run writes its masks with
+        a :class:`~lightning_fastdata.MaskWriter` to ``<default_root_dir>/masks/`` instead.
         """
         trainer = self.trainer
         callbacks: list[Any] = trainer.callbacks  # type: ignore[attr-defined]  # (a Trainer property mypy misses)
-        if not any(isinstance(c, PredictionWriter) for c in callbacks):
+        if isinstance(self.model, ImageSegmenter):
+            if not any(isinstance(c, MaskWriter) for c in callbacks):
+                output = os.path.join(trainer.default_root_dir, "masks")
+                callbacks.append(MaskWriter(output))
+                rank_zero_info(f"fastdata predict: writing the masks and their table to {output}")
+        elif not any(isinstance(c, PredictionWriter) for c in callbacks):
             output = os.path.join(trainer.default_root_dir, "predictions.csv")
             callbacks.append(PredictionWriter(output))
             rank_zero_info(f"fastdata predict: writing the predictions to {output}")
@@ -127,6 +165,8 @@ class FastDataCLI(LightningCLI):
 
 def run_cli(args: list[str] | None = None) -> FastDataCLI:
     """Run LightningCLI over :class:`ImageClassifier` and any :class:`FastDataModule` subclass.
+
+    With a ``SegmentationDataModule`` (``data.class_path``), the model is :class:`~lightning_fastdata.ImageSegmenter`.
 
     ``args``: ``[subcommand, options...]`` (default: the command line after the program name). ``--config`` may
     name a shipped config (``--config imagefolder``). ``sys.argv`` is never changed (a DDP launcher that
@@ -141,7 +181,7 @@ def run_cli(args: list[str] | None = None) -> FastDataCLI:
         # deprecates: not the user's code nor ours, and nothing they could change. Only in our command.
         warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
         return FastDataCLI(
-            ImageClassifier,
+            ImageSegmenter if _segmentation_data(argv) else ImageClassifier,
             FastDataModule,
             subclass_mode_data=True,
             save_config_callback=SecretFreeSaveConfigCallback,

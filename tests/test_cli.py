@@ -23,6 +23,14 @@ def test_there_are_configs() -> None:
 
 def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[str]:
     """Point a config at test data of the kind it reads."""
+    if "SegmentationDataModule" in config.read_text():  # 3 of the scenes' classes: the same count as the folder's
+        from lightning_fastdata.demos_segmentation import make_segmentation_folder
+
+        root = make_segmentation_folder(tmp_path / "scenes", count=8, size=(80, 60))
+        sizes = ["--data.init_args.base_size", "40", "--data.init_args.crop_size", "32"]
+        classes = ["--data.init_args.num_classes", "3", "--data.init_args.class_names", "[a, b, c]"]
+        labels = ["--data.init_args.label_map", "{0: 0, 1: 1, 2: 2, 3: 2, 4: 2, 5: 2}"]
+        return ["--data.init_args.root", str(root), *sizes, *classes, *labels]
     if "HDF5DataModule" in config.read_text():
         h5 = convert_folder_to_hdf5(
             image_folder, tmp_path / "data.h5", mode="raw", size=40, processes=1, progress=False
@@ -71,7 +79,7 @@ def test_config_parses_and_smoke_runs(
             "--trainer.devices",
             "1",
             "--model.arch",
-            "resnet18",
+            "lraspp_mobilenet_v3_large" if "Segmentation" in config.read_text() else "resnet18",
             "--trainer.default_root_dir",
             str(tmp_path),
         ]
@@ -430,3 +438,36 @@ def test_make_data_writes_segmentation_scenes_in_vocs_layout_into_a_new_folder_o
     assert "wrote 6 scenes" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="exists and is not empty; choose a new or empty folder"):
         main(["make-data", str(tmp_path / "scenes"), "--task", "segmentation"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_the_segmentation_config_fits_validates_tests_and_predicts_masks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--config segmentation``: ImageSegmenter with the DataModule's classes and ignore index linked; the saved
+    checkpoint validates, tests (``val_miou``, ``test_miou``) and predicts: one PNG mask per image and the table."""
+    from PIL import Image
+
+    from lightning_fastdata.demos_segmentation import make_segmentation_folder
+
+    monkeypatch.chdir(tmp_path)
+    root = make_segmentation_folder(tmp_path / "scenes", count=10, size=(70, 50), seed=2)
+    data = ["--config", "segmentation", "--data.init_args.root", str(root), "--data.init_args.base_size", "40"]
+    data += ["--data.init_args.crop_size", "32", "--data.init_args.num_workers", "0", "--trainer.accelerator", "cpu"]
+    data += ["--data.init_args.ignore_index", "250", "--data.init_args.label_map"]
+    data += ["{0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 255: 250}"]
+    data += ["--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.enable_progress_bar", "false"]
+    data += ["--data.init_args.batch_size", "4", "--trainer.logger", "false"]
+    cli = run_cli(["fit", *data, "--trainer.max_epochs", "1"])
+    assert cli.model.hparams["num_classes"] == 6 and cli.model.class_names[1] == "red"
+    assert cli.model.ignore_index == 250 and {"val_loss", "val_miou"} <= set(cli.trainer.callback_metrics)
+    ckpt = str(next((tmp_path / "run").rglob("last.ckpt")))
+    tested = run_cli(["test", *data, "--data.init_args.test_split", "val", "--ckpt_path", ckpt])
+    assert {"test_loss", "test_pixel_acc", "test_miou"} <= set(tested.trainer.callback_metrics)
+    run_cli(["predict", *data, "--data.init_args.predict_root", str(root / "JPEGImages"), "--ckpt_path", ckpt])
+    table = (tmp_path / "run" / "masks" / "predictions.csv").read_text().splitlines()
+    assert len(table) == 11 and table[1] == f"{root / 'JPEGImages' / 'scene_000000.jpg'},scene_000000.png"
+    with Image.open(tmp_path / "run" / "masks" / "scene_000000.png") as mask:
+        with Image.open(root / "JPEGImages" / "scene_000000.jpg") as image:
+            assert mask.size == image.size and mask.mode == "P"

@@ -265,7 +265,18 @@ def test_the_package_is_the_product_and_never_imports_the_lab() -> None:
     the scale, matrix, peers and S3 suites, the local S3 server and its fault proxy) stays in the repository, and no
     package module imports it (an installed package has no ``benchmarks``)."""
     bench = sorted(p.stem for p in (PACKAGE / "bench").glob("*.py"))
-    assert bench == ["__init__", "cache", "callback", "hdf5", "loaders", "predict", "recipe", "scratch", "shards"]
+    assert bench == [
+        "__init__",
+        "cache",
+        "callback",
+        "hdf5",
+        "loaders",
+        "predict",
+        "recipe",
+        "scratch",
+        "segmentation",
+        "shards",
+    ]
     assert sorted(p.stem for p in (PACKAGE / "testing").glob("*.py")) == ["__init__", "trainer"]
     lab = {
         name

@@ -63,6 +63,7 @@ from typing import Any
 from lightning_fastdata.bench.cache import cache_suite
 from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
 from lightning_fastdata.bench.hdf5 import hdf5_suite
+from lightning_fastdata.bench.segmentation import add_segmentation_arguments
 from lightning_fastdata.demos import ensure_demo_data
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.measure import (
@@ -124,7 +125,9 @@ class LabSuite:
 
 
 #: The suites installed with the package: what a user measures on their own data and recipe.
-SUITES = ("folder", "hdf5", "cache", "callback", "recipe", "predict", "shards")
+SUITES = ("folder", "hdf5", "cache", "callback", "recipe", "predict", "shards", "segmentation")
+#: The suites run when ``--suites`` is not given (segmentation reads other data: name it to run it).
+DEFAULT_SUITES = SUITES[:-1]
 
 
 def main(
@@ -146,9 +149,11 @@ def main(
         "--suites",
         nargs="+",
         choices=[*SUITES, *lab],
-        default=list(SUITES),
+        default=list(DEFAULT_SUITES),
         help="recipe: a training recipe (--recipe) through torchvision's reference loader and ours, at the largest "
-        "--workers" + "".join(f"; {name} (not run by default): {suite.help}" for name, suite in lab.items()),
+        "--workers; segmentation (not run by default): torchvision's segmentation reference loader and ours on "
+        "VOC-style scenes (--seg-root: your own)"
+        + "".join(f"; {name} (not run by default): {suite.help}" for name, suite in lab.items()),
     )
     parser.add_argument(
         "--recipe",
@@ -169,6 +174,7 @@ def main(
     )
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--plot", default=None, help="write a bar chart (PNG) of images/s per loader here")
+    add_segmentation_arguments(parser)
     for suite in lab.values():
         suite.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -181,29 +187,17 @@ def main(
 
 
 def _run(args: argparse.Namespace, lab: Mapping[str, LabSuite]) -> dict[str, Any]:
-    ensure_demo_data(args.root, args.num_classes, args.per_class)
-    files = sorted(glob.glob(os.path.join(args.root, "*", "*")))
-    mean_kb = statistics.mean(os.path.getsize(f) for f in files) / 1e3
-    ceiling_runs = [decode_ceiling(files) for _ in range(args.repeats)]
-    ceiling = {k: statistics.median(run[k] for run in ceiling_runs) for k in ("PIL", "decode_jpeg")}
     machine = measured_on()
-    print(f"\nData: {len(files)} JPEGs in {args.root}, mean {mean_kb:.0f} KB")
-    print(
-        f"Output: {args.image_size}px, batch {args.batch_size}, "
-        f"median of {args.repeats} runs (>= {args.min_seconds:g} s)"
-    )
-    print(f"Machine: {machine}")
-    print(
-        f"Decode ceiling (1 core, read + full decode): PIL {ceiling['PIL']:.0f} img/s, "
-        f"decode_jpeg {ceiling['decode_jpeg']:.0f} img/s"
-    )
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"),  # what the docs' figures say beside each number (benchmarks/figures.py)
         "machine": machine,
-        "data": {"root": args.root, "files": len(files), "mean_kb": mean_kb, "image_size": args.image_size},
-        "decode_ceiling_1core": ceiling,
         "suites": {},
     }
+    if set(args.suites) != {"segmentation"}:  # the image folder's suites: its data and its decode ceiling
+        result.update(_folder_data(args))
+    else:
+        print(f"Machine: {machine}")
+    ceiling: dict[str, float] = result.get("decode_ceiling_1core", {})
     if "folder" in args.suites:
         rows = folder_suite(args, max(ceiling.values()))
         print("\nSuite folder: JPEG folder, RandomResizedCrop + flip\n")
@@ -277,6 +271,11 @@ def _run(args: argparse.Namespace, lab: Mapping[str, LabSuite]) -> dict[str, Any
 
         print("\nSuite shards: tar and Parquet shards of the folder, what users write vs ours (each to its baseline)\n")
         result["suites"]["shards"] = shards_suite(args)
+    if "segmentation" in args.suites:
+        from lightning_fastdata.bench.segmentation import segmentation_suite
+
+        print("\nSuite segmentation: torchvision's segmentation reference loader vs ours (images and masks)\n")
+        result["suites"]["segmentation"] = segmentation_suite(args)
     for name, suite in lab.items():
         if name in args.suites:
             result["suites"][name] = suite.run(args)
@@ -287,6 +286,29 @@ def _run(args: argparse.Namespace, lab: Mapping[str, LabSuite]) -> dict[str, Any
         plot(result, args.plot)
         print(f"\nPlot written to {args.plot}")
     return result
+
+
+def _folder_data(args: argparse.Namespace) -> dict[str, Any]:
+    """The bench folder (generated if missing), described, and one core's decode ceiling on it."""
+    ensure_demo_data(args.root, args.num_classes, args.per_class)
+    files = sorted(glob.glob(os.path.join(args.root, "*", "*")))
+    mean_kb = statistics.mean(os.path.getsize(f) for f in files) / 1e3
+    ceiling_runs = [decode_ceiling(files) for _ in range(args.repeats)]
+    ceiling = {k: statistics.median(run[k] for run in ceiling_runs) for k in ("PIL", "decode_jpeg")}
+    print(f"\nData: {len(files)} JPEGs in {args.root}, mean {mean_kb:.0f} KB")
+    print(
+        f"Output: {args.image_size}px, batch {args.batch_size}, "
+        f"median of {args.repeats} runs (>= {args.min_seconds:g} s)"
+    )
+    print(f"Machine: {measured_on()}")
+    print(
+        f"Decode ceiling (1 core, read + full decode): PIL {ceiling['PIL']:.0f} img/s, "
+        f"decode_jpeg {ceiling['decode_jpeg']:.0f} img/s"
+    )
+    return {
+        "data": {"root": args.root, "files": len(files), "mean_kb": mean_kb, "image_size": args.image_size},
+        "decode_ceiling_1core": ceiling,
+    }
 
 
 def plot(result: dict[str, Any], path: str) -> None:

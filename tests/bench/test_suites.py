@@ -335,15 +335,22 @@ def test_the_shards_suite_times_the_peers_and_ours_on_the_same_shards(tmp_path: 
 
 
 @pytest.mark.timeout(180)
-def test_the_segmentation_bench_times_the_reference_and_ours_on_the_same_scenes(tmp_path: Path) -> None:
-    """``python -m benchmarks.segmentation``: torchvision's reference loader, ours, ours with the CPU normalise."""
-    from benchmarks.segmentation import main as segmentation_main
+def test_the_segmentation_suite_times_the_reference_and_ours_on_the_same_scenes(tmp_path: Path) -> None:
+    """``fastdata bench --suites segmentation``: torchvision's reference loader, ours, ours with the CPU normalise,
+    ours from an HDF5 file of the same scenes; the decode ceiling beside them; no image folder generated."""
+    from lightning_fastdata.bench.loaders import main
 
-    result = segmentation_main(
-        ["--images", "16", "--batch-size", "2", "--base-size", "64", "--crop-size", "48", "--repeats", "1",
-         "--min-seconds", "0", "--json", str(tmp_path / "seg.json")]
+    result = main(
+        ["--suites", "segmentation", "--seg-images", "12", "--seg-size", "96x72", "--seg-batch-size", "2",
+         "--base-size", "64", "--crop-size", "48", "--workers", "2", "--repeats", "1", "--min-seconds", "0",
+         "--scratch", str(tmp_path / "scratch"), "--root", str(tmp_path / "never"), "--json", str(tmp_path / "s.json")]
     )  # fmt: skip
-    rows = {r["loader"]: r for r in result["rows"]}
-    assert list(rows)[0].startswith("torchvision reference") and len(rows) == 3
+    suite = result["suites"]["segmentation"]
+    rows = {r["loader"]: r for r in suite["rows"]}
+    assert list(rows) == [
+        "torchvision reference (v2, PIL)", "SegmentationDataModule (loader only)",
+        "SegmentationDataModule + CPU normalise", "SegmentationDataModule (HDF5, encoded)",
+    ]  # fmt: skip
     assert all(r["images_per_s"] > 0 and r["num_workers"] == 2 for r in rows.values())
-    assert (tmp_path / "seg.json").is_file()
+    assert suite["decode_ceiling_1core"] > 0 and suite["data"]["images"] == 12
+    assert (tmp_path / "s.json").is_file() and not (tmp_path / "never").exists()

@@ -1,0 +1,194 @@
+"""Suite ``segmentation``: torchvision's segmentation reference loader vs ``SegmentationDataModule``, same scenes.
+
+Rows, interleaved in one measurement, the same images and masks, workers, batch size, base size and crop:
+
+- ``torchvision reference (v2, PIL)`` (the baseline): the reference's training preset as its ``--use-v2`` path
+  builds it: PIL image and mask, ``RandomResize(0.5 x base, 2 x base)``, ``RandomHorizontalFlip(0.5)``,
+  ``RandomCrop(crop)`` padded (image 0, mask 255), ``ToImage``, ``ToDtype(float, scale)``, ``Normalize``, the mask to
+  int64; a plain shuffled ``DataLoader``;
+- ``SegmentationDataModule (loader only)``: ours (uint8 images and masks; normalisation is the device's);
+- ``SegmentationDataModule + CPU normalise``: the same batches normalised to float in the main process (the
+  DataModules' ``Normalizer``) and the masks made int64: what a CPU-only training step pays;
+- ``SegmentationDataModule (HDF5, encoded)``: the same scenes' bytes in one HDF5 file
+  (:func:`write_segmentation_hdf5`), loader only.
+
+The ceiling beside them: one core reading and fully decoding each image and its mask (PIL), no augmentation.
+``--seg-root`` measures a VOC-style folder of the user's; by default the suite writes photo-like scenes
+(``fastdata make-data --task segmentation``) of ``--seg-size`` at ``--seg-quality`` in the scratch folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from lightning_fastdata.augment.normalize import Normalizer
+from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
+from lightning_fastdata.datasets.segmentation_layouts import find_pairs
+from lightning_fastdata.demos_segmentation import make_segmentation_folder
+from lightning_fastdata.loading.atomic import atomic_path
+from lightning_fastdata.measure import Candidate, measure, print_table, rows_for
+
+__all__ = ["ReferenceSegmentation", "add_segmentation_arguments", "segmentation_suite", "write_segmentation_hdf5"]
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+REFERENCE = "torchvision reference (v2, PIL)"
+OURS = "SegmentationDataModule (loader only)"
+OURS_NORMALISED = "SegmentationDataModule + CPU normalise"
+OURS_HDF5 = "SegmentationDataModule (HDF5, encoded)"
+
+
+class ReferenceSegmentation(torch.utils.data.Dataset):
+    """torchvision's segmentation reference dataset and training preset (module docstring), on a VOC-style folder."""
+
+    def __init__(self, root: str, base_size: int, crop_size: int, split: str = "train") -> None:
+        from torchvision import tv_tensors
+        from torchvision.transforms import v2
+
+        pairs = find_pairs(root, split, "voc")
+        self.files = [(os.path.join(root, i), os.path.join(root, m)) for i, m in zip(pairs.images, pairs.masks)]
+        self.tv_tensors = tv_tensors
+        self.transform = v2.Compose(
+            [
+                v2.RandomResize(int(0.5 * base_size), int(2.0 * base_size)),
+                v2.RandomHorizontalFlip(0.5),
+                v2.RandomCrop(crop_size, pad_if_needed=True, fill={tv_tensors.Mask: 255, "others": 0}),
+                v2.ToImage(),
+                v2.ToDtype({tv_tensors.Image: torch.float32, tv_tensors.Mask: torch.int64, "others": None}, scale=True),
+                v2.Normalize(MEAN, STD),
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image_path, mask_path = self.files[i]
+        image = Image.open(image_path).convert("RGB")
+        mask = self.tv_tensors.Mask(torch.from_numpy(np.asarray(Image.open(mask_path))))
+        return self.transform(image, mask)
+
+
+def write_segmentation_hdf5(root: str, path: str, split: str = "train") -> str:
+    """A VOC-style folder's split of one image size as one HDF5 file, written atomically; returns ``path``.
+
+    ``train/images``: each image file's bytes (encoded, one variable-length row each); ``train/masks``: the decoded
+    masks, ``N x H x W`` uint8 (so every mask must have one size). A file like those users keep for scans.
+
+    Raises:
+        ValueError: If the masks differ in size.
+    """
+    import h5py
+
+    pairs = find_pairs(root, split, "voc")
+    masks = [np.asarray(Image.open(Path(root, rel))) for rel in pairs.masks]
+    if len({m.shape for m in masks}) != 1:
+        sizes = sorted({m.shape for m in masks})[:3]
+        raise ValueError(f"write_segmentation_hdf5 needs masks of one size, got {sizes}.")
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        data = f.create_dataset("train/images", (len(masks),), dtype=h5py.vlen_dtype(np.uint8))
+        for k, rel in enumerate(pairs.images):
+            data[k] = np.frombuffer(Path(root, rel).read_bytes(), np.uint8)
+        f.create_dataset("train/masks", data=np.stack(masks))
+    return path
+
+
+def _reference(root: str, args: argparse.Namespace, workers: int) -> Any:
+    ds = ReferenceSegmentation(root, args.base_size, args.crop_size)
+    return torch.utils.data.DataLoader(
+        ds, batch_size=args.seg_batch_size, shuffle=True, num_workers=workers, persistent_workers=workers > 0
+    )
+
+
+def _module(root: str, args: argparse.Namespace, workers: int, num_classes: int) -> SegmentationDataModule:
+    dm = SegmentationDataModule(
+        root, num_classes=num_classes, base_size=args.base_size, crop_size=args.crop_size, val_split=None,
+        batch_size=args.seg_batch_size, num_workers=workers, persistent_workers=workers > 0,
+    )  # fmt: skip
+    dm.setup("fit")
+    return dm
+
+
+def _count(batch: Any) -> int:
+    return len(batch[0])
+
+
+_NORMALIZE = Normalizer(MEAN, STD)
+
+
+def _count_normalised(batch: Any) -> int:
+    """Our CPU step's work: the images normalised to float (the DataModules' Normalizer), the masks to int64."""
+    _NORMALIZE(batch[0])
+    batch[1].long()
+    return len(batch[0])
+
+
+def decode_ceiling(root: str, seconds: float = 2.0) -> float:
+    """Images/s of one core reading and fully decoding each training image and its mask (PIL), no augmentation."""
+    pairs = find_pairs(root, "train", "voc")
+    files = [(os.path.join(root, i), os.path.join(root, m)) for i, m in zip(pairs.images, pairs.masks)]
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or done == 0:
+        image_path, mask_path = files[done % len(files)]
+        with open(image_path, "rb") as f, open(mask_path, "rb") as g:
+            Image.open(io.BytesIO(f.read())).convert("RGB").load()
+            Image.open(io.BytesIO(g.read())).load()
+        done += 1
+    return done / (time.perf_counter() - start)
+
+
+def add_segmentation_arguments(parser: argparse.ArgumentParser) -> None:
+    """The suite's own options (``fastdata bench --suites segmentation``)."""
+    group = parser.add_argument_group("segmentation suite")
+    group.add_argument("--seg-root", default=None, help="a VOC-style folder to measure (default: generated scenes)")
+    group.add_argument("--seg-images", type=int, default=256, help="scenes to generate")
+    group.add_argument("--seg-size", default="500x375", help="generated scenes' size, WIDTHxHEIGHT")
+    group.add_argument("--seg-quality", type=int, default=90, help="generated scenes' JPEG quality")
+    group.add_argument("--seg-batch-size", type=int, default=8)
+    group.add_argument("--base-size", type=int, default=520, help="the reference's --base-size")
+    group.add_argument("--crop-size", type=int, default=480, help="the reference's --crop-size")
+
+
+def segmentation_suite(args: argparse.Namespace) -> dict[str, Any]:
+    """The rows of the module docstring at each ``--workers``, with the decode ceiling; printed and returned."""
+    root = args.seg_root
+    num_classes = 21
+    if root is None:
+        width, height = (int(v) for v in args.seg_size.lower().split("x"))
+        root = os.path.join(args.scratch, f"scenes-{args.seg_size}-q{args.seg_quality}-{args.seg_images}")
+        if not os.path.isfile(os.path.join(root, "ImageSets", "Segmentation", "train.txt")):
+            make_segmentation_folder(root, count=args.seg_images, size=(width, height), quality=args.seg_quality,
+                                     val_fraction=0.0, fixed_size=True)  # fmt: skip
+    files = find_pairs(root, "train", "voc").images
+    mean_kb = statistics.mean(os.path.getsize(os.path.join(root, f)) for f in files) / 1e3
+    h5 = None
+    if args.seg_root is None:
+        h5 = write_segmentation_hdf5(root, os.path.join(args.scratch, f"{os.path.basename(root)}.h5"))
+    ceiling = statistics.median(decode_ceiling(root, args.min_seconds) for _ in range(args.repeats))
+    print(f"Data: {len(files)} scenes in {root}, mean {mean_kb:.0f} KB; base {args.base_size}, crop {args.crop_size}")
+    print(f"Decode ceiling (1 core, read + full decode of image and mask): {ceiling:.0f} img/s")
+    rows: list[dict[str, Any]] = []
+    for workers in args.workers:
+        dm = _module(root, args, workers, num_classes)
+        candidates: list[Candidate] = [
+            (REFERENCE, functools.partial(_reference, root, args, workers), _count),
+            (OURS, dm.train_dataloader, _count),
+            (OURS_NORMALISED, dm.train_dataloader, _count_normalised),
+        ]
+        if h5 is not None:
+            candidates.append((OURS_HDF5, _module(h5, args, workers, num_classes).train_dataloader, _count))
+        rates = measure(candidates, args.repeats, args.min_seconds)
+        rows += rows_for(rates, workers, ceiling)
+    print_table(rows)
+    return {"data": {"root": root, "images": len(files), "mean_kb": mean_kb}, "decode_ceiling_1core": ceiling,
+            "rows": rows}  # fmt: skip
