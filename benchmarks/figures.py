@@ -255,6 +255,59 @@ def _s3_shards(loader: str) -> dict[str, Any]:
     return next(r for r in result("shards-s3")["rows"] if r["loader"] == loader)
 
 
+#: The segmentation suite's rows (lightning_fastdata.bench.segmentation) and its results files.
+_SEG_REFERENCE, _SEG_OURS = "torchvision reference (v2, PIL)", "SegmentationDataModule (loader only)"
+_SEG_CPU, _SEG_HDF5 = "SegmentationDataModule + CPU normalise", "SegmentationDataModule (HDF5, encoded)"
+_SEG_SETS = {"demo": "segmentation-demo", "large": "segmentation-large"}
+
+
+def _seg(key: str, loader: str) -> dict[str, Any]:
+    return row(_SEG_SETS[key], loader, suite="segmentation")
+
+
+def _seg_suite(key: str) -> dict[str, Any]:
+    suite: dict[str, Any] = result(_SEG_SETS[key])["suites"]["segmentation"]
+    return suite
+
+
+def _segmentation_table() -> str:
+    """The segmentation page's table: both sets' rows, ratios to the reference, the decode ceiling."""
+    header = ["loader"]
+    for key in _SEG_SETS:
+        data = _seg_suite(key)["data"]
+        size = data["root"].rsplit("scenes-", 1)[-1].rsplit("-", 1)[0].replace("-q", " q")
+        header.append(f"{data['images']} scenes {size} (`{_SEG_SETS[key]}.json`)")
+    labels = [
+        ("torchvision's reference training preset (the baseline)", _SEG_REFERENCE),
+        ("`SegmentationDataModule`, loader only", _SEG_OURS),
+        ("`SegmentationDataModule` + its device side on the CPU (normalise, int64 masks)", _SEG_CPU),
+        ("`SegmentationDataModule`, the same scenes in one HDF5 file (encoded), loader only", _SEG_HDF5),
+    ]
+    rows = []
+    for label, loader in labels:
+        cells = [label]
+        for key in _SEG_SETS:
+            r = _seg(key, loader)
+            ratio = "" if loader == _SEG_REFERENCE else f" ({times(r['vs_baseline'])})"
+            cells.append(count(r["images_per_s"]) + ratio)
+        rows.append(cells)
+    ceiling = ["one core reading and fully decoding image and mask (the ceiling)"]
+    ceiling += [count(_seg_suite(key)["decode_ceiling_1core"]) for key in _SEG_SETS]
+    return _table(header, [*rows, ceiling])
+
+
+def _segmentation_figures() -> dict[str, Callable[[], str]]:
+    out: dict[str, Callable[[], str]] = {
+        "segmentation.date": lambda: date_of("segmentation-demo"),
+        "segmentation.machine": lambda: machine("segmentation-demo"),
+        "segmentation.predicted": lambda: str(result("segmentation-demo")["predicted"]),
+    }
+    for key in _SEG_SETS:
+        out[f"segmentation.{key}_vs"] = functools.partial(lambda k: times(_seg(k, _SEG_OURS)["vs_baseline"]), key)
+        out[f"segmentation.{key}_cpu_vs"] = functools.partial(lambda k: times(_seg(k, _SEG_CPU)["vs_baseline"]), key)
+    return out
+
+
 def _predict(loader_prefix: str) -> list[float]:
     """The predict suite's ``vs_baseline`` of the row starting ``loader_prefix``, one per kind of JPEG."""
     return [
@@ -283,6 +336,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "shards.date": lambda: date_of("shards-demo"),
     "shards.machine": lambda: machine("shards-demo"),
     **_shards_figures(),
+    **_segmentation_figures(),
     "predict.date": lambda: date_of("predict"),
     "predict.machine": lambda: machine("predict"),
     "predict.demo": lambda: times(_predict("ImageFolderDataModule predict_dataloader")[0]),
@@ -698,6 +752,7 @@ def _sampling_row(samples: int, setting: str) -> dict[str, Any]:
 
 #: Every named block: a function of the results files giving its Markdown.
 BLOCKS: dict[str, Callable[[], str]] = {
+    "segmentation-table": _segmentation_table,
     "sampling-table": _sampling_table,
     "folder-table": _folder_table,
     "s3-table": _s3_table,

@@ -7,14 +7,18 @@ Rows, interleaved in one measurement, the same images and masks, workers, batch 
   ``RandomCrop(crop)`` padded (image 0, mask 255), ``ToImage``, ``ToDtype(float, scale)``, ``Normalize``, the mask to
   int64; a plain shuffled ``DataLoader``;
 - ``SegmentationDataModule (loader only)``: ours (uint8 images and masks; normalisation is the device's);
-- ``SegmentationDataModule + CPU normalise``: the same batches normalised to float in the main process (the
-  DataModules' ``Normalizer``) and the masks made int64: what a CPU-only training step pays;
+- ``SegmentationDataModule + CPU normalise``: the same batches through the DataModule's device side on the CPU, in
+  the main process (``on_after_batch_transfer``: normalised float images, channels-last, int64 masks): what a
+  CPU-only training step pays;
 - ``SegmentationDataModule (HDF5, encoded)``: the same scenes' bytes in one HDF5 file
   (:func:`write_segmentation_hdf5`), loader only.
 
-The ceiling beside them: one core reading and fully decoding each image and its mask (PIL), no augmentation.
-``--seg-root`` measures a VOC-style folder of the user's; by default the suite writes photo-like scenes
-(``fastdata make-data --task segmentation``) of ``--seg-size`` at ``--seg-quality`` in the scratch folder.
+The main process measures with one intra-op thread (``torch.set_num_threads(1)``, restored after): on a machine with as
+many CPUs as workers, torch's other threads spin between operations on the CPUs the workers decode on
+(``FastDataCallback`` caps them so while training on an accelerator). The ceiling beside them: one core reading and
+fully decoding each image and its mask (PIL), no augmentation. ``--seg-root`` measures a VOC-style folder of the user's;
+by default the suite writes photo-like scenes (``fastdata make-data --task segmentation``) of ``--seg-size`` at
+``--seg-quality`` in the scratch folder.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from lightning_fastdata.augment.normalize import Normalizer
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
 from lightning_fastdata.datasets.segmentation_layouts import find_pairs
 from lightning_fastdata.demos_segmentation import make_segmentation_folder
@@ -75,7 +78,7 @@ class ReferenceSegmentation(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         image_path, mask_path = self.files[i]
         image = Image.open(image_path).convert("RGB")
-        mask = self.tv_tensors.Mask(torch.from_numpy(np.asarray(Image.open(mask_path))))
+        mask = self.tv_tensors.Mask(torch.from_numpy(np.array(Image.open(mask_path))))
         return self.transform(image, mask)
 
 
@@ -123,14 +126,13 @@ def _count(batch: Any) -> int:
     return len(batch[0])
 
 
-_NORMALIZE = Normalizer(MEAN, STD)
+def _count_normalised(dm: SegmentationDataModule) -> Any:
+    """Our CPU step's work: the DataModule's device side on the CPU (normalised images, int64 masks)."""
 
+    def consume(batch: Any) -> int:
+        return len(dm.on_after_batch_transfer(batch, 0)[0])
 
-def _count_normalised(batch: Any) -> int:
-    """Our CPU step's work: the images normalised to float (the DataModules' Normalizer), the masks to int64."""
-    _NORMALIZE(batch[0])
-    batch[1].long()
-    return len(batch[0])
+    return consume
 
 
 def decode_ceiling(root: str, seconds: float = 2.0) -> float:
@@ -183,11 +185,16 @@ def segmentation_suite(args: argparse.Namespace) -> dict[str, Any]:
         candidates: list[Candidate] = [
             (REFERENCE, functools.partial(_reference, root, args, workers), _count),
             (OURS, dm.train_dataloader, _count),
-            (OURS_NORMALISED, dm.train_dataloader, _count_normalised),
+            (OURS_NORMALISED, dm.train_dataloader, _count_normalised(dm)),
         ]
         if h5 is not None:
             candidates.append((OURS_HDF5, _module(h5, args, workers, num_classes).train_dataloader, _count))
-        rates = measure(candidates, args.repeats, args.min_seconds)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            rates = measure(candidates, args.repeats, args.min_seconds)
+        finally:
+            torch.set_num_threads(threads)
         rows += rows_for(rates, workers, ceiling)
     print_table(rows)
     return {"data": {"root": root, "images": len(files), "mean_kb": mean_kb}, "decode_ceiling_1core": ceiling,

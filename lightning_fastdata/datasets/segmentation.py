@@ -133,12 +133,24 @@ class WindowedSegmentation(Dataset):
         self.hflip_prob, self.seed = hflip_prob, seed
         self.table = mask_table("", num_classes, ignore_index, None)
 
-    def window(self, full_key: tuple[int, int, int], width: int, height: int) -> Window:
-        """The sample's window: the training one drawn from its key, or the evaluation one."""
+    def window(
+        self, full_key: tuple[int, int, int], width: int, height: int, draws: np.ndarray | None = None
+    ) -> Window:
+        """The sample's window: the training one drawn from its key, or the evaluation one.
+
+        ``draws``: the sample's numbers, drawn already (:meth:`draws_of`).
+        """
         if not self.train:
             return eval_window(width, height, self.base_size)
-        draws = window_draws(self.seed, [full_key])[0]
+        if draws is None:
+            draws = window_draws(self.seed, [full_key])[0]
         return train_window(draws, width, height, self.base_size, self.crop_size, hflip_prob=self.hflip_prob)
+
+    def draws_of(self, keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
+        """Each sample's window numbers, drawn together (training), or ``None`` each (evaluation)."""
+        if not self.train:
+            return [None] * len(keys)
+        return list(window_draws(self.seed, keys))
 
     def classes_of(self, values: np.ndarray, name: str) -> np.ndarray:
         """A mask's values as classes (``H x W`` uint8) through this source's table.
@@ -149,7 +161,12 @@ class WindowedSegmentation(Dataset):
         return map_mask(values, self.table, name, self.num_classes, self.ignore_index)
 
     def render(
-        self, full_key: tuple[int, int, int], image: bytes | torch.Tensor, mask: np.ndarray, names: tuple[str, str]
+        self,
+        full_key: tuple[int, int, int],
+        image: bytes | torch.Tensor,
+        mask: np.ndarray,
+        names: tuple[str, str],
+        draws: np.ndarray | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One sample through its window: ``image`` (encoded, or ``3 x H x W`` uint8) and ``mask`` (classes).
 
@@ -165,7 +182,7 @@ class WindowedSegmentation(Dataset):
                 )
             return win.box
 
-        win = self.window(full_key, width, height)
+        win = self.window(full_key, width, height, draws)
         out = torch.zeros(3, *win.size, dtype=torch.uint8)
         top, left, ph, pw = win.place
         place = out[:, top : top + ph, left : left + pw]
@@ -265,11 +282,11 @@ class SegmentationFolderDataset(WindowedSegmentation):
         paths = [p for f in full for p in (self.pairs.images[f[1]], self.pairs.masks[f[1]])]
         read = list(self.storage.read_many(paths))  # a bucket's reads in flight together
         samples = []
-        for j, f in enumerate(full):
+        for j, (f, draws) in enumerate(zip(full, self.draws_of(full))):
             names = (self.image_path(f[1]), self.mask_path(f[1]))
             data, mask_data = _checked(read[2 * j], names[0]), _checked(read[2 * j + 1], names[1])
             mask = self.classes_of(read_mask(mask_data, names[1]), names[1])
-            samples.append(self.render(f, data, mask, names))
+            samples.append(self.render(f, data, mask, names, draws))
         return self.batch(samples)
 
 

@@ -181,8 +181,8 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
         rows = sorted({k[1] for k in full})
         read = {r: (images[r], masks[r]) for r in rows}  # h5py reads fastest in increasing order
         samples = []
-        for key in full:
+        for key, draws in zip(full, self.draws_of(full)):
             image, mask = read[key[1]]
             names = (self.name(key[1]), self.name(key[1], 1))
-            samples.append(self.render(key, self._image(image), self._mask(mask, key[1]), names))
+            samples.append(self.render(key, self._image(image), self._mask(mask, key[1]), names, draws))
         return self.batch(samples)
