@@ -65,8 +65,16 @@ class SegmentationDataModule(FastDataModule):
         **kwargs: Loader arguments of :class:`FastDataModule` (``batch_size``, ``num_workers``, ``seed``,
             ``predict_root``, ...).
 
+    **Sampling** (the arguments of :class:`FastDataModule`): ``classes=`` keeps the images holding any of those
+    classes and renumbers their masks (``classes[k]`` becomes class ``k``; every other class ``ignore_index``), for
+    training and evaluation alike; ``sample_weights`` (a mapping class name -> weight: an image weighs the largest of
+    its classes' weights; a callable of its classes-present row; one weight per image), ``epoch_size``,
+    ``replacement`` and ``fraction`` draw images as on every module, exactly resumable. Sampling by class reads every
+    mask of a split once at setup. ``max_per_class`` and ``sample_weights="balanced"`` are refused (one class per
+    image).
+
     Raises:
-        ValueError: On a bad argument, or sampling settings (not supported here yet).
+        ValueError: On a bad argument, or ``max_per_class``/``sample_weights="balanced"``.
     """
 
     test_argument = "test_split"
@@ -96,10 +104,11 @@ class SegmentationDataModule(FastDataModule):
         kwargs.setdefault("val_fraction", 0.0)
         super().__init__(**kwargs)
         save_init_hparams(self)
-        if self.sampling.changes_draws or self.sampling.subsets:
+        if self.sampling.max_per_class is not None or self.sampling.sample_weights == "balanced":
             raise InvalidValueError(
-                "SegmentationDataModule takes no sampling settings yet (sample_weights, epoch_size, classes, "
-                "max_per_class, fraction): an image holds several classes, so they need a per-pixel definition."
+                "SegmentationDataModule: max_per_class and sample_weights='balanced' need one class per image, and an "
+                "image holds several. Weigh images by the classes they hold with sample_weights={class: weight} (an "
+                "image's weight: the largest of its classes'), or a callable of its classes-present row."
             )
         if layout not in LAYOUTS:
             raise InvalidValueError(f"layout should be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}.")
@@ -126,6 +135,16 @@ class SegmentationDataModule(FastDataModule):
         return len(self.classes)
 
     def _dataset(self, split: str, train: bool) -> WindowedSegmentation:
+        """``split`` of the folder, bucket or HDF5 file, its masks in ``classes=``'s classes if given."""
+        dataset = self._source(split, train)
+        wanted = self.sampling.classes
+        # sampling by class reads which classes each image holds (every mask once, at setup)
+        dataset.presence_needed = wanted is not None or self.sampling.sample_weights is not None
+        if wanted is not None:
+            dataset.keep_classes([self.data_classes.index(str(c)) for c in wanted])
+        return dataset
+
+    def _source(self, split: str, train: bool) -> WindowedSegmentation:
         """``split`` of the folder, bucket or HDF5 file (a split may name another HDF5 file)."""
         if self.root.lower().endswith(HDF5_SUFFIXES):
             if split.lower().endswith(HDF5_SUFFIXES):

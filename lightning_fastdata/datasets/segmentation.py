@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -132,6 +132,41 @@ class WindowedSegmentation(Dataset):
         self.train, self.base_size, self.crop_size = train, base_size, crop_size
         self.hflip_prob, self.seed = hflip_prob, seed
         self.table = mask_table("", num_classes, ignore_index, None)
+        #: Classes -> the subset's classes (``classes=``; the others ignored), applied after :attr:`table`.
+        self.renumber: np.ndarray | None = None
+        #: Whether :attr:`targets` reads every mask (sampling by class), or only counts the samples.
+        self.presence_needed = False
+        self._presence: np.ndarray | None = None
+
+    def keep_classes(self, positions: Sequence[int]) -> None:
+        """Renumber the masks: class ``positions[k]`` becomes ``k``; every other class ``ignore_index``."""
+        renumber = np.full(256, self.ignore_index, dtype=np.uint8)
+        renumber[np.asarray(positions, dtype=np.int64)] = np.arange(len(positions), dtype=np.uint8)
+        self.renumber = renumber
+
+    @property
+    def targets(self) -> np.ndarray:
+        """What sampling draws by.
+
+        Each sample's classes present (``N x num_classes`` 0/1, in the data's classes; every mask read once) when
+        :attr:`presence_needed`, else one 0 per sample (only the count matters).
+        """
+        if not self.presence_needed:
+            return np.zeros(len(self), dtype=np.int64)
+        if self._presence is None:
+            presence = np.zeros((len(self), self.num_classes), dtype=np.uint8)
+            for index, mask in self.masks():
+                counts = np.bincount(mask.ravel(), minlength=256)[: self.num_classes]
+                presence[index] = counts > 0
+            self._presence = presence
+        return self._presence
+
+    def masks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """Every sample's mask as classes (the data's, before ``classes=``), in order, as ``(index, mask)``."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
 
     def window(
         self, full_key: tuple[int, int, int], width: int, height: int, draws: np.ndarray | None = None
@@ -158,7 +193,8 @@ class WindowedSegmentation(Dataset):
         Raises:
             DataError: On a value that is no class (named with ``name``).
         """
-        return map_mask(values, self.table, name, self.num_classes, self.ignore_index)
+        classes = map_mask(values, self.table, name, self.num_classes, self.ignore_index)
+        return classes if self.renumber is None else self.renumber[classes]
 
     def render(
         self,
@@ -275,6 +311,16 @@ class SegmentationFolderDataset(WindowedSegmentation):
 
     def __len__(self) -> int:
         return len(self.pairs.images)
+
+    def masks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """Every sample's mask as the data's classes, read in groups (a bucket's requests in flight together)."""
+        for start in range(0, len(self), 64):
+            indices = range(start, min(start + 64, len(self)))
+            read = self.storage.read_many([self.pairs.masks[i] for i in indices])
+            for i, value in zip(indices, read):
+                name = self.mask_path(i)
+                yield i, map_mask(read_mask(_checked(value, name), name), self.table, name, self.num_classes,
+                                  self.ignore_index)  # fmt: skip
 
     def __getitems__(self, keys: Sequence[Any]) -> Batch:
         """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""

@@ -12,7 +12,7 @@ of workers and ranks read it. Each sample goes through the same window as the fo
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ import torch
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.datasets.hdf5_file import open_hdf5
 from lightning_fastdata.datasets.segmentation import WindowedSegmentation, sample_key
-from lightning_fastdata.datasets.segmentation_layouts import mask_table
+from lightning_fastdata.datasets.segmentation_layouts import map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.batch import Batch
 
@@ -162,6 +162,10 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
         return array
 
     def _mask(self, value: np.ndarray, index: int) -> np.ndarray:
+        return self.classes_of(self._values(value, index), self.name(index, 1))
+
+    def _values(self, value: np.ndarray, index: int) -> np.ndarray:
+        """A stored mask's values as uint8 (``H x W``), checked to be 0-255."""
         values = value[..., 0] if value.ndim == 3 else value
         if values.dtype != np.uint8:
             low, high = int(values.min()), int(values.max())
@@ -171,7 +175,17 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
                     f"{self.num_classes} (num_classes=) and not the ignore index {self.ignore_index}."
                 )
             values = values.astype(np.uint8)
-        return self.classes_of(values, self.name(index, 1))
+        return values
+
+    def masks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """Every sample's mask as the data's classes, read in slices of 64 rows."""
+        masks = self._open()[self.keys[1]]
+        for start in range(0, len(self), 64):
+            block = masks[start : min(start + 64, len(self))]
+            for k, value in enumerate(block):
+                values = self._values(value, start + k)
+                yield start + k, map_mask(values, self.table, self.name(start + k, 1), self.num_classes,
+                                          self.ignore_index)  # fmt: skip
 
     def __getitems__(self, keys: Sequence[Any]) -> Batch:
         """A batch, read in sorted row order (images and masks), rendered in the order asked."""

@@ -179,6 +179,14 @@ def test_resume_is_exact_from_segmentation_scenes(tmp_path: Path, sources: dict,
 
 
 @pytest.mark.timeout(600)
+def test_resume_is_exact_with_segmentation_classes_and_weights(tmp_path: Path, sources: dict) -> None:
+    """``classes=`` (masks renumbered), weights by class and an epoch size: resumed mid-epoch, the same images,
+    windows and masks step for step through 2 workers."""
+    sampling = {"classes": ["green", "red"], "sample_weights": {"red": 4.0}, "epoch_size": 30}
+    conformance(tmp_path, "segmentation", sources["segmentation"], 2, 5, sampling=sampling)
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.slow
 def test_segmentation_continues_from_two_ranks_on_one(tmp_path: Path, sources: dict[str, str]) -> None:
     """2 ranks x 2 workers stopped after step 2, continued on 1 rank without workers: every image and mask of the

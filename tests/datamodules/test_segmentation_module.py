@@ -88,7 +88,7 @@ def test_a_trainer_fits_and_validates_from_the_module(voc: Path) -> None:
     model = TinySegmenter()
     trainer.fit(model, datamodule=dm)
     assert trainer.state.finished and float(trainer.callback_metrics["val_loss"]) < 1.0
-    with pytest.raises(ValueError, match="takes no sampling settings yet"):
+    with pytest.raises(ValueError, match="need one class per image"):
         module(voc, sample_weights="balanced")
 
 
@@ -111,3 +111,36 @@ def test_an_hdf5_file_fits_validates_and_tests_through_the_module(tmp_path: Path
     with pytest.warns(UserWarning, match=r"No validation: .*f\.h5 has no group 'val'"):
         alone.setup("fit")
     assert len(alone.train_dataset) == 8 and alone.val_dataset is None  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(180)
+def test_classes_keep_the_images_holding_them_and_renumber_their_masks(voc: Path) -> None:
+    """``classes=["blue", "red"]``: only images holding blue or red, blue pixels class 0, red class 1, every other
+    class ignored, through 2 workers and in validation; weights by class draw images holding it more often."""
+    dm = module(voc, classes=["blue", "red"])
+    dm.setup("fit")
+    assert dm.num_classes == 2 and dm.classes == ("blue", "red")
+    presence = dm.train_dataset.targets  # type: ignore[union-attr]
+    colours = [SEGMENTATION_CLASSES.index(c) for c in ("blue", "red")]
+    holding = int(presence[:, colours].any(axis=1).sum())
+    batches = list(dm.train_dataloader()) + list(dm.val_dataloader())
+    assert sum(len(b[0]) for b in batches[: len(dm.train_dataloader())]) == holding < 16
+    checked = 0
+    for images, masks in batches:
+        assert set(np.unique(masks.numpy())) <= {0, 1, IGNORE_INDEX}
+        truth = np.stack([classes_of_colours(i) for i in images.numpy()])
+        interior = masks.numpy() != IGNORE_INDEX
+        for new, old in enumerate(colours):
+            checked += int((masks.numpy() == new).sum())
+            assert (truth[masks.numpy() == new] == old).mean() > 0.99
+        assert np.isin(truth[interior], colours).mean() > 0.99  # no other class left unignored
+    assert checked > 1000
+    weighted = module(voc, sample_weights={"yellow": 20.0}, epoch_size=64, num_workers=0)
+    weighted.setup("fit")
+    loader = weighted.train_dataloader()
+    drawn = np.array([key[1] for key in loader.sampler])  # the epoch's keys: (epoch, index, ...)
+    holds = weighted.train_dataset.targets[:, SEGMENTATION_CLASSES.index("yellow")]  # type: ignore[index,union-attr]
+    assert len(drawn) == 64 == sum(len(b[0]) for b in loader)
+    assert holds[drawn].mean() > 0.9 > holds.mean()  # weight 20 for images holding yellow, 1 for the others
+    with pytest.raises(ValueError, match="max_per_class and sample_weights='balanced' need one class per image"):
+        module(voc, max_per_class=3)

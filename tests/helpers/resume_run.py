@@ -106,7 +106,10 @@ def main(cfg: dict[str, Any]) -> None:
     elif cfg["kind"] == "hdf5":
         dm = HDF5DataModule(cfg["source"], **kw)
     elif cfg["kind"] == "segmentation":
-        dm = SegmentationDataModule(cfg["source"], num_classes=6, base_size=24, crop_size=16, val_split=None, **kw)
+        names = ["background", "red", "green", "blue", "yellow", "magenta"]
+        dm = SegmentationDataModule(
+            cfg["source"], num_classes=6, class_names=names, base_size=24, crop_size=16, val_split=None, **kw
+        )
     elif cfg["kind"] == "shards":
         dm = ShardDataModule(cfg["source"], index_dir=cfg["cache_dir"], shuffle_buffer=cfg.get("shuffle_buffer"), **kw)
     else:
