@@ -12,9 +12,10 @@ from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.datasets.base import AugmentedImageDataset
 from lightning_fastdata.datasets.mixed import MixedDataset
+from lightning_fastdata.datasets.segmentation_mixed import MixedSegmentation, renumber_into
 from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.batch import Batch
 from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
 
 __all__ = ["MixedDataModule"]
@@ -46,6 +47,10 @@ class MixedDataModule(FastDataModule):
     validation set is its own loader (``val_dataloader`` returns them in source order), so a model logs them
     apart (``ImageClassifier``: ``val_acc/dataloader_idx_<k>``).
 
+    **Images and masks**: sources that are all ``SegmentationDataModule`` objects mix the same way, their masks' classes
+    renumbered into the mix's class list by name (a class a source's ``classes=`` leaves out ignored), their crops
+    of one ``crop_size`` and one ``ignore_index``; the masks are ``int64`` on the device.
+
     Args:
         datamodules: The sources (any of this package's DataModules, at least one); their own loader arguments
             are not used.
@@ -76,6 +81,18 @@ class MixedDataModule(FastDataModule):
         self.datamodules = list(datamodules)
         self.weights = None if weights is None else [float(w) for w in weights]
         self.names = [f"{k}:{type(dm).__name__}" for k, dm in enumerate(self.datamodules)]
+        # images and masks (SegmentationDataModule sources): masks renumbered into the mix's classes, int64 on device
+        masks = [hasattr(dm, "ignore_index") for dm in self.datamodules]
+        self.segmentation = all(masks)
+        if any(masks) and not self.segmentation:
+            raise InvalidValueError(
+                "A mix takes sources of one kind: images and labels, or images and masks (SegmentationDataModule); "
+                f"got {', '.join(self.names)}."
+            )
+        ignored = {getattr(dm, "ignore_index", None) for dm in self.datamodules}
+        if len(ignored) > 1:
+            raise InvalidValueError(f"The sources' ignore_index differ ({sorted(map(str, ignored))}): give one value.")
+        self.ignore_index = ignored.pop()
         sizes = {dm.dataset_kwargs["image_size"] for dm in self.datamodules}
         if len(sizes) > 1:
             raise InvalidValueError(
@@ -125,6 +142,12 @@ class MixedDataModule(FastDataModule):
         return len(self.classes)
 
     @override
+    def _after_transfer(self, batch: Any) -> Any:
+        """The base device side; a mix of segmentation sources' masks made ``int64`` there, as each source does."""
+        out = super()._after_transfer(batch)
+        return Batch(out[0], out[1].long()) if self.segmentation and isinstance(out, Batch) else out
+
+    @override
     def prepare_data(self) -> None:
         """Every source's ``prepare_data`` (file lists, caches, entropy indexes)."""
         for dm in self.datamodules:
@@ -135,15 +158,21 @@ class MixedDataModule(FastDataModule):
 
         The mix is a :class:`~lightning_fastdata.datasets.mixed.MixedDataset`.
         """
-        trains: list[AugmentedImageDataset] = []
+        trains: list[Any] = []
         self.val_datasets = []
         self.val_maps: list[np.ndarray] = []
         for dm, label_map in zip(self.datamodules, self.label_maps):
             train, val = dm.build_datasets()
-            trains.append(train)  # type: ignore[arg-type]
+            if self.segmentation:  # the masks' classes into the mix's list by name; a class left out ignored
+                for dataset in (train, val):
+                    if dataset is not None:
+                        dataset.renumber = renumber_into(label_map, int(self.ignore_index))  # type: ignore[attr-defined,arg-type]
+            trains.append(train)
             if val is not None:
                 self.val_datasets.append(val)
                 self.val_maps.append(label_map)
+        if self.segmentation:
+            return MixedSegmentation(trains, self.names), None
         return MixedDataset(trains, self.label_maps, self.classes, self.names), None
 
     @override
@@ -154,11 +183,11 @@ class MixedDataModule(FastDataModule):
     @override
     def _sampling_settings(self, dataset: Dataset, train: bool) -> SamplingSettings:
         """The mix's settings; for its training set, each source's weight spread over its samples by its settings."""
-        if not train or not isinstance(dataset, MixedDataset):
+        if not train or not isinstance(dataset, (MixedDataset, MixedSegmentation)):
             return self.sampling
         parts, taking_part = [], []
         for dm, source in zip(self.datamodules, dataset.sources):
-            shares, subset = dm.sampling.shares(np.asarray(source.targets), dm.data_classes, dm.seed)
+            shares, subset = dm.sampling.shares(np.asarray(source.targets), dm.data_classes, dm.seed)  # type: ignore[attr-defined]
             parts.append(shares)
             taking_part.append(len(shares) if subset.rows is None else len(subset.rows))
         weights = np.asarray(taking_part if self.weights is None else self.weights, dtype=np.float64)
@@ -169,7 +198,7 @@ class MixedDataModule(FastDataModule):
     def _sampling_of(self, dataset: Dataset, train: bool) -> tuple[Subset | None, EpochDraws | None]:
         """A source's validation set: only the classes the source takes (its ``classes=``), each sample once."""
         maps = [m for v, m in zip(self.val_datasets, self.val_maps) if v is dataset]
-        if train or not maps:
+        if train or not maps or self.segmentation:  # masks: a class left out is ignored, its images evaluated
             return super()._sampling_of(dataset, train)
         keep = maps[0][np.asarray(dataset.targets)] >= 0  # type: ignore[attr-defined]
         if keep.all():

@@ -187,6 +187,12 @@ def test_resume_is_exact_with_segmentation_classes_and_weights(tmp_path: Path, s
 
 
 @pytest.mark.timeout(600)
+def test_resume_is_exact_with_a_mix_of_segmentation_sources(tmp_path: Path, sources: dict) -> None:
+    """A VOC folder and an HDF5 file of scenes drawn 1:2 resume mid-epoch at the exact image, window and mask."""
+    conformance(tmp_path, "segmentation_mixed", sources["segmentation"], 2, 5, mix_with=sources["segmentation_h5"])
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.slow
 def test_segmentation_continues_from_two_ranks_on_one(tmp_path: Path, sources: dict[str, str]) -> None:
     """2 ranks x 2 workers stopped after step 2, continued on 1 rank without workers: every image and mask of the

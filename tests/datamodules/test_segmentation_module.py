@@ -144,3 +144,39 @@ def test_classes_keep_the_images_holding_them_and_renumber_their_masks(voc: Path
     assert holds[drawn].mean() > 0.9 > holds.mean()  # weight 20 for images holding yellow, 1 for the others
     with pytest.raises(ValueError, match="max_per_class and sample_weights='balanced' need one class per image"):
         module(voc, max_per_class=3)
+
+
+@pytest.mark.timeout(180)
+def test_a_mix_of_a_folder_and_an_hdf5_file_renumbers_masks_into_its_classes_by_name(voc: Path, tmp_path: Path) -> None:
+    """A VOC folder (classes by colour name) and an HDF5 file whose classes are named in another order, one taking
+    only two classes: the mix's masks are in the mix's class list (by name), the classes a source leaves out are
+    ignored; draws follow the weights; a Trainer fits and validates each source apart."""
+    from lightning_fastdata import MixedDataModule
+    from lightning_fastdata.demos_segmentation import make_segmentation_hdf5
+
+    h5 = make_segmentation_hdf5(tmp_path / "s.h5", count=12, size=(100, 80), seed=6)
+    reordered = list(reversed(SEGMENTATION_CLASSES))  # the file's class k is the colour SEGMENTATION_CLASSES[k]...
+    # ...named in reverse, so a label_map puts each value where its name is
+    mapping = {k: reordered.index(name) for k, name in enumerate(SEGMENTATION_CLASSES)} | {255: 255}
+    folder = module(voc)
+    file = module(h5, class_names=reordered, label_map=mapping, classes=["red", "blue"])
+    mix = MixedDataModule([folder, file], weights=[1.0, 3.0], epoch_size=40, batch_size=8, num_workers=2, seed=3)
+    assert mix.classes == SEGMENTATION_CLASSES and mix.num_classes == N and mix.ignore_index == IGNORE_INDEX
+    mix.setup("fit")
+    seen = 0
+    from_file = 0
+    for images, masks in mix.train_dataloader():
+        truth = np.stack([classes_of_colours(i) for i in images.numpy()])
+        m = masks.numpy()
+        counted = m != IGNORE_INDEX
+        assert (truth[counted] == m[counted]).mean() > 0.98  # every class in the mix's list, by name
+        seen += len(images)
+        from_file += int(sum(1 for k in range(len(m)) if not np.isin(m[k], [0, 2, 4, 5]).any()))
+    assert seen == 40 and from_file > 15  # the file's share (3 of 4), whose masks hold red and blue only
+    images, masks = mix.on_after_batch_transfer(next(iter(mix.train_dataloader())), 0)
+    assert masks.dtype == torch.int64
+    from lightning_fastdata import ImageSegmenter
+
+    trainer = cpu_trainer(epochs=2)
+    trainer.fit(ImageSegmenter(N, model=torch.nn.Conv2d(3, N, 1)), datamodule=mix)
+    assert {"val_miou/dataloader_idx_0", "val_miou/dataloader_idx_1"} <= trainer.callback_metrics.keys()

@@ -105,6 +105,11 @@ def main(cfg: dict[str, Any]) -> None:
         dm = ImageFolderDataModule(cfg["source"], **kw)
     elif cfg["kind"] == "hdf5":
         dm = HDF5DataModule(cfg["source"], **kw)
+    elif cfg["kind"] == "segmentation_mixed":  # a VOC folder and an HDF5 file, drawn 1:2
+        names = ["background", "red", "green", "blue", "yellow", "magenta"]
+        seg = dict(num_classes=6, class_names=names, base_size=24, crop_size=16, val_split=None)
+        parts = [SegmentationDataModule(cfg["source"], **seg), SegmentationDataModule(cfg["mix_with"], **seg)]
+        dm = MixedDataModule(parts, weights=[1.0, 2.0], epoch_size=30, **kw)
     elif cfg["kind"] == "segmentation":
         names = ["background", "red", "green", "blue", "yellow", "magenta"]
         dm = SegmentationDataModule(
