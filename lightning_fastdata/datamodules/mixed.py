@@ -164,9 +164,9 @@ class MixedDataModule(FastDataModule):
         for dm, label_map in zip(self.datamodules, self.label_maps):
             train, val = dm.build_datasets()
             if self.segmentation:  # the masks' classes into the mix's list by name; a class left out ignored
-                for dataset in (train, val):
-                    if dataset is not None:
-                        dataset.renumber = renumber_into(label_map, int(self.ignore_index))  # type: ignore[attr-defined,arg-type]
+                renumber = renumber_into(label_map, int(self.ignore_index))  # type: ignore[arg-type]
+                train = train.renumbered(renumber)  # type: ignore[attr-defined]
+                val = None if val is None else val.renumbered(renumber)  # type: ignore[attr-defined]
             trains.append(train)
             if val is not None:
                 self.val_datasets.append(val)

@@ -136,13 +136,11 @@ class SegmentationDataModule(FastDataModule):
 
     def _dataset(self, split: str, train: bool) -> WindowedSegmentation:
         """``split`` of the folder, bucket or HDF5 file, its masks in ``classes=``'s classes if given."""
-        dataset = self._source(split, train)
         wanted = self.sampling.classes
+        positions = None if wanted is None else [self.data_classes.index(str(c)) for c in wanted]
         # sampling by class reads which classes each image holds (every mask once, at setup)
-        dataset.presence_needed = wanted is not None or self.sampling.sample_weights is not None
-        if wanted is not None:
-            dataset.keep_classes([self.data_classes.index(str(c)) for c in wanted])
-        return dataset
+        presence = wanted is not None or self.sampling.sample_weights is not None
+        return self._source(split, train).kept(positions, presence)
 
     def _source(self, split: str, train: bool) -> WindowedSegmentation:
         """``split`` of the folder, bucket or HDF5 file (a split may name another HDF5 file)."""

@@ -11,6 +11,7 @@ images with 0, masks with the ignore index).
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -138,11 +139,25 @@ class WindowedSegmentation(Dataset):
         self.presence_needed = False
         self._presence: np.ndarray | None = None
 
-    def keep_classes(self, positions: Sequence[int]) -> None:
-        """Renumber the masks: class ``positions[k]`` becomes ``k``; every other class ``ignore_index``."""
-        renumber = np.full(256, self.ignore_index, dtype=np.uint8)
-        renumber[np.asarray(positions, dtype=np.int64)] = np.arange(len(positions), dtype=np.uint8)
-        self.renumber = renumber
+    def kept(self, positions: Sequence[int] | None, presence: bool) -> WindowedSegmentation:
+        """A copy keeping ``positions``' classes, and reading each image's classes as :attr:`targets` (``presence``).
+
+        Its masks are renumbered: class ``positions[k]`` becomes ``k``, every other class ``ignore_index``
+        (``None``: unchanged).
+        """
+        renumber = None
+        if positions is not None:
+            renumber = np.full(256, self.ignore_index, dtype=np.uint8)
+            renumber[np.asarray(positions, dtype=np.int64)] = np.arange(len(positions), dtype=np.uint8)
+        return self.renumbered(renumber, presence)
+
+    def renumbered(self, renumber: np.ndarray | None, presence: bool | None = None) -> WindowedSegmentation:
+        """A copy whose classes go through ``renumber`` (256 entries) after the mask table (what a mix sets)."""
+        twin = copy.copy(self)
+        twin.renumber = renumber
+        if presence is not None:
+            twin.presence_needed = presence
+        return twin
 
     @property
     def targets(self) -> np.ndarray:
