@@ -23,10 +23,17 @@ from lightning_fastdata.datasets.segmentation import (
     WindowedSegmentation,
 )
 from lightning_fastdata.datasets.segmentation_hdf5 import HDF5_SUFFIXES, SegmentationHDF5Dataset, hdf5_split_group
-from lightning_fastdata.datasets.segmentation_layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout
+from lightning_fastdata.datasets.segmentation_layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout, join_url
+from lightning_fastdata.datasets.segmentation_shards import (
+    SegmentationTarDataset,
+    has_tar_shards,
+    load_segmentation_shards,
+)
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.batch import Batch
+from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
+from lightning_fastdata.loading.storage.base import is_url
 
 __all__ = ["SegmentationDataModule"]
 
@@ -43,7 +50,9 @@ class SegmentationDataModule(FastDataModule):
         root: The data: a folder or bucket URL in VOC's, ADE20K's, Cityscapes' or a paired layout
             (:mod:`~lightning_fastdata.datasets.segmentation_layouts`), or an HDF5 file (``.h5``) whose splits are
             groups holding ``images_key`` and ``masks_key`` (a file without groups: the training split at its top
-            level; a split may also name another HDF5 file) (:mod:`~lightning_fastdata.datasets.segmentation_hdf5`).
+            level; a split may also name another HDF5 file) (:mod:`~lightning_fastdata.datasets.segmentation_hdf5`),
+            or WebDataset tar shards of images and masks in a sub-folder (or bucket prefix) per split
+            (``layout="shards"``, found by ``"auto"`` locally; :mod:`~lightning_fastdata.datasets.segmentation_shards`).
         num_classes: The classes the masks hold (VOC: 21, ADE20K: 150, Cityscapes: 19).
         class_names: Their names, in index order; ``None``: Cityscapes' with ``layout="cityscapes"``, else numbers.
         base_size: The reference's base size (520).
@@ -55,13 +64,17 @@ class SegmentationDataModule(FastDataModule):
             skipped with a warning.
         test_split: The split ``trainer.test`` reads, or ``None``.
         ignore_index: The mask value of borders and padding (the loss ignores it).
-        layout: ``"auto"`` (told by the root's folders), ``"voc"``, ``"ade20k"``, ``"cityscapes"`` or ``"paired"``.
+        layout: ``"auto"`` (told by the root's folders), ``"voc"``, ``"ade20k"``, ``"cityscapes"``, ``"paired"`` or
+            ``"shards"``.
         images_dir: Paired folders: the images' folder under ``root``.
         masks_dir: Paired folders: the masks' folder under ``root``.
         label_map: Mask value -> class (or -> ``ignore_index``), replacing the layout's own meaning of the values.
         storage_options: Object-store settings for bucket roots (as :class:`~lightning_fastdata.ImageFolderDataModule`).
         images_key: An HDF5 ``root``: the images dataset in each split's group (or at the top level).
         masks_key: An HDF5 ``root``: the masks dataset beside it.
+        mask_ext: Tar shards: the mask member's extension (``key.seg.png``).
+        index_dir: Tar shards: where their indexes are kept (a folder of ours, never the data's); ``None``: the
+            user cache folder (``$LIGHTNING_FASTDATA_CACHE``, ...).
         **kwargs: Loader arguments of :class:`FastDataModule` (``batch_size``, ``num_workers``, ``seed``,
             ``predict_root``, ...).
 
@@ -98,6 +111,8 @@ class SegmentationDataModule(FastDataModule):
         storage_options: dict[str, Any] | None = None,
         images_key: str = "images",
         masks_key: str = "masks",
+        mask_ext: str = "seg.png",
+        index_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("image_size", crop_size)
@@ -125,7 +140,8 @@ class SegmentationDataModule(FastDataModule):
         self.settings_of_folders: dict[str, Any] = dict(
             layout=layout, images_dir=images_dir, masks_dir=masks_dir, storage_options=storage_options
         )
-        self.images_key, self.masks_key = images_key, masks_key
+        self.images_key, self.masks_key, self.mask_ext = images_key, masks_key, mask_ext
+        self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.ignore_index, self.base_size, self.storage_options = ignore_index, base_size, storage_options
 
@@ -143,7 +159,14 @@ class SegmentationDataModule(FastDataModule):
         return self._source(split, train).kept(positions, presence)
 
     def _source(self, split: str, train: bool) -> WindowedSegmentation:
-        """``split`` of the folder, bucket or HDF5 file (a split may name another HDF5 file)."""
+        """``split`` of the folder, bucket, shards or HDF5 file (a split may name another HDF5 file)."""
+        layout = self.settings_of_folders["layout"]
+        where = join_url(self.root, split)
+        if layout == "shards" or layout == "auto" and not is_url(where) and has_tar_shards(where):
+            options = self.settings_of_folders["storage_options"]
+            shards = load_segmentation_shards(where, self.index_dir, self.mask_ext, options)
+            return SegmentationTarDataset(shards, storage_options=options, train=train, seed=self.seed,
+                                          **self.settings_of_windows)  # fmt: skip
         if self.root.lower().endswith(HDF5_SUFFIXES):
             if split.lower().endswith(HDF5_SUFFIXES):
                 path, group = split, ""

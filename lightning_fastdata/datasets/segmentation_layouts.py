@@ -39,8 +39,8 @@ __all__ = [
     "voc_palette",
 ]
 
-Layout = Literal["auto", "voc", "ade20k", "cityscapes", "paired"]
-LAYOUTS = ("auto", "voc", "ade20k", "cityscapes", "paired")
+Layout = Literal["auto", "voc", "ade20k", "cityscapes", "paired", "shards"]
+LAYOUTS = ("auto", "voc", "ade20k", "cityscapes", "paired", "shards")
 
 #: Cityscapes' 19 training classes, in training-id order.
 CITYSCAPES_CLASSES = (

@@ -29,7 +29,7 @@ import numpy as np
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.index.kept import kept_index, refuse_changed, string_array
 
-__all__ = ["IMAGE_EXTENSIONS", "TarIndex", "index_tar", "index_tar_file", "load_tar_index"]
+__all__ = ["IMAGE_EXTENSIONS", "TarIndex", "index_tar", "index_tar_file", "load_tar_index", "split_member"]
 
 #: The extensions of a sample's image member (lower case; matched in any case).
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -71,7 +71,7 @@ class TarIndex:
         refuse_changed("shard", self.path, self.size, self.mtime_ns, st)
 
 
-def _split(name: str) -> tuple[str, str]:
+def split_member(name: str) -> tuple[str, str]:
     """WebDataset's ``(key, extension)`` of a member name."""
     folder, _, base = name.rpartition("/")
     stem, dot, ext = base.partition(".")
@@ -139,7 +139,7 @@ def index_tar_file(
             for member in tf:
                 if not member.isfile():
                     continue
-                key, ext = _split(member.name)
+                key, ext = split_member(member.name)
                 if current and current["key"] != key:
                     close()
                 current["key"] = key

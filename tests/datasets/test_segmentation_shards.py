@@ -1,0 +1,82 @@
+"""Segmentation from tar shards (issue 63): image and mask members of one key, read together; the shards' batches
+equal the folder's they were written from (same windows, through 2 workers), locally and in a bucket; bad shards
+named."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.s3_server import LocalS3, upload_folder
+from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
+from lightning_fastdata.datasets.segmentation_shards import write_segmentation_shards
+from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, make_segmentation_folder
+from lightning_fastdata.errors import DataError
+from lightning_fastdata.loading.index.tar_pairs import index_paired_tar
+
+N = len(SEGMENTATION_CLASSES)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("seg-shards")
+    voc = make_segmentation_folder(tmp / "voc", count=15, size=(100, 80), seed=7)
+    shards = tmp / "shards"
+    for split in ("train", "val"):
+        write_segmentation_shards(voc, split, shards / split, shard_bytes=20_000)
+    return voc, shards
+
+
+def module(root: str, tmp: Path, **kw: object) -> SegmentationDataModule:
+    args: dict = dict(num_classes=N, base_size=64, crop_size=48, batch_size=4, num_workers=2, seed=1,
+                      index_dir=str(tmp / "idx"))  # fmt: skip
+    args.update(kw)
+    return SegmentationDataModule(root, **args)
+
+
+def batches(dm: SegmentationDataModule) -> list:
+    dm.setup("fit")
+    return list(dm.train_dataloader()) + list(dm.val_dataloader())
+
+
+@pytest.mark.timeout(240)
+def test_shards_serve_the_folders_batches_locally_and_from_a_bucket(
+    data: tuple[Path, Path], tmp_path: Path, s3: LocalS3
+) -> None:
+    voc, shards = data
+    assert len(list((shards / "train").glob("*.tar"))) > 2
+    folder = batches(module(str(voc), tmp_path))
+    local = batches(module(str(shards), tmp_path))  # layout "auto": train/ and val/ hold .tar shards
+    url = s3.url(f"seg-shards-{tmp_path.name}")
+    upload_folder(shards, url, s3.storage_options())
+    bucket = batches(module(url, tmp_path, layout="shards", storage_options=s3.storage_options()))
+    assert len(folder) == len(local) == len(bucket) == 4  # 12 training scenes in 3 batches, 3 validation in 1
+    for a, b, c in zip(folder, local, bucket):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), "local shards differ from the folder"
+        assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1]), "shards in a bucket differ from the folder"
+
+
+def test_a_sample_without_a_mask_and_a_truncated_shard_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.tar"
+    with tarfile.open(path, "w") as tf:
+        for name, data in (("a.jpg", b"x" * 10), ("a.seg.png", b"y" * 5), ("b.jpg", b"z" * 7)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    with pytest.raises(DataError, match=r"bad\.tar: sample 'b' has no mask member \(\.seg\.png\)"):
+        index_paired_tar(path)
+    good = tmp_path / "good.tar"
+    with tarfile.open(good, "w") as tf:
+        for name, data in (("a.jpg", b"x" * 600), ("a.seg.png", b"y" * 700)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    index = index_paired_tar(good)
+    assert index.keys == ("a",) and index.images[0, 1] == 600 and index.masks[0, 1] == 700
+    good.write_bytes(good.read_bytes()[:1500])
+    with pytest.raises(DataError, match="good.tar"):
+        index_paired_tar(good)
