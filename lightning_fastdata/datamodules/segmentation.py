@@ -24,6 +24,11 @@ from lightning_fastdata.datasets.segmentation import (
 )
 from lightning_fastdata.datasets.segmentation_hdf5 import HDF5_SUFFIXES, SegmentationHDF5Dataset, hdf5_split_group
 from lightning_fastdata.datasets.segmentation_layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout, join_url
+from lightning_fastdata.datasets.segmentation_parquet import (
+    SegmentationParquetDataset,
+    has_parquet_files,
+    load_parquet_files,
+)
 from lightning_fastdata.datasets.segmentation_shards import (
     SegmentationTarDataset,
     has_tar_shards,
@@ -52,7 +57,9 @@ class SegmentationDataModule(FastDataModule):
             groups holding ``images_key`` and ``masks_key`` (a file without groups: the training split at its top
             level; a split may also name another HDF5 file) (:mod:`~lightning_fastdata.datasets.segmentation_hdf5`),
             or WebDataset tar shards of images and masks in a sub-folder (or bucket prefix) per split
-            (``layout="shards"``, found by ``"auto"`` locally; :mod:`~lightning_fastdata.datasets.segmentation_shards`).
+            (``layout="shards"``, found by ``"auto"`` locally; :mod:`~lightning_fastdata.datasets.segmentation_shards`),
+            or Parquet files with an image and a mask column, likewise (``layout="parquet"``;
+            :mod:`~lightning_fastdata.datasets.segmentation_parquet`).
         num_classes: The classes the masks hold (VOC: 21, ADE20K: 150, Cityscapes: 19).
         class_names: Their names, in index order; ``None``: Cityscapes' with ``layout="cityscapes"``, else numbers.
         base_size: The reference's base size (520).
@@ -64,8 +71,8 @@ class SegmentationDataModule(FastDataModule):
             skipped with a warning.
         test_split: The split ``trainer.test`` reads, or ``None``.
         ignore_index: The mask value of borders and padding (the loss ignores it).
-        layout: ``"auto"`` (told by the root's folders), ``"voc"``, ``"ade20k"``, ``"cityscapes"``, ``"paired"`` or
-            ``"shards"``.
+        layout: ``"auto"`` (told by the root's folders), ``"voc"``, ``"ade20k"``, ``"cityscapes"``, ``"paired"``,
+            ``"shards"`` or ``"parquet"``.
         images_dir: Paired folders: the images' folder under ``root``.
         masks_dir: Paired folders: the masks' folder under ``root``.
         label_map: Mask value -> class (or -> ``ignore_index``), replacing the layout's own meaning of the values.
@@ -73,8 +80,12 @@ class SegmentationDataModule(FastDataModule):
         images_key: An HDF5 ``root``: the images dataset in each split's group (or at the top level).
         masks_key: An HDF5 ``root``: the masks dataset beside it.
         mask_ext: Tar shards: the mask member's extension (``key.seg.png``).
-        index_dir: Tar shards: where their indexes are kept (a folder of ours, never the data's); ``None``: the
-            user cache folder (``$LIGHTNING_FASTDATA_CACHE``, ...).
+        index_dir: Tar shards and Parquet files: where their indexes are kept (a folder of ours, never the data's);
+            ``None``: the user cache folder (``$LIGHTNING_FASTDATA_CACHE``, ...).
+        image_column: Parquet files: the images' column (bytes, or the hubs' ``{bytes, path}`` structs).
+        mask_column: Parquet files: the masks' column (PNG bytes or structs; ADE20K on the hubs: ``annotation``).
+        shuffle_buffer: Parquet files: the training order in windows of row groups holding about this many rows
+            (every row once an epoch); ``None``: a full shuffle, a row group's read per row.
         **kwargs: Loader arguments of :class:`FastDataModule` (``batch_size``, ``num_workers``, ``seed``,
             ``predict_root``, ...).
 
@@ -113,6 +124,9 @@ class SegmentationDataModule(FastDataModule):
         masks_key: str = "masks",
         mask_ext: str = "seg.png",
         index_dir: str | None = None,
+        image_column: str = "image",
+        mask_column: str = "annotation",
+        shuffle_buffer: int | None = 1000,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("image_size", crop_size)
@@ -141,6 +155,7 @@ class SegmentationDataModule(FastDataModule):
             layout=layout, images_dir=images_dir, masks_dir=masks_dir, storage_options=storage_options
         )
         self.images_key, self.masks_key, self.mask_ext = images_key, masks_key, mask_ext
+        self.image_column, self.mask_column, self.shuffle_buffer = image_column, mask_column, shuffle_buffer
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.ignore_index, self.base_size, self.storage_options = ignore_index, base_size, storage_options
@@ -162,6 +177,13 @@ class SegmentationDataModule(FastDataModule):
         """``split`` of the folder, bucket, shards or HDF5 file (a split may name another HDF5 file)."""
         layout = self.settings_of_folders["layout"]
         where = join_url(self.root, split)
+        if layout == "parquet" or layout == "auto" and not is_url(where) and has_parquet_files(where):
+            options = self.settings_of_folders["storage_options"]
+            files = load_parquet_files(where, self.index_dir, self.image_column, options)
+            return SegmentationParquetDataset(
+                files, self.mask_column, shuffle_buffer=self.shuffle_buffer if train else None,
+                storage_options=options, train=train, seed=self.seed, **self.settings_of_windows,
+            )  # fmt: skip
         if layout == "shards" or layout == "auto" and not is_url(where) and has_tar_shards(where):
             options = self.settings_of_folders["storage_options"]
             shards = load_segmentation_shards(where, self.index_dir, self.mask_ext, options)

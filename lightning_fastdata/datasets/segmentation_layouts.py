@@ -39,8 +39,8 @@ __all__ = [
     "voc_palette",
 ]
 
-Layout = Literal["auto", "voc", "ade20k", "cityscapes", "paired", "shards"]
-LAYOUTS = ("auto", "voc", "ade20k", "cityscapes", "paired", "shards")
+Layout = Literal["auto", "voc", "ade20k", "cityscapes", "paired", "shards", "parquet"]
+LAYOUTS = ("auto", "voc", "ade20k", "cityscapes", "paired", "shards", "parquet")
 
 #: Cityscapes' 19 training classes, in training-id order.
 CITYSCAPES_CLASSES = (

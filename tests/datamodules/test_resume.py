@@ -23,6 +23,7 @@ from helpers.fork_client import SERVER, rank_procs
 
 from benchmarks.s3_server import LocalS3, delete_objects, upload_folder
 from lightning_fastdata import convert_folder_to_hdf5
+from lightning_fastdata.datasets.segmentation_parquet import write_segmentation_parquet
 from lightning_fastdata.datasets.segmentation_shards import write_segmentation_shards
 from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
 from lightning_fastdata.demos import make_image_folder
@@ -90,7 +91,10 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     scenes_h5 = make_segmentation_hdf5(root.parent / "scenes.h5", count=39, size=(40, 30), seed=2, encoded=True,
                                        groups=False)  # fmt: skip
     write_segmentation_shards(scenes, "train", root.parent / "scene-shards" / "train", shard_bytes=30_000)
+    write_segmentation_parquet(scenes, "train", root.parent / "scene-parquet" / "train", rows_per_file=20,
+                               rows_per_group=4)  # fmt: skip
     return {
+        "segmentation_parquet": str(root.parent / "scene-parquet"),
         "segmentation": str(scenes), "segmentation_h5": str(scenes_h5),
         "segmentation_shards": str(root.parent / "scene-shards"),
         "folder": str(root), "hdf5": str(h5), "cache": str(root), "flat": str(flat), "table": f.name,
@@ -169,12 +173,13 @@ def test_resume_is_exact_from_shards_in_a_bucket(tmp_path: Path, sources: dict, 
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("where", ["local", "bucket", "hdf5", "shards"])
+@pytest.mark.parametrize("where", ["local", "bucket", "hdf5", "shards", "parquet"])
 def test_resume_is_exact_from_segmentation_scenes(tmp_path: Path, sources: dict, s3: LocalS3, where: str) -> None:
-    """Images and masks (VOC's layout, locally and in a bucket; an HDF5 file; tar shards) resume mid-epoch at the
-    exact sample through 2 workers: the same image and mask checksums (their windows from each sample's key) step for
-    step."""
-    source, extra = sources[{"hdf5": "segmentation_h5", "shards": "segmentation_shards"}.get(where, "segmentation")], {}
+    """Images and masks (VOC's layout, locally and in a bucket; an HDF5 file; tar shards; Parquet files, in windows
+    of row groups) resume mid-epoch at the exact sample through 2 workers: the same image and mask checksums (their
+    windows from each sample's key) step for step."""
+    named = {"hdf5": "segmentation_h5", "shards": "segmentation_shards", "parquet": "segmentation_parquet"}
+    source, extra = sources[named.get(where, "segmentation")], {}
     if where == "bucket":
         source = s3.url(f"resume-scenes-{tmp_path.name}")
         upload_folder(sources["segmentation"], source, s3.storage_options())

@@ -80,3 +80,38 @@ def test_a_sample_without_a_mask_and_a_truncated_shard_are_named(tmp_path: Path)
     good.write_bytes(good.read_bytes()[:1500])
     with pytest.raises(DataError, match="good.tar"):
         index_paired_tar(good)
+
+
+@pytest.mark.timeout(240)
+def test_parquet_files_serve_the_folders_batches_and_shuffle_in_windows_of_row_groups(
+    data: tuple[Path, Path], tmp_path: Path, s3: LocalS3
+) -> None:
+    """The hubs' layout (``image`` and ``annotation`` structs): with a full shuffle, the folder's batches bit for bit,
+    locally and from a bucket; in windows of row groups, every row once an epoch and masks that follow images."""
+    from test_segmentation_dataset import agreement
+
+    from lightning_fastdata.datasets.segmentation_parquet import write_segmentation_parquet
+
+    voc, _ = data
+    parquet = tmp_path / "parquet"
+    for split in ("train", "val"):
+        write_segmentation_parquet(voc, split, parquet / split, rows_per_file=5, rows_per_group=2)
+    folder = batches(module(str(voc), tmp_path))
+    local = batches(module(str(parquet), tmp_path, shuffle_buffer=None))
+    url = s3.url(f"seg-parquet-{tmp_path.name}")
+    upload_folder(parquet, url, s3.storage_options())
+    bucket = batches(module(url, tmp_path, layout="parquet", shuffle_buffer=None, storage_options=s3.storage_options()))
+    for a, b, c in zip(folder, local, bucket, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), "local Parquet differs from the folder"
+        assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1]), "Parquet in a bucket differs from the folder"
+    windowed = module(str(parquet), tmp_path, shuffle_buffer=4)
+    windowed.setup("fit")
+    keys = [k[1] for k in windowed.train_dataloader().sampler]
+    assert sorted(keys) == list(range(12)) and keys != sorted(keys)
+    agree = total = 0
+    for images, masks in windowed.train_dataloader():
+        a, t = agreement(images, masks)
+        agree, total = agree + a, total + t
+    assert total > 3000 and agree / total > 0.99
+    with pytest.raises(DataError, match="has no mask column 'mask'; its columns are"):
+        batches(module(str(parquet), tmp_path, mask_column="mask", num_workers=0))

@@ -1,0 +1,276 @@
+"""``SegmentationParquetDataset``: images and masks from Parquet files (the hubs' segmentation layout).
+
+The dataset hubs ship segmentation sets as Parquet files with two image columns: the picture (``image``) and its
+mask (``annotation``, ``label``, ...: ``mask_column=``), each a ``{bytes, path}`` struct or plain bytes, the mask a
+PNG whose values are the classes. A row is read with its row group (Parquet compresses a column chunk as a whole;
+:class:`~lightning_fastdata.datasets.group_reads.GroupReads`: each process keeps the last row groups it read, and the
+training order shuffles windows of row groups, :attr:`SegmentationParquetDataset.windows`), then rendered through
+its window as the folder source's samples are. Files may be local or in a bucket (ranged requests, each answer
+checked against the file's version).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_fastdata.datasets.group_reads import GroupReads
+from lightning_fastdata.datasets.segmentation import WindowedSegmentation, read_mask, sample_key
+from lightning_fastdata.datasets.segmentation_layouts import map_mask, mask_table
+from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
+from lightning_fastdata.loading.batch import Batch
+from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, load_parquet_index
+from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.loading.storage.ranged import (
+    RangedFile,
+    RemoteShard,
+    bucket_storage,
+    index_remote_parquet,
+    list_remote_shards,
+)
+
+__all__ = ["SegmentationParquetDataset", "has_parquet_files", "load_parquet_files", "write_segmentation_parquet"]
+
+
+def has_parquet_files(folder: str) -> bool:
+    """Whether the local ``folder`` holds ``.parquet`` files (what ``layout="auto"`` reads as Parquet)."""
+    return os.path.isdir(folder) and bool(glob.glob(os.path.join(glob.escape(folder), "*.parquet")))
+
+
+def load_parquet_files(
+    spec: str, index_dir: str, image_column: str = "image", storage_options: Mapping[str, Any] | None = None
+) -> list[ParquetIndex]:
+    """The indexes (row groups) of the Parquet files ``spec`` names: a folder, a glob, or a bucket prefix or glob.
+
+    Raises:
+        FileNotFoundError: If nothing matches (named).
+    """
+    if is_url(spec):
+        from lightning_fastdata.loading.storage.object_store import ObjectStorage
+
+        out = []
+        for shard in list_remote_shards([spec], storage_options):
+            store = ObjectStorage(shard.root, storage_options)
+
+            def build(s: RemoteShard = shard, st: Any = store) -> ParquetIndex:
+                return st.run_direct(index_remote_parquet, s, image_column, None)
+
+            out.append(load_parquet_index(shard.url, index_dir, image_column, None, (shard.size, shard.version, build)))
+        return out
+    pattern = os.path.join(glob.escape(spec), "*.parquet") if os.path.isdir(spec) else spec
+    paths = sorted(glob.glob(pattern))
+    if not paths:
+        raise PathNotFoundError(f"{spec!r} names no .parquet file (a folder of them, or a glob).")
+    return [load_parquet_index(os.path.abspath(p), index_dir, image_column, None) for p in paths]
+
+
+#: This process's open remote Parquet files (footers read), by URL and version.
+_REMOTE: OrderedDict[tuple[str, int], Any] = OrderedDict()
+
+
+def read_remote_pair(store: Any, shard: RemoteShard, group: int, image_column: str, mask_column: str) -> Any:
+    """A row group's image and mask bytes of a Parquet file in a bucket (the two column chunks, by ranges)."""
+    import pyarrow.parquet as pq
+
+    key = (shard.url, shard.version)
+    pf = _REMOTE.get(key)
+    if pf is None:
+        pf = _REMOTE[key] = pq.ParquetFile(RangedFile(store, shard, block=1 << 16))
+        while len(_REMOTE) > 64:
+            _REMOTE.popitem(last=False)
+    table = pf.read_row_group(group, columns=[image_column, mask_column])
+    return image_values(table.column(0), shard.url, image_column), image_values(table.column(1), shard.url, mask_column)
+
+
+class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
+    """The rows of Parquet files (image and mask columns), as whole batches of images and masks.
+
+    Args:
+        files: Each file's :class:`~lightning_fastdata.loading.index.parquet_index.ParquetIndex` (its row groups).
+        mask_column: The column of the masks (PNG bytes, or ``{bytes, path}`` structs).
+        num_classes: The classes a mask holds.
+        label_map: Mask value -> class (or -> ``ignore_index``); ``None``: the values are the classes.
+        shuffle_buffer: The training order in windows of row groups holding about this many rows (``None``: a full
+            shuffle, a row group's read per row).
+        storage_options: Object-store settings for files in a bucket.
+        ignore_index: The mask value of borders and padding.
+        **kwargs: The window settings of :class:`~lightning_fastdata.datasets.segmentation.WindowedSegmentation`.
+
+    Raises:
+        ValueError: If the files hold no row.
+    """
+
+    def __init__(
+        self,
+        files: Sequence[ParquetIndex],
+        mask_column: str = "annotation",
+        num_classes: int = 21,
+        label_map: Mapping[int, int] | None = None,
+        shuffle_buffer: int | None = 1000,
+        storage_options: Mapping[str, Any] | None = None,
+        ignore_index: int = 255,
+        **kwargs: Any,
+    ) -> None:
+        WindowedSegmentation.__init__(self, num_classes=num_classes, ignore_index=ignore_index, **kwargs)
+        self.files, self.mask_column = list(files), mask_column
+        counts = [len(f) for f in self.files]
+        if not sum(counts):
+            raise InvalidValueError(f"The Parquet files {[f.path for f in self.files][:3]} hold no row.")
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._file_of = np.repeat(np.arange(len(self.files), dtype=np.int32), counts)
+        in_file = np.arange(starts[-1]) - starts[self._file_of]
+        first_group = np.concatenate([[0], np.cumsum([len(f.group_rows) for f in self.files])]).astype(np.int64)
+        self._group_local = np.empty(len(in_file), dtype=np.int64)
+        self._row_in_group = np.empty(len(in_file), dtype=np.int64)
+        for k, f in enumerate(self.files):
+            mine = self._file_of == k
+            group_starts = np.concatenate([[0], np.cumsum(f.group_rows)])
+            self._group_local[mine] = np.searchsorted(group_starts, in_file[mine], side="right") - 1
+            self._row_in_group[mine] = in_file[mine] - group_starts[self._group_local[mine]]
+        self._in_file = in_file
+        self._group_of = first_group[self._file_of] + self._group_local
+        if label_map is not None:
+            self.table = mask_table("", num_classes, ignore_index, label_map)
+        self.windows = None if shuffle_buffer is None else self.group_windows(shuffle_buffer)
+        self._storage: Any = bucket_storage([f.path for f in self.files], storage_options, "Parquet files")
+        self._files: dict[int, Any] = {}
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_files": {}, "_groups": None, "_pending": None, "_pid": -1}
+
+    # -- per-process handles (GroupReads keeps its row groups per process) ---------------------------------
+    def _handles_open(self) -> bool:
+        return self._pid == os.getpid()
+
+    def _mark_handles_open(self) -> None:
+        self._pid = os.getpid()
+
+    def reset_groups(self) -> None:
+        """Forget the kept row groups and the open files (a process of its own)."""
+        super().reset_groups()
+        self._files = {}
+
+    def __len__(self) -> int:
+        return len(self._file_of)
+
+    def describe(self, index: int, what: int = 0) -> str:
+        """``file.parquet:row N`` of sample ``index`` (its mask: ``... (mask)``)."""
+        f = self.files[int(self._file_of[index])]
+        return f"{f.path}:row {int(self._in_file[index])}{' (mask)' if what else ''}"
+
+    def group_calls(self, firsts: Sequence[int]) -> tuple[Any, list[tuple[Any, ...]]]:
+        """:func:`read_remote_pair` of each sample's row group."""
+        calls = []
+        for i in firsts:
+            f = self.files[int(self._file_of[i])]
+            shard = RemoteShard(f.path, f.size, f.mtime_ns)
+            calls.append((shard, int(self._group_local[i]), f.image_column, self.mask_column))
+        return read_remote_pair, calls
+
+    def read_group(self, index: int) -> Any:
+        """Sample ``index``'s row group's image and mask bytes, from its local file (an ``OSError`` if it fails)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        k = int(self._file_of[index])
+        f = self.files[k]
+        pf = self._files.get(k)
+        if pf is None:
+            handle = open(f.path, "rb")  # noqa: SIM115 - kept open for the process's reads
+            f.check_unchanged(os.fstat(handle.fileno()))
+            pf = self._files[k] = pq.ParquetFile(handle)
+            if pf.schema_arrow.get_field_index(self.mask_column) < 0:
+                raise DataError(
+                    f"{f.path} has no mask column {self.mask_column!r}; its columns are {pf.schema_arrow.names}. "
+                    "Name it with mask_column=."
+                )
+        try:
+            table = pf.read_row_group(int(self._group_local[index]), columns=[f.image_column, self.mask_column])
+        except (pa.ArrowException, OSError) as err:
+            return OSError(f"{f.path}: row group {int(self._group_local[index])} cannot be read ({err})")
+        return image_values(table.column(0), f.path, f.image_column), image_values(table.column(1), f.path,
+                                                                                 self.mask_column)  # fmt: skip
+
+    def sample_bytes(self, group: Any, index: int) -> Any:
+        """The row's image and mask bytes (a null one is an error naming the row)."""
+        row = int(self._row_in_group[index])
+        image, mask = group[0][row], group[1][row]
+        if not image.is_valid or not mask.is_valid:
+            raise DataError(f"{self.describe(index)} has no {'image' if not image.is_valid else 'mask'}.")
+        return image.as_py(), mask.as_py()
+
+    def _pairs(self, indices: Sequence[int]) -> list[Any]:
+        out = []
+        for i, value in zip(indices, self.read_grouped(np.asarray(indices, dtype=np.int64))):
+            if isinstance(value, OSError):
+                raise DataError(f"Cannot read {self.describe(i)}: {value}.") from value
+            out.append(value)
+        return out
+
+    def masks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """Every row's mask as the data's classes, a row group at a time."""
+        for first in range(0, len(self), 64):
+            indices = list(range(first, min(first + 64, len(self))))
+            for i, (_, mask) in zip(indices, self._pairs(indices)):
+                name = self.describe(i, 1)
+                yield i, map_mask(read_mask(mask, name), self.table, name, self.num_classes, self.ignore_index)
+
+    def __getitems__(self, keys: Sequence[Any]) -> Batch:
+        """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""
+        full = [sample_key(k, len(self)) for k in keys]
+        samples = []
+        for f, draws, (image, mask) in zip(full, self.draws_of(full), self._pairs([f[1] for f in full])):
+            names = (self.describe(f[1]), self.describe(f[1], 1))
+            samples.append(self.render(f, image, self.classes_of(read_mask(mask, names[1]), names[1]), names, draws))
+        return self.batch(samples)
+
+
+def write_segmentation_parquet(
+    root: str | os.PathLike[str],
+    split: str,
+    dst: str | os.PathLike[str],
+    rows_per_file: int = 1000,
+    rows_per_group: int = 100,
+    layout: str = "auto",
+) -> list[str]:
+    """Write a segmentation split (any layout :func:`find_pairs` reads) as the hubs' Parquet files.
+
+    Columns ``image`` and ``annotation``, each a ``{bytes, path}`` struct holding the file's bytes as they are (the
+    hubs' ``Image`` feature, named in the ``huggingface`` schema metadata); files ``part-000000.parquet`` ... of
+    ``rows_per_file`` rows in row groups of ``rows_per_group``, each written under a temporary name and renamed when
+    whole. Returns the files' paths.
+    """
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lightning_fastdata.datasets.segmentation_layouts import find_pairs
+    from lightning_fastdata.loading.atomic import atomic_path
+
+    root, dst = os.fspath(root), os.fspath(dst)
+    pairs = find_pairs(root, split, layout)
+    os.makedirs(dst, exist_ok=True)
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    features = {"image": {"_type": "Image"}, "annotation": {"_type": "Image"}}
+    meta = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    schema = pa.schema([("image", kind), ("annotation", kind)], metadata=meta)
+    written = []
+    for part, first in enumerate(range(0, len(pairs.images), rows_per_file)):
+        rows = range(first, min(first + rows_per_file, len(pairs.images)))
+        columns = []
+        for names in (pairs.images, pairs.masks):
+            values = [{"bytes": Path(root, names[i]).read_bytes(), "path": os.path.basename(names[i])} for i in rows]
+            columns.append(pa.array(values, type=kind))
+        path = os.path.join(dst, f"part-{part:06d}.parquet")
+        with atomic_path(path) as tmp:
+            pq.write_table(pa.Table.from_arrays(columns, schema=schema), tmp, row_group_size=rows_per_group)
+        written.append(path)
+    return written
