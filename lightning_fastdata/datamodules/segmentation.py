@@ -8,6 +8,7 @@ masks made ``int64`` there. ``trainer.predict`` reads ``predict_root``'s images 
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -22,6 +23,7 @@ from lightning_fastdata.datasets.segmentation import (
     SegmentationPredictDataset,
     WindowedSegmentation,
 )
+from lightning_fastdata.datasets.segmentation_cache import SegmentationCacheDataset, build_segmentation_cache
 from lightning_fastdata.datasets.segmentation_hdf5 import HDF5_SUFFIXES, SegmentationHDF5Dataset, hdf5_split_group
 from lightning_fastdata.datasets.segmentation_layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout, join_url
 from lightning_fastdata.datasets.segmentation_parquet import (
@@ -41,6 +43,29 @@ from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
 from lightning_fastdata.loading.storage.base import is_url
 
 __all__ = ["SegmentationDataModule"]
+
+
+#: What a classification module takes that an image and its mask cannot follow (yet): refused when set, never ignored.
+_IGNORED = (
+    "scale", "ratio", "crop_fraction", "on_corrupt", "exact_decode", "max_corrupt_fraction", "train_transforms",
+    "val_transforms", "device_transforms", "batch_transforms", "val_resize_size", "val_crop_size",
+)  # fmt: skip
+
+
+def _refuse_ignored(kwargs: dict[str, Any], crop_size: int, image_size: int | None, val_fraction: float) -> None:
+    """Raise for an argument of :class:`FastDataModule` the segmentation path would ignore (named, with the fix)."""
+    defaults = inspect.signature(FastDataModule.__init__).parameters
+    given = [k for k in _IGNORED if k in kwargs and kwargs[k] != defaults[k].default]
+    if given:
+        raise InvalidValueError(
+            f"SegmentationDataModule does not take {', '.join(given)}: an image and its mask go through one window "
+            "(base_size, crop_size, hflip_prob: torchvision's segmentation reference), and transforms that move the "
+            "image alone would leave its mask behind. Drop them."
+        )
+    if image_size not in (None, crop_size):
+        raise InvalidValueError(f"image_size={image_size!r}: a segmentation batch is crop_size; give that.")
+    if val_fraction:
+        raise InvalidValueError(f"val_fraction={val_fraction!r}: segmentation splits are named (val_split=).")
 
 
 class SegmentationDataModule(FastDataModule):
@@ -86,6 +111,12 @@ class SegmentationDataModule(FastDataModule):
         mask_column: Parquet files: the masks' column (PNG bytes or structs; ADE20K on the hubs: ``annotation``).
         shuffle_buffer: Parquet files: the training order in windows of row groups holding about this many rows
             (every row once an epoch); ``None``: a full shuffle, a row group's read per row.
+        cache_dir: Decode each split once into a uint8 cache here (``prepare_data``; a folder per source and size,
+            :mod:`~lightning_fastdata.datasets.segmentation_cache`), then train and evaluate from it with no decode;
+            ``None``: decode every epoch.
+        cache_size: The cache's shorter side (default ``base_size``: evaluation reads the cache as it is).
+        image_size: ``crop_size`` (or ``None``): a training batch's size is the crop's.
+        val_fraction: 0: segmentation splits are named (``val_split``), not drawn from the training split.
         **kwargs: Loader arguments of :class:`FastDataModule` (``batch_size``, ``num_workers``, ``seed``,
             ``predict_root``, ...).
 
@@ -98,7 +129,9 @@ class SegmentationDataModule(FastDataModule):
     image).
 
     Raises:
-        ValueError: On a bad argument, or ``max_per_class``/``sample_weights="balanced"``.
+        ValueError: On a bad argument, ``max_per_class``/``sample_weights="balanced"``, or an argument of
+            :class:`FastDataModule` an image and its mask cannot follow (``train_transforms``, ``device_transforms``,
+            ``batch_transforms``, ``scale``, ...: refused, never ignored).
     """
 
     test_argument = "test_split"
@@ -127,11 +160,14 @@ class SegmentationDataModule(FastDataModule):
         image_column: str = "image",
         mask_column: str = "annotation",
         shuffle_buffer: int | None = 1000,
+        cache_dir: str | None = None,
+        cache_size: int | None = None,
+        image_size: int | None = None,
+        val_fraction: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("image_size", crop_size)
-        kwargs.setdefault("val_fraction", 0.0)
-        super().__init__(**kwargs)
+        _refuse_ignored(kwargs, crop_size, image_size, val_fraction)
+        super().__init__(image_size=crop_size, val_fraction=0.0, **kwargs)
         save_init_hparams(self)
         if self.sampling.max_per_class is not None or self.sampling.sample_weights == "balanced":
             raise InvalidValueError(
@@ -156,6 +192,8 @@ class SegmentationDataModule(FastDataModule):
         )
         self.images_key, self.masks_key, self.mask_ext = images_key, masks_key, mask_ext
         self.image_column, self.mask_column, self.shuffle_buffer = image_column, mask_column, shuffle_buffer
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_size = cache_size
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.ignore_index, self.base_size, self.storage_options = ignore_index, base_size, storage_options
@@ -171,7 +209,27 @@ class SegmentationDataModule(FastDataModule):
         positions = None if wanted is None else [self.data_classes.index(str(c)) for c in wanted]
         # sampling by class reads which classes each image holds (every mask once, at setup)
         presence = wanted is not None or self.sampling.sample_weights is not None
-        return self._source(split, train).kept(positions, presence)
+        source = self._source(split, train)
+        if self.cache_dir is not None:
+            folder = build_segmentation_cache(source, self.cache_dir, self.cache_size or self.base_size)
+            windows = {k: self.settings_of_windows[k] for k in ("base_size", "crop_size", "hflip_prob")}
+            source = SegmentationCacheDataset(folder, self.settings_of_windows["num_classes"], self.ignore_index,
+                                              train=train, seed=self.seed, **windows)  # fmt: skip
+        return source.kept(positions, presence)
+
+    @override
+    def prepare_data(self) -> None:
+        """Build the splits' caches (``cache_dir``) once, before the ranks read them; nothing without one."""
+        if self.cache_dir is None:
+            return
+        for split in (self.train_split, self.val_split, self.test_split):
+            if split is None:
+                continue
+            try:
+                source = self._source(split, False)
+            except FileNotFoundError:
+                continue  # a missing validation split is said (and skipped) by setup
+            build_segmentation_cache(source, self.cache_dir, self.cache_size or self.base_size)
 
     def _source(self, split: str, train: bool) -> WindowedSegmentation:
         """``split`` of the folder, bucket, shards or HDF5 file (a split may name another HDF5 file)."""

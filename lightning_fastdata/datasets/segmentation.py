@@ -12,6 +12,7 @@ images with 0, masks with the ignore index).
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,6 +38,7 @@ from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.batch import Batch
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
+from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.registry import open_storage
 
 __all__ = [
@@ -179,6 +181,16 @@ class WindowedSegmentation(Dataset):
     def masks(self) -> Iterator[tuple[int, np.ndarray]]:
         """Every sample's mask as classes (the data's, before ``classes=``), in order, as ``(index, mask)``."""
         raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        """What identifies the source's data: its samples and their files' sizes and times (a cache's name)."""
+        raise NotImplementedError
+
+    def evaluated(self, base_size: int) -> WindowedSegmentation:
+        """A copy reading each sample whole at the evaluation size ``base_size``, in the data's classes."""
+        twin = self.renumbered(None)
+        twin.train, twin.base_size = False, base_size
+        return twin
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -326,6 +338,15 @@ class SegmentationFolderDataset(WindowedSegmentation):
 
     def __len__(self) -> int:
         return len(self.pairs.images)
+
+    def fingerprint(self) -> str:
+        """The root, the pairs, and each local file's size and modification time (a bucket's: the names only)."""
+        parts = [self.root, *self.pairs.images, *self.pairs.masks]
+        if not is_url(self.root):
+            for rel in (*self.pairs.images, *self.pairs.masks):
+                st = os.stat(os.path.join(self.root, rel))
+                parts.append(f"{st.st_size}:{st.st_mtime_ns}")
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
     def masks(self) -> Iterator[tuple[int, np.ndarray]]:
         """Every sample's mask as the data's classes, read in groups (a bucket's requests in flight together)."""

@@ -177,6 +177,11 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
             values = values.astype(np.uint8)
         return values
 
+    def fingerprint(self) -> str:
+        """The file, its size and modification time, and the datasets read."""
+        st = os.stat(self.path)
+        return f"{os.path.abspath(self.path)}|{st.st_size}|{st.st_mtime_ns}|{self.keys}"
+
     def masks(self) -> Iterator[tuple[int, np.ndarray]]:
         """Every sample's mask as the data's classes, read in slices of 64 rows."""
         masks = self._open()[self.keys[1]]

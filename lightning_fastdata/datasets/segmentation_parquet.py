@@ -214,6 +214,10 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
             out.append(value)
         return out
 
+    def fingerprint(self) -> str:
+        """Each file's path, size and version as indexed."""
+        return "|".join(f"{f.path}:{f.size}:{f.mtime_ns}" for f in self.files)
+
     def masks(self) -> Iterator[tuple[int, np.ndarray]]:
         """Every row's mask as the data's classes, a row group at a time."""
         for first in range(0, len(self), 64):

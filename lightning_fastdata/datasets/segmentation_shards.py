@@ -168,6 +168,10 @@ class SegmentationTarDataset(WindowedSegmentation):
         values = read_mask(member_bytes(data, start, self.shards[s].masks[k]), self.name(index, 1))
         return image, values
 
+    def fingerprint(self) -> str:
+        """Each file's path, size and version as indexed."""
+        return "|".join(f"{f.path}:{f.size}:{f.mtime_ns}" for f in self.shards)
+
     def masks(self) -> Iterator[tuple[int, np.ndarray]]:
         """Every sample's mask as the data's classes, read in groups of 64 samples."""
         for first in range(0, len(self), 64):

@@ -196,6 +196,13 @@ def test_resume_is_exact_with_segmentation_classes_and_weights(tmp_path: Path, s
 
 
 @pytest.mark.timeout(600)
+def test_resume_is_exact_from_a_segmentation_cache(tmp_path: Path, sources: dict) -> None:
+    """Scenes decoded once into a cache (prepare_data) resume mid-epoch at the exact crop and mask, 2 workers."""
+    conformance(tmp_path, "segmentation_cache", sources["segmentation"], 2, 7)
+    assert len(list((tmp_path / "c").glob("segmentation-*"))) == 1  # built once, by the first run
+
+
+@pytest.mark.timeout(600)
 def test_resume_is_exact_with_a_mix_of_segmentation_sources(tmp_path: Path, sources: dict) -> None:
     """A VOC folder and an HDF5 file of scenes drawn 1:2 resume mid-epoch at the exact image, window and mask."""
     conformance(tmp_path, "segmentation_mixed", sources["segmentation"], 2, 5, mix_with=sources["segmentation_h5"])

@@ -180,3 +180,56 @@ def test_a_mix_of_a_folder_and_an_hdf5_file_renumbers_masks_into_its_classes_by_
     trainer = cpu_trainer(epochs=2)
     trainer.fit(ImageSegmenter(N, model=torch.nn.Conv2d(3, N, 1)), datamodule=mix)
     assert {"val_miou/dataloader_idx_0", "val_miou/dataloader_idx_1"} <= trainer.callback_metrics.keys()
+
+
+@pytest.mark.timeout(180)
+def test_a_cache_decodes_once_then_trains_with_masks_that_follow_and_evaluates_as_the_source(
+    voc: Path, tmp_path: Path
+) -> None:
+    """``cache_dir``: each split decoded once at the base size (prepare_data); training batches from it hold masks
+    that are their images' colours (2 workers); evaluation equals the source's bit for bit; a second module reuses
+    the cache; an image rewritten makes another cache, never a stale one."""
+    import os
+    import shutil
+
+    root = tmp_path / "voc"
+    shutil.copytree(voc, root)
+    cached = module(root, cache_dir=str(tmp_path / "cache"))
+    cached.prepare_data()
+    folders = sorted((tmp_path / "cache").iterdir())
+    assert len(folders) == 2 and all((f / "manifest.json").is_file() for f in folders)  # train and val
+    cached.setup("fit")
+    agree = total = 0
+    for images, masks in cached.train_dataloader():
+        for image, mask in zip(images.numpy(), masks.numpy()):
+            keep = mask != IGNORE_INDEX
+            keep &= (mask == np.roll(mask, 3, 0)) & (mask == np.roll(mask, -3, 0))
+            keep &= (mask == np.roll(mask, 3, 1)) & (mask == np.roll(mask, -3, 1))
+            agree += int((classes_of_colours(image)[keep] == mask[keep]).sum())
+            total += int(keep.sum())
+    assert total > 5000 and agree / total > 0.99
+    plain = module(root)
+    plain.setup("fit")
+    for a, b in zip(cached.val_dataloader(), plain.val_dataloader(), strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    again = module(root, cache_dir=str(tmp_path / "cache"))
+    again.prepare_data()
+    assert sorted((tmp_path / "cache").iterdir()) == folders  # reused, not rebuilt
+    image = next((root / "JPEGImages").iterdir())
+    os.utime(image, ns=(image.stat().st_atime_ns, image.stat().st_mtime_ns + 10**9))
+    again.prepare_data()
+    assert len(list((tmp_path / "cache").iterdir())) == 3  # the changed split's new cache beside the old
+
+
+def test_arguments_the_masks_cannot_follow_are_refused_not_ignored(voc: Path) -> None:
+    from torchvision.transforms import v2
+
+    for bad in (dict(train_transforms=v2.ColorJitter(0.2)), dict(device_transforms=v2.RandomRotation(10)),
+                dict(scale=(0.5, 1.0)), dict(on_corrupt="skip")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"does not take {next(iter(bad))}: an image and its mask"):
+            module(voc, **bad)
+    with pytest.raises(ValueError, match="image_size=64: a segmentation batch is crop_size"):
+        module(voc, image_size=64)
+    with pytest.raises(ValueError, match="segmentation splits are named"):
+        module(voc, val_fraction=0.2)
+    module(voc, image_size=48, scale=(0.08, 1.0))  # the defaults, as LightningCLI may pass them: fine

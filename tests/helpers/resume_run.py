@@ -110,11 +110,13 @@ def main(cfg: dict[str, Any]) -> None:
         seg = dict(num_classes=6, class_names=names, base_size=24, crop_size=16, val_split=None)
         parts = [SegmentationDataModule(cfg["source"], **seg), SegmentationDataModule(cfg["mix_with"], **seg)]
         dm = MixedDataModule(parts, weights=[1.0, 2.0], epoch_size=30, **kw)
-    elif cfg["kind"] == "segmentation":
+    elif cfg["kind"] in ("segmentation", "segmentation_cache"):
         names = ["background", "red", "green", "blue", "yellow", "magenta"]
+        cache = cfg["cache_dir"] if cfg["kind"] == "segmentation_cache" else None
         dm = SegmentationDataModule(
-            cfg["source"], num_classes=6, class_names=names, base_size=24, crop_size=16, val_split=None, **kw
-        )
+            cfg["source"], num_classes=6, class_names=names, base_size=24, crop_size=16, val_split=None,
+            cache_dir=cache, **kw,
+        )  # fmt: skip
     elif cfg["kind"] == "shards":
         dm = ShardDataModule(cfg["source"], index_dir=cfg["cache_dir"], shuffle_buffer=cfg.get("shuffle_buffer"), **kw)
     else:
