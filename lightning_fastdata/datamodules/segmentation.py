@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
 
+from lightning_fastdata.augment.pipeline import as_transform_list
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
+from lightning_fastdata.augment.segmentation_policy import SegmentationDeviceAugment
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.segmentation import (
     SegmentationFolderDataset,
@@ -38,7 +42,7 @@ from lightning_fastdata.datasets.segmentation_shards import (
 )
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
-from lightning_fastdata.loading.batch import Batch
+from lightning_fastdata.loading.batch import Batch, DeviceBatch
 from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
 from lightning_fastdata.loading.storage.base import is_url
 
@@ -48,7 +52,7 @@ __all__ = ["SegmentationDataModule"]
 #: What a classification module takes that an image and its mask cannot follow (yet): refused when set, never ignored.
 _IGNORED = (
     "scale", "ratio", "crop_fraction", "on_corrupt", "exact_decode", "max_corrupt_fraction", "train_transforms",
-    "val_transforms", "device_transforms", "batch_transforms", "val_resize_size", "val_crop_size",
+    "val_transforms", "batch_transforms", "val_resize_size", "val_crop_size",
 )  # fmt: skip
 
 
@@ -117,6 +121,10 @@ class SegmentationDataModule(FastDataModule):
         cache_size: The cache's shorter side (default ``base_size``: evaluation reads the cache as it is).
         image_size: ``crop_size`` (or ``None``): a training batch's size is the crop's.
         val_fraction: 0: segmentation splits are named (``val_split``), not drawn from the training split.
+        device_transforms: Per-sample policies on the training device (``TrivialAugmentWide``, ``RandAugment``:
+            their geometric ops move the mask too, by nearest sampling, filled with ``ignore_index``; colour ops
+            touch the image alone; ``ColorJitter``; torchvision's objects become these;
+            :mod:`~lightning_fastdata.augment.segmentation_policy`).
         **kwargs: Loader arguments of :class:`FastDataModule` (``batch_size``, ``num_workers``, ``seed``,
             ``predict_root``, ...).
 
@@ -164,10 +172,13 @@ class SegmentationDataModule(FastDataModule):
         cache_size: int | None = None,
         image_size: int | None = None,
         val_fraction: float = 0.0,
+        device_transforms: Callable[..., Any] | list[Callable[..., Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         _refuse_ignored(kwargs, crop_size, image_size, val_fraction)
         super().__init__(image_size=crop_size, val_fraction=0.0, **kwargs)
+        policies = as_transform_list(device_transforms, "device_transforms")
+        self.segmentation_augment = SegmentationDeviceAugment(policies, self.seed, ignore_index)
         save_init_hparams(self)
         if self.sampling.max_per_class is not None or self.sampling.sample_weights == "balanced":
             raise InvalidValueError(
@@ -210,11 +221,14 @@ class SegmentationDataModule(FastDataModule):
         # sampling by class reads which classes each image holds (every mask once, at setup)
         presence = wanted is not None or self.sampling.sample_weights is not None
         source = self._source(split, train)
+        if train and self.segmentation_augment:
+            source = source.keyed()  # the device policies draw from the samples' keys
         if self.cache_dir is not None:
             folder = build_segmentation_cache(source, self.cache_dir, self.cache_size or self.base_size)
             windows = {k: self.settings_of_windows[k] for k in ("base_size", "crop_size", "hflip_prob")}
-            source = SegmentationCacheDataset(folder, self.settings_of_windows["num_classes"], self.ignore_index,
+            cached = SegmentationCacheDataset(folder, self.settings_of_windows["num_classes"], self.ignore_index,
                                               train=train, seed=self.seed, **windows)  # fmt: skip
+            source = cached.keyed() if source.return_keys else cached
         return source.kept(positions, presence)
 
     @override
@@ -292,6 +306,9 @@ class SegmentationDataModule(FastDataModule):
 
     @override
     def _after_transfer(self, batch: Any) -> Any:
-        """Normalised float images, and ``int64`` masks, on the device."""
+        """The device policies (a training batch with keys), normalised float images and ``int64`` masks."""
+        if isinstance(batch, DeviceBatch) and batch.keys is not None and batch.images.dtype == torch.uint8:
+            images, masks = self.segmentation_augment(batch.images, batch.labels, batch.keys)
+            batch = Batch(images, masks)
         out = self.transfer.after_transfer(batch, None)  # the images normalised (channels-last by default)
         return Batch(out[0], out[1].long()) if isinstance(out, Batch) else out

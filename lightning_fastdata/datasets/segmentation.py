@@ -35,7 +35,7 @@ from lightning_fastdata.augment.segmentation import (
 from lightning_fastdata.datasets.folder import prediction_index
 from lightning_fastdata.datasets.segmentation_layouts import find_pairs, map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError
-from lightning_fastdata.loading.batch import Batch
+from lightning_fastdata.loading.batch import Batch, DeviceBatch
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.storage.base import is_url
@@ -139,6 +139,8 @@ class WindowedSegmentation(Dataset):
         self.renumber: np.ndarray | None = None
         #: Whether :attr:`targets` reads every mask (sampling by class), or only counts the samples.
         self.presence_needed = False
+        #: Whether batches carry their samples' keys (:meth:`keyed`).
+        self.return_keys = False
         self._presence: np.ndarray | None = None
 
     def kept(self, positions: Sequence[int] | None, presence: bool) -> WindowedSegmentation:
@@ -256,10 +258,22 @@ class WindowedSegmentation(Dataset):
             decode_resized_crop(image, place, box, win.flip, names[0])
         return out, render_mask(mask, win, fill=self.ignore_index)
 
-    def batch(self, samples: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Batch:
-        """Rendered samples as one batch, padded to the largest (images 0, masks the ignore index)."""
+    def batch(self, samples: Sequence[tuple[torch.Tensor, torch.Tensor]], keys: Any = None) -> Any:
+        """Rendered samples as one batch, padded to the largest (images 0, masks the ignore index).
+
+        A :class:`~lightning_fastdata.loading.batch.DeviceBatch` carrying the samples' ``keys`` where the device
+        draws from them (:meth:`keyed`), else a :class:`~lightning_fastdata.loading.batch.Batch`.
+        """
         images, masks = _padded(samples, self.ignore_index)
+        if self.return_keys and keys is not None:
+            return DeviceBatch(images, masks, torch.tensor([tuple(k) for k in keys], dtype=torch.int64))
         return Batch(images, masks)
+
+    def keyed(self) -> WindowedSegmentation:
+        """A copy whose batches carry their samples' keys (the device policies draw from them)."""
+        twin = copy.copy(self)
+        twin.return_keys = True
+        return twin
 
     def __getitems__(self, keys: Sequence[Any]) -> Batch:
         """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""
@@ -358,7 +372,7 @@ class SegmentationFolderDataset(WindowedSegmentation):
                 yield i, map_mask(read_mask(_checked(value, name), name), self.table, name, self.num_classes,
                                   self.ignore_index)  # fmt: skip
 
-    def __getitems__(self, keys: Sequence[Any]) -> Batch:
+    def __getitems__(self, keys: Sequence[Any]) -> Any:
         """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""
         full = [sample_key(k, len(self)) for k in keys]
         paths = [p for f in full for p in (self.pairs.images[f[1]], self.pairs.masks[f[1]])]
@@ -369,7 +383,7 @@ class SegmentationFolderDataset(WindowedSegmentation):
             data, mask_data = _checked(read[2 * j], names[0]), _checked(read[2 * j + 1], names[1])
             mask = self.classes_of(read_mask(mask_data, names[1]), names[1])
             samples.append(self.render(f, data, mask, names, draws))
-        return self.batch(samples)
+        return self.batch(samples, full)
 
 
 class SegmentationPredictBatch(NamedTuple):

@@ -28,7 +28,6 @@ import torch
 from lightning_fastdata.datasets.segmentation import WindowedSegmentation, sample_key
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
-from lightning_fastdata.loading.batch import Batch
 
 __all__ = ["SegmentationCacheDataset", "build_segmentation_cache", "cache_folder"]
 
@@ -140,7 +139,7 @@ class SegmentationCacheDataset(WindowedSegmentation):
         for i in range(len(self)):
             yield i, np.array(self._sample(i)[1])
 
-    def __getitems__(self, keys: Sequence[Any]) -> Batch:
+    def __getitems__(self, keys: Sequence[Any]) -> Any:
         """A batch from the cache: each window's crop read from the memory map and resized; no decode."""
         full = [sample_key(k, len(self)) for k in keys]
         samples = []
@@ -149,4 +148,4 @@ class SegmentationCacheDataset(WindowedSegmentation):
             classes = mask if self.renumber is None else self.renumber[mask]
             name = f"{self.folder}[{f[1]}]"
             samples.append(self.render(f, image, classes, (name, name), draws))
-        return self.batch(samples)
+        return self.batch(samples, full)

@@ -23,7 +23,6 @@ from lightning_fastdata.datasets.hdf5_file import open_hdf5
 from lightning_fastdata.datasets.segmentation import WindowedSegmentation, sample_key
 from lightning_fastdata.datasets.segmentation_layouts import map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
-from lightning_fastdata.loading.batch import Batch
 
 __all__ = ["HDF5_SUFFIXES", "SegmentationHDF5Dataset", "hdf5_split_group"]
 
@@ -192,7 +191,7 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
                 yield start + k, map_mask(values, self.table, self.name(start + k, 1), self.num_classes,
                                           self.ignore_index)  # fmt: skip
 
-    def __getitems__(self, keys: Sequence[Any]) -> Batch:
+    def __getitems__(self, keys: Sequence[Any]) -> Any:
         """A batch, read in sorted row order (images and masks), rendered in the order asked."""
         full = [sample_key(k, len(self)) for k in keys]
         f = self._open()
@@ -204,4 +203,4 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
             image, mask = read[key[1]]
             names = (self.name(key[1]), self.name(key[1], 1))
             samples.append(self.render(key, self._image(image), self._mask(mask, key[1]), names, draws))
-        return self.batch(samples)
+        return self.batch(samples, full)

@@ -24,7 +24,6 @@ from lightning_fastdata.datasets.group_reads import GroupReads
 from lightning_fastdata.datasets.segmentation import WindowedSegmentation, read_mask, sample_key
 from lightning_fastdata.datasets.segmentation_layouts import map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
-from lightning_fastdata.loading.batch import Batch
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, load_parquet_index
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.ranged import (
@@ -226,14 +225,14 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
                 name = self.describe(i, 1)
                 yield i, map_mask(read_mask(mask, name), self.table, name, self.num_classes, self.ignore_index)
 
-    def __getitems__(self, keys: Sequence[Any]) -> Batch:
+    def __getitems__(self, keys: Sequence[Any]) -> Any:
         """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""
         full = [sample_key(k, len(self)) for k in keys]
         samples = []
         for f, draws, (image, mask) in zip(full, self.draws_of(full), self._pairs([f[1] for f in full])):
             names = (self.describe(f[1]), self.describe(f[1], 1))
             samples.append(self.render(f, image, self.classes_of(read_mask(mask, names[1]), names[1]), names, draws))
-        return self.batch(samples)
+        return self.batch(samples, full)
 
 
 def write_segmentation_parquet(

@@ -25,7 +25,6 @@ from lightning_fastdata.datasets.segmentation import WindowedSegmentation, read_
 from lightning_fastdata.datasets.segmentation_layouts import find_pairs, map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.atomic import atomic_path
-from lightning_fastdata.loading.batch import Batch
 from lightning_fastdata.loading.index.tar_pairs import (
     PairedTarIndex,
     index_paired_tar_file,
@@ -180,7 +179,7 @@ class SegmentationTarDataset(WindowedSegmentation):
                 _, values = self._pair(i, start, data)
                 yield i, map_mask(values, self.table, self.name(i, 1), self.num_classes, self.ignore_index)
 
-    def __getitems__(self, keys: Sequence[Any]) -> Batch:
+    def __getitems__(self, keys: Sequence[Any]) -> Any:
         """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""
         full = [sample_key(k, len(self)) for k in keys]
         samples = []
@@ -189,7 +188,7 @@ class SegmentationTarDataset(WindowedSegmentation):
             image, values = self._pair(f[1], start, data)
             names = (self.name(f[1]), self.name(f[1], 1))
             samples.append(self.render(f, image, self.classes_of(values, names[1]), names, draws))
-        return self.batch(samples)
+        return self.batch(samples, full)
 
 
 def write_segmentation_shards(

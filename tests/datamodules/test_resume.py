@@ -110,6 +110,7 @@ def uninterrupted(base: dict[str, Any], tmp_path: Path) -> Path:
     key = (base["kind"], base["workers"], base["devices"], base.get("snapshot"), base["source"])
     key += (base.get("batch_size"), base.get("block_shuffle"), base.get("recipe"), base.get("labels"))
     key += (json.dumps(base.get("sampling"), sort_keys=True), base.get("mix_with"), base.get("shuffle_buffer"))
+    key += (base.get("seg_policy"),)
     if key not in _UNINTERRUPTED:
         record = tmp_path / "full"
         run({**base, "max_steps": STEPS, "record": str(record)})
@@ -138,6 +139,8 @@ def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, de
         base["mix_with"] = extra.pop("mix_with")
     if "shuffle_buffer" in extra:
         base["shuffle_buffer"] = extra.pop("shuffle_buffer")
+    if "seg_policy" in extra:
+        base["seg_policy"] = extra.pop("seg_policy")
     full_record = uninterrupted(base, tmp_path)
     ckpt = stopped_at(base, k, tmp_path, record="part")
     run({**base, "max_steps": STEPS, "record": str(tmp_path / "part"), "ckpt_path": ckpt, **extra})
@@ -193,6 +196,13 @@ def test_resume_is_exact_with_segmentation_classes_and_weights(tmp_path: Path, s
     windows and masks step for step through 2 workers."""
     sampling = {"classes": ["green", "red"], "sample_weights": {"red": 4.0}, "epoch_size": 30}
     conformance(tmp_path, "segmentation", sources["segmentation"], 2, 5, sampling=sampling)
+
+
+@pytest.mark.timeout(600)
+def test_resume_is_exact_with_a_segmentation_device_policy(tmp_path: Path, sources: dict) -> None:
+    """TrivialAugmentWide on the device (warps on images and masks, colours on images): resumed mid-epoch, the same
+    augmented images and masks step for step (each sample's op drawn from its key)."""
+    conformance(tmp_path, "segmentation", sources["segmentation"], 2, 7, seg_policy=True)
 
 
 @pytest.mark.timeout(600)

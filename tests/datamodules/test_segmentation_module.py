@@ -233,3 +233,45 @@ def test_arguments_the_masks_cannot_follow_are_refused_not_ignored(voc: Path) ->
     with pytest.raises(ValueError, match="segmentation splits are named"):
         module(voc, val_fraction=0.2)
     module(voc, image_size=48, scale=(0.08, 1.0))  # the defaults, as LightningCLI may pass them: fine
+
+
+@pytest.mark.timeout(180)
+def test_device_policies_warp_masks_with_their_images_and_leave_them_to_colour_ops(voc: Path) -> None:
+    """A policy of the geometric ops alone: after it every interior mask pixel is still its image's colour, and the
+    masks moved (the warps did something); a policy of the colour ops alone leaves the masks exactly as they were.
+    torchvision's own object is taken (turned into ours); a transform that does not know masks is refused."""
+    from torchvision.transforms import v2
+
+    from lightning_fastdata.augment import TrivialAugmentWide
+    from lightning_fastdata.augment.batched import _WARPS
+
+    class Warps(TrivialAugmentWide):
+        space = {k: v for k, v in TrivialAugmentWide.space.items() if k in _WARPS}
+
+    class Colours(TrivialAugmentWide):
+        space = {k: v for k, v in TrivialAugmentWide.space.items() if k not in _WARPS and k != "Identity"}
+
+    plain = module(voc, num_workers=0, batch_size=16)
+    plain.setup("fit")
+    base = [plain.on_after_batch_transfer(b, 0) for b in plain.train_dataloader()]
+    for policy, moves in ((Warps(), True), (Colours(), False)):
+        dm = module(voc, num_workers=0, batch_size=16, device_transforms=policy)
+        dm.setup("fit")
+        batches = [dm.on_after_batch_transfer(b, 0) for b in dm.train_dataloader()]
+        moved = 0
+        for (images, masks), (_, before) in zip(batches, base, strict=True):
+            assert masks.dtype == torch.int64
+            moved += int((masks != before).any(dim=(1, 2)).sum())
+            if not moves:
+                assert torch.equal(masks, before)
+                continue
+            pixels = Normalizer().denormalize(images).numpy()
+            target = masks.numpy()
+            keep = (target != IGNORE_INDEX) & (target == np.roll(target, 3, 2)) & (target == np.roll(target, -3, 2))
+            keep &= (target == np.roll(target, 3, 1)) & (target == np.roll(target, -3, 1))
+            got = np.stack([classes_of_colours(p) for p in pixels])
+            assert keep.sum() > 1000 and (got[keep] == target[keep]).mean() > 0.99
+        assert (moved > 4) == moves
+    module(voc, device_transforms=v2.TrivialAugmentWide())
+    with pytest.raises(TypeError, match="takes lightning_fastdata.augment's TrivialAugmentWide, RandAugment"):
+        module(voc, device_transforms=v2.RandomRotation(10))

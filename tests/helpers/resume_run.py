@@ -113,9 +113,10 @@ def main(cfg: dict[str, Any]) -> None:
     elif cfg["kind"] in ("segmentation", "segmentation_cache"):
         names = ["background", "red", "green", "blue", "yellow", "magenta"]
         cache = cfg["cache_dir"] if cfg["kind"] == "segmentation_cache" else None
+        policy = TrivialAugmentWide() if cfg.get("seg_policy") else None  # warps move the masks too
         dm = SegmentationDataModule(
             cfg["source"], num_classes=6, class_names=names, base_size=24, crop_size=16, val_split=None,
-            cache_dir=cache, **kw,
+            cache_dir=cache, device_transforms=policy, **kw,
         )  # fmt: skip
     elif cfg["kind"] == "shards":
         dm = ShardDataModule(cfg["source"], index_dir=cfg["cache_dir"], shuffle_buffer=cfg.get("shuffle_buffer"), **kw)
