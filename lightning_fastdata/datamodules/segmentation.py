@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -56,10 +56,13 @@ _IGNORED = (
 )  # fmt: skip
 
 
-def _refuse_ignored(kwargs: dict[str, Any], crop_size: int, image_size: int | None, val_fraction: float) -> None:
+def _refuse_ignored(
+    kwargs: dict[str, Any], crop_size: int, image_size: int | None, val_fraction: float, train_crop: str
+) -> None:
     """Raise for an argument of :class:`FastDataModule` the segmentation path would ignore (named, with the fix)."""
     defaults = inspect.signature(FastDataModule.__init__).parameters
-    given = [k for k in _IGNORED if k in kwargs and kwargs[k] != defaults[k].default]
+    used = ("scale", "ratio") if train_crop == "random_resized" else ()
+    given = [k for k in _IGNORED if k in kwargs and kwargs[k] != defaults[k].default and k not in used]
     if given:
         raise InvalidValueError(
             f"SegmentationDataModule does not take {', '.join(given)}: an image and its mask go through one window "
@@ -125,6 +128,9 @@ class SegmentationDataModule(FastDataModule):
             their geometric ops move the mask too, by nearest sampling, filled with ``ignore_index``; colour ops
             touch the image alone; ``ColorJitter``; torchvision's objects become these;
             :mod:`~lightning_fastdata.augment.segmentation_policy`).
+        train_crop: ``"reference"`` (torchvision's segmentation reference: random resize, flip, padded crop) or
+            ``"random_resized"`` (``RandomResizedCrop(crop_size, scale, ratio)`` and the flip, ``scale``/``ratio``
+            the module's arguments, for image and mask alike).
         **kwargs: Loader arguments of :class:`FastDataModule` (``batch_size``, ``num_workers``, ``seed``,
             ``predict_root``, ...).
 
@@ -173,10 +179,14 @@ class SegmentationDataModule(FastDataModule):
         image_size: int | None = None,
         val_fraction: float = 0.0,
         device_transforms: Callable[..., Any] | list[Callable[..., Any]] | None = None,
+        train_crop: Literal["reference", "random_resized"] = "reference",
         **kwargs: Any,
     ) -> None:
-        _refuse_ignored(kwargs, crop_size, image_size, val_fraction)
+        if train_crop not in ("reference", "random_resized"):
+            raise InvalidValueError(f"train_crop should be 'reference' or 'random_resized', got {train_crop!r}.")
+        _refuse_ignored(kwargs, crop_size, image_size, val_fraction, train_crop)
         super().__init__(image_size=crop_size, val_fraction=0.0, **kwargs)
+        self.train_crop = train_crop
         policies = as_transform_list(device_transforms, "device_transforms")
         self.segmentation_augment = SegmentationDeviceAugment(policies, self.seed, ignore_index)
         save_init_hparams(self)
@@ -221,6 +231,8 @@ class SegmentationDataModule(FastDataModule):
         # sampling by class reads which classes each image holds (every mask once, at setup)
         presence = wanted is not None or self.sampling.sample_weights is not None
         source = self._source(split, train)
+        if train and self.train_crop == "random_resized":
+            source = source.random_resized(self.dataset_kwargs["scale"], self.dataset_kwargs["ratio"])
         if train and self.segmentation_augment:
             source = source.keyed()  # the device policies draw from the samples' keys
         if self.cache_dir is not None:
@@ -228,6 +240,8 @@ class SegmentationDataModule(FastDataModule):
             windows = {k: self.settings_of_windows[k] for k in ("base_size", "crop_size", "hflip_prob")}
             cached = SegmentationCacheDataset(folder, self.settings_of_windows["num_classes"], self.ignore_index,
                                               train=train, seed=self.seed, **windows)  # fmt: skip
+            if source.random_resized_crop is not None:
+                cached = cached.random_resized(*source.random_resized_crop)  # type: ignore[assignment]
             source = cached.keyed() if source.return_keys else cached
         return source.kept(positions, presence)
 

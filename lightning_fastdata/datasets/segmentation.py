@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from lightning_fastdata.augment.geometry import resize_crop_into
+from lightning_fastdata.augment.geometry import crop_draws, random_resized_crop_box, resize_crop_into
 from lightning_fastdata.augment.segmentation import (
     IGNORE_INDEX,
     Window,
@@ -141,7 +141,20 @@ class WindowedSegmentation(Dataset):
         self.presence_needed = False
         #: Whether batches carry their samples' keys (:meth:`keyed`).
         self.return_keys = False
+        #: The training crop: ``None`` for the reference's (random resize, flip, padded crop); else
+        #: ``RandomResizedCrop``'s ``(scale, ratio)`` (:meth:`random_resized`).
+        self.random_resized_crop: tuple[tuple[float, float], tuple[float, float]] | None = None
         self._presence: np.ndarray | None = None
+
+    def random_resized(self, scale: tuple[float, float], ratio: tuple[float, float]) -> WindowedSegmentation:
+        """A copy whose training window is ``RandomResizedCrop(crop_size, scale, ratio)`` then the flip.
+
+        torchvision's box (ten tries, then the centre), its numbers drawn from the sample's key, for the image and
+        its mask alike; the output is always ``crop_size`` square, without padding.
+        """
+        twin = copy.copy(self)
+        twin.random_resized_crop = (tuple(scale), tuple(ratio))  # type: ignore[assignment]
+        return twin
 
     def kept(self, positions: Sequence[int] | None, presence: bool) -> WindowedSegmentation:
         """A copy keeping ``positions``' classes, and reading each image's classes as :attr:`targets` (``presence``).
@@ -207,13 +220,20 @@ class WindowedSegmentation(Dataset):
         if not self.train:
             return eval_window(width, height, self.base_size)
         if draws is None:
-            draws = window_draws(self.seed, [full_key])[0]
+            draws = self.draws_of([full_key])[0]
+        assert draws is not None  # training: a row of numbers
+        if self.random_resized_crop is not None:
+            box = random_resized_crop_box(draws, width, height, *self.random_resized_crop)
+            size = (self.crop_size, self.crop_size)
+            return Window(box, (0, 0, *size), size, float(draws[0]) < self.hflip_prob)
         return train_window(draws, width, height, self.base_size, self.crop_size, hflip_prob=self.hflip_prob)
 
     def draws_of(self, keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
         """Each sample's window numbers, drawn together (training), or ``None`` each (evaluation)."""
         if not self.train:
             return [None] * len(keys)
+        if self.random_resized_crop is not None:
+            return list(crop_draws(self.seed, keys))
         return list(window_draws(self.seed, keys))
 
     def classes_of(self, values: np.ndarray, name: str) -> np.ndarray:

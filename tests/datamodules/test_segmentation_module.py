@@ -275,3 +275,30 @@ def test_device_policies_warp_masks_with_their_images_and_leave_them_to_colour_o
     module(voc, device_transforms=v2.TrivialAugmentWide())
     with pytest.raises(TypeError, match="takes lightning_fastdata.augment's TrivialAugmentWide, RandAugment"):
         module(voc, device_transforms=v2.RandomRotation(10))
+
+
+@pytest.mark.timeout(180)
+def test_random_resized_crop_moves_masks_with_their_images(voc: Path) -> None:
+    """``train_crop="random_resized"`` with ``scale``/``ratio``: square crops, never padded, torchvision's box for
+    the image and its mask alike (every interior mask pixel its image's colour, through 2 workers); ``scale`` without
+    it is refused."""
+    dm = module(voc, train_crop="random_resized", scale=(0.3, 1.0), ratio=(0.75, 1.33))
+    dm.setup("fit")
+    agree = total = 0
+    for images, masks in dm.train_dataloader():
+        assert images.shape[1:] == (3, 48, 48)
+        for image, mask in zip(images.numpy(), masks.numpy()):
+            keep = mask != IGNORE_INDEX
+            keep &= (mask == np.roll(mask, 3, 0)) & (mask == np.roll(mask, -3, 0))
+            keep &= (mask == np.roll(mask, 3, 1)) & (mask == np.roll(mask, -3, 1))
+            agree += int((classes_of_colours(image)[keep] == mask[keep]).sum())
+            total += int(keep.sum())
+    assert total > 5000 and agree / total > 0.99
+    reference = module(voc)
+    reference.setup("fit")
+    rrc, ref = dm.train_dataset, reference.train_dataset
+    places = {rrc.window((0, i, 0), 160, 120).place for i in range(16)}  # type: ignore[union-attr]
+    assert places == {(0, 0, 48, 48)}  # never padded
+    assert any(ref.window((0, i, 0), 160, 120).place != (0, 0, 48, 48) for i in range(16))  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="does not take scale"):
+        module(voc, scale=(0.3, 1.0))
