@@ -22,11 +22,7 @@ from lightning_fastdata.augment.pipeline import as_transform_list
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.augment.segmentation_policy import SegmentationDeviceAugment
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.datasets.segmentation import (
-    SegmentationFolderDataset,
-    SegmentationPredictDataset,
-    WindowedSegmentation,
-)
+from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset, WindowedSegmentation
 from lightning_fastdata.datasets.segmentation_cache import SegmentationCacheDataset, build_segmentation_cache
 from lightning_fastdata.datasets.segmentation_hdf5 import HDF5_SUFFIXES, SegmentationHDF5Dataset, hdf5_split_group
 from lightning_fastdata.datasets.segmentation_layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout, join_url
@@ -35,6 +31,7 @@ from lightning_fastdata.datasets.segmentation_parquet import (
     has_parquet_files,
     load_parquet_files,
 )
+from lightning_fastdata.datasets.segmentation_predict import SegmentationPredictDataset
 from lightning_fastdata.datasets.segmentation_shards import (
     SegmentationTarDataset,
     has_tar_shards,
@@ -307,16 +304,31 @@ class SegmentationDataModule(FastDataModule):
 
     @override
     def build_predict_dataset(self) -> Any:
-        """``predict_root``'s images at the base size (batches carry each image's size for the prediction writer)."""
+        """``predict_root``'s images at the base size (batches carry each image's size for the prediction writer).
+
+        A folder of images, a bucket prefix or a ``.txt`` list; an HDF5 file (``images_key``); tar shards or Parquet
+        files (a folder, or a bucket prefix with ``layout="shards"``/``"parquet"``).
+        """
         if self.predict_root is None:
             return None
-        return SegmentationPredictDataset(self.predict_root, self.base_size, self.storage_options)
+        layout = self.settings_of_folders["layout"]
+        return SegmentationPredictDataset(
+            self.predict_root, self.base_size, self.storage_options, self.images_key, self.image_column,
+            self.index_dir, layout if layout in ("shards", "parquet") else "auto",
+        )  # fmt: skip
+
+    @override
+    def predict_path(self, index: int) -> str:
+        """The path, URL or ``file:sample`` name of prediction input ``index``."""
+        if self.predict_dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.predict_path() needs setup('predict') with predict_root=.")
+        return self.predict_dataset.path(index)  # type: ignore[attr-defined]
 
     def predict_relpath(self, index: int) -> str:
-        """Prediction input ``index``'s path relative to ``predict_root`` (what a mask file is named after)."""
+        """Prediction input ``index``'s name under ``predict_root`` (what a mask file is named after)."""
         if self.predict_dataset is None:
             raise RuntimeError(f"{type(self).__name__}.predict_relpath() needs setup('predict') with predict_root=.")
-        return self.predict_dataset.index.relpath(index)
+        return self.predict_dataset.relpath(index)  # type: ignore[attr-defined]
 
     @override
     def _after_transfer(self, batch: Any) -> Any:

@@ -15,7 +15,7 @@ import copy
 import hashlib
 import io
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,11 +32,9 @@ from lightning_fastdata.augment.segmentation import (
     train_window,
     window_draws,
 )
-from lightning_fastdata.datasets.folder import prediction_index
 from lightning_fastdata.datasets.segmentation_layouts import find_pairs, map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.batch import Batch, DeviceBatch
-from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.registry import open_storage
@@ -44,7 +42,6 @@ from lightning_fastdata.loading.storage.registry import open_storage
 __all__ = [
     "SegmentationFolderDataset",
     "SegmentationPredictBatch",
-    "SegmentationPredictDataset",
     "WindowedSegmentation",
     "read_mask",
     "sample_key",
@@ -85,10 +82,6 @@ def sample_key(key: Any, n: int) -> tuple[int, int, int]:
     if not 0 <= full[1] < n:
         raise IndexError(f"index {full[1]} is out of range for a dataset of {n} samples.")
     return full
-
-
-def _fixed_box(box: tuple[int, int, int, int]) -> Callable[[int, int], tuple[int, int, int, int]]:
-    return lambda width, height: box
 
 
 def _padded(samples: Sequence[tuple[torch.Tensor, torch.Tensor | None]], fill: int) -> tuple[torch.Tensor, Any]:
@@ -416,52 +409,3 @@ class SegmentationPredictBatch(NamedTuple):
     images: torch.Tensor
     indices: torch.Tensor
     sizes: torch.Tensor
-
-
-class SegmentationPredictDataset(Dataset):
-    """Images to segment, each at the evaluation size (its shorter side ``base_size``), batches padded.
-
-    Args:
-        source: A folder of images (flat or nested), a bucket prefix, or a ``.txt`` list of image paths
-            (:func:`~lightning_fastdata.datasets.folder.prediction_index`).
-        base_size: The evaluation size of the shorter side.
-        storage_options: Object-store settings for a bucket ``source``.
-    """
-
-    def __init__(self, source: str, base_size: int = 520, storage_options: Mapping[str, Any] | None = None) -> None:
-        options = None if storage_options is None else dict(storage_options)
-        self.index: FileIndex = prediction_index(source, options)
-        self.storage = open_storage(self.index.root, options)
-        self.base_size = base_size
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def path(self, index: int) -> str:
-        """Input ``index``'s path or URL."""
-        return self.storage.url(self.index.relpath(index))
-
-    def __getitems__(self, keys: Sequence[Any]) -> SegmentationPredictBatch:
-        """The images at the base size, their indices and sizes (:class:`SegmentationPredictBatch`)."""
-        indices = [sample_key(k, len(self))[1] for k in keys]
-        read = list(self.storage.read_many([self.index.relpath(i) for i in indices]))
-        samples: list[tuple[torch.Tensor, Any]] = []
-        sizes = []
-        for i, value in zip(indices, read):
-            data = _checked(value, self.path(i))
-            try:
-                with Image.open(io.BytesIO(data)) as im:
-                    width, height = im.size
-            except OSError as err:
-                raise DataError(f"Cannot decode image {self.path(i)!r}: {err}.") from None
-            win = eval_window(width, height, self.base_size)
-            image = torch.zeros(3, *win.size, dtype=torch.uint8)
-            decode_resized_crop(data, image, _fixed_box(win.box), False, self.path(i))
-            samples.append((image, None))
-            sizes.append((height, width, *win.size))
-        images, _ = _padded(samples, 0)
-        return SegmentationPredictBatch(images, torch.tensor(indices), torch.tensor(sizes, dtype=torch.int64))
-
-    def __getitem__(self, key: Any) -> SegmentationPredictBatch:
-        """A batch of one."""
-        return self.__getitems__([key])

@@ -115,3 +115,46 @@ def test_parquet_files_serve_the_folders_batches_and_shuffle_in_windows_of_row_g
     assert total > 3000 and agree / total > 0.99
     with pytest.raises(DataError, match="has no mask column 'mask'; its columns are"):
         batches(module(str(parquet), tmp_path, mask_column="mask", num_workers=0))
+
+
+@pytest.mark.timeout(240)
+def test_predict_reads_shards_parquet_and_hdf5_and_writes_masks_named_after_their_inputs(
+    data: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """``predict_root`` as tar shards or Parquet files written from a folder: the same masks as predicting from the
+    folder's images (the same bytes decoded), named ``shard/key.png`` and ``file/row.png``; an HDF5 file's decoded
+    images: a mask per image at its size, named ``file/000003.png``."""
+    import csv
+
+    from PIL import Image
+
+    from lightning_fastdata import ImageSegmenter, MaskWriter
+    from lightning_fastdata.datasets.segmentation_parquet import write_segmentation_parquet
+    from lightning_fastdata.demos_segmentation import make_segmentation_hdf5
+    from lightning_fastdata.testing import cpu_trainer
+
+    voc, shards = data
+    write_segmentation_parquet(voc, "train", tmp_path / "parquet", rows_per_file=5, rows_per_group=2)
+    h5 = make_segmentation_hdf5(tmp_path / "scans.h5", count=4, size=(70, 50), groups=False)
+    torch.manual_seed(0)
+    model = ImageSegmenter(N, model=torch.nn.Conv2d(3, N, 1))
+    written: dict[str, list[list[str]]] = {}
+    for name, root in (("folder", voc / "JPEGImages"), ("shards", shards / "train"), ("parquet", tmp_path / "parquet"),
+                       ("hdf5", h5)):  # fmt: skip
+        out = tmp_path / f"masks-{name}"
+        dm = module(str(voc), tmp_path, predict_root=str(root), num_workers=2)
+        cpu_trainer(MaskWriter(str(out))).predict(model, datamodule=dm, return_predictions=False)
+        with open(out / "predictions.csv", newline="") as f:
+            written[name] = list(csv.reader(f))[1:]
+    train = (voc / "ImageSets" / "Segmentation" / "train.txt").read_text().split()
+    folder = {Path(p).stem: m for p, m in written["folder"]}
+    for name in ("shards", "parquet"):
+        assert len(written[name]) == len(train) == 12
+        for k, (path, mask) in enumerate(written[name]):
+            expected = (tmp_path / "masks-folder" / folder[train[k]]).read_bytes()
+            assert (tmp_path / f"masks-{name}" / mask).read_bytes() == expected, (name, path)
+    assert written["shards"][0][1] == "shard-000000/000000.png" and written["parquet"][3][1] == "part-000000/000003.png"
+    assert [m for _, m in written["hdf5"]] == [f"scans/{k:06d}.png" for k in range(4)]
+    assert written["hdf5"][1][0].endswith("scans.h5:images[1]")
+    with Image.open(tmp_path / "masks-hdf5" / "scans" / "000002.png") as mask:
+        assert mask.size == (70, 50)
