@@ -224,7 +224,7 @@ def test_a_cache_decodes_once_then_trains_with_masks_that_follow_and_evaluates_a
 def test_arguments_the_masks_cannot_follow_are_refused_not_ignored(voc: Path) -> None:
     from torchvision.transforms import v2
 
-    for bad in (dict(train_transforms=v2.ColorJitter(0.2)), dict(device_transforms=v2.RandomRotation(10)),
+    for bad in (dict(train_transforms=v2.ColorJitter(0.2)), dict(batch_transforms=v2.MixUp(num_classes=N)),
                 dict(scale=(0.5, 1.0)), dict(on_corrupt="skip")):  # fmt: skip
         with pytest.raises(ValueError, match=f"does not take {next(iter(bad))}: an image and its mask"):
             module(voc, **bad)
