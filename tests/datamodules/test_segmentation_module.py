@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.masks import agreement
 
 from lightning_fastdata.augment.normalize import Normalizer
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
@@ -199,14 +200,8 @@ def test_a_cache_decodes_once_then_trains_with_masks_that_follow_and_evaluates_a
     folders = sorted((tmp_path / "cache").iterdir())
     assert len(folders) == 2 and all((f / "manifest.json").is_file() for f in folders)  # train and val
     cached.setup("fit")
-    agree = total = 0
-    for images, masks in cached.train_dataloader():
-        for image, mask in zip(images.numpy(), masks.numpy()):
-            keep = mask != IGNORE_INDEX
-            keep &= (mask == np.roll(mask, 3, 0)) & (mask == np.roll(mask, -3, 0))
-            keep &= (mask == np.roll(mask, 3, 1)) & (mask == np.roll(mask, -3, 1))
-            agree += int((classes_of_colours(image)[keep] == mask[keep]).sum())
-            total += int(keep.sum())
+    counts = [agreement(images, masks) for images, masks in cached.train_dataloader()]
+    agree, total = (sum(c) for c in zip(*counts))
     assert total > 5000 and agree / total > 0.99
     plain = module(root)
     plain.setup("fit")
@@ -284,15 +279,11 @@ def test_random_resized_crop_moves_masks_with_their_images(voc: Path) -> None:
     it is refused."""
     dm = module(voc, train_crop="random_resized", scale=(0.3, 1.0), ratio=(0.75, 1.33))
     dm.setup("fit")
-    agree = total = 0
+    counts = []
     for images, masks in dm.train_dataloader():
         assert images.shape[1:] == (3, 48, 48)
-        for image, mask in zip(images.numpy(), masks.numpy()):
-            keep = mask != IGNORE_INDEX
-            keep &= (mask == np.roll(mask, 3, 0)) & (mask == np.roll(mask, -3, 0))
-            keep &= (mask == np.roll(mask, 3, 1)) & (mask == np.roll(mask, -3, 1))
-            agree += int((classes_of_colours(image)[keep] == mask[keep]).sum())
-            total += int(keep.sum())
+        counts.append(agreement(images, masks))
+    agree, total = (sum(c) for c in zip(*counts))
     assert total > 5000 and agree / total > 0.99
     reference = module(voc)
     reference.setup("fit")

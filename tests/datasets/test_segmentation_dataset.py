@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.masks import agreement
 from PIL import Image
 
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset
-from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, classes_of_colours, make_segmentation_folder
+from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, make_segmentation_folder
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched
@@ -25,21 +26,6 @@ N = len(SEGMENTATION_CLASSES)
 @pytest.fixture(scope="module")
 def voc(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_segmentation_folder(tmp_path_factory.mktemp("seg") / "voc", count=14, size=(200, 150), seed=3)
-
-
-def agreement(images: torch.Tensor, masks: torch.Tensor, margin: int = 3) -> tuple[int, int]:
-    """(interior pixels whose mask is their image's class, interior pixels) over a batch."""
-    agree = total = 0
-    for image, mask in zip(images.numpy(), masks.numpy()):
-        h, w = mask.shape
-        padded = np.pad(mask.astype(np.int32), margin, constant_values=-1)
-        keep = mask != IGNORE_INDEX
-        for dy in range(2 * margin + 1):
-            for dx in range(2 * margin + 1):
-                keep &= padded[dy : dy + h, dx : dx + w] == mask
-        agree += int((classes_of_colours(image)[keep] == mask[keep]).sum())
-        total += int(keep.sum())
-    return agree, total
 
 
 @pytest.mark.timeout(120)

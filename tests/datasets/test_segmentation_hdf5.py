@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from test_segmentation_dataset import agreement
+from helpers.masks import agreement
 
 from lightning_fastdata.datasets.segmentation_hdf5 import SegmentationHDF5Dataset, hdf5_split_group
 from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, make_segmentation_hdf5

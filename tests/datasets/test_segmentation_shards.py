@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.masks import agreement
 
 from benchmarks.s3_server import LocalS3, upload_folder
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
@@ -88,8 +89,6 @@ def test_parquet_files_serve_the_folders_batches_and_shuffle_in_windows_of_row_g
 ) -> None:
     """The hubs' layout (``image`` and ``annotation`` structs): with a full shuffle, the folder's batches bit for bit,
     locally and from a bucket; in windows of row groups, every row once an epoch and masks that follow images."""
-    from test_segmentation_dataset import agreement
-
     from lightning_fastdata.datasets.segmentation_parquet import write_segmentation_parquet
 
     voc, _ = data
