@@ -27,6 +27,7 @@ loader hides the requests' latency, and what the s3 rows lose is CPU (the rig's 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import platform
@@ -265,7 +266,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "that does not share the loader's cores",
     )
     p.add_argument("--json", default=None)
+    p.add_argument(
+        "--watchdog",
+        type=float,
+        default=None,
+        help="after this many seconds, write every thread's stack to stderr (where a run that hangs waits)",
+    )
     args = p.parse_args(argv)
+    if args.watchdog:
+        faulthandler.dump_traceback_later(args.watchdog, exit=False)
     # a SIGTERM (a job scheduler, `kill`) ends this process through its `finally` blocks, which stop the S3 server
     # (started in its own session, it would otherwise outlive this process)
     if threading.current_thread() is threading.main_thread():
