@@ -23,15 +23,14 @@ import numpy as np
 from lightning_fastdata.datasets.group_reads import GroupReads
 from lightning_fastdata.datasets.segmentation import WindowedSegmentation, read_mask, sample_key
 from lightning_fastdata.datasets.segmentation_layouts import map_mask, mask_table
-from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
+from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, load_parquet_index
-from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.ranged import (
     RangedFile,
     RemoteShard,
     bucket_storage,
     index_remote_parquet,
-    list_remote_shards,
+    shard_indexes,
 )
 
 __all__ = ["SegmentationParquetDataset", "has_parquet_files", "load_parquet_files", "write_segmentation_parquet"]
@@ -50,23 +49,11 @@ def load_parquet_files(
     Raises:
         FileNotFoundError: If nothing matches (named).
     """
-    if is_url(spec):
-        from lightning_fastdata.loading.storage.object_store import ObjectStorage
-
-        out = []
-        for shard in list_remote_shards([spec], storage_options):
-            store = ObjectStorage(shard.root, storage_options)
-
-            def build(s: RemoteShard = shard, st: Any = store) -> ParquetIndex:
-                return st.run_direct(index_remote_parquet, s, image_column, None)
-
-            out.append(load_parquet_index(shard.url, index_dir, image_column, None, (shard.size, shard.version, build)))
-        return out
-    pattern = os.path.join(glob.escape(spec), "*.parquet") if os.path.isdir(spec) else spec
-    paths = sorted(glob.glob(pattern))
-    if not paths:
-        raise PathNotFoundError(f"{spec!r} names no .parquet file (a folder of them, or a glob).")
-    return [load_parquet_index(os.path.abspath(p), index_dir, image_column, None) for p in paths]
+    return shard_indexes(
+        spec, ".parquet", storage_options,
+        lambda path, remote: load_parquet_index(path, index_dir, image_column, None, remote),
+        index_remote_parquet, image_column, None,
+    )  # fmt: skip
 
 
 #: This process's open remote Parquet files (footers read), by URL and version.

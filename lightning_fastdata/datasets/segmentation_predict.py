@@ -37,9 +37,9 @@ from lightning_fastdata.loading.storage.ranged import (
     bucket_storage,
     index_remote_parquet,
     index_remote_tar,
-    list_remote_shards,
     read_remote_range,
     read_remote_row_group,
+    shard_indexes,
 )
 from lightning_fastdata.loading.storage.registry import open_storage
 
@@ -118,20 +118,11 @@ class _Tar:
     """Tar shards' image members (local or in a bucket), indexed from their headers and kept in ``index_dir``."""
 
     def __init__(self, spec: str, index_dir: str, options: Mapping[str, Any] | None) -> None:
-        self.shards: list[TarIndex] = []
-        self.store = None
-        if is_url(spec):
-            for shard in list_remote_shards([spec], options):
-                store = bucket_storage([shard.url], options, "shards")
-
-                def build(s: RemoteShard = shard, st: Any = store) -> TarIndex:
-                    return st.run_direct(index_remote_tar, s, None)
-
-                self.shards.append(load_tar_index(shard.url, index_dir, None, (shard.size, shard.version, build)))
-                self.store = store
-        else:
-            paths = sorted(os.path.join(spec, p) for p in os.listdir(spec) if p.endswith(".tar"))
-            self.shards = [load_tar_index(os.path.abspath(p), index_dir, None) for p in paths]
+        self.shards: list[TarIndex] = shard_indexes(
+            spec, ".tar", options, lambda path, remote: load_tar_index(path, index_dir, None, remote),
+            index_remote_tar, None,
+        )  # fmt: skip
+        self.store = bucket_storage([s.path for s in self.shards], options, "shards")
         self.starts = np.concatenate([[0], np.cumsum([len(s) for s in self.shards])]).astype(np.int64)
 
     def __len__(self) -> int:
@@ -169,22 +160,11 @@ class _Parquet:
     """Parquet files' image column (local or in a bucket), a row group read at a time (the last few kept)."""
 
     def __init__(self, spec: str, index_dir: str, column: str, options: Mapping[str, Any] | None) -> None:
-        self.files: list[ParquetIndex] = []
-        self.store = None
-        if is_url(spec):
-            for shard in list_remote_shards([spec], options):
-                store = bucket_storage([shard.url], options, "Parquet files")
-
-                def build(s: RemoteShard = shard, st: Any = store) -> ParquetIndex:
-                    return st.run_direct(index_remote_parquet, s, column, None)
-
-                self.files.append(
-                    load_parquet_index(shard.url, index_dir, column, None, (shard.size, shard.version, build))
-                )
-                self.store = store
-        else:
-            paths = sorted(os.path.join(spec, p) for p in os.listdir(spec) if p.endswith(".parquet"))
-            self.files = [load_parquet_index(os.path.abspath(p), index_dir, column, None) for p in paths]
+        self.files: list[ParquetIndex] = shard_indexes(
+            spec, ".parquet", options, lambda path, remote: load_parquet_index(path, index_dir, column, None, remote),
+            index_remote_parquet, column, None,
+        )  # fmt: skip
+        self.store = bucket_storage([f.path for f in self.files], options, "Parquet files")
         self.column = column
         self.starts = np.concatenate([[0], np.cumsum([len(f) for f in self.files])]).astype(np.int64)
         self._groups: OrderedDict[tuple[int, int], Any] = OrderedDict()

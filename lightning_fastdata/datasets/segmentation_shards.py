@@ -10,7 +10,6 @@ so an epoch is a global shuffle of all of them, resumable at the exact sample.
 
 from __future__ import annotations
 
-import functools
 import glob
 import io
 import os
@@ -23,7 +22,7 @@ import numpy as np
 
 from lightning_fastdata.datasets.segmentation import WindowedSegmentation, read_mask, sample_key
 from lightning_fastdata.datasets.segmentation_layouts import find_pairs, map_mask, mask_table
-from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
+from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_path
 from lightning_fastdata.loading.index.tar_pairs import (
     PairedTarIndex,
@@ -31,13 +30,12 @@ from lightning_fastdata.loading.index.tar_pairs import (
     load_paired_tar_index,
     member_bytes,
 )
-from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.ranged import (
     RangedFile,
     RemoteShard,
     bucket_storage,
-    list_remote_shards,
     read_remote_range,
+    shard_indexes,
 )
 
 __all__ = ["SegmentationTarDataset", "has_tar_shards", "load_segmentation_shards", "write_segmentation_shards"]
@@ -63,21 +61,10 @@ def load_segmentation_shards(
     Raises:
         FileNotFoundError: If nothing matches (named).
     """
-    if is_url(spec):
-        from lightning_fastdata.loading.storage.object_store import ObjectStorage
-
-        shards = list_remote_shards([spec], storage_options)
-        out = []
-        for shard in shards:
-            store = ObjectStorage(shard.root, storage_options)
-            build = functools.partial(store.run_direct, _index_remote, shard, mask_ext)
-            out.append(load_paired_tar_index(shard.url, index_dir, mask_ext, (shard.size, shard.version, build)))
-        return out
-    pattern = os.path.join(glob.escape(spec), "*.tar") if os.path.isdir(spec) else spec
-    paths = sorted(glob.glob(pattern))
-    if not paths:
-        raise PathNotFoundError(f"{spec!r} names no .tar shard (a folder of them, or a glob).")
-    return [load_paired_tar_index(os.path.abspath(p), index_dir, mask_ext) for p in paths]
+    return shard_indexes(
+        spec, ".tar", storage_options, lambda path, remote: load_paired_tar_index(path, index_dir, mask_ext, remote),
+        _index_remote, mask_ext,
+    )  # fmt: skip
 
 
 class SegmentationTarDataset(WindowedSegmentation):

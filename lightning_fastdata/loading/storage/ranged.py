@@ -17,12 +17,14 @@ The functions that take an obstore store first run where obstore may run (a load
 from __future__ import annotations
 
 import fnmatch
+import functools
+import glob
 import io
 import os
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.index.parquet_index import (
@@ -35,6 +37,8 @@ from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.bucket_index import object_version
 from lightning_fastdata.loading.storage.obstore_calls import get_object_range
 
+T = TypeVar("T")
+
 __all__ = [
     "RangedFile",
     "bucket_storage",
@@ -44,6 +48,7 @@ __all__ = [
     "list_remote_shards",
     "read_remote_range",
     "read_remote_row_group",
+    "shard_indexes",
     "split_url",
 ]
 
@@ -242,3 +247,35 @@ def list_remote_shards(patterns: list[str], storage_options: Mapping[str, Any] |
             raise PathNotFoundError(f"{url!r} names no .tar or .parquet shard (a prefix of them, a glob or names).")
         out += [RemoteShard.listed(f"{root}/{k}", size, etag) for k, size, etag in found]
     return out
+
+
+def shard_indexes(
+    spec: str,
+    suffix: str,
+    storage_options: Mapping[str, Any] | None,
+    load: Callable[[str, tuple[int, int, Callable[[], T]] | None], T],
+    remote_index: Callable[..., T],
+    *args: Any,
+) -> list[T]:
+    """The index of each shard ``spec`` names, in order.
+
+    ``spec``: a local folder of ``*suffix`` files or a glob; a bucket prefix or glob. ``load(path, remote)`` loads
+    or builds one index (``remote``: ``None`` for a local file, else the object's size, version and what builds its
+    index: ``remote_index(store, shard, *args)``, reading it by ranges).
+
+    Raises:
+        FileNotFoundError: If nothing matches (named).
+    """
+    if is_url(spec):
+        from lightning_fastdata.loading.storage.object_store import ObjectStorage
+
+        out = []
+        for shard in list_remote_shards([spec], storage_options):
+            build = functools.partial(ObjectStorage(shard.root, storage_options).run_direct, remote_index, shard, *args)
+            out.append(load(shard.url, (shard.size, shard.version, build)))
+        return out
+    pattern = os.path.join(glob.escape(spec), f"*{suffix}") if os.path.isdir(spec) else spec
+    paths = sorted(glob.glob(pattern))
+    if not paths:
+        raise PathNotFoundError(f"{spec!r} names no {suffix} file (a folder of them, or a glob).")
+    return [load(os.path.abspath(p), None) for p in paths]
