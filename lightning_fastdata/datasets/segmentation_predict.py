@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from lightning_fastdata.augment.geometry import resize_crop_into
 from lightning_fastdata.augment.segmentation import eval_window
 from lightning_fastdata.datasets.folder import prediction_index
-from lightning_fastdata.datasets.segmentation import SegmentationPredictBatch, sample_key
+from lightning_fastdata.datasets.segmentation import SegmentationPredictBatch, _padded, sample_key
 from lightning_fastdata.datasets.segmentation_hdf5 import HDF5_SUFFIXES
 from lightning_fastdata.datasets.segmentation_parquet import has_parquet_files
 from lightning_fastdata.datasets.segmentation_shards import has_tar_shards
@@ -277,7 +277,8 @@ class SegmentationPredictDataset(Dataset):
     def __getitems__(self, keys: Sequence[Any]) -> SegmentationPredictBatch:
         """The images at the base size, their indices and sizes (:class:`SegmentationPredictBatch`)."""
         indices = [sample_key(k, len(self))[1] for k in keys]
-        images, sizes = [], []
+        samples: list[tuple[torch.Tensor, None]] = []
+        sizes = []
         for i, value in zip(indices, self.reader.read(indices)):
             if isinstance(value, OSError):
                 raise DataError(f"Cannot read {self.path(i)}: {value}.") from value
@@ -295,13 +296,9 @@ class SegmentationPredictDataset(Dataset):
                 resize_crop_into(image, value)
             else:
                 decode_resized_crop(value, image, _whole(win.box), False, self.path(i))
-            images.append(image)
+            samples.append((image, None))
             sizes.append((height, width, *win.size))
-        h = max(int(x.shape[1]) for x in images)
-        w = max(int(x.shape[2]) for x in images)
-        batch = torch.zeros(len(images), 3, h, w, dtype=torch.uint8)
-        for k, x in enumerate(images):
-            batch[k, :, : x.shape[1], : x.shape[2]] = x
+        batch, _ = _padded(samples, 0)  # the training batches' padding, without masks
         return SegmentationPredictBatch(batch, torch.tensor(indices), torch.tensor(sizes, dtype=torch.int64))
 
     def __getitem__(self, key: Any) -> SegmentationPredictBatch:
