@@ -14,7 +14,7 @@ from typing_extensions import override
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 
-__all__ = ["ImageClassifier", "average_precision"]
+__all__ = ["ImageClassifier", "average_precision", "evaluation_loaders", "fused_adamw"]
 
 #: How an evaluation epoch's values are logged: the same on every rank already (``sync_dist`` averages equal values,
 #: and keeps Lightning from warning of an unsynced epoch value), named by the model (``/dataloader_idx_k`` added by
@@ -182,8 +182,7 @@ class ImageClassifier(LightningModule):
         total count is odd.) With several loaders (a ``MixedDataModule``'s sources), each loader's metrics apart,
         named ``{stage}_acc/dataloader_idx_{k}`` as Lightning names them.
         """
-        loaders = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
-        count = len(loaders) if isinstance(loaders, (list, tuple)) else 1
+        count = evaluation_loaders(self, stage)
         for loader in range(count):
             suffix = f"/dataloader_idx_{loader}" if count > 1 else ""
             if self.hparams.get("multi_label"):
@@ -252,10 +251,7 @@ class ImageClassifier(LightningModule):
         ResNet-50's 161 parameters (0.55 ms fused, on this package's 2-core VM), and a fed GPU run is bound by that
         thread. The same update either way (tested).
         """
-        params = [p for p in self.parameters() if p.requires_grad]
-        fused = all(p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params) or None
-        lr, decay = self.hparams["lr"], self.hparams["weight_decay"]
-        return torch.optim.AdamW(params, lr=lr, weight_decay=decay, fused=fused)
+        return fused_adamw(self, self.hparams["lr"], self.hparams["weight_decay"])
 
 
 class _ProgressValues:
@@ -289,6 +285,19 @@ class _ProgressValues:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_pending": deque()}  # a copy of the model (pickled, deep-copied) starts without copies in flight
+
+
+def fused_adamw(module: LightningModule, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over ``module``'s trainable parameters, fused where torch has the fused kernel (CUDA and CPU)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    fused = all(p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params) or None
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
+
+
+def evaluation_loaders(module: LightningModule, stage: str) -> int:
+    """How many loaders the ``"val"`` or ``"test"`` epoch of ``module``'s trainer reads (a mix's sources: several)."""
+    loaders = module.trainer.val_dataloaders if stage == "val" else module.trainer.test_dataloaders
+    return len(loaders) if isinstance(loaders, (list, tuple)) else 1
 
 
 def average_precision(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

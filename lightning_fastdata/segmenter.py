@@ -13,7 +13,7 @@ from typing_extensions import override
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
-from lightning_fastdata.models import _EPOCH_VALUE, _ProgressValues
+from lightning_fastdata.models import _EPOCH_VALUE, _ProgressValues, evaluation_loaders, fused_adamw
 
 __all__ = ["SEGMENTATION_ARCHS", "ImageSegmenter", "confusion_matrix", "segmentation_scores"]
 
@@ -175,8 +175,7 @@ class ImageSegmenter(LightningModule):
         self._sums[stage, loader] = self._sums.get((stage, loader), 0) + row
 
     def _log_evaluation(self, stage: str) -> None:
-        loaders = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
-        count = len(loaders) if isinstance(loaders, (list, tuple)) else 1
+        count = evaluation_loaders(self, stage)
         c = self.num_classes
         for loader in range(count):
             suffix = f"/dataloader_idx_{loader}" if count > 1 else ""
@@ -225,6 +224,4 @@ class ImageSegmenter(LightningModule):
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """AdamW over all parameters (fused where torch has the kernel)."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        fused = all(p.device.type in ("cuda", "cpu") and p.is_floating_point() for p in params) or None
-        return torch.optim.AdamW(params, lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"], fused=fused)
+        return fused_adamw(self, self.hparams["lr"], self.hparams["weight_decay"])
