@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_fastdata.diagnose.arguments import add_arguments as add_doctor_arguments
-from lightning_fastdata.errors import UsageError
+from lightning_fastdata.errors import InvalidValueError, UsageError
 from lightning_fastdata.shipped import CONFIG_DIR, ConfigNotFoundError, config_summary, find_config, shipped_configs
 
 __all__ = ["CONFIG_DIR", "ConfigNotFoundError", "find_config", "main", "run_cli"]  # + FastDataCLI, on use
@@ -157,10 +157,34 @@ def _convert_shards(args: argparse.Namespace, rest: list[str]) -> None:
     from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
 
     if args.format == "parquet":
-        written = write_parquet_shards(args.src, args.dst, args.shard_size, rows_per_group=args.rows_per_group)
+        written = write_parquet_shards(
+            args.src, args.dst, args.shard_size, rows_per_group=args.rows_per_group, overwrite=args.overwrite
+        )
     else:
-        written = write_tar_shards(args.src, args.dst, shard_bytes=args.shard_size)
+        written = write_tar_shards(args.src, args.dst, shard_bytes=args.shard_size, overwrite=args.overwrite)
     print(f"fastdata convert: wrote {len(written)} {args.format} shard(s) in {args.dst}")
+
+
+def _convert_segmentation(args: argparse.Namespace, rest: list[str]) -> None:
+    import json
+
+    from lightning_fastdata.datasets.segmentation_convert import convert_segmentation
+
+    try:
+        label_map = None if args.label_map is None else {int(k): int(v) for k, v in json.loads(args.label_map).items()}
+    except (ValueError, AttributeError):
+        raise InvalidValueError(
+            f"--label-map {args.label_map!r} is not a JSON object of mask value -> class, e.g. "
+            '\'{"0": 255, "1": 0, "2": 1}\'.'
+        ) from None
+    written = convert_segmentation(
+        args.src, args.dst, args.format, args.splits, args.shard_size, args.rows_per_group, args.overwrite,
+        layout=args.layout, num_classes=args.num_classes, label_map=label_map, ignore_index=args.ignore_index,
+        images_dir=args.images_dir, masks_dir=args.masks_dir,
+    )  # fmt: skip
+    for split, files in written.items():
+        print(f"fastdata convert: {split}: {len(files)} {args.format} file(s) in {files[0].parent}")
+    print(f"fastdata convert: train from it with SegmentationDataModule(root={args.dst!r}, num_classes=...)")
 
 
 #: Subcommands whose options another parser reads: LightningCLI's, and the benchmark's.
@@ -234,14 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     convert = sub.add_parser(
         "convert",
-        help="image folder -> one HDF5 file, or shards (WebDataset tars, Parquet)",
+        help="image folder -> one HDF5 file, or shards (WebDataset tars, Parquet); a segmentation dataset too",
         description="Convert an image folder.",
         epilog="examples: fastdata convert hdf5 --src data/demo --dst data/demo.h5 --mode raw --size 160\n"
         "          fastdata convert hdf5 --src data/demo --dst data/demo-256.h5 --max-side 256  # compact\n"
         "          fastdata convert hdf5 --src s3://bucket/train --dst /local/nvme/train.h5 --max-side 256\n"
         "          fastdata convert hdf5 --src train --labels train.csv --multi-label --dst train.h5  # a table\n"
         "          fastdata convert shards --src data/demo --dst data/demo-shards --shard-size 64MB  # tar shards\n"
-        "          fastdata convert shards --src data/demo --dst data/demo-parquet --format parquet  # as the hubs",
+        "          fastdata convert shards --src data/demo --dst data/demo-parquet --format parquet  # as the hubs\n"
+        "          fastdata convert segmentation --src data/VOC2012 --dst data/voc-shards  # train/ and val/ shards",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     targets = convert.add_subparsers(dest="target", required=True)
@@ -295,7 +320,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tars.add_argument("--shard-size", type=_size_bytes, default=10**9, help="about this much a shard (1GB, 64MB)")
     tars.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
+    tars.add_argument("--overwrite", action="store_true", help="replace shards already in --dst")
     tars.set_defaults(handler=_convert_shards)
+    seg = targets.add_parser(
+        "segmentation",
+        help="a segmentation dataset's splits -> tar shards, Parquet or one HDF5 file (masks as classes)",
+        description="Write a segmentation dataset (VOC, ADE20K, Cityscapes, paired folders; local or s3://) as tar "
+        "shards (DST/<split>/shard-*.tar), the hubs' Parquet (DST/<split>/part-*.parquet) or one HDF5 file (a group "
+        "per split; masks of one size). Masks are written as the classes they mean (the layout's table or "
+        "--label-map applied), so SegmentationDataModule(root=DST) reads them with no table.",
+    )
+    seg.add_argument("--src", required=True, help="the dataset's root (a folder or s3://bucket/prefix)")
+    seg.add_argument("--dst", required=True, help="output folder (tar, parquet) or .h5 file (hdf5)")
+    seg.add_argument("--format", choices=["tar", "parquet", "hdf5"], default="tar")
+    seg.add_argument(
+        "--splits", nargs="+", default=None, help="splits to write (default: those of train val test training "
+        "validation that exist)"
+    )  # fmt: skip
+    seg.add_argument("--layout", choices=["auto", "voc", "ade20k", "cityscapes", "paired"], default="auto")
+    seg.add_argument(
+        "--num-classes", type=int, default=None, help="the classes (default: the layout's: VOC 21, ADE20K 150, "
+        "Cityscapes 19; needed for paired folders)"
+    )  # fmt: skip
+    seg.add_argument("--label-map", default=None, help='mask value -> class as JSON, e.g. \'{"0": 255, "1": 0}\'')
+    seg.add_argument("--ignore-index", type=int, default=255, help="what a value of no class is written as")
+    seg.add_argument("--images-dir", default="images", help="paired folders: the images' folder")
+    seg.add_argument("--masks-dir", default="annotations", help="paired folders: the masks' folder")
+    seg.add_argument("--shard-size", type=_size_bytes, default=None, help="about this much a file (tar 64MB, "
+                     "parquet 256MB)")  # fmt: skip
+    seg.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
+    seg.add_argument("--overwrite", action="store_true", help="replace shards or a file already at --dst")
+    seg.set_defaults(handler=_convert_segmentation)
 
     doctor = sub.add_parser(
         "doctor",

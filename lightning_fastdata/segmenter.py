@@ -18,6 +18,7 @@ from lightning_fastdata.models import _EPOCH_VALUE, _ProgressValues, evaluation_
 __all__ = ["SEGMENTATION_ARCHS", "ImageSegmenter", "confusion_matrix", "segmentation_scores"]
 
 #: torchvision's segmentation builders (``torchvision.models.segmentation``).
+#: The builders of ``torchvision.models.segmentation`` that ``ImageSegmenter(arch=...)`` takes.
 SEGMENTATION_ARCHS: tuple[str, ...] = tuple(torchvision.models.list_models(module=torchvision.models.segmentation))
 
 
@@ -73,8 +74,9 @@ class ImageSegmenter(LightningModule):
 
     Args:
         num_classes: Number of classes; LightningCLI links it from the DataModule.
-        arch: A ``torchvision.models.segmentation`` builder name (:data:`SEGMENTATION_ARCHS`), built without weight
-            downloads; unused when ``model`` is given.
+        arch: A ``torchvision.models.segmentation`` builder name
+            (:data:`~lightning_fastdata.segmenter.SEGMENTATION_ARCHS`), built without weight downloads; unused when
+            ``model`` is given.
         model: Any module mapping ``N x 3 x H x W`` images to ``N x num_classes x H x W`` logits (or a dict with
             ``"out"``, as torchvision's models return); ``None``: ``arch``.
         lr: AdamW learning rate.

@@ -28,7 +28,7 @@ __all__ = ["IGNORE_INDEX", "WINDOW_DRAWS", "Window", "eval_window", "render_mask
 IGNORE_INDEX = 255
 #: The keyed stream of a segmentation sample's resize, flip and crop.
 WINDOW_STREAM = 0x5E6
-#: Numbers per sample: the resize, the flip, the crop's top, its left.
+#: How many numbers a sample draws (the resize, the flip, the crop's top, its left).
 WINDOW_DRAWS = 4
 
 

@@ -11,7 +11,7 @@ Rows, interleaved in one measurement, the same images and masks, workers, batch 
   the main process (``on_after_batch_transfer``: normalised float images, channels-last, int64 masks): what a
   CPU-only training step pays;
 - ``SegmentationDataModule (HDF5, encoded)``: the same scenes' bytes in one HDF5 file
-  (:func:`write_segmentation_hdf5`), loader only;
+  (:func:`~lightning_fastdata.datasets.segmentation_convert.write_segmentation_hdf5`), loader only;
 - ``SegmentationDataModule (cache_dir: decoded once)``: the same scenes decoded once at the base size into the
   module's cache (built before timing), loader only: no decode at all.
 
@@ -31,7 +31,6 @@ import io
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,12 +38,12 @@ import torch
 from PIL import Image
 
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
+from lightning_fastdata.datasets.segmentation_convert import write_segmentation_hdf5
 from lightning_fastdata.datasets.segmentation_layouts import find_pairs
 from lightning_fastdata.demos_segmentation import make_segmentation_folder
-from lightning_fastdata.loading.atomic import atomic_path
 from lightning_fastdata.measure import Candidate, measure, print_table, rows_for
 
-__all__ = ["ReferenceSegmentation", "add_segmentation_arguments", "segmentation_suite", "write_segmentation_hdf5"]
+__all__ = ["ReferenceSegmentation", "add_segmentation_arguments", "segmentation_suite"]
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 REFERENCE = "torchvision reference (v2, PIL)"
@@ -83,30 +82,6 @@ class ReferenceSegmentation(torch.utils.data.Dataset):
         image = Image.open(image_path).convert("RGB")
         mask = self.tv_tensors.Mask(torch.from_numpy(np.array(Image.open(mask_path))))
         return self.transform(image, mask)
-
-
-def write_segmentation_hdf5(root: str, path: str, split: str = "train") -> str:
-    """A VOC-style folder's split of one image size as one HDF5 file, written atomically; returns ``path``.
-
-    ``train/images``: each image file's bytes (encoded, one variable-length row each); ``train/masks``: the decoded
-    masks, ``N x H x W`` uint8 (so every mask must have one size). A file like those users keep for scans.
-
-    Raises:
-        ValueError: If the masks differ in size.
-    """
-    import h5py
-
-    pairs = find_pairs(root, split, "voc")
-    masks = [np.asarray(Image.open(Path(root, rel))) for rel in pairs.masks]
-    if len({m.shape for m in masks}) != 1:
-        sizes = sorted({m.shape for m in masks})[:3]
-        raise ValueError(f"write_segmentation_hdf5 needs masks of one size, got {sizes}.")
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-        data = f.create_dataset("train/images", (len(masks),), dtype=h5py.vlen_dtype(np.uint8))
-        for k, rel in enumerate(pairs.images):
-            data[k] = np.frombuffer(Path(root, rel).read_bytes(), np.uint8)
-        f.create_dataset("train/masks", data=np.stack(masks))
-    return path
 
 
 def _reference(root: str, args: argparse.Namespace, workers: int) -> Any:
@@ -181,7 +156,7 @@ def segmentation_suite(args: argparse.Namespace) -> dict[str, Any]:
     mean_kb = statistics.mean(os.path.getsize(os.path.join(root, f)) for f in files) / 1e3
     h5 = None
     if args.seg_root is None:
-        h5 = write_segmentation_hdf5(root, os.path.join(args.scratch, f"{os.path.basename(root)}.h5"))
+        h5 = str(write_segmentation_hdf5(root, ["train"], os.path.join(args.scratch, f"{os.path.basename(root)}.h5")))
     ceiling = statistics.median(decode_ceiling(root, args.min_seconds) for _ in range(args.repeats))
     print(f"Data: {len(files)} scenes in {root}, mean {mean_kb:.0f} KB; base {args.base_size}, crop {args.crop_size}")
     print(f"Decode ceiling (1 core, read + full decode of image and mask): {ceiling:.0f} img/s")

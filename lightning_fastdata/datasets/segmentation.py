@@ -134,7 +134,7 @@ class WindowedSegmentation(Dataset):
         self.presence_needed = False
         #: Whether batches carry their samples' keys (:meth:`keyed`).
         self.return_keys = False
-        #: The training crop: ``None`` for the reference's (random resize, flip, padded crop); else
+        #: ``None`` for the reference's training crop (random resize, flip, padded crop), else
         #: ``RandomResizedCrop``'s ``(scale, ratio)`` (:meth:`random_resized`).
         self.random_resized_crop: tuple[tuple[float, float], tuple[float, float]] | None = None
         self._presence: np.ndarray | None = None

@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 Layout = Literal["auto", "voc", "ade20k", "cityscapes", "paired", "shards", "parquet"]
+#: The layouts a segmentation source takes (``layout=``).
 LAYOUTS = ("auto", "voc", "ade20k", "cityscapes", "paired", "shards", "parquet")
 
 #: Cityscapes' 19 training classes, in training-id order.

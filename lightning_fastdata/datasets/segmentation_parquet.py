@@ -4,7 +4,7 @@ The dataset hubs ship segmentation sets as Parquet files with two image columns:
 mask (``annotation``, ``label``, ...: ``mask_column=``), each a ``{bytes, path}`` struct or plain bytes, the mask a
 PNG whose values are the classes. A row is read with its row group (Parquet compresses a column chunk as a whole;
 :class:`~lightning_fastdata.datasets.group_reads.GroupReads`: each process keeps the last row groups it read, and the
-training order shuffles windows of row groups, :attr:`SegmentationParquetDataset.windows`), then rendered through
+training order shuffles windows of row groups, ``windows``), then rendered through
 its window as the folder source's samples are. Files may be local or in a bucket (ranged requests, each answer
 checked against the file's version).
 """
@@ -15,7 +15,6 @@ import glob
 import os
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,7 @@ from lightning_fastdata.loading.storage.ranged import (
     shard_indexes,
 )
 
-__all__ = ["SegmentationParquetDataset", "has_parquet_files", "load_parquet_files", "write_segmentation_parquet"]
+__all__ = ["SegmentationParquetDataset", "has_parquet_files", "load_parquet_files"]
 
 
 def has_parquet_files(folder: str) -> bool:
@@ -152,7 +151,7 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
         return f"{f.path}:row {int(self._in_file[index])}{' (mask)' if what else ''}"
 
     def group_calls(self, firsts: Sequence[int]) -> tuple[Any, list[tuple[Any, ...]]]:
-        """:func:`read_remote_pair` of each sample's row group."""
+        """``read_remote_pair`` of each sample's row group."""
         calls = []
         for i in firsts:
             f = self.files[int(self._file_of[i])]
@@ -220,47 +219,3 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
             names = (self.describe(f[1]), self.describe(f[1], 1))
             samples.append(self.render(f, image, self.classes_of(read_mask(mask, names[1]), names[1]), names, draws))
         return self.batch(samples, full)
-
-
-def write_segmentation_parquet(
-    root: str | os.PathLike[str],
-    split: str,
-    dst: str | os.PathLike[str],
-    rows_per_file: int = 1000,
-    rows_per_group: int = 100,
-    layout: str = "auto",
-) -> list[str]:
-    """Write a segmentation split (any layout :func:`find_pairs` reads) as the hubs' Parquet files.
-
-    Columns ``image`` and ``annotation``, each a ``{bytes, path}`` struct holding the file's bytes as they are (the
-    hubs' ``Image`` feature, named in the ``huggingface`` schema metadata); files ``part-000000.parquet`` ... of
-    ``rows_per_file`` rows in row groups of ``rows_per_group``, each written under a temporary name and renamed when
-    whole. Returns the files' paths.
-    """
-    import json
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from lightning_fastdata.datasets.segmentation_layouts import find_pairs
-    from lightning_fastdata.loading.atomic import atomic_path
-
-    root, dst = os.fspath(root), os.fspath(dst)
-    pairs = find_pairs(root, split, layout)
-    os.makedirs(dst, exist_ok=True)
-    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    features = {"image": {"_type": "Image"}, "annotation": {"_type": "Image"}}
-    meta = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
-    schema = pa.schema([("image", kind), ("annotation", kind)], metadata=meta)
-    written = []
-    for part, first in enumerate(range(0, len(pairs.images), rows_per_file)):
-        rows = range(first, min(first + rows_per_file, len(pairs.images)))
-        columns = []
-        for names in (pairs.images, pairs.masks):
-            values = [{"bytes": Path(root, names[i]).read_bytes(), "path": os.path.basename(names[i])} for i in rows]
-            columns.append(pa.array(values, type=kind))
-        path = os.path.join(dst, f"part-{part:06d}.parquet")
-        with atomic_path(path) as tmp:
-            pq.write_table(pa.Table.from_arrays(columns, schema=schema), tmp, row_group_size=rows_per_group)
-        written.append(path)
-    return written

@@ -1,4 +1,4 @@
-"""``SegmentationTarDataset``: images and masks from WebDataset tar shards; ``write_segmentation_shards``.
+"""``SegmentationTarDataset``: images and masks from WebDataset tar shards.
 
 A sample is an image member and a mask member of one key (``key.jpg`` + ``key.seg.png``:
 :mod:`~lightning_fastdata.loading.index.tar_pairs`), read together by one ``pread`` of a local shard or one ranged
@@ -13,17 +13,14 @@ from __future__ import annotations
 import glob
 import io
 import os
-import tarfile
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lightning_fastdata.datasets.segmentation import WindowedSegmentation, read_mask, sample_key
-from lightning_fastdata.datasets.segmentation_layouts import find_pairs, map_mask, mask_table
+from lightning_fastdata.datasets.segmentation_layouts import map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError
-from lightning_fastdata.loading.atomic import atomic_path
 from lightning_fastdata.loading.index.tar_pairs import (
     PairedTarIndex,
     index_paired_tar_file,
@@ -38,7 +35,7 @@ from lightning_fastdata.loading.storage.ranged import (
     shard_indexes,
 )
 
-__all__ = ["SegmentationTarDataset", "has_tar_shards", "load_segmentation_shards", "write_segmentation_shards"]
+__all__ = ["SegmentationTarDataset", "has_tar_shards", "load_segmentation_shards"]
 
 
 def has_tar_shards(folder: str) -> bool:
@@ -176,51 +173,3 @@ class SegmentationTarDataset(WindowedSegmentation):
             names = (self.name(f[1]), self.name(f[1], 1))
             samples.append(self.render(f, image, self.classes_of(values, names[1]), names, draws))
         return self.batch(samples, full)
-
-
-def write_segmentation_shards(
-    root: str | os.PathLike[str],
-    split: str,
-    dst: str | os.PathLike[str],
-    shard_bytes: int = 64 * 2**20,
-    mask_ext: str = "seg.png",
-    layout: str = "auto",
-) -> list[Path]:
-    """Write a segmentation split (any layout :func:`find_pairs` reads) as tar shards: ``key.<ext>`` + ``key.seg.png``.
-
-    Each image file's bytes as they are, its mask's PNG as it is; keys ``000000``, ``000001``, ... in the split's
-    order; shards of about ``shard_bytes`` named ``shard-000000.tar`` ..., each written under a temporary name and
-    renamed when whole. Returns the shards' paths.
-
-    Raises:
-        FileNotFoundError: If the split's images or masks are missing (named).
-    """
-    root, dst = os.fspath(root), Path(dst)
-    pairs = find_pairs(root, split, layout)
-    dst.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    members: list[tuple[str, bytes]] = []
-    size = 0
-
-    def flush() -> None:
-        nonlocal members, size
-        if not members:
-            return
-        path = dst / f"shard-{len(written):06d}.tar"
-        with atomic_path(path) as tmp, tarfile.open(tmp, "w") as tf:
-            for name, data in members:
-                info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.mode = len(data), 0, 0o644
-                tf.addfile(info, io.BytesIO(data))
-        written.append(path)
-        members, size = [], 0
-
-    for k, (image, mask) in enumerate(zip(pairs.images, pairs.masks)):
-        ext = image.rsplit(".", 1)[-1].lower()
-        data = (Path(root, image).read_bytes(), Path(root, mask).read_bytes())
-        members += [(f"{k:06d}.{ext}", data[0]), (f"{k:06d}.{mask_ext}", data[1])]
-        size += len(data[0]) + len(data[1]) + 2048
-        if size >= shard_bytes:
-            flush()
-    flush()
-    return written

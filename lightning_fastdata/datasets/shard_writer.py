@@ -10,6 +10,7 @@ Each shard is written under a temporary name and renamed when whole; the files' 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -18,12 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning_fastdata.errors import InvalidValueError
+from tqdm import tqdm
+
+from lightning_fastdata.errors import InvalidValueError, PathExistsError
 from lightning_fastdata.loading.atomic import atomic_path, atomic_write_text
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.storage.local import LocalStorage
 
-__all__ = ["write_parquet_shards", "write_tar_shards"]
+__all__ = ["pack_shards", "shard_destination", "write_parquet_shards", "write_tar_shards"]
 
 
 def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -33,46 +36,82 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(info, io.BytesIO(data))
 
 
-def _listing(src: str | os.PathLike[str] | FileIndex, dst: str | os.PathLike[str], shard_bytes: int) -> FileIndex:
-    """The folder's file index; refuses a bad size, or ``dst`` inside ``src`` (the data are read-only to us)."""
+def shard_destination(dst: str | os.PathLike[str], name: str, overwrite: bool, src_root: str | None = None) -> Path:
+    """The folder ``dst``, made ready for shards named as ``name`` (``shard-%06d.tar``).
+
+    Refused: a ``dst`` inside the local data folder ``src_root`` (the data are read-only to us), and a ``dst`` already
+    holding such shards unless ``overwrite``.
+
+    Raises:
+        FileExistsError: If ``dst`` holds such shards and not ``overwrite`` (they would be mixed with the new ones).
+        ValueError: If ``dst`` is ``src_root`` or inside it.
+    """
+    if src_root is not None:
+        root, out = os.path.realpath(src_root), os.path.realpath(os.fspath(dst))
+        if out == root or out.startswith(root + os.sep):
+            raise InvalidValueError(
+                f"dst {os.fspath(dst)!r} is inside the data folder {src_root!r}; write it elsewhere."
+            )
+    found = sorted(Path(dst).glob(_glob(name))) if Path(dst).is_dir() else []
+    if found and not overwrite:
+        raise PathExistsError(
+            f"{os.fspath(dst)} already holds {len(found)} shard(s) ({found[0].name}, ...): a reader would take them "
+            "with the new ones. Write into an empty folder, or pass overwrite=True (--overwrite) to replace them."
+        )
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    return Path(dst)
+
+
+def _glob(name: str) -> str:
+    return name.replace("%06d", "[0-9]" * 6)
+
+
+def _listing(
+    src: str | os.PathLike[str] | FileIndex, dst: str | os.PathLike[str], shard_bytes: int, name: str, overwrite: bool
+) -> FileIndex:
+    """The folder's file index, ``dst`` made ready (:func:`shard_destination`); refuses a bad size."""
     if shard_bytes <= 0:
         raise InvalidValueError(f"shard_bytes should be a positive size in bytes, got {shard_bytes!r}.")
     index = src if isinstance(src, FileIndex) else LocalStorage(os.fspath(src)).list_files()
-    root, out = os.path.realpath(index.root), os.path.realpath(os.fspath(dst))
-    if out == root or out.startswith(root + os.sep):
-        raise InvalidValueError(f"dst {os.fspath(dst)!r} is inside the data folder {index.root!r}; write it elsewhere.")
-    Path(dst).mkdir(parents=True, exist_ok=True)
+    shard_destination(dst, name, overwrite, index.root)
     return index
 
 
-def _pack(
-    index: FileIndex,
+def pack_shards(
+    count: int,
+    read: Callable[[int, int], list[Any]],
+    size_of: Callable[[Any], int],
     dst: str | os.PathLike[str],
     name: str,
     shard_bytes: int,
     step: int,
-    overhead: int,
     open_writer: Callable[[Path], Any],
-    write: Callable[[Any, list[tuple[int, bytes]]], None],
+    write: Callable[[Any, list[Any]], None],
+    desc: str | None = None,
 ) -> list[Path]:
-    """Write ``index``'s files, in order, into shards ``dst/<name % k>`` of about ``shard_bytes`` each.
+    """Write samples ``0 .. count - 1``, in order, into shards ``dst/<name % k>`` of about ``shard_bytes`` each.
 
-    Each shard is written under a temporary name (``open_writer(tmp)``, a context manager) and renamed when whole;
-    ``write(writer, rows)`` writes ``step`` files at a time (their positions and bytes), each counted at its size
-    plus ``overhead``; a shard holds at least one step.
+    ``read(start, stop)`` gives samples ``start .. stop - 1`` (``step`` at a time), ``size_of`` a sample's bytes in a
+    shard, ``write(writer, samples)`` writes them; a shard holds at least one step. Each shard is written under a
+    temporary name (``open_writer(tmp)``, a context manager) and renamed when whole; shards of the same name pattern
+    left from an earlier write (replaced with ``overwrite``) are removed after. ``desc``: a progress bar's title.
     """
     written: list[Path] = []
-    i, n = 0, len(index)
-    while i < n:
-        path = Path(dst) / (name % len(written))
-        with atomic_path(path) as tmp, open_writer(tmp) as writer:
-            size = 0
-            while i < n and (size == 0 or size < shard_bytes):
-                rows = [(j, Path(index.path(j)).read_bytes()) for j in range(i, min(n, i + step))]
-                write(writer, rows)
-                size += sum(len(data) + overhead for _, data in rows)
-                i += len(rows)
-        written.append(path)
+    i = 0
+    with tqdm(total=count, desc=desc, unit="img", disable=desc is None) as bar:
+        while i < count:
+            path = Path(dst) / (name % len(written))
+            with atomic_path(path) as tmp, open_writer(tmp) as writer:
+                size = 0
+                while i < count and (size == 0 or size < shard_bytes):
+                    rows = read(i, min(count, i + step))
+                    write(writer, rows)
+                    size += sum(size_of(row) for row in rows)
+                    i += len(rows)
+                    bar.update(len(rows))
+            written.append(path)
+    for stale in set(Path(dst).glob(_glob(name))) - set(written):
+        stale.unlink()
     return written
 
 
@@ -81,6 +120,7 @@ def write_tar_shards(
     dst: str | os.PathLike[str],
     shard_bytes: int = 1 << 30,
     prefix: str = "shard",
+    overwrite: bool = False,
 ) -> list[Path]:
     """Pack ``src/<class>/<image>`` (or a :class:`~lightning_fastdata.loading.index.files.FileIndex`) into tar shards.
 
@@ -92,8 +132,10 @@ def write_tar_shards(
 
     Raises:
         ValueError: If ``shard_bytes`` is not positive, or ``dst`` is inside ``src`` (the data are read-only to us).
+        FileExistsError: If ``dst`` already holds shards and not ``overwrite`` (then they are replaced).
     """
-    index = _listing(src, dst, shard_bytes)
+    name = f"{prefix}-%06d.tar"
+    index = _listing(src, dst, shard_bytes, name, overwrite)
 
     def write(tf: tarfile.TarFile, rows: list[tuple[int, bytes]]) -> None:
         for i, data in rows:
@@ -104,7 +146,10 @@ def write_tar_shards(
     def open_tar(tmp: Path) -> tarfile.TarFile:
         return tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT)
 
-    written = _pack(index, dst, f"{prefix}-%06d.tar", shard_bytes, 1, 1024, open_tar, write)
+    written = pack_shards(
+        len(index), functools.partial(_read_files, index), lambda row: len(row[1]) + 1024, dst, name, shard_bytes, 1,
+        open_tar, write,
+    )  # fmt: skip
     atomic_write_text(Path(dst) / "classes.json", json.dumps(list(index.classes)))
     return written
 
@@ -115,6 +160,7 @@ def write_parquet_shards(
     shard_bytes: int = 1 << 30,
     prefix: str = "shard",
     rows_per_group: int = 100,
+    overwrite: bool = False,
 ) -> list[Path]:
     """Write ``src/<class>/<image>`` (or a :class:`~lightning_fastdata.loading.index.files.FileIndex`) as Parquet.
 
@@ -126,13 +172,15 @@ def write_parquet_shards(
 
     Raises:
         ValueError: If ``shard_bytes`` or ``rows_per_group`` is not positive, or ``dst`` is inside ``src``.
+        FileExistsError: If ``dst`` already holds Parquet shards and not ``overwrite`` (then they are replaced).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if rows_per_group <= 0:
         raise InvalidValueError(f"rows_per_group should be a positive number of rows, got {rows_per_group!r}.")
-    index = _listing(src, dst, shard_bytes)
+    name = f"{prefix}-%06d.parquet"
+    index = _listing(src, dst, shard_bytes, name, overwrite)
     features = {"image": {"_type": "Image"}, "label": {"names": list(index.classes), "_type": "ClassLabel"}}
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     schema = pa.schema([("image", image_type), ("label", pa.int64())]).with_metadata(
@@ -147,4 +195,11 @@ def write_parquet_shards(
     def open_parquet(tmp: Path) -> Any:
         return pq.ParquetWriter(tmp, schema)
 
-    return _pack(index, dst, f"{prefix}-%06d.parquet", shard_bytes, rows_per_group, 0, open_parquet, write)
+    return pack_shards(
+        len(index), functools.partial(_read_files, index), lambda row: len(row[1]), dst, name, shard_bytes,
+        rows_per_group, open_parquet, write,
+    )  # fmt: skip
+
+
+def _read_files(index: FileIndex, start: int, stop: int) -> list[tuple[int, bytes]]:
+    return [(j, Path(index.path(j)).read_bytes()) for j in range(start, stop)]

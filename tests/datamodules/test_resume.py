@@ -23,8 +23,7 @@ from helpers.fork_client import SERVER, rank_procs
 
 from benchmarks.s3_server import LocalS3, delete_objects, upload_folder
 from lightning_fastdata import convert_folder_to_hdf5
-from lightning_fastdata.datasets.segmentation_parquet import write_segmentation_parquet
-from lightning_fastdata.datasets.segmentation_shards import write_segmentation_shards
+from lightning_fastdata.datasets.segmentation_convert import write_segmentation_parquet, write_segmentation_shards
 from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.demos_segmentation import make_segmentation_folder, make_segmentation_hdf5
@@ -91,7 +90,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     scenes_h5 = make_segmentation_hdf5(root.parent / "scenes.h5", count=39, size=(40, 30), seed=2, encoded=True,
                                        groups=False)  # fmt: skip
     write_segmentation_shards(scenes, "train", root.parent / "scene-shards" / "train", shard_bytes=30_000)
-    write_segmentation_parquet(scenes, "train", root.parent / "scene-parquet" / "train", rows_per_file=20,
+    write_segmentation_parquet(scenes, "train", root.parent / "scene-parquet" / "train", shard_bytes=30_000,
                                rows_per_group=4)  # fmt: skip
     return {
         "segmentation_parquet": str(root.parent / "scene-parquet"),

@@ -14,7 +14,7 @@ from helpers.masks import agreement
 
 from benchmarks.s3_server import LocalS3, upload_folder
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
-from lightning_fastdata.datasets.segmentation_shards import write_segmentation_shards
+from lightning_fastdata.datasets.segmentation_convert import write_segmentation_shards
 from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, make_segmentation_folder
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.index.tar_pairs import index_paired_tar
@@ -89,12 +89,12 @@ def test_parquet_files_serve_the_folders_batches_and_shuffle_in_windows_of_row_g
 ) -> None:
     """The hubs' layout (``image`` and ``annotation`` structs): with a full shuffle, the folder's batches bit for bit,
     locally and from a bucket; in windows of row groups, every row once an epoch and masks that follow images."""
-    from lightning_fastdata.datasets.segmentation_parquet import write_segmentation_parquet
+    from lightning_fastdata.datasets.segmentation_convert import write_segmentation_parquet
 
     voc, _ = data
     parquet = tmp_path / "parquet"
     for split in ("train", "val"):
-        write_segmentation_parquet(voc, split, parquet / split, rows_per_file=5, rows_per_group=2)
+        write_segmentation_parquet(voc, split, parquet / split, shard_bytes=20_000, rows_per_group=2)
     folder = batches(module(str(voc), tmp_path))
     local = batches(module(str(parquet), tmp_path, shuffle_buffer=None))
     url = s3.url(f"seg-parquet-{tmp_path.name}")
@@ -128,12 +128,12 @@ def test_predict_reads_shards_parquet_and_hdf5_and_writes_masks_named_after_thei
     from PIL import Image
 
     from lightning_fastdata import ImageSegmenter, MaskWriter
-    from lightning_fastdata.datasets.segmentation_parquet import write_segmentation_parquet
+    from lightning_fastdata.datasets.segmentation_convert import write_segmentation_parquet
     from lightning_fastdata.demos_segmentation import make_segmentation_hdf5
     from lightning_fastdata.testing import cpu_trainer
 
     voc, shards = data
-    write_segmentation_parquet(voc, "train", tmp_path / "parquet", rows_per_file=5, rows_per_group=2)
+    write_segmentation_parquet(voc, "train", tmp_path / "parquet", shard_bytes=20_000, rows_per_group=2)
     h5 = make_segmentation_hdf5(tmp_path / "scans.h5", count=4, size=(70, 50), groups=False)
     torch.manual_seed(0)
     model = ImageSegmenter(N, model=torch.nn.Conv2d(3, N, 1))
@@ -152,7 +152,8 @@ def test_predict_reads_shards_parquet_and_hdf5_and_writes_masks_named_after_thei
         for k, (path, mask) in enumerate(written[name]):
             expected = (tmp_path / "masks-folder" / folder[train[k]]).read_bytes()
             assert (tmp_path / f"masks-{name}" / mask).read_bytes() == expected, (name, path)
-    assert written["shards"][0][1] == "shard-000000/000000.png" and written["parquet"][3][1] == "part-000000/000003.png"
+    assert written["shards"][0][1] == "shard-000000/00000000.png"
+    assert written["parquet"][3][1] == "part-000000/000003.png"
     assert [m for _, m in written["hdf5"]] == [f"scans/{k:06d}.png" for k in range(4)]
     assert written["hdf5"][1][0].endswith("scans.h5:images[1]")
     with Image.open(tmp_path / "masks-hdf5" / "scans" / "000002.png") as mask:
