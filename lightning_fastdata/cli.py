@@ -169,13 +169,16 @@ def _convert_segmentation(args: argparse.Namespace, rest: list[str]) -> None:
     import json
 
     from lightning_fastdata.datasets.segmentation_convert import convert_segmentation
+    from lightning_fastdata.datasets.segmentation_layouts import NAMED_TABLES
 
+    label_map: dict[int, int] | str | None = args.label_map
     try:
-        label_map = None if args.label_map is None else {int(k): int(v) for k, v in json.loads(args.label_map).items()}
+        if args.label_map is not None and args.label_map not in NAMED_TABLES:
+            label_map = {int(k): int(v) for k, v in json.loads(args.label_map).items()}
     except (ValueError, AttributeError):
         raise InvalidValueError(
-            f"--label-map {args.label_map!r} is not a JSON object of mask value -> class, e.g. "
-            '\'{"0": 255, "1": 0, "2": 1}\'.'
+            f"--label-map {args.label_map!r} is neither a table's name ({', '.join(NAMED_TABLES)}) nor a JSON object "
+            'of mask value -> class, e.g. \'{"0": 255, "1": 0, "2": 1}\'.'
         ) from None
     written = convert_segmentation(
         args.src, args.dst, args.format, args.splits, args.shard_size, args.rows_per_group, args.overwrite,
@@ -342,7 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-classes", type=int, default=None, help="the classes (default: the layout's: VOC 21, ADE20K 150, "
         "Cityscapes 19; needed for paired folders)"
     )  # fmt: skip
-    seg.add_argument("--label-map", default=None, help='mask value -> class as JSON, e.g. \'{"0": 255, "1": 0}\'')
+    seg.add_argument(
+        "--label-map", default=None, help='mask value -> class as JSON (\'{"0": 255, "1": 0}\'), or a table\'s name: '
+        "ade20k, cityscapes (masks coded so in another layout)"
+    )  # fmt: skip
     seg.add_argument("--ignore-index", type=int, default=255, help="what a value of no class is written as")
     seg.add_argument("--images-dir", default="images", help="paired folders: the images' folder")
     seg.add_argument("--masks-dir", default="annotations", help="paired folders: the masks' folder")

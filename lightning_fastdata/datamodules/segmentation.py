@@ -104,7 +104,9 @@ class SegmentationDataModule(FastDataModule):
             ``"shards"`` or ``"parquet"``.
         images_dir: Paired folders: the images' folder under ``root``.
         masks_dir: Paired folders: the masks' folder under ``root``.
-        label_map: Mask value -> class (or -> ``ignore_index``), replacing the layout's own meaning of the values.
+        label_map: Mask value -> class (or -> ``ignore_index``), replacing the layout's own meaning of the values;
+            or ``"ade20k"``/``"cityscapes"``: that layout's table, for masks coded so in shards, Parquet or HDF5 (the
+            hubs' ADE20K Parquet keeps ADE20K's values: read it with ``label_map="ade20k"``).
         storage_options: Object-store settings for bucket roots (as :class:`~lightning_fastdata.ImageFolderDataModule`).
         images_key: An HDF5 ``root``: the images dataset in each split's group (or at the top level).
         masks_key: An HDF5 ``root``: the masks dataset beside it.
@@ -162,7 +164,7 @@ class SegmentationDataModule(FastDataModule):
         layout: Layout = "auto",
         images_dir: str = "images",
         masks_dir: str = "annotations",
-        label_map: dict[int, int] | None = None,
+        label_map: dict[int, int] | Literal["ade20k", "cityscapes"] | None = None,
         storage_options: dict[str, Any] | None = None,
         images_key: str = "images",
         masks_key: str = "masks",

@@ -316,7 +316,7 @@ class SegmentationFolderDataset(WindowedSegmentation):
         images_dir: Paired folders: the images' folder under ``root``.
         masks_dir: Paired folders: the masks' folder under ``root``.
         label_map: Mask value -> class (or -> ``ignore_index``), replacing the layout's own meaning of the values; a
-            value it does not name is an error.
+            value it does not name is an error. ``"ade20k"``/``"cityscapes"``: that layout's table.
         storage_options: Object-store settings for a bucket ``root``.
 
     Raises:
@@ -338,7 +338,7 @@ class SegmentationFolderDataset(WindowedSegmentation):
         layout: str = "auto",
         images_dir: str = "images",
         masks_dir: str = "annotations",
-        label_map: Mapping[int, int] | None = None,
+        label_map: Mapping[int, int] | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(num_classes, train, base_size, crop_size, hflip_prob, seed, ignore_index)

@@ -38,7 +38,12 @@ from tqdm import tqdm
 
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset, read_mask
-from lightning_fastdata.datasets.segmentation_layouts import ADE20K_CLASSES, CITYSCAPES_CLASSES, detect_layout
+from lightning_fastdata.datasets.segmentation_layouts import (
+    ADE20K_CLASSES,
+    CITYSCAPES_CLASSES,
+    detect_layout,
+    named_table_classes,
+)
 from lightning_fastdata.datasets.shard_writer import pack_shards, shard_destination
 from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError, PathNotFoundError
 from lightning_fastdata.loading.atomic import atomic_path
@@ -99,16 +104,20 @@ class SplitSource:
         layout: str = "auto",
         images_dir: str = "images",
         masks_dir: str = "annotations",
-        label_map: Mapping[int, int] | None = None,
+        label_map: Mapping[int, int] | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         folders: dict[str, Any] = dict(
             layout=layout, images_dir=images_dir, masks_dir=masks_dir, storage_options=storage_options
         )
         if num_classes is None:
-            mapped = [v for v in (label_map or {}).values() if v != ignore_index]
             found = detect_layout(os.fspath(root), storage_options) if layout == "auto" else layout
-            num_classes = max(mapped, default=-1) + 1 if label_map else _LAYOUT_CLASSES.get(found)
+            if isinstance(label_map, str):
+                num_classes = named_table_classes(label_map)
+            elif label_map is not None:
+                num_classes = max((v for v in label_map.values() if v != ignore_index), default=-1) + 1
+            else:
+                num_classes = _LAYOUT_CLASSES.get(found)
             if not num_classes:
                 raise InvalidValueError(
                     f"Converting {os.fspath(root)} ({found} layout): give num_classes= (--num-classes) the classes "

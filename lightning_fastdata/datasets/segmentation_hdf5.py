@@ -79,7 +79,8 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
         images_key: The images dataset in the group.
         masks_key: The masks dataset in the group.
         num_classes: The classes a mask holds.
-        label_map: Mask value -> class (or -> ``ignore_index``); ``None``: the values are the classes.
+        label_map: Mask value -> class (or -> ``ignore_index``), or ``"ade20k"``/``"cityscapes"`` (that layout's
+            table); ``None``: the values are the classes.
         locking: h5py's file locking (``False`` on NFS and other network file systems).
         **kwargs: The window settings of :class:`~lightning_fastdata.datasets.segmentation.WindowedSegmentation`
             (``train``, ``base_size``, ``crop_size``, ``hflip_prob``, ``seed``, ``ignore_index``).
@@ -96,7 +97,7 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
         images_key: str = "images",
         masks_key: str = "masks",
         num_classes: int = 21,
-        label_map: Mapping[int, int] | None = None,
+        label_map: Mapping[int, int] | str | None = None,
         locking: bool | None = None,
         ignore_index: int = IGNORE_INDEX,
         **kwargs: Any,

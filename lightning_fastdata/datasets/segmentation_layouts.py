@@ -30,12 +30,14 @@ __all__ = [
     "CITYSCAPES_CLASSES",
     "CITYSCAPES_TRAIN_IDS",
     "LAYOUTS",
+    "NAMED_TABLES",
     "Layout",
     "SegmentationPairs",
     "find_pairs",
     "join_url",
     "map_mask",
     "mask_table",
+    "named_table_classes",
     "voc_palette",
 ]
 
@@ -57,6 +59,8 @@ CITYSCAPES_TRAIN_IDS = {
 _CITYSCAPES_IGNORED = (0, 1, 2, 3, 4, 5, 6, 9, 10, 14, 15, 16, 18, 29, 30)
 #: ADE20K's scene parsing: 150 classes.
 ADE20K_CLASSES = 150
+#: The tables ``label_map=`` may name, and their classes.
+NAMED_TABLES = {"ade20k": ADE20K_CLASSES, "cityscapes": len(CITYSCAPES_CLASSES)}
 
 
 @dataclass(frozen=True)
@@ -189,17 +193,25 @@ def find_pairs(
     return SegmentationPairs(found, tuple(images), tuple(masks))
 
 
-def mask_table(layout: str, num_classes: int, ignore_index: int, label_map: Mapping[int, int] | None) -> np.ndarray:
+def mask_table(
+    layout: str, num_classes: int, ignore_index: int, label_map: Mapping[int, int] | str | None
+) -> np.ndarray:
     """What each mask value (0-255) means: its class, ``ignore_index``, or ``-1`` (no class: an error if met).
 
     ``label_map`` (mask value -> class, or -> ``ignore_index``) replaces the layout's own table: Cityscapes' label
     ids -> training ids, ADE20K's ``k -> k - 1`` with 0 ignored, the values themselves for VOC and paired folders.
+    ``label_map="ade20k"`` or ``"cityscapes"`` names one of those tables, for masks coded so in another layout (the
+    hubs' ADE20K Parquet files keep its values).
 
     Raises:
-        ValueError: If the table maps a value to a class at or above ``num_classes`` (other than the ignore index).
+        ValueError: If the table maps a value to a class at or above ``num_classes`` (other than the ignore index),
+            or ``label_map`` names no table.
     """
     table = np.full(256, -1, dtype=np.int16)
     table[ignore_index] = ignore_index
+    if isinstance(label_map, str):
+        named_table_classes(label_map)
+        layout, label_map = label_map, None
     if label_map is not None:
         pairs = {int(k): int(v) for k, v in label_map.items()}
         what = "label_map"
@@ -220,6 +232,20 @@ def mask_table(layout: str, num_classes: int, ignore_index: int, label_map: Mapp
             )
         table[value] = cls
     return table
+
+
+def named_table_classes(name: str) -> int:
+    """The classes of the table ``label_map=name`` names (:data:`NAMED_TABLES`).
+
+    Raises:
+        ValueError: If ``name`` names no table.
+    """
+    if name not in NAMED_TABLES:
+        raise InvalidValueError(
+            f"label_map={name!r}: give a mapping of mask value -> class, or the name of a table "
+            f"({', '.join(map(repr, NAMED_TABLES))})."
+        )
+    return NAMED_TABLES[name]
 
 
 def map_mask(mask: np.ndarray, table: np.ndarray, name: str, num_classes: int, ignore_index: int) -> np.ndarray:

@@ -80,7 +80,8 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
         files: Each file's :class:`~lightning_fastdata.loading.index.parquet_index.ParquetIndex` (its row groups).
         mask_column: The column of the masks (PNG bytes, or ``{bytes, path}`` structs).
         num_classes: The classes a mask holds.
-        label_map: Mask value -> class (or -> ``ignore_index``); ``None``: the values are the classes.
+        label_map: Mask value -> class (or -> ``ignore_index``), or ``"ade20k"``/``"cityscapes"`` (that layout's
+            table); ``None``: the values are the classes.
         shuffle_buffer: The training order in windows of row groups holding about this many rows (``None``: a full
             shuffle, a row group's read per row).
         storage_options: Object-store settings for files in a bucket.
@@ -96,7 +97,7 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
         files: Sequence[ParquetIndex],
         mask_column: str = "annotation",
         num_classes: int = 21,
-        label_map: Mapping[int, int] | None = None,
+        label_map: Mapping[int, int] | str | None = None,
         shuffle_buffer: int | None = 1000,
         storage_options: Mapping[str, Any] | None = None,
         ignore_index: int = 255,

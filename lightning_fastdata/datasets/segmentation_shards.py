@@ -70,7 +70,8 @@ class SegmentationTarDataset(WindowedSegmentation):
     Args:
         shards: Each shard's :class:`~lightning_fastdata.loading.index.tar_pairs.PairedTarIndex`.
         num_classes: The classes a mask holds.
-        label_map: Mask value -> class (or -> ``ignore_index``); ``None``: the values are the classes.
+        label_map: Mask value -> class (or -> ``ignore_index``), or ``"ade20k"``/``"cityscapes"`` (that layout's
+            table); ``None``: the values are the classes.
         storage_options: Object-store settings for shards in a bucket (their paths are URLs).
         ignore_index: The mask value of borders and padding.
         **kwargs: The window settings of :class:`~lightning_fastdata.datasets.segmentation.WindowedSegmentation`.
@@ -83,7 +84,7 @@ class SegmentationTarDataset(WindowedSegmentation):
         self,
         shards: Sequence[PairedTarIndex],
         num_classes: int = 21,
-        label_map: Mapping[int, int] | None = None,
+        label_map: Mapping[int, int] | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         ignore_index: int = 255,
         **kwargs: Any,

@@ -147,7 +147,23 @@ def test_masks_that_hold_no_class_and_unknown_classes_are_errors_at_conversion(t
     Image.new("L", (8, 8)).save(paired / "annotations" / "train" / "x.png")
     with pytest.raises(SystemExit, match=r"paired layout\): give num_classes= \(--num-classes\)"):
         main(["convert", "segmentation", "--src", str(paired), "--dst", str(tmp_path / "b")])
-    with pytest.raises(SystemExit, match="--label-map '7' is not a JSON object"):
+    with pytest.raises(SystemExit, match=r"--label-map '7' is neither a table's name \(ade20k, .*\) nor a JSON"):
         main(["convert", "segmentation", "--src", str(paired), "--dst", str(tmp_path / "b"), "--label-map", "7"])
     with pytest.raises(SystemExit, match="has none of the splits train, val"):
         main(["convert", "segmentation", "--src", str(paired / "images"), "--dst", str(tmp_path / "c")])
+
+
+@pytest.mark.timeout(300)
+def test_hub_parquet_keeping_ade20ks_values_reads_with_its_named_table(tmp_path: Path) -> None:
+    """The hubs' ADE20K Parquet keeps ADE20K's values (0 other, k class k - 1): ``label_map="ade20k"`` reads it as the
+    ADE20K folder is read; without it, the first value the classes cannot hold is named."""
+    root = make_segmentation_folder(tmp_path / "ade", count=10, size=(100, 80), seed=8, layout="ade20k")
+    raw = {k: k for k in range(256) if k != 255}  # the values as they are: what the hubs' files hold
+    convert_segmentation(root, tmp_path / "hub", "parquet", label_map=raw, progress=False)
+    splits = ("training", "validation")
+    folder = batches(root, tmp_path, splits, 150)
+    assert_same(folder, batches(tmp_path / "hub", tmp_path, splits, 150, label_map="ade20k", shuffle_buffer=None))
+    shifted = batches(tmp_path / "hub", tmp_path, splits, 255, shuffle_buffer=None)  # read as classes: k, not k - 1
+    assert not torch.equal(folder[0][1], shifted[0][1])
+    with pytest.raises(ValueError, match=r"label_map='ade': .* \('ade20k', 'cityscapes'\)"):
+        batches(tmp_path / "hub", tmp_path, splits, 150, label_map="ade")
