@@ -176,6 +176,7 @@ def decode_ceiling(files: list[str]) -> dict[str, float]:
     """One core reading and fully decoding every file: PIL and torchvision's ``decode_jpeg``."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
 
     def pil() -> None:
@@ -193,7 +194,7 @@ def decode_ceiling(files: list[str]) -> dict[str, float]:
         start = time.perf_counter()
         fn()
         out[name] = len(files) / (time.perf_counter() - start)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(threads)  # the caller's, not the machine's count
     return out
 
 

@@ -26,6 +26,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _threads_for_parallel_tests() -> Iterator[None]:
+    """With several test processes (pytest-xdist), each process's torch (and its subprocesses') uses its share of
+    the CPUs: torch's intra-op threads wait for each other spinning, so two processes of two threads on two CPUs
+    ran the same checks 3x (one competing process) to 80x (the full suite) slower than one thread each."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1:
+        yield
+        return
+    threads, before = max(1, len(os.sched_getaffinity(0)) // workers), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _fork_server() -> Iterator[None]:
     """Stop the fork server (``helpers/zygote.py``) that process-level tests share, if one was started."""
     yield
