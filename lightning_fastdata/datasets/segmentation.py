@@ -38,6 +38,7 @@ from lightning_fastdata.loading.batch import Batch, DeviceBatch
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.registry import open_storage
+from lightning_fastdata.loading.transport.collate import empty_image_batch
 
 __all__ = [
     "SegmentationFolderDataset",
@@ -85,13 +86,21 @@ def sample_key(key: Any, n: int) -> tuple[int, int, int]:
 
 
 def _padded(samples: Sequence[tuple[torch.Tensor, torch.Tensor | None]], fill: int) -> tuple[torch.Tensor, Any]:
-    """The samples' images (and masks) in one batch, padded to the largest: images 0, masks ``fill``."""
+    """The samples' images (and masks) in one batch, padded to the largest: images 0, masks ``fill``.
+
+    The images' batch is channels-last and, in a loader worker, in shared memory (a pooled buffer where the loader
+    pools them: :func:`~lightning_fastdata.loading.transport.collate.empty_image_batch`), so it crosses to the main
+    process without a copy; every pixel is written (a pooled buffer holds an earlier batch).
+    """
     h = max(int(image.shape[1]) for image, _ in samples)
     w = max(int(image.shape[2]) for image, _ in samples)
-    images = torch.zeros(len(samples), 3, h, w, dtype=torch.uint8)
+    images = empty_image_batch(len(samples), h, w)
     masks = None if samples[0][1] is None else torch.full((len(samples), h, w), fill, dtype=torch.uint8)
     for k, (image, mask) in enumerate(samples):
-        images[k, :, : image.shape[1], : image.shape[2]] = image
+        ih, iw = int(image.shape[1]), int(image.shape[2])
+        images[k, :, :ih, :iw] = image
+        images[k, :, ih:, :] = 0
+        images[k, :, :ih, iw:] = 0
         if masks is not None and mask is not None:
             masks[k, : mask.shape[0], : mask.shape[1]] = mask
     return images, masks
@@ -261,7 +270,7 @@ class WindowedSegmentation(Dataset):
             return win.box
 
         win = self.window(full_key, width, height, draws)
-        out = torch.zeros(3, *win.size, dtype=torch.uint8)
+        out = torch.zeros(*win.size, 3, dtype=torch.uint8).permute(2, 0, 1)  # channels-last, as the resize writes
         top, left, ph, pw = win.place
         place = out[:, top : top + ph, left : left + pw]
         if isinstance(image, torch.Tensor):
