@@ -17,7 +17,7 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
-from lightning_fastdata.loading.index.files import FileIndex, contains_path
+from lightning_fastdata.loading.index.files import FileIndex, contains_path, refuse_segmentation_root
 from lightning_fastdata.loading.index.table import LabelTable, labelled_indexes, read_label_table
 from lightning_fastdata.loading.jpeg.entropy_index import (
     EntropyIndexes,
@@ -124,7 +124,9 @@ class FolderSource:
                 )
 
     def _classes(self, root: str) -> tuple[str, ...]:
-        return self.storages[root].list_classes()
+        classes = self.storages[root].list_classes()
+        refuse_segmentation_root(root, classes)
+        return classes
 
     def indexes(
         self, split: Callable[[int], tuple[np.ndarray, np.ndarray | None]]

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from benchmarks.s3_server import LocalS3
 from lightning_fastdata import (
     DataWaitMonitor,
     HDF5DataModule,
@@ -206,3 +207,22 @@ def test_exact_decode_reaches_the_workers_and_gives_the_full_decode_pixels(
     reference = first_batch(0, exact_decode=True)
     assert torch.equal(exact, reference)
     assert not torch.equal(default, reference) and (default.float() - reference.float()).abs().mean() < 2.0
+
+
+def test_a_segmentation_dataset_is_not_a_folder_of_classes(tmp_path: Path, s3: LocalS3) -> None:
+    """ADE20K's ``images``/``annotations`` would be two classes (photo, mask) to a classification module: refused,
+    naming the layout and the module that reads it, locally and from a bucket; so is the converter."""
+    from benchmarks.s3_server import upload_folder
+    from lightning_fastdata import convert_folder_to_hdf5
+    from lightning_fastdata.demos_segmentation import make_segmentation_folder
+
+    root = make_segmentation_folder(tmp_path / "ade", count=4, size=(64, 48), layout="ade20k")
+    url = s3.url(f"ade-{tmp_path.name}")
+    upload_folder(root, url, s3.storage_options())
+    message = r"holds annotations, images: a segmentation dataset \(ADE20K or paired layout.*SegmentationDataModule"
+    for where, options in ((str(root), None), (url, s3.storage_options())):
+        with pytest.raises(ValueError, match=message):
+            ImageFolderDataModule(where, storage_options=options, num_workers=0).setup("fit")
+    with pytest.raises(ValueError, match=message):
+        convert_folder_to_hdf5(root, tmp_path / "x.h5")
+    assert not (tmp_path / "x.h5").exists()

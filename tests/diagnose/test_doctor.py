@@ -407,3 +407,23 @@ def test_doctor_measures_with_the_users_recipe_and_writes_it_into_the_config(
          "--data.init_args.num_workers", "0"]
     )  # fmt: skip
     assert cli.trainer.state.finished and cli.datamodule.repeated_augmentations == 4
+
+
+def test_doctor_measures_a_folder_with_pngs_and_refuses_a_segmentation_dataset(tmp_path: Path) -> None:
+    """PNG photos beside JPEGs: one core's decode ceiling covers both (torchvision's ``decode_jpeg`` stopped at the
+    first PNG with a traceback). A segmentation dataset's root is not two classes (photos, masks): refused, named."""
+    from lightning_fastdata.demos import photo_like_image
+    from lightning_fastdata.demos_segmentation import make_segmentation_folder
+
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "mixed" / c).mkdir(parents=True)
+        for k in range(4):
+            photo_like_image(rng, 80, 60, hue=0.1).save(tmp_path / "mixed" / c / f"{k}.png")
+            photo_like_image(rng, 80, 60, hue=0.5).save(tmp_path / "mixed" / c / f"{k}.jpg")
+    probe, _ = probe_folder(str(tmp_path / "mixed"), 32, 16)
+    assert probe.files == 16 and probe.decode_ceiling_1core > 0
+    for layout, named in (("voc", "JPEGImages, SegmentationClass"), ("ade20k", "annotations, images")):
+        root = make_segmentation_folder(tmp_path / layout, count=4, size=(64, 48), layout=layout)  # type: ignore[arg-type]
+        with pytest.raises(SystemExit, match=rf"holds {named}: a segmentation dataset .*SegmentationDataModule"):
+            fastdata(["doctor", str(root), "--seconds", "1"])

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from torchvision.datasets import folder as tv_folder
 
-from lightning_fastdata.errors import PathNotFoundError
+from lightning_fastdata.errors import InvalidValueError, PathNotFoundError
 
 __all__ = [
     "IMG_EXTENSIONS",
     "FileIndex",
     "contains_path",
     "find_classes",
+    "refuse_segmentation_root",
     "is_image_name",
     "scan_image_folder",
     "scan_unlabelled",
@@ -141,6 +143,31 @@ def find_classes(root: str) -> tuple[str, ...]:
     return tuple(classes)
 
 
+#: Top folders by which a segmentation dataset's root is told from a folder of classes (all of a set present; the
+#: last only alone: two classes named so would be a segmentation layout's images and masks).
+_SEGMENTATION_FOLDERS = (
+    ("VOC", {"JPEGImages", "SegmentationClass"}, False),
+    ("Cityscapes", {"leftImg8bit", "gtFine"}, False),
+    ("ADE20K or paired", {"images", "annotations"}, True),
+)
+
+
+def refuse_segmentation_root(root: str, classes: Sequence[str]) -> None:
+    """Raise if ``root``'s class folders are a segmentation dataset's (its photos and masks are not two classes).
+
+    Raises:
+        ValueError: Naming the layout and what reads it (``SegmentationDataModule``).
+    """
+    found = set(classes)
+    for name, folders, alone in _SEGMENTATION_FOLDERS:
+        if found == folders if alone else folders <= found:
+            raise InvalidValueError(
+                f"{root!r} holds {', '.join(sorted(folders))}: a segmentation dataset ({name} layout: images and "
+                "their masks), not one sub-folder per class. Train on it with SegmentationDataModule (fastdata fit "
+                "--config segmentation; convert it with fastdata convert segmentation)."
+            )
+
+
 def _walk(top: str) -> list[tuple[str, list[str], int, bool]]:
     """``(dirpath, filenames, mtime_ns, all are images)`` under ``top``, sorted; follows folder symlinks, not loops.
 
@@ -231,7 +258,9 @@ def scan_image_folder(root: str, classes: tuple[str, ...] | None = None) -> File
 
 def scan_with_mtimes(root: str, classes: tuple[str, ...] | None = None) -> tuple[FileIndex, list[tuple[str, int]]]:
     """:func:`scan_image_folder` and the ``(relative folder, mtime_ns)`` of every folder it walked."""
-    classes = find_classes(root) if classes is None else classes
+    if classes is None:
+        classes = find_classes(root)
+        refuse_segmentation_root(root, classes)
     chunks: list[bytes] = []
     per_label = np.zeros(len(classes), dtype=np.int64)
     dirs: list[tuple[str, int]] = []
