@@ -44,7 +44,7 @@ from lightning_fastdata.datasets.segmentation_layouts import (
     detect_layout,
     named_table_classes,
 )
-from lightning_fastdata.datasets.shard_writer import pack_shards, shard_destination
+from lightning_fastdata.datasets.shard_writer import pack_shards, refuse_inside_source, shard_destination
 from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError, PathNotFoundError
 from lightning_fastdata.loading.atomic import atomic_path
 from lightning_fastdata.loading.storage.base import is_url
@@ -310,9 +310,7 @@ def _hdf5(sources: Sequence[SplitSource], dst: str | os.PathLike[str], overwrite
     dst = Path(dst)
     if dst.exists() and not overwrite:
         raise PathExistsError(f"{dst} exists: pass overwrite=True (--overwrite) to replace it.")
-    local = _source_root(sources[0].data.root) if sources else None
-    if local is not None and os.path.realpath(dst).startswith(os.path.realpath(local) + os.sep):
-        raise InvalidValueError(f"dst {os.fspath(dst)!r} is inside the data folder {local!r}; write it elsewhere.")
+    refuse_inside_source(dst, _source_root(sources[0].data.root) if sources else None)
     dst.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(dst) as tmp, h5py.File(tmp, "w") as f:
         for data in sources:

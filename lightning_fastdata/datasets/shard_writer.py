@@ -23,10 +23,10 @@ from tqdm import tqdm
 
 from lightning_fastdata.errors import InvalidValueError, PathExistsError
 from lightning_fastdata.loading.atomic import atomic_path, atomic_write_text
-from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.index.files import FileIndex, contains_path
 from lightning_fastdata.loading.storage.local import LocalStorage
 
-__all__ = ["pack_shards", "shard_destination", "write_parquet_shards", "write_tar_shards"]
+__all__ = ["pack_shards", "refuse_inside_source", "shard_destination", "write_parquet_shards", "write_tar_shards"]
 
 
 def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -46,12 +46,7 @@ def shard_destination(dst: str | os.PathLike[str], name: str, overwrite: bool, s
         FileExistsError: If ``dst`` holds such shards and not ``overwrite`` (they would be mixed with the new ones).
         ValueError: If ``dst`` is ``src_root`` or inside it.
     """
-    if src_root is not None:
-        root, out = os.path.realpath(src_root), os.path.realpath(os.fspath(dst))
-        if out == root or out.startswith(root + os.sep):
-            raise InvalidValueError(
-                f"dst {os.fspath(dst)!r} is inside the data folder {src_root!r}; write it elsewhere."
-            )
+    refuse_inside_source(dst, src_root)
     found = sorted(Path(dst).glob(_glob(name))) if Path(dst).is_dir() else []
     if found and not overwrite:
         raise PathExistsError(
@@ -60,6 +55,16 @@ def shard_destination(dst: str | os.PathLike[str], name: str, overwrite: bool, s
         )
     Path(dst).mkdir(parents=True, exist_ok=True)
     return Path(dst)
+
+
+def refuse_inside_source(dst: str | os.PathLike[str], src_root: str | None) -> None:
+    """Raise if ``dst`` is the local data folder ``src_root`` or inside it (``None``: a bucket, nothing to check).
+
+    Raises:
+        ValueError: Naming both.
+    """
+    if src_root is not None and contains_path(os.path.realpath(src_root), os.path.realpath(os.fspath(dst))):
+        raise InvalidValueError(f"dst {os.fspath(dst)!r} is inside the data folder {src_root!r}; write it elsewhere.")
 
 
 def _glob(name: str) -> str:
