@@ -259,6 +259,7 @@ def _s3_shards(loader: str) -> dict[str, Any]:
 _SEG_REFERENCE, _SEG_OURS = "torchvision reference (v2, PIL)", "SegmentationDataModule (loader only)"
 _SEG_CPU, _SEG_HDF5 = "SegmentationDataModule + CPU normalise", "SegmentationDataModule (HDF5, encoded)"
 _SEG_CACHE = "SegmentationDataModule (cache_dir: decoded once)"
+_SEG_INDEXED = "SegmentationDataModule (entropy_index)"
 _SEG_SETS = {"demo": "segmentation-demo", "large": "segmentation-large"}
 
 
@@ -284,6 +285,7 @@ def _segmentation_table() -> str:
         ("`SegmentationDataModule` + its device side on the CPU (normalise, int64 masks)", _SEG_CPU),
         ("`SegmentationDataModule`, the same scenes in one HDF5 file (encoded), loader only", _SEG_HDF5),
         ("`SegmentationDataModule(cache_dir=...)`: decoded once at the base size, loader only", _SEG_CACHE),
+        ("`SegmentationDataModule(entropy_index=True)`: each crop entropy-decoded alone, loader only", _SEG_INDEXED),
     ]
     rows = []
     for label, loader in labels:

@@ -13,7 +13,9 @@ Rows, interleaved in one measurement, the same images and masks, workers, batch 
 - ``SegmentationDataModule (HDF5, encoded)``: the same scenes' bytes in one HDF5 file
   (:func:`~lightning_fastdata.datasets.segmentation_convert.write_segmentation_hdf5`), loader only;
 - ``SegmentationDataModule (cache_dir: decoded once)``: the same scenes decoded once at the base size into the
-  module's cache (built before timing), loader only: no decode at all.
+  module's cache (built before timing), loader only: no decode at all;
+- ``SegmentationDataModule (entropy_index)``: the folder with its training images' entropy index (built before
+  timing): each crop entropy-decoded alone, loader only.
 
 The main process measures with one intra-op thread (``torch.set_num_threads(1)``, restored after): on a machine with as
 many CPUs as workers, torch's other threads spin between operations on the CPUs the workers decode on
@@ -51,6 +53,7 @@ OURS = "SegmentationDataModule (loader only)"
 OURS_NORMALISED = "SegmentationDataModule + CPU normalise"
 OURS_HDF5 = "SegmentationDataModule (HDF5, encoded)"
 OURS_CACHE = "SegmentationDataModule (cache_dir: decoded once)"
+OURS_INDEXED = "SegmentationDataModule (entropy_index)"
 
 
 class ReferenceSegmentation(torch.utils.data.Dataset):
@@ -91,12 +94,10 @@ def _reference(root: str, args: argparse.Namespace, workers: int) -> Any:
     )
 
 
-def _module(
-    root: str, args: argparse.Namespace, workers: int, num_classes: int, cache_dir: str | None = None
-) -> SegmentationDataModule:
+def _module(root: str, args: argparse.Namespace, workers: int, num_classes: int, **kw: Any) -> SegmentationDataModule:
     dm = SegmentationDataModule(
         root, num_classes=num_classes, base_size=args.base_size, crop_size=args.crop_size, val_split=None,
-        batch_size=args.seg_batch_size, num_workers=workers, persistent_workers=workers > 0, cache_dir=cache_dir,
+        batch_size=args.seg_batch_size, num_workers=workers, persistent_workers=workers > 0, **kw,
     )  # fmt: skip
     dm.prepare_data()
     dm.setup("fit")
@@ -171,7 +172,12 @@ def segmentation_suite(args: argparse.Namespace) -> dict[str, Any]:
         if h5 is not None:
             candidates.append((OURS_HDF5, _module(h5, args, workers, num_classes).train_dataloader, _count))
         cache = os.path.join(args.scratch, "segmentation-cache")
-        candidates.append((OURS_CACHE, _module(root, args, workers, num_classes, cache).train_dataloader, _count))
+        candidates.append(
+            (OURS_CACHE, _module(root, args, workers, num_classes, cache_dir=cache).train_dataloader, _count)
+        )
+        index = os.path.join(args.scratch, "segmentation-index")  # built by prepare_data, before the timing
+        indexed = _module(root, args, workers, num_classes, entropy_index=True, index_dir=index)
+        candidates.append((OURS_INDEXED, indexed.train_dataloader, _count))
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:

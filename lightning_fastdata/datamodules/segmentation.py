@@ -40,7 +40,8 @@ from lightning_fastdata.datasets.segmentation_shards import (
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.batch import Batch, DeviceBatch
-from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
+from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir, load_entropy_index
+from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index
 from lightning_fastdata.loading.storage.base import is_url
 
 __all__ = ["SegmentationDataModule"]
@@ -112,7 +113,10 @@ class SegmentationDataModule(FastDataModule):
         masks_key: An HDF5 ``root``: the masks dataset beside it.
         mask_ext: Tar shards: the mask member's extension (``key.seg.png``).
         index_dir: Tar shards and Parquet files: where their indexes are kept (a folder of ours, never the data's);
-            ``None``: the user cache folder (``$LIGHTNING_FASTDATA_CACHE``, ...).
+            ``None``: the user cache folder (``$LIGHTNING_FASTDATA_CACHE``, ...). The entropy index goes there too.
+        entropy_index: Index the training images' JPEG entropy data once (``prepare_data``, one pass over the files,
+            kept in ``index_dir``) so each training crop is entropy-decoded alone: the same pixels, less work where
+            a crop is a part of its photo (the random resize's upper half). Folders and buckets of image files.
         image_column: Parquet files: the images' column (bytes, or the hubs' ``{bytes, path}`` structs).
         mask_column: Parquet files: the masks' column (PNG bytes or structs; ADE20K on the hubs: ``annotation``).
         shuffle_buffer: Parquet files: the training order in windows of row groups holding about this many rows
@@ -175,6 +179,7 @@ class SegmentationDataModule(FastDataModule):
         shuffle_buffer: int | None = 1000,
         cache_dir: str | None = None,
         cache_size: int | None = None,
+        entropy_index: bool = False,
         image_size: int | None = None,
         val_fraction: float = 0.0,
         device_transforms: Callable[..., Any] | list[Callable[..., Any]] | None = None,
@@ -214,7 +219,14 @@ class SegmentationDataModule(FastDataModule):
         self.image_column, self.mask_column, self.shuffle_buffer = image_column, mask_column, shuffle_buffer
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.cache_size = cache_size
+        if entropy_index and cache_dir is not None:
+            raise InvalidValueError(
+                "entropy_index=True with cache_dir: the cache holds decoded pixels, there is no JPEG to index. Give "
+                "one of them."
+            )
+        self.entropy_index = entropy_index
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
+        self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.ignore_index, self.base_size, self.storage_options = ignore_index, base_size, storage_options
 
@@ -230,6 +242,9 @@ class SegmentationDataModule(FastDataModule):
         # sampling by class reads which classes each image holds (every mask once, at setup)
         presence = wanted is not None or self.sampling.sample_weights is not None
         source = self._source(split, train)
+        if train and self.entropy_index:
+            files = self._indexable(source)
+            source = files.with_entropy_index(load_entropy_index(self.entropy_dir, files.image_files()))
         if train and self.train_crop == "random_resized":
             source = source.random_resized(self.dataset_kwargs["scale"], self.dataset_kwargs["ratio"])
         if train and self.segmentation_augment:
@@ -244,9 +259,24 @@ class SegmentationDataModule(FastDataModule):
             source = cached.keyed() if source.return_keys else cached
         return source.kept(positions, presence)
 
+    def _indexable(self, source: WindowedSegmentation) -> SegmentationFolderDataset:
+        """The training source as image files an entropy index is built for, or an error naming what it is."""
+        if not isinstance(source, SegmentationFolderDataset):
+            raise InvalidValueError(
+                f"entropy_index=True indexes image files (a folder or a bucket of a known layout); {self.root} "
+                f"holds {type(source).__name__}'s data. Drop entropy_index (or convert the images back to files)."
+            )
+        return source
+
     @override
     def prepare_data(self) -> None:
-        """Build the splits' caches (``cache_dir``) once, before the ranks read them; nothing without one."""
+        """Build the training images' entropy index and the splits' caches once, before the ranks read them.
+
+        Nothing without ``entropy_index`` or ``cache_dir``.
+        """
+        if self.entropy_index:
+            files = self._indexable(self._source(self.train_split, True))
+            build_entropy_index(files.image_files(), files.storage, self.entropy_dir)
         if self.cache_dir is None:
             return
         for split in (self.train_split, self.val_split, self.test_split):

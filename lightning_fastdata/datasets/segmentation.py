@@ -35,7 +35,9 @@ from lightning_fastdata.augment.segmentation import (
 from lightning_fastdata.datasets.segmentation_layouts import find_pairs, map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.batch import Batch, DeviceBatch
+from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
+from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.loading.transport.collate import empty_image_batch
@@ -254,8 +256,12 @@ class WindowedSegmentation(Dataset):
         mask: np.ndarray,
         names: tuple[str, str],
         draws: np.ndarray | None = None,
+        entropy_index: bytes | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One sample through its window: ``image`` (encoded, or ``3 x H x W`` uint8) and ``mask`` (classes).
+
+        ``entropy_index``: the encoded image's entropy index, if one was built (the crop is decoded alone: the same
+        pixels, less work).
 
         Raises:
             DataError: If the image is not the mask's size (both named by ``names``: image, mask).
@@ -277,7 +283,7 @@ class WindowedSegmentation(Dataset):
             t, l_, h, w = box(int(image.shape[2]), int(image.shape[1]))
             resize_crop_into(place, image[:, t : t + h, l_ : l_ + w], win.flip)
         else:
-            decode_resized_crop(image, place, box, win.flip, names[0])
+            decode_resized_crop(image, place, box, win.flip, names[0], entropy_index=entropy_index)
         return out, render_mask(mask, win, fill=self.ignore_index)
 
     def batch(self, samples: Sequence[tuple[torch.Tensor, torch.Tensor]], keys: Any = None) -> Any:
@@ -358,6 +364,8 @@ class SegmentationFolderDataset(WindowedSegmentation):
             raise InvalidValueError(f"The split {split!r} of {self.root} holds no image.")
         self.storage = open_storage(self.root, options)
         self.table = mask_table(self.pairs.layout, num_classes, ignore_index, label_map)
+        #: The images' entropy indexes (:meth:`with_entropy_index`), or ``None``.
+        self.entropy_indexes: EntropyIndexes | None = None
 
     @property
     def layout(self) -> str:
@@ -374,6 +382,22 @@ class SegmentationFolderDataset(WindowedSegmentation):
 
     def __len__(self) -> int:
         return len(self.pairs.images)
+
+    def image_files(self) -> FileIndex:
+        """The split's images as a file list, in order (what their entropy index is built from)."""
+        return FileIndex.of_paths(self.root, list(self.pairs.images))
+
+    def with_entropy_index(self, indexes: EntropyIndexes | None) -> SegmentationFolderDataset:
+        """A copy whose training crops are decoded with the images' entropy ``indexes`` (of :meth:`image_files`).
+
+        Raises:
+            ValueError: If ``indexes`` holds another number of files.
+        """
+        if indexes is not None and len(indexes) != len(self):
+            raise InvalidValueError(f"The entropy index holds {len(indexes)} files, the split {len(self)}.")
+        twin = copy.copy(self)
+        twin.entropy_indexes = indexes
+        return twin
 
     def fingerprint(self) -> str:
         """The root, the pairs, and each local file's size and modification time (a bucket's: the names only)."""
@@ -404,7 +428,8 @@ class SegmentationFolderDataset(WindowedSegmentation):
             names = (self.image_path(f[1]), self.mask_path(f[1]))
             data, mask_data = _checked(read[2 * j], names[0]), _checked(read[2 * j + 1], names[1])
             mask = self.classes_of(read_mask(mask_data, names[1]), names[1])
-            samples.append(self.render(f, data, mask, names, draws))
+            entropy = None if self.entropy_indexes is None else self.entropy_indexes.get(f[1])
+            samples.append(self.render(f, data, mask, names, draws, entropy))
         return self.batch(samples, full)
 
 

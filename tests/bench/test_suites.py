@@ -337,8 +337,8 @@ def test_the_shards_suite_times_the_peers_and_ours_on_the_same_shards(tmp_path: 
 @pytest.mark.timeout(180)
 def test_the_segmentation_suite_times_the_reference_and_ours_on_the_same_scenes(tmp_path: Path) -> None:
     """``fastdata bench --suites segmentation``: torchvision's reference loader, ours, ours with the CPU normalise,
-    ours from an HDF5 file of the same scenes and from its cache; the decode ceiling beside them; no image folder
-    generated."""
+    ours from an HDF5 file of the same scenes, from its cache and with the entropy index; the decode ceiling beside
+    them; no image folder generated."""
     from lightning_fastdata.bench.loaders import main
 
     result = main(
@@ -351,8 +351,9 @@ def test_the_segmentation_suite_times_the_reference_and_ours_on_the_same_scenes(
     assert list(rows) == [
         "torchvision reference (v2, PIL)", "SegmentationDataModule (loader only)",
         "SegmentationDataModule + CPU normalise", "SegmentationDataModule (HDF5, encoded)",
-        "SegmentationDataModule (cache_dir: decoded once)",
+        "SegmentationDataModule (cache_dir: decoded once)", "SegmentationDataModule (entropy_index)",
     ]  # fmt: skip
     assert all(r["images_per_s"] > 0 and r["num_workers"] == 2 for r in rows.values())
     assert suite["decode_ceiling_1core"] > 0 and suite["data"]["images"] == 12
+    assert list((tmp_path / "scratch" / "segmentation-index").glob("entropy-*/*"))  # built before the timing
     assert (tmp_path / "s.json").is_file() and not (tmp_path / "never").exists()

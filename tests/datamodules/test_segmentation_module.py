@@ -293,3 +293,58 @@ def test_random_resized_crop_moves_masks_with_their_images(voc: Path) -> None:
     assert any(ref.window((0, i, 0), 160, 120).place != (0, 0, 48, 48) for i in range(16))  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="does not take scale"):
         module(voc, scale=(0.3, 1.0))
+
+
+@pytest.mark.timeout(240)
+def test_the_entropy_index_gives_the_same_training_batches_and_is_built_once(
+    voc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``entropy_index=True``: prepare_data indexes the training images once (kept in index_dir, reused), and each
+    crop decoded with its entry gives the batches decoded without, through 2 workers, over two epochs. A source of
+    no image files, or a cache, is refused by name."""
+    from lightning_fastdata.datasets.segmentation_convert import convert_segmentation
+    from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_folder
+
+    def epochs(dm: SegmentationDataModule) -> list:
+        dm.prepare_data()
+        dm.setup("fit")
+        loader, out = dm.train_dataloader(), []
+        for epoch in range(2):
+            loader.sampler.set_epoch(epoch)
+            out += list(loader)
+        return out
+
+    # crops of a fifth of the image and up (base 120 of 160x120 photos, crop 40): rows above and beside them skipped
+    kw = dict(base_size=120, crop_size=40, index_dir=str(tmp_path / "idx"))
+    plain = epochs(module(voc, **kw))
+    indexed = module(voc, entropy_index=True, **kw)
+    assert len(epochs(indexed)) == len(plain)
+    source = indexed.train_dataset
+    assert source.entropy_indexes is not None and len(source.entropy_indexes) == 16
+    assert sum(source.entropy_indexes.get(i) is not None for i in range(16)) == 16
+    folder = entropy_index_folder(tmp_path / "idx", source.image_files())
+    built = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    again = epochs(module(voc, entropy_index=True, **kw))  # prepare_data again: the index is reused, not rebuilt
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == built
+    for a, b, c in zip(plain, epochs(indexed), again, strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and torch.equal(a[0], c[0])
+    # in this process (no workers): the crops that pay for it are decoded from their MCUs alone, with the entries
+    from lightning_fastdata.loading.jpeg import decode
+
+    used: list[int] = []
+    real = decode._jpegroi.crop_jpeg
+
+    def counted(*args: object) -> object:
+        used.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(decode._jpegroi, "crop_jpeg", counted)
+    alone = epochs(module(voc, entropy_index=True, num_workers=0, **kw))
+    assert len(used) > 8
+    for a, b in zip(plain, alone, strict=True):
+        assert torch.equal(a[0], b[0])
+    with pytest.raises(ValueError, match="entropy_index=True with cache_dir"):
+        module(voc, entropy_index=True, cache_dir=str(tmp_path / "cache"))
+    convert_segmentation(voc, tmp_path / "shards", progress=False)
+    with pytest.raises(ValueError, match=r"entropy_index=True indexes image files .* SegmentationTarDataset"):
+        module(tmp_path / "shards", entropy_index=True, **kw).prepare_data()
