@@ -38,12 +38,7 @@ from tqdm import tqdm
 
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset, read_mask
-from lightning_fastdata.datasets.segmentation_layouts import (
-    ADE20K_CLASSES,
-    CITYSCAPES_CLASSES,
-    detect_layout,
-    named_table_classes,
-)
+from lightning_fastdata.datasets.segmentation_layouts import NAMED_TABLES, detect_layout, named_table_classes
 from lightning_fastdata.datasets.shard_writer import pack_shards, refuse_inside_source, shard_destination
 from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError, PathNotFoundError
 from lightning_fastdata.loading.atomic import atomic_path
@@ -62,7 +57,7 @@ __all__ = [
 #: What :func:`convert_segmentation` writes.
 SEGMENTATION_FORMATS = ("tar", "parquet", "hdf5")
 #: The classes of the layouts that fix them (VOC's 21: background, 20 objects).
-_LAYOUT_CLASSES = {"voc": 21, "ade20k": ADE20K_CLASSES, "cityscapes": len(CITYSCAPES_CLASSES)}
+_LAYOUT_CLASSES = {"voc": 21, **NAMED_TABLES}
 #: Samples read together (a bucket's requests in flight together).
 _STEP = 16
 
@@ -111,17 +106,18 @@ class SplitSource:
             layout=layout, images_dir=images_dir, masks_dir=masks_dir, storage_options=storage_options
         )
         if num_classes is None:
-            found = detect_layout(os.fspath(root), storage_options) if layout == "auto" else layout
+            why = "label_map maps every value to the ignore index"
             if isinstance(label_map, str):
                 num_classes = named_table_classes(label_map)
             elif label_map is not None:
                 num_classes = max((v for v in label_map.values() if v != ignore_index), default=-1) + 1
             else:
-                num_classes = _LAYOUT_CLASSES.get(found)
+                found = detect_layout(os.fspath(root), storage_options) if layout == "auto" else layout
+                num_classes, why = _LAYOUT_CLASSES.get(found, 0), f"the {found} layout does not fix them"
             if not num_classes:
                 raise InvalidValueError(
-                    f"Converting {os.fspath(root)} ({found} layout): give num_classes= (--num-classes) the classes "
-                    "its masks hold, so that a value that is no class is found now, not in training."
+                    f"Converting {os.fspath(root)}: give num_classes= (--num-classes) the classes its masks hold "
+                    f"({why}), so that a value that is no class is found now, not in training."
                 )
         self.data = SegmentationFolderDataset(
             root, split, num_classes, train=False, ignore_index=ignore_index, label_map=label_map, **folders
