@@ -40,7 +40,7 @@ from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.registry import open_storage
-from lightning_fastdata.loading.transport.collate import empty_image_batch
+from lightning_fastdata.loading.transport.collate import empty_image_and_mask_batch, empty_image_batch
 
 __all__ = [
     "SegmentationFolderDataset",
@@ -90,21 +90,30 @@ def sample_key(key: Any, n: int) -> tuple[int, int, int]:
 def _padded(samples: Sequence[tuple[torch.Tensor, torch.Tensor | None]], fill: int) -> tuple[torch.Tensor, Any]:
     """The samples' images (and masks) in one batch, padded to the largest: images 0, masks ``fill``.
 
-    The images' batch is channels-last and, in a loader worker, in shared memory (a pooled buffer where the loader
-    pools them: :func:`~lightning_fastdata.loading.transport.collate.empty_image_batch`), so it crosses to the main
-    process without a copy; every pixel is written (a pooled buffer holds an earlier batch).
+    The images' batch is channels-last and, in a loader worker, in shared memory with the masks' (a pooled buffer
+    where the loader pools them: :func:`~lightning_fastdata.loading.transport.collate.empty_image_and_mask_batch`), so
+    both cross to the main process without a copy; every pixel is written (a pooled buffer holds an earlier batch).
     """
     h = max(int(image.shape[1]) for image, _ in samples)
     w = max(int(image.shape[2]) for image, _ in samples)
-    images = empty_image_batch(len(samples), h, w)
-    masks = None if samples[0][1] is None else torch.full((len(samples), h, w), fill, dtype=torch.uint8)
+    if samples[0][1] is None:
+        images, masks = empty_image_batch(len(samples), h, w), None
+    else:
+        images, masks = empty_image_and_mask_batch(len(samples), h, w)
     for k, (image, mask) in enumerate(samples):
         ih, iw = int(image.shape[1]), int(image.shape[2])
         images[k, :, :ih, :iw] = image
         images[k, :, ih:, :] = 0
         images[k, :, :ih, iw:] = 0
-        if masks is not None and mask is not None:
-            masks[k, : mask.shape[0], : mask.shape[1]] = mask
+        if masks is None:
+            continue
+        if mask is None:
+            masks[k] = fill
+        else:
+            mh, mw = int(mask.shape[0]), int(mask.shape[1])
+            masks[k, :mh, :mw] = mask
+            masks[k, mh:, :] = fill
+            masks[k, :mh, mw:] = fill
     return images, masks
 
 

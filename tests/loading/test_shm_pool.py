@@ -97,6 +97,33 @@ def test_protocol_in_one_process_reuses_only_released_buffers() -> None:
     assert third.data_ptr() == first.data_ptr()
 
 
+def test_masks_in_the_images_buffer_cross_as_a_view_and_hold_it_until_dropped() -> None:
+    """A segmentation batch's masks live in the images' buffer (``empty_image_and_mask_batch``): they arrive as a view
+    of the same cached buffer, with their values, and the buffer is not handed out again while only they hold it."""
+    pool = WorkerPool()
+    storage = pool.acquire(4 * 2 * 6 * 5)
+    images = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (2, 6, 5, 3)).permute(0, 3, 1, 2)
+    masks = torch.empty(0, dtype=torch.uint8).set_(storage, 3 * 60, (2, 6, 5))
+    images.copy_(torch.arange(180, dtype=torch.uint8).reshape(2, 3, 6, 5))
+    masks.copy_(torch.arange(60, dtype=torch.uint8).reshape(2, 6, 5) % 7)
+    sent = (images.clone(), masks.clone())
+    received = roundtrip(pool.pack((images, masks, torch.arange(2))))
+    got_images, got_masks, keys = received  # type: ignore[misc]
+    assert torch.equal(got_images, sent[0]) and torch.equal(got_masks, sent[1]) and torch.equal(keys, torch.arange(2))
+    assert got_masks.untyped_storage().data_ptr() == got_images.untyped_storage().data_ptr()
+    del received, got_images, keys
+    gc.collect()
+    second = pool.acquire(240)
+    roundtrip(pool.pack((torch.empty(0, dtype=torch.uint8).set_(second, 0, (240,)), torch.zeros(1))))
+    assert pool.acquire(240).data_ptr() != storage.data_ptr()  # the masks still hold the first buffer
+    assert torch.equal(got_masks, sent[1])
+    del got_masks
+    gc.collect()
+    third = pool.acquire(240)
+    roundtrip(pool.pack((torch.empty(0, dtype=torch.uint8).set_(third, 0, (240,)), torch.zeros(1))))
+    assert pool.acquire(240).data_ptr() == storage.data_ptr()  # released once the masks were dropped too
+
+
 def test_held_buffers_are_replaced_never_overwritten() -> None:
     pool = WorkerPool()
     held = []

@@ -8,7 +8,7 @@ import torch
 
 from lightning_fastdata.loading.transport.shm_pool import new_worker_buffer, worker_pool
 
-__all__ = ["collate_prebatched", "empty_image_batch"]
+__all__ = ["collate_prebatched", "empty_image_and_mask_batch", "empty_image_batch"]
 
 
 def empty_image_batch(n: int, height: int, width: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
@@ -24,6 +24,23 @@ def empty_image_batch(n: int, height: int, width: int, dtype: torch.dtype = torc
         return torch.empty(shape, dtype=dtype).permute(0, 3, 1, 2)
     strides = (height * width * 3, width * 3, 3, 1)
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides).permute(0, 3, 1, 2)
+
+
+def empty_image_and_mask_batch(n: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate a uint8 ``n x 3 x H x W`` channels-last image batch and an ``n x H x W`` mask batch in one buffer.
+
+    As :func:`empty_image_batch`, in a worker the buffer is in shared memory (pooled where the loader pools them), and
+    the masks travel with the images as a view of the same buffer: nothing is copied on the way.
+    """
+    pixels = n * height * width
+    storage = new_worker_buffer(4 * pixels)
+    if storage is None:
+        storage = torch.empty(4 * pixels, dtype=torch.uint8).untyped_storage()
+    images = torch.empty(0, dtype=torch.uint8).set_(
+        storage, 0, (n, height, width, 3), (height * width * 3, width * 3, 3, 1)
+    )
+    masks = torch.empty(0, dtype=torch.uint8).set_(storage, 3 * pixels, (n, height, width), (height * width, width, 1))
+    return images.permute(0, 3, 1, 2), masks
 
 
 def collate_prebatched(batch: Any) -> Any:

@@ -17,7 +17,9 @@ Protocol (each worker process is one *incarnation*, named by a random nonce):
 - The main process releases ``(slot, gen)`` when nothing but its cache references the buffer, checked
   whenever a batch arrives: the storage's use count (views, pinned copies, tensors a user kept) is 1 and the
   storage object's Python refcount says nobody holds it either (``images.untyped_storage()`` returns our
-  cached object). Labels and other small tensors travel by value.
+  cached object). Labels and other small tensors travel by value; a tensor that lives in the same buffer as the
+  images (a segmentation batch's masks) travels as its place in it and is rebuilt as a view of the cached buffer,
+  which it then holds as the images do.
 - A buffer pickled for another process (a batch put on a ``torch.multiprocessing`` queue) is retired: the
   other process's references are invisible here, so it is dropped from the cache and never released; the
   worker replaces it.
@@ -62,7 +64,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -221,9 +223,27 @@ class WorkerPool:
         slot.known = True
         self._flags[MAX_SLOTS] += 1
         meta = (images.dtype, images.storage_offset(), tuple(images.shape), images.stride())
-        rest = tuple(_by_value(x) for x in batch[1:])
+        ptr = slot.storage.data_ptr()
+        rest = tuple(_view_of(x) if _in_buffer(x, ptr) else _by_value(x) for x in batch[1:])
         kind = type(batch) if hasattr(batch, "_fields") else None  # a named tuple (DeviceBatch) keeps its class
         return _PooledBatch((self.nonce, index, slot.gen, hello, storage, meta, rest, kind))
+
+
+class _ViewOf(NamedTuple):
+    """A tensor of the batch that lives in the images' buffer too (a segmentation batch's masks): sent as its place."""
+
+    dtype: torch.dtype
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def _in_buffer(x: Any, ptr: int) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.untyped_storage().data_ptr() == ptr
+
+
+def _view_of(x: torch.Tensor) -> _ViewOf:
+    return _ViewOf(x.dtype, int(x.storage_offset()), tuple(x.shape), x.stride())
 
 
 def _by_value(x: Any) -> Any:
@@ -410,8 +430,14 @@ def _rebuild(
     kind: type | None = None,
 ) -> tuple[Any, ...]:
     images = _main().rebuild(nonce, index, gen, hello, storage, meta)
-    values = (images, *(torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in rest))
+    values = (images, *(_rebuilt(x, images) for x in rest))
     return values if kind is None else kind(*values)
+
+
+def _rebuilt(x: Any, images: torch.Tensor) -> Any:
+    if isinstance(x, _ViewOf):  # a view of the same buffer: it holds the buffer as the images do
+        return torch.empty(0, dtype=x.dtype).set_(images.untyped_storage(), x.offset, x.shape, x.stride)
+    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
 
 
 def collect(forget_exited: bool = False) -> None:
