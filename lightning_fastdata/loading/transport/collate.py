@@ -18,11 +18,17 @@ def empty_image_batch(n: int, height: int, width: int, dtype: torch.dtype = torc
     conversion on the device keeps the layout. In a worker the storage is in shared memory from the start (a
     reused buffer when the loader chose ``batch_transport="shm_pool"``), so sending it copies nothing.
     """
-    shape = (n, height, width, 3)
     storage = new_worker_buffer(n * height * width * 3 * torch.empty((), dtype=dtype).element_size())
     if storage is None:
-        return torch.empty(shape, dtype=dtype).permute(0, 3, 1, 2)
-    strides = (height * width * 3, width * 3, 3, 1)
+        return torch.empty((n, height, width, 3), dtype=dtype).permute(0, 3, 1, 2)
+    return _channels_last(storage, n, height, width, dtype)
+
+
+def _channels_last(
+    storage: torch.UntypedStorage, n: int, height: int, width: int, dtype: torch.dtype = torch.uint8
+) -> torch.Tensor:
+    """An ``n x 3 x H x W`` channels-last view of ``storage`` from its start."""
+    shape, strides = (n, height, width, 3), (height * width * 3, width * 3, 3, 1)
     return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides).permute(0, 3, 1, 2)
 
 
@@ -36,11 +42,8 @@ def empty_image_and_mask_batch(n: int, height: int, width: int) -> tuple[torch.T
     storage = new_worker_buffer(4 * pixels)
     if storage is None:
         storage = torch.empty(4 * pixels, dtype=torch.uint8).untyped_storage()
-    images = torch.empty(0, dtype=torch.uint8).set_(
-        storage, 0, (n, height, width, 3), (height * width * 3, width * 3, 3, 1)
-    )
     masks = torch.empty(0, dtype=torch.uint8).set_(storage, 3 * pixels, (n, height, width), (height * width, width, 1))
-    return images.permute(0, 3, 1, 2), masks
+    return _channels_last(storage, n, height, width), masks
 
 
 def collate_prebatched(batch: Any) -> Any:
