@@ -101,20 +101,20 @@ def _padded(samples: Sequence[tuple[torch.Tensor, torch.Tensor | None]], fill: i
     else:
         images, masks = empty_image_and_mask_batch(len(samples), h, w)
     for k, (image, mask) in enumerate(samples):
-        ih, iw = int(image.shape[1]), int(image.shape[2])
-        images[k, :, :ih, :iw] = image
-        images[k, :, ih:, :] = 0
-        images[k, :, :ih, iw:] = 0
-        if masks is None:
-            continue
-        if mask is None:
+        _place(images[k], image, 0)
+        if masks is not None and mask is None:
             masks[k] = fill
-        else:
-            mh, mw = int(mask.shape[0]), int(mask.shape[1])
-            masks[k, :mh, :mw] = mask
-            masks[k, mh:, :] = fill
-            masks[k, :mh, mw:] = fill
+        elif masks is not None:
+            _place(masks[k], mask, fill)
     return images, masks
+
+
+def _place(dst: torch.Tensor, src: Any, fill: int) -> None:
+    """``src`` (``... x h x w``) at the top left of ``dst`` (``... x H x W``), the rest ``fill``."""
+    h, w = int(src.shape[-2]), int(src.shape[-1])
+    dst[..., :h, :w] = src
+    dst[..., h:, :] = fill
+    dst[..., :h, w:] = fill
 
 
 class WindowedSegmentation(Dataset):

@@ -37,10 +37,10 @@ from PIL import Image
 from tqdm import tqdm
 
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
-from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset, read_mask
+from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset, _checked, read_mask
 from lightning_fastdata.datasets.segmentation_layouts import NAMED_TABLES, detect_layout, named_table_classes
 from lightning_fastdata.datasets.shard_writer import pack_shards, refuse_inside_source, shard_destination
-from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError, PathNotFoundError
+from lightning_fastdata.errors import InvalidValueError, PathExistsError, PathNotFoundError
 from lightning_fastdata.loading.atomic import atomic_path
 from lightning_fastdata.loading.storage.base import is_url
 
@@ -141,16 +141,13 @@ class SplitSource:
         samples = []
         for k, i in enumerate(range(start, stop)):
             names = (self.data.image_path(i), self.data.mask_path(i))
-            for value, name in zip(read[2 * k : 2 * k + 2], names):
-                if isinstance(value, OSError):
-                    raise DataError(f"Cannot read {name}: {value}.") from value
-            image, mask = read[2 * k], read[2 * k + 1]
-            values = read_mask(mask, names[1])  # type: ignore[arg-type]
+            image, mask = _checked(read[2 * k], names[0]), _checked(read[2 * k + 1], names[1])
+            values = read_mask(mask, names[1])
             classes = self.data.classes_of(values, names[1])
             if classes is not values and not np.array_equal(classes, values):
                 mask = _png(classes)
             ext = pairs.images[i].rsplit(".", 1)[-1].lower() if "." in pairs.images[i] else "jpg"
-            samples.append(Sample(i, image, ext, classes, mask))  # type: ignore[arg-type]
+            samples.append(Sample(i, image, ext, classes, mask))
         return samples
 
 
