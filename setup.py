@@ -1,4 +1,4 @@
-"""Builds the optional ROI JPEG decoder; everything else is in pyproject.toml.
+"""Builds the optional ROI JPEG decoder and the fork guard (``_ext/forkguard.c``); the rest is in pyproject.toml.
 
 The extension links the system libjpeg-turbo where its headers are installed (Debian/Ubuntu:
 ``libjpeg62-turbo-dev`` or ``libjpeg-turbo8-dev``). Where they are not (no root to install them), it is compiled
@@ -53,6 +53,12 @@ class OptionalBuildExt(build_ext):
 
     def build_extension(self, ext: Extension) -> None:
         """Build it on the system's libjpeg-turbo, else on the shipped headers, else stop (or go on, if allowed)."""
+        if ext.name.endswith("_forkguard"):  # no libjpeg; without a compiler the package goes on without it
+            try:
+                super().build_extension(ext)
+            except Exception as err:  # noqa: BLE001
+                print(f"lightning-fastdata: the fork guard was not built ({err})", file=sys.stderr)
+            return
         why = ""
         if os.environ.get("FASTDATA_JPEG_HEADERS") != "vendored":
             try:
@@ -84,7 +90,9 @@ setup(
             libraries=["jpeg", "dl"],  # dl: dladdr, which says which libjpeg the extension runs on
             extra_compile_args=["-O3", "-ffp-contract=off"],  # -O3: vectorised loops; imageops.c: no fused multiply-add
             optional=True,
-        )
+        ),
+        # holds CPython's thread-state lock across fork() where the interpreter deadlocks on it (3.10, 3.11 < 3.11.10)
+        Extension("lightning_fastdata._ext._forkguard", ["lightning_fastdata/_ext/forkguard.c"], optional=True),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

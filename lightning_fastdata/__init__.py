@@ -9,6 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from lightning_fastdata._ext.fork import install_fork_guard
+
+install_fork_guard()  # before any loader forks a worker (lightning_fastdata._ext.fork says why)
+
 if TYPE_CHECKING:
     from lightning_fastdata._ext.native import decoder_summary
     from lightning_fastdata.augment.normalize import Normalizer

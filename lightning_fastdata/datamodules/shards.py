@@ -219,9 +219,9 @@ class ShardDataModule(FastDataModule):
             named = common_classes(files) if files else None
             if named is not None:
                 names = list(named)
-            else:  # numbers, up to the largest label of the first shard (the others are checked when read)
-                first = self._indexes(self.shard_paths[:1])[0]  # kept: not indexed again
-                names = [str(k) for k in range(int(first.labels.max()) + 1)]
+            else:  # numbers, up to the largest label of any training shard (shards sorted by class are common)
+                files = files or self._indexes(self.shard_paths)  # kept: not indexed again
+                names = [str(k) for k in range(max(int(f.labels.max(initial=-1)) for f in files) + 1)]
         self.classes = tuple(names)
 
     @property
@@ -265,13 +265,15 @@ class ShardDataModule(FastDataModule):
             remote = self._remote_parquet(path, label)
             return load_parquet_index(path, self.index_dir, self.image_column, label, remote)
         json_label = self.json_label if labelled else None
-        return load_tar_index(path, self.index_dir, json_label, self._remote_tar(path, json_label))
+        intact = self.dataset_kwargs.get("on_corrupt") == "skip"  # a cut shard keeps its whole samples, warned
+        return load_tar_index(path, self.index_dir, json_label, self._remote_tar(path, json_label, intact), intact)
 
-    def _remote_tar(self, url: str, json_label: str | None) -> tuple[int, int, Any] | None:
+    def _remote_tar(self, url: str, json_label: str | None, intact: bool) -> tuple[int, int, Any] | None:
         shard = self._remote.get(url)
         if shard is None:
             return None
-        return shard.size, shard.version, lambda: self._storage(url).run_direct(index_remote_tar, shard, json_label)
+        return shard.size, shard.version, lambda: self._storage(url).run_direct(index_remote_tar, shard, json_label,
+                                                                                intact)  # fmt: skip
 
     def _remote_parquet(self, url: str, label_column: str | None) -> tuple[int, int, Any] | None:
         shard = self._remote.get(url)

@@ -20,7 +20,7 @@ import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.datasets.group_reads import GroupReads
-from lightning_fastdata.datasets.shard_sources import ShardEntropy, shard_targets
+from lightning_fastdata.datasets.shard_sources import UNLABELLED, ShardEntropy, shard_targets
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values
@@ -103,11 +103,12 @@ class ParquetShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         position = {name: k for k, name in enumerate(self._classes)}
         labels = []
         for f in self.files:
+            raw = np.asarray(f.labels, dtype=np.int64)
+            mapped = np.where(raw < 0, UNLABELLED, raw)  # the hubs' ClassLabel -1: no label, never an index
             if f.label_names:
                 lookup = np.array([position.get(n, -1) for n in f.label_names], dtype=np.int64)
-                labels.append(lookup[f.labels])
-            else:
-                labels.append(f.labels)
+                mapped[raw >= 0] = lookup[raw[raw >= 0]]
+            labels.append(mapped)
         self._targets = shard_targets(np.concatenate(labels)[rows], self._classes, labelled, self.describe)
         if cache_groups < 1:
             raise InvalidValueError(f"cache_groups should be a positive number of row groups, got {cache_groups!r}.")

@@ -373,8 +373,30 @@ class SegmentationFolderDataset(WindowedSegmentation):
             raise InvalidValueError(f"The split {split!r} of {self.root} holds no image.")
         self.storage = open_storage(self.root, options)
         self.table = mask_table(self.pairs.layout, num_classes, ignore_index, label_map)
+        if self.pairs.layout == "paired" and label_map is None and ignore_index == 255:
+            self._refuse_binary_masks()
         #: The images' entropy indexes (:meth:`with_entropy_index`), or ``None``.
         self.entropy_indexes: EntropyIndexes | None = None
+
+    def _refuse_binary_masks(self) -> None:
+        """Refuse paired masks that look coded 0/255 (the common binary convention) unless a ``label_map`` says so.
+
+        255 is the ignore index: such masks would lose every foreground pixel from the loss and metrics, silently.
+
+        Raises:
+            ValueError: If the first (up to 8) masks hold no value but 0 and 255, and some 255.
+        """
+        first = range(min(8, len(self)))
+        values: set[int] = set()
+        for i, data in zip(first, self.storage.read_many([self.pairs.masks[i] for i in first])):
+            values.update(np.unique(read_mask(_checked(data, self.mask_path(i)), self.mask_path(i))).tolist())
+        if values <= {0, 255} and 255 in values:
+            raise InvalidValueError(
+                f"The masks of {self.root} (e.g. {self.mask_path(0)}) hold only 0 and 255: binary masks coded 0/255? "
+                "255 is the ignore index, so every foreground pixel would be left out of the loss and the metrics. "
+                "For binary masks give label_map={0: 0, 255: 1} (and num_classes=2); if 255 means 'ignore' here, "
+                "say so with label_map={0: 0, 255: 255}."
+            )
 
     @property
     def layout(self) -> str:

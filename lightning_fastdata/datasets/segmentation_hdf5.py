@@ -24,7 +24,7 @@ from lightning_fastdata.datasets.segmentation import WindowedSegmentation, sampl
 from lightning_fastdata.datasets.segmentation_layouts import map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 
-__all__ = ["HDF5_SUFFIXES", "SegmentationHDF5Dataset", "hdf5_split_group"]
+__all__ = ["HDF5_SUFFIXES", "SegmentationHDF5Dataset", "hdf5_split_group", "pixel_kind"]
 
 #: File names read as HDF5 files.
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
@@ -51,7 +51,12 @@ def hdf5_split_group(path: str, split: str, images_key: str = "images", top_leve
     )
 
 
-def _kind(images: Any, name: str) -> str:
+def pixel_kind(images: Any, name: str) -> str:
+    """How an HDF5 images dataset holds its pixels: ``"encoded"``, ``"hwc"``, ``"chw"`` or grey (uint8 only).
+
+    Raises:
+        ValueError: For pixels that are not uint8 (named with ``name``).
+    """
     if images.dtype.kind == "O" or images.dtype.metadata and "vlen" in images.dtype.metadata:
         return "encoded"
     if images.dtype != np.uint8:
@@ -112,7 +117,7 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
                 if key not in f:
                     raise PathNotFoundError(f"{self.path} has no dataset {key!r}: give images_key= and masks_key=.")
             images, masks = f[self.keys[0]], f[self.keys[1]]
-            self.kind = _kind(images, f"{self.path}:{self.keys[0]}")
+            self.kind = pixel_kind(images, f"{self.path}:{self.keys[0]}")
             if masks.dtype.kind not in "iu" or not (masks.ndim == 3 or masks.ndim == 4 and masks.shape[3] == 1):
                 raise InvalidValueError(
                     f"{self.path}:{self.keys[1]} is {masks.dtype} of shape {tuple(masks.shape)}: masks are integer "

@@ -205,25 +205,32 @@ def mask_table(
 
     Raises:
         ValueError: If the table maps a value to a class at or above ``num_classes`` (other than the ignore index),
-            or ``label_map`` names no table.
+            a layout's own table has fewer classes than ``num_classes`` (Cityscapes with the default 21), or
+            ``label_map`` names no table.
     """
     table = np.full(256, -1, dtype=np.int16)
     table[ignore_index] = ignore_index
     if isinstance(label_map, str):
         named_table_classes(label_map)
         layout, label_map = label_map, None
+    fixed = None  # the classes a layout's own table gives
     if label_map is not None:
         pairs = {int(k): int(v) for k, v in label_map.items()}
         what = "label_map"
     elif layout == "cityscapes":
         pairs = {**dict.fromkeys(_CITYSCAPES_IGNORED, ignore_index), **CITYSCAPES_TRAIN_IDS}
-        what = "Cityscapes' label table (19 classes)"
+        what, fixed = "Cityscapes' label table (19 classes)", len(CITYSCAPES_CLASSES)
     elif layout == "ade20k":
         pairs = {0: ignore_index, **{k: k - 1 for k in range(1, ADE20K_CLASSES + 1)}}
-        what = "ADE20K's labels (150 classes)"
+        what, fixed = "ADE20K's labels (150 classes)", ADE20K_CLASSES
     else:
         pairs = {k: k for k in range(num_classes)}
         what = ""
+    if fixed is not None and num_classes > fixed:  # the classes above the table's would be trained, never seen
+        raise InvalidValueError(
+            f"{what} gives {fixed} classes and num_classes is {num_classes}: classes {fixed} .. {num_classes - 1} "
+            f"would be trained and scored though no pixel holds them. Give num_classes={fixed}."
+        )
     for value, cls in pairs.items():
         if not 0 <= value <= 255 or not (0 <= cls < num_classes or cls == ignore_index):
             raise InvalidValueError(

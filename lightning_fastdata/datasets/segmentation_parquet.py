@@ -201,8 +201,9 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
         return out
 
     def fingerprint(self) -> str:
-        """Each file's path, size and version as indexed."""
-        return "|".join(f"{f.path}:{f.size}:{f.mtime_ns}" for f in self.files)
+        """Each file's path, size and version as indexed, and the columns read."""
+        files = "|".join(f"{f.path}:{f.size}:{f.mtime_ns}:{f.image_column}" for f in self.files)
+        return f"{files}|masks:{self.mask_column}"
 
     def masks(self) -> Iterator[tuple[int, np.ndarray]]:
         """Every row's mask as the data's classes, a row group at a time."""

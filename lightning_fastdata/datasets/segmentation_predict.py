@@ -24,7 +24,7 @@ from lightning_fastdata.augment.geometry import resize_crop_into
 from lightning_fastdata.augment.segmentation import eval_window
 from lightning_fastdata.datasets.folder import prediction_index
 from lightning_fastdata.datasets.segmentation import SegmentationPredictBatch, _padded, sample_key
-from lightning_fastdata.datasets.segmentation_hdf5 import HDF5_SUFFIXES
+from lightning_fastdata.datasets.segmentation_hdf5 import HDF5_SUFFIXES, pixel_kind
 from lightning_fastdata.datasets.segmentation_parquet import has_parquet_files
 from lightning_fastdata.datasets.segmentation_shards import has_tar_shards
 from lightning_fastdata.errors import DataError, InvalidValueError
@@ -77,6 +77,8 @@ class _HDF5:
             if key not in f:
                 raise DataError(f"{path} has no dataset {key!r} to predict on: give images_key=.")
             images = f[key]
+            if images.dtype.kind != "O" and images.dtype != np.uint8:  # float pixels were cast to 0/1 here
+                pixel_kind(images, f"{path}:{key}")  # refused as training refuses them
             self.count, self.dtype_kind, self.shape = len(images), images.dtype.kind, images.shape
         self._file: Any = None
         self._pid = -1

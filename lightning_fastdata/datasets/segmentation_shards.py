@@ -11,6 +11,7 @@ so an epoch is a global shuffle of all of them, resumable at the exact sample.
 from __future__ import annotations
 
 import glob
+import hashlib
 import io
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -153,8 +154,9 @@ class SegmentationTarDataset(WindowedSegmentation):
         return image, values
 
     def fingerprint(self) -> str:
-        """Each file's path, size and version as indexed."""
-        return "|".join(f"{f.path}:{f.size}:{f.mtime_ns}" for f in self.shards)
+        """Each file's path, size and version as indexed, and where its image and mask members are (``mask_ext``'s)."""
+        members = hashlib.sha256(b"".join(f.images.tobytes() + f.masks.tobytes() for f in self.shards)).hexdigest()
+        return "|".join(f"{f.path}:{f.size}:{f.mtime_ns}" for f in self.shards) + f"|members:{members}"
 
     def masks(self) -> Iterator[tuple[int, np.ndarray]]:
         """Every sample's mask as the data's classes, read in groups of 64 samples."""

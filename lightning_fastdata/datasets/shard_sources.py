@@ -22,7 +22,10 @@ from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.storage.base import is_url
 
-__all__ = ["ShardEntropy", "ShardSources", "shard_file_index", "shard_targets"]
+__all__ = ["UNLABELLED", "ShardEntropy", "ShardSources", "shard_file_index", "shard_targets"]
+
+#: A sample's label where its format says "no label" (the hubs' ``ClassLabel`` -1): never a class.
+UNLABELLED = -(2**62)
 
 
 def shard_file_index(paths: Sequence[str], sizes: Sequence[int], versions: Sequence[int], count: int) -> FileIndex:
@@ -81,12 +84,19 @@ def shard_targets(targets: np.ndarray, classes: Sequence[str], labelled: bool, d
     With ``labelled=False`` (samples to predict on): each sample's position, which a prediction batch carries instead.
 
     Raises:
-        ValueError: For a label outside ``classes``, naming its sample (``describe(i)``); ``-1`` is a class name the
-            list lacks.
+        ValueError: For a sample with no label (:data:`UNLABELLED`) or a label outside ``classes``, naming its sample
+            (``describe(i)``); ``-1`` is a class name the list lacks.
     """
     targets = np.asarray(targets, dtype=np.int64)
     if not labelled:
         return np.arange(len(targets), dtype=np.int64)
+    none = np.flatnonzero(targets == UNLABELLED)
+    if none.size:
+        raise InvalidValueError(
+            f'{describe(int(none[0]))}: {none.size} rows have no label (-1, the hubs\' "no label", as their test '
+            "splits ship); a split without labels cannot be trained or evaluated on: predict on it instead "
+            "(predict_shards=), or give its rows labels."
+        )
     bad = np.flatnonzero((targets < 0) | (targets >= len(classes)))
     if bad.size:
         raise InvalidValueError(

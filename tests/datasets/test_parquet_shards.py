@@ -268,3 +268,24 @@ def test_sampling_settings_draw_from_parquet_rows_as_from_a_folder(
     a, b = list(ours.train_dataloader()), list(folder.train_dataloader())
     assert sum(len(x[1]) for x in a) == 30 and {int(v) for x in a for v in x[1]} <= {0, 1}
     assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+
+
+def test_the_hubs_no_label_is_never_a_class(image_folder: Path, tmp_path: Path) -> None:
+    """The hubs' ClassLabel -1 ("no label", as their test splits ship) was read as the last class (numpy's -1 index):
+    a split of such rows is refused for training and evaluation, naming the file and how many rows lack a label, and
+    still predicts (its rows carry their positions, no label)."""
+    from lightning_fastdata import ShardDataModule
+
+    index = LocalStorage(str(image_folder)).list_files()
+    out = tmp_path / "hub"
+    out.mkdir()
+    table = hub_table(index, range(0, 10), "classlabel")
+    unlabelled = table.set_column(1, "label", pa.array([-1] * 10, pa.int64()))
+    pq.write_table(unlabelled, out / "test-00000-of-00001.parquet", row_group_size=4)
+    with pytest.raises(ValueError, match=r"test-00000-of-00001.parquet.*10 rows have no label \(-1"):
+        dataset([out / "test-00000-of-00001.parquet"], tmp_path, train=False)
+    predict = dataset([out / "test-00000-of-00001.parquet"], tmp_path, train=False, labelled=False)
+    assert predict.targets.tolist() == list(range(10))
+    dm = ShardDataModule(str(out), index_dir=str(tmp_path / "idx"), image_size=16, batch_size=4, val_fraction=0.0)
+    with pytest.raises(ValueError, match="have no label"):
+        dm.setup("fit")

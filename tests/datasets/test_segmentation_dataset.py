@@ -112,6 +112,9 @@ def test_ade20k_and_cityscapes_layouts_mean_their_own_mask_values(tmp_path: Path
         ]
         with pytest.raises(ValueError, match=r"\(19 classes\) maps the mask value 19 to 6: .*\(num_classes=6\)"):
             SegmentationFolderDataset(root, split, num_classes=6)
+    # the module's default of 21 (VOC's) trained two classes no Cityscapes pixel holds, and ADE20K's 150 read as 151
+    with pytest.raises(ValueError, match=rf"gives {classes} classes and num_classes is {classes + 2}: .* Give num"):
+        SegmentationFolderDataset(root, split, num_classes=classes + 2)
 
 
 def test_paired_folders_match_by_relative_path_and_stem_and_take_a_label_map(tmp_path: Path) -> None:
@@ -141,3 +144,26 @@ def test_paired_folders_match_by_relative_path_and_stem_and_take_a_label_map(tmp
         SegmentationFolderDataset(root, "", num_classes=N, layout="paired", images_dir="pics", masks_dir="labels")
     with pytest.raises(FileNotFoundError, match="is not a segmentation layout this package knows"):
         SegmentationFolderDataset(root, "", num_classes=N)
+
+
+def test_paired_binary_masks_coded_0_255_are_not_silently_ignored(tmp_path: Path) -> None:
+    """Binary masks coded 0/255 (the common convention) in paired folders: 255 is the ignore index, so every
+    foreground pixel was dropped from the loss and metrics without a word. Now refused, naming the masks and the two
+    label_maps; with label_map={0: 0, 255: 1} the foreground is class 1."""
+    src = make_segmentation_folder(tmp_path / "voc", count=4, size=(60, 40), seed=3)
+    root = tmp_path / "binary"
+    for sub in ("images/train", "annotations/train"):
+        (root / sub).mkdir(parents=True)
+    for jpg in sorted((src / "JPEGImages").iterdir()):
+        shutil.copy(jpg, root / "images" / "train" / jpg.name)
+        mask = np.asarray(Image.open(src / "SegmentationClass" / f"{jpg.stem}.png"))
+        foreground = (mask > 0) & (mask != 255)
+        Image.fromarray(np.where(foreground, 255, 0).astype(np.uint8), mode="L").save(
+            root / "annotations" / "train" / f"{jpg.stem}.png"
+        )
+    with pytest.raises(ValueError, match=r"hold only 0 and 255: binary masks .* label_map=\{0: 0, 255: 1\}"):
+        SegmentationFolderDataset(root, "train", num_classes=2)
+    ds = SegmentationFolderDataset(root, "train", num_classes=2, label_map={0: 0, 255: 1}, train=False, base_size=40)
+    masks = ds.__getitems__(list(range(len(ds))))[1]
+    assert set(torch.unique(masks).tolist()) == {0, 1, 255}  # 255: the padding of the smaller scenes
+    assert (masks == 1).sum() > 300  # the objects, which the 0/255 coding had made ignored

@@ -158,3 +158,40 @@ def test_predict_reads_shards_parquet_and_hdf5_and_writes_masks_named_after_thei
     assert written["hdf5"][1][0].endswith("scans.h5:images[1]")
     with Image.open(tmp_path / "masks-hdf5" / "scans" / "000002.png") as mask:
         assert mask.size == (70, 50)
+
+
+@pytest.mark.timeout(240)
+def test_a_cache_is_named_after_the_mask_column_it_holds(data: tuple[Path, Path], tmp_path: Path) -> None:
+    """Two mask columns of one Parquet file cached in one cache_dir: each its own cache (before, the name left the
+    column out and the second trained on the first's masks)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from lightning_fastdata.datasets.segmentation_convert import write_segmentation_parquet
+
+    voc, _ = data
+    parquet = tmp_path / "parquet"
+    for split in ("train", "val"):
+        for path in write_segmentation_parquet(voc, split, parquet / split, shard_bytes=1 << 30, rows_per_group=4):
+            table = pq.read_table(path)
+            sizes = [Image.open(io.BytesIO(v["bytes"])).size for v in table.column("annotation").to_pylist()]
+            blank = []
+            for w, h in sizes:
+                out = io.BytesIO()
+                Image.fromarray(np.zeros((h, w), np.uint8), mode="L").save(out, format="PNG")
+                blank.append({"bytes": out.getvalue(), "path": None})
+            pq.write_table(table.append_column("blank", pa.array(blank, table.schema.field("annotation").type)), path,
+                           row_group_size=4)  # fmt: skip
+    cache = str(tmp_path / "cache")
+    kw = dict(shuffle_buffer=None, cache_dir=cache, num_workers=0)
+    first = module(str(parquet), tmp_path, mask_column="annotation", **kw)
+    first.prepare_data()
+    masks = torch.cat([b[1].flatten() for b in batches(first)])
+    assert ((masks > 0) & (masks < 255)).any()
+    second = module(str(parquet), tmp_path, mask_column="blank", **kw)
+    second.prepare_data()
+    masks = torch.cat([b[1].flatten() for b in batches(second)])
+    assert not ((masks > 0) & (masks < 255)).any()  # background and padding only: the blank column's own masks
+    assert len(list(Path(cache).glob("segmentation-*"))) == 4  # two splits, two columns

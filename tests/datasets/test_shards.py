@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import tarfile
 from collections import Counter
 from pathlib import Path
@@ -215,3 +216,50 @@ def test_shards_written_by_webdatasets_own_writer_are_read_with_their_labels(
     ours = TarShardDataset(dm.train_dataset.shards, index.classes, train=False, **KW)  # type: ignore[union-attr]
     keys = [(0, i) for i in range(len(ours))]
     assert torch.equal(folder.__getitems__(keys)[0], ours.__getitems__(keys)[0])
+
+
+def test_numbered_classes_come_from_every_shard_not_the_first(image_folder: Path, tmp_path: Path) -> None:
+    """webdataset's ShardWriter shards sorted so that the first holds labels 0-1 and the second 0-2 (no names, no
+    classes.json): every shard's labels are in the index, so the classes are 0-2 (before: '2, outside the 2 classes'
+    at setup, read from the first shard alone)."""
+    wds = pytest.importorskip("webdataset")
+    from lightning_fastdata import ShardDataModule
+    from lightning_fastdata.loading.storage.local import LocalStorage
+
+    index = LocalStorage(str(image_folder)).list_files()
+    order = sorted(range(len(index)), key=lambda i: int(index.labels[i]))
+    (tmp_path / "wds").mkdir()
+    with wds.ShardWriter(str(tmp_path / "wds" / "train-%06d.tar"), maxcount=20, verbose=0) as sink:
+        for i in order:
+            sink.write({"__key__": f"s{i:06d}", "jpg": Path(index.path(i)).read_bytes(), "cls": int(index.labels[i])})
+    dm = ShardDataModule(str(tmp_path / "wds"), index_dir=str(tmp_path / "idx"), image_size=16, batch_size=8,
+                         val_fraction=0.0, num_workers=0)  # fmt: skip
+    assert dm.classes == ("0", "1", "2")
+    dm.setup("fit")
+    assert sorted(dm.train_dataset.targets.tolist()) == sorted(index.labels.tolist())  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(120)
+def test_a_shard_cut_short_keeps_its_whole_samples_with_on_corrupt_skip(shards: list[Path], tmp_path: Path) -> None:
+    """One shard cut in the middle (an interrupted copy): with on_corrupt="skip" the samples whole before the cut and
+    every other shard train, warned with the count (before: 'not a readable uncompressed tar shard' stopped the run);
+    with "raise", it is still named."""
+    from lightning_fastdata import ShardDataModule
+
+    folder = tmp_path / "cut"
+    folder.mkdir()
+    for p in shards:
+        shutil.copy(p, folder / p.name)
+    shutil.copy(shards[0].parent / "classes.json", folder / "classes.json")
+    whole = [len(index_tar(p)) for p in shards]
+    cut = folder / shards[1].name
+    data = cut.read_bytes()
+    cut.write_bytes(data[: len(data) // 2 + 100])
+    kw: dict = dict(index_dir=str(tmp_path / "idx"), image_size=16, batch_size=4, val_fraction=0.0, num_workers=2)
+    with pytest.raises(DataError, match=rf"{cut.name} is cut short .* pass on_corrupt=.skip."):
+        ShardDataModule(str(folder), **kw).setup("fit")
+    with pytest.warns(UserWarning, match=rf"{cut.name} is cut short .* its first \d+ samples, whole, are read"):
+        dm = ShardDataModule(str(folder), on_corrupt="skip", **kw)
+        dm.setup("fit")
+    served = sum(len(b[1]) for b in dm.train_dataloader())
+    assert sum(whole) - whole[1] < served < sum(whole)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
@@ -90,32 +91,40 @@ def _label(data: bytes, ext: str, where: str, json_label: str | None) -> int:
         raise DataError(f"{where}: the label{field} is not an integer: {data[:40]!r}.") from None
 
 
-def index_tar(path: str | os.PathLike[str], json_label: str | None = "label") -> TarIndex:
+def index_tar(path: str | os.PathLike[str], json_label: str | None = "label", keep_intact: bool = False) -> TarIndex:
     """Index one uncompressed tar shard (module docstring): the headers and the label members, not the images.
 
     Raises:
-        DataError: On a truncated or unreadable shard, a compressed one, or a sample without an image or a label
-            (named by shard and member).
+        DataError: On a truncated or unreadable shard (unless ``keep_intact``), a compressed one, or a sample without
+            an image or a label (named by shard and member).
     """
     path = os.fspath(path)
     st = os.stat(path)
     with open(path, "rb") as f:
-        return index_tar_file(f, path, st.st_size, st.st_mtime_ns, json_label)
+        return index_tar_file(f, path, st.st_size, st.st_mtime_ns, json_label, keep_intact)
 
 
 def index_tar_file(
-    fileobj: IO[bytes], path: str, size: int, version: int, json_label: str | None = "label"
+    fileobj: IO[bytes],
+    path: str,
+    size: int,
+    version: int,
+    json_label: str | None = "label",
+    keep_intact: bool = False,
 ) -> TarIndex:
     """:func:`index_tar` of an open, seekable shard (a local file, or an object read by ranges) of ``size`` bytes.
 
     ``path`` names it in errors and in the index; ``version`` is its modification time (or an object's version);
-    ``json_label=None``: unlabelled samples (to predict on), every label ``-1``.
+    ``json_label=None``: unlabelled samples (to predict on), every label ``-1``. ``keep_intact`` (a module's
+    ``on_corrupt="skip"``): a shard cut short (an interrupted copy) keeps the samples whole before the cut, warned with
+    how many, instead of an error that stops the run.
     """
     keys: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
     labels: list[int] = []
     current: dict[str, object] = {}
+    cut = False
 
     def close() -> None:
         if not current:
@@ -153,15 +162,33 @@ def index_tar_file(
                     handle = tf.extractfile(member)
                     assert handle is not None
                     current["label"] = _label(handle.read(), kind, where, json_label)
-            close()
     except tarfile.TarError as err:
-        raise DataError(
-            f"{path} is not a readable uncompressed tar shard ({err}): truncated, compressed, or not a tar. Write "
-            "shards with `fastdata convert shards` (or webdataset's ShardWriter), uncompressed."
-        ) from None
-    end = max((o + s for o, s in zip(offsets, sizes)), default=0)
-    if end > size:
-        raise DataError(f"{path} is truncated: its last image ends at byte {end}, the file has {size}.")
+        if not keep_intact:
+            raise DataError(
+                f"{path} is not a readable uncompressed tar shard ({err}): truncated, compressed, or not a tar. Write "
+                "shards with `fastdata convert shards` (or webdataset's ShardWriter), uncompressed."
+            ) from None
+        cut = True
+    cut = cut or _lacks_end(fileobj, size)
+    if cut:
+        current.clear()  # the sample at the cut may lack members: never a whole one
+    else:
+        close()
+    whole = sum(1 for o, n in zip(offsets, sizes) if o + n <= size)  # samples are in member order
+    if cut or whole < len(keys):
+        if not keep_intact:
+            raise DataError(
+                f"{path} is cut short (no tar end after its last member; an interrupted copy?). Copy it again, or "
+                "pass on_corrupt='skip' to train on its whole samples."
+            )
+        if not whole:
+            raise DataError(f"{path} is cut short before its first whole sample: copy the shard again.")
+        warnings.warn(
+            f"{path} is cut short (an interrupted copy?): its first {whole} samples, whole, are read; the rest of it "
+            "is lost to this run (on_corrupt='skip'). Copy the shard again to train on all of it.",
+            stacklevel=2,
+        )
+        del keys[whole:], offsets[whole:], sizes[whole:], labels[whole:]
     return TarIndex(
         path,
         size,
@@ -173,17 +200,27 @@ def index_tar_file(
     )
 
 
+def _lacks_end(fileobj: IO[bytes], size: int) -> bool:
+    """Whether a tar lacks the zero blocks every writer ends one with (tarfile reads a cut one as if whole)."""
+    if size < 1024:
+        return True
+    fileobj.seek(size - 1024)
+    return fileobj.read(1024) != bytes(1024)
+
+
 def load_tar_index(
     path: str | os.PathLike[str],
     index_dir: str | os.PathLike[str],
     json_label: str | None = "label",
     remote: tuple[int, int, Callable[[], TarIndex]] | None = None,
+    keep_intact: bool = False,
 ) -> TarIndex:
     """The shard's index: kept in ``index_dir`` under its path, size and modification time, else built and kept.
 
     Built by :func:`index_tar` and written atomically (:func:`~lightning_fastdata.loading.index.kept.kept_index`); an
     ``index_dir`` that cannot be written is skipped (the index is then built each time). ``remote``: a shard in a
     bucket (``path`` its URL): its size, its version, and what builds its index (reading it by ranges).
+    ``keep_intact``: :func:`index_tar_file`'s.
     """
 
     def load(f: Any, path: str, size: int, version: int) -> TarIndex:
@@ -194,5 +231,6 @@ def load_tar_index(
         return {"keys": string_array(index.keys), "offsets": index.offsets, "sizes": index.sizes,
                 "labels": index.labels}  # fmt: skip
 
-    settings = f"{_FORMAT}|{json_label}"
-    return kept_index(path, index_dir, "tar-index", settings, remote, lambda p: index_tar(p, json_label), load, save)
+    settings = f"{_FORMAT}|{json_label}" + ("|intact" if keep_intact else "")  # a cut shard's index is its own
+    build = lambda p: index_tar(p, json_label, keep_intact)  # noqa: E731
+    return kept_index(path, index_dir, "tar-index", settings, remote, build, load, save)

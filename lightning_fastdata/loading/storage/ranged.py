@@ -145,10 +145,10 @@ class RangedFile(io.RawIOBase):
         return n
 
 
-def index_remote_tar(store: Any, shard: RemoteShard, json_label: str | None) -> TarIndex:
+def index_remote_tar(store: Any, shard: RemoteShard, json_label: str | None, keep_intact: bool = False) -> TarIndex:
     """:func:`~lightning_fastdata.loading.index.tar_index.index_tar` of a shard in a bucket (read once, in blocks)."""
     with io.BufferedReader(RangedFile(store, shard), buffer_size=1 << 16) as f:
-        return index_tar_file(f, shard.url, shard.size, shard.version, json_label)
+        return index_tar_file(f, shard.url, shard.size, shard.version, json_label, keep_intact)
 
 
 def index_remote_parquet(store: Any, shard: RemoteShard, image_column: str, label_column: str | None) -> ParquetIndex:

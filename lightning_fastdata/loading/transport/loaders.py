@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from lightning_fastdata.loading.transport.torch_internals import (
     worker_pids,
 )
 from lightning_fastdata.loading.transport.torchdata_internals import batches_yielded, sampler_state
+from lightning_fastdata.loading.transport.worker_start import StartedWorkerInit, StartWatch, raise_cause
 
 __all__ = ["SETTINGS_KEY", "PrefetchingDataLoader", "PrefetchingStatefulDataLoader", "with_prefetch"]
 
@@ -60,6 +62,15 @@ def _shut_down_workers_at_exit() -> None:
             pass
 
 
+def _with_cause(start: Callable[[], Any], watch: StartWatch | None) -> Any:
+    """``start()`` (a loader's ``iter()``, which may wait for its workers), raising why a worker did not start."""
+    try:
+        return start()
+    except (RuntimeError, KeyboardInterrupt) as err:
+        raise_cause(err, watch)
+        raise
+
+
 def _prefetcher(device: torch.device | str | None) -> DevicePrefetcher | None:
     return None if device is None else DevicePrefetcher(device)
 
@@ -75,27 +86,47 @@ class _TransportMixin:
     batch_transport: BatchTransport
     prefetch_device: torch.device | str | None
     num_workers: int
+    persistent_workers: bool
+    _iterator: Any
     batch_size: int | None
     _watched: weakref.ref[Any] | None = None
     _inner: weakref.ref[Any] | None = None
 
     @staticmethod
     def _transport_kwargs(batch_transport: str, kwargs: dict[str, Any]) -> tuple[BatchTransport, dict[str, Any]]:
-        """Resolve the transport; with the pool, wrap ``worker_init_fn`` so that each worker turns it on."""
+        """Resolve the transport; wrap ``worker_init_fn`` so that each worker records that it started.
+
+        With the pool, the wrapped initialiser turns it on first (:mod:`~lightning_fastdata.loading.transport.shm_pool`,
+        :mod:`~lightning_fastdata.loading.transport.worker_start`).
+        """
         transport = shm_pool.resolve_transport(batch_transport)
         init = kwargs.get("worker_init_fn")
-        if isinstance(init, PoolWorkerInit):  # a re-instantiated copy (Lightning passes our own attribute back)
+        if isinstance(init, StartedWorkerInit):  # a re-instantiated copy (Lightning passes our own attribute back)
             init = init.inner
-        if transport == "shm_pool" and kwargs.get("num_workers", 0) > 0:
+        if isinstance(init, PoolWorkerInit):
+            init = init.inner
+        workers = kwargs.get("num_workers", 0)
+        if transport == "shm_pool" and workers > 0:
             init = PoolWorkerInit(init)
+        if workers > 0:
+            init = StartedWorkerInit(init, workers, kwargs.get("multiprocessing_context"))
         return transport, {**kwargs, "worker_init_fn": init}
 
     def _pooled(self) -> bool:
         return self.batch_transport == "shm_pool" and self.num_workers > 0
 
-    def _watch(self, inner: Any) -> None:
+    def _watch_start(self) -> StartWatch | None:
+        """Before an ``iter()`` that forks workers (not a persistent loader's later epochs): watch them start."""
+        init = getattr(self, "worker_init_fn", None)
+        if not isinstance(init, StartedWorkerInit) or (self.persistent_workers and self._iterator is not None):
+            return None
+        return StartWatch(init, self.num_workers)
+
+    def _watch(self, inner: Any, watch: StartWatch | None = None) -> None:
         """Forget this iterator's workers' buffers once it is freed (its workers are joined by then)."""
         self._inner = weakref.ref(inner)
+        if watch is not None:
+            weakref.finalize(inner, watch.stop).atexit = False
         if has_workers_to_shut_down(inner):
             _LIVE_ITERATORS.add(inner)
         if self._pooled() and (self._watched is None or self._watched() is not inner):
@@ -146,12 +177,13 @@ class PrefetchingDataLoader(_TransportMixin, DataLoader):
         self._prefetcher = _prefetcher(prefetch_device)
 
     def __iter__(self) -> Any:
-        inner = super().__iter__()
-        self._watch(inner)
+        watch = self._watch_start()
+        inner = _with_cause(super().__iter__, watch)
+        self._watch(inner, watch)
         on_exhausted = self._on_exhausted()
-        if self._prefetcher is None and on_exhausted is None:
+        if self._prefetcher is None and on_exhausted is None and watch is None:
             return inner
-        return PrefetchIterator(inner, self._prefetcher, on_exhausted=on_exhausted)
+        return PrefetchIterator(inner, self._prefetcher, on_exhausted=on_exhausted, watch=watch)
 
 
 class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
@@ -195,9 +227,10 @@ class PrefetchingStatefulDataLoader(_TransportMixin, StatefulDataLoader):
 
     def __iter__(self) -> PrefetchIterator:
         state_fn = super().state_dict if self.exact_state else None  # out of order: no state worth tracking
-        inner = super().__iter__()
-        self._watch(inner)
-        it = PrefetchIterator(inner, self._prefetcher, state_fn, self._on_exhausted())
+        watch = self._watch_start()
+        inner = _with_cause(super().__iter__, watch)
+        self._watch(inner, watch)
+        it = PrefetchIterator(inner, self._prefetcher, state_fn, self._on_exhausted(), watch)
         it.returned = self._batches_done_before(inner)
         self._current = weakref.ref(it)
         return it

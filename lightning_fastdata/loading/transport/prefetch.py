@@ -15,6 +15,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from lightning_fastdata.loading.batch import move_to_device
+from lightning_fastdata.loading.transport.worker_start import StartWatch, raise_cause
 
 __all__ = ["DevicePrefetcher", "PrefetchIterator"]
 
@@ -79,6 +80,8 @@ class PrefetchIterator:
         prefetcher: Moves batches to the device one step ahead; ``None`` for no look-ahead.
         state_fn: Returns the loader's live state (``None``: a loader without state).
         on_exhausted: Called once when ``inner`` is exhausted (the loader's end-of-epoch clean-up).
+        watch: Watches ``inner``'s workers start: if one did not in time, its error (torch's, or the interrupt it
+            sent) is raised as :class:`~lightning_fastdata.loading.transport.worker_start.WorkerStartError`.
     """
 
     def __init__(
@@ -87,8 +90,10 @@ class PrefetchIterator:
         prefetcher: DevicePrefetcher | None = None,
         state_fn: Callable[[], dict[str, Any]] | None = None,
         on_exhausted: Callable[[], None] | None = None,
+        watch: StartWatch | None = None,
     ) -> None:
         self.inner = inner
+        self.watch = watch
         self.on_exhausted = on_exhausted
         self.prefetcher = prefetcher
         self.state_fn = state_fn
@@ -103,6 +108,9 @@ class PrefetchIterator:
     def _next_inner(self) -> Any:
         try:
             return next(self.inner)
+        except (RuntimeError, KeyboardInterrupt) as err:
+            raise_cause(err, self.watch)
+            raise
         except StopIteration:
             if self.on_exhausted is not None:
                 self.on_exhausted()
