@@ -156,12 +156,11 @@ def _size_bytes(text: str) -> int:
 def _convert_shards(args: argparse.Namespace, rest: list[str]) -> None:
     from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
 
+    order = {"overwrite": args.overwrite, "shuffle": args.shuffle, "seed": args.seed}
     if args.format == "parquet":
-        written = write_parquet_shards(
-            args.src, args.dst, args.shard_size, rows_per_group=args.rows_per_group, overwrite=args.overwrite
-        )
+        written = write_parquet_shards(args.src, args.dst, args.shard_size, rows_per_group=args.rows_per_group, **order)
     else:
-        written = write_tar_shards(args.src, args.dst, shard_bytes=args.shard_size, overwrite=args.overwrite)
+        written = write_tar_shards(args.src, args.dst, shard_bytes=args.shard_size, **order)
     print(f"fastdata convert: wrote {len(written)} {args.format} shard(s) in {args.dst}")
 
 
@@ -324,6 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     tars.add_argument("--shard-size", type=_size_bytes, default=10**9, help="about this much a shard (1GB, 64MB)")
     tars.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
     tars.add_argument("--overwrite", action="store_true", help="replace shards already in --dst")
+    tars.add_argument(
+        "--shuffle",
+        action="store_true",
+        help="write the samples in a random order (what windowed readers assume); default: the folder's, by class",
+    )
+    tars.add_argument("--seed", type=int, default=0, help="with --shuffle: the order's seed")
     tars.set_defaults(handler=_convert_shards)
     seg = targets.add_parser(
         "segmentation",

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
 
@@ -28,6 +29,7 @@ from lightning_fastdata.loading.jpeg.entropy_index import (
     load_entropy_index,
 )
 from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index, start_background_build
+from lightning_fastdata.loading.sampler import window_mix
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.ranged import (
     RemoteShard,
@@ -290,9 +292,29 @@ class ShardDataModule(FastDataModule):
         if self.format == "parquet":
             files: Any = self._indexes(paths, labelled)
             buffer = self.shuffle_buffer if train else None
-            return ParquetShardDataset(files, self.data_classes, indices=indices, shuffle_buffer=buffer, **kwargs)
+            dataset = ParquetShardDataset(files, self.data_classes, indices=indices, shuffle_buffer=buffer, **kwargs)
+            if dataset.windows is not None and labelled:
+                self._check_mix(dataset)
+            return dataset
         blocks = {"block_bytes": self.block_bytes, "shuffle_buffer": self.shuffle_buffer if train else None}
         return TarShardDataset(self._indexes(paths, labelled), self.data_classes, indices=indices, **blocks, **kwargs)  # type: ignore[arg-type]
+
+    def _check_mix(self, dataset: ParquetShardDataset) -> None:
+        """Warn where the windows of row groups, over files written class after class, narrow every batch.
+
+        webdataset and Mosaic assume shards written shuffled; files written in a listing's order (our own converter,
+        most exports) hold a class or two per row group, so a window of them mixes far fewer classes per batch than a
+        full shuffle would. Measured here from the labels the index already holds, on one epoch's order.
+        """
+        windowed, full = window_mix(dataset.windows, dataset.targets, self.batch_size, self.seed)  # type: ignore[arg-type]
+        if windowed < 0.8 * full:
+            rank_zero_warn(
+                f"The training order's windows of row groups (shuffle_buffer={self.shuffle_buffer}) draw "
+                f"{windowed:.1f} classes per batch of {self.batch_size}, where a full shuffle would draw {full:.1f}: "
+                f"the Parquet files were written class after class ({self.shard_paths[0]}, ...). Rewrite them "
+                "shuffled (`fastdata convert shards --shuffle`), or give a larger shuffle_buffer, or "
+                "shuffle_buffer=None (a full shuffle, slower)."
+            )
 
     @override
     def prepare_data(self) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from lightning_fastdata.errors import InvalidValueError, PathExistsError
@@ -72,14 +73,23 @@ def _glob(name: str) -> str:
 
 
 def _listing(
-    src: str | os.PathLike[str] | FileIndex, dst: str | os.PathLike[str], shard_bytes: int, name: str, overwrite: bool
+    src: str | os.PathLike[str] | FileIndex,
+    dst: str | os.PathLike[str],
+    shard_bytes: int,
+    name: str,
+    overwrite: bool,
+    shuffle: bool = False,
+    seed: int = 0,
 ) -> FileIndex:
-    """The folder's file index, ``dst`` made ready (:func:`shard_destination`); refuses a bad size."""
+    """The folder's file index, ``dst`` made ready (:func:`shard_destination`); refuses a bad size.
+
+    With ``shuffle``, the index in a permutation drawn from ``seed``.
+    """
     if shard_bytes <= 0:
         raise InvalidValueError(f"shard_bytes should be a positive size in bytes, got {shard_bytes!r}.")
     index = src if isinstance(src, FileIndex) else LocalStorage(os.fspath(src)).list_files()
     shard_destination(dst, name, overwrite, index.root)
-    return index
+    return index.subset(np.random.default_rng(seed).permutation(len(index))) if shuffle else index
 
 
 def pack_shards(
@@ -126,11 +136,15 @@ def write_tar_shards(
     shard_bytes: int = 1 << 30,
     prefix: str = "shard",
     overwrite: bool = False,
+    shuffle: bool = False,
+    seed: int = 0,
 ) -> list[Path]:
     """Pack ``src/<class>/<image>`` (or a :class:`~lightning_fastdata.loading.index.files.FileIndex`) into tar shards.
 
-    Sample ``i`` (in the listing's order) has the key ``{i:08d}``, its image member keeps the file's extension (lower
-    case), its ``.cls`` member holds its label; ``dst/classes.json`` lists the class names.
+    Sample ``i`` (in the listing's order, or with ``shuffle`` in a permutation of it drawn from ``seed``) has the key
+    ``{i:08d}``, its image member keeps the file's extension (lower case), its ``.cls`` member holds its label;
+    ``dst/classes.json`` lists the class names. A listing is class after class: readers that shuffle in windows
+    (webdataset's buffer, Mosaic, our Parquet windows) assume shards written shuffled, so write with ``shuffle``.
 
     Returns:
         The shards written, in order.
@@ -140,7 +154,7 @@ def write_tar_shards(
         FileExistsError: If ``dst`` already holds shards and not ``overwrite`` (then they are replaced).
     """
     name = f"{prefix}-%06d.tar"
-    index = _listing(src, dst, shard_bytes, name, overwrite)
+    index = _listing(src, dst, shard_bytes, name, overwrite, shuffle, seed)
 
     def write(tf: tarfile.TarFile, rows: list[tuple[int, bytes]]) -> None:
         for i, data in rows:
@@ -166,11 +180,15 @@ def write_parquet_shards(
     prefix: str = "shard",
     rows_per_group: int = 100,
     overwrite: bool = False,
+    shuffle: bool = False,
+    seed: int = 0,
 ) -> list[Path]:
     """Write ``src/<class>/<image>`` (or a :class:`~lightning_fastdata.loading.index.files.FileIndex`) as Parquet.
 
     The hubs' layout (module docstring): what ``datasets.load_dataset("parquet", ...)`` and
     :class:`~lightning_fastdata.datamodules.shards.ShardDataModule` read, the class names in the schema metadata.
+    Rows in the listing's order, or with ``shuffle`` in a permutation of it drawn from ``seed`` (what training in
+    windows of row groups needs: :func:`write_tar_shards`).
 
     Returns:
         The files written, in order.
@@ -185,7 +203,7 @@ def write_parquet_shards(
     if rows_per_group <= 0:
         raise InvalidValueError(f"rows_per_group should be a positive number of rows, got {rows_per_group!r}.")
     name = f"{prefix}-%06d.parquet"
-    index = _listing(src, dst, shard_bytes, name, overwrite)
+    index = _listing(src, dst, shard_bytes, name, overwrite, shuffle, seed)
     features = {"image": {"_type": "Image"}, "label": {"names": list(index.classes), "_type": "ClassLabel"}}
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     schema = pa.schema([("image", image_type), ("label", pa.int64())]).with_metadata(

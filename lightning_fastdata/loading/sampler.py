@@ -13,7 +13,7 @@ from torch.utils.data import DistributedSampler
 
 from lightning_fastdata.loading.sampling import EpochDraws, describe_change
 
-__all__ = ["BatchLookahead", "EpochSampler", "SampleKey", "ShuffleWindows"]
+__all__ = ["BatchLookahead", "EpochSampler", "SampleKey", "ShuffleWindows", "classes_per_batch", "window_mix"]
 
 #: What :class:`EpochSampler` yields: ``(epoch, index)``, or ``(epoch, index, repeat)`` with repeated augmentation.
 #: Datasets derive a sample's random augmentation from ``(seed, epoch, index, repeat)``, so it depends neither on the
@@ -59,6 +59,29 @@ class ShuffleWindows:
         window_of = np.repeat(np.arange(len(groups)) // self.window, sizes)
         noise = torch.rand(length, generator=gen, dtype=torch.float64).numpy()
         return torch.from_numpy(positions[np.lexsort((noise, window_of))])
+
+
+def classes_per_batch(targets: np.ndarray, order: np.ndarray, batch_size: int) -> float:
+    """The mean number of distinct classes in the batches of ``batch_size`` that ``order`` makes of ``targets``."""
+    whole = len(order) // batch_size * batch_size
+    if not whole:
+        return float(len(np.unique(targets[order])))
+    batches = np.sort(np.asarray(targets)[order[:whole]].reshape(-1, batch_size), axis=1)
+    return float(((np.diff(batches, axis=1) != 0).sum(axis=1) + 1).mean())
+
+
+def window_mix(
+    windows: ShuffleWindows, targets: np.ndarray, batch_size: int, seed: int = 0, samples: int = 200_000
+) -> tuple[float, float]:
+    """Classes per batch in ``windows``' order and in a full shuffle of the same ``targets``.
+
+    One epoch's order, up to ``samples`` of it: how much the windows, over shards written class after class, narrow
+    each batch.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    windowed = windows.order(len(targets), gen).numpy()[:samples]
+    full = torch.randperm(len(targets), generator=gen).numpy()[:samples]
+    return classes_per_batch(targets, windowed, batch_size), classes_per_batch(targets, full, batch_size)
 
 
 class EpochSampler(DistributedSampler):

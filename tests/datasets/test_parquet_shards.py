@@ -289,3 +289,28 @@ def test_the_hubs_no_label_is_never_a_class(image_folder: Path, tmp_path: Path) 
     dm = ShardDataModule(str(out), index_dir=str(tmp_path / "idx"), image_size=16, batch_size=4, val_fraction=0.0)
     with pytest.raises(ValueError, match="have no label"):
         dm.setup("fit")
+
+
+def test_files_written_class_after_class_are_warned_about_and_shuffled_ones_are_not(tmp_path: Path) -> None:
+    """20 classes of 8 images written in listing order (our converter's default, class after class) in row groups of
+    4: windows of 16 rows draw a few classes per batch of 16 where a full shuffle draws about 11, and setup says so
+    with both numbers; the same images written with --shuffle train without the warning."""
+    import warnings
+
+    from lightning_fastdata import ShardDataModule
+    from lightning_fastdata.cli import main
+    from lightning_fastdata.demos import make_image_folder
+
+    folder = make_image_folder(tmp_path / "folder", num_classes=20, per_class=8, size=(24, 16))
+    kw: dict = dict(image_size=16, batch_size=16, val_fraction=0.0, shuffle_buffer=16, num_workers=0)
+    sorted_files = write_parquet_shards(folder, tmp_path / "sorted", rows_per_group=4)
+    with pytest.warns(UserWarning, match=r"draw \d\.\d classes per batch of 16, where a full shuffle would draw 1\d"):
+        ShardDataModule(str(sorted_files[0].parent), index_dir=str(tmp_path / "idx"), **kw).setup("fit")
+    main(["convert", "shards", "--src", str(folder), "--dst", str(tmp_path / "mixed"), "--format", "parquet",
+          "--rows-per-group", "4", "--shuffle"])  # fmt: skip
+    mixed = ShardDataModule(str(tmp_path / "mixed"), index_dir=str(tmp_path / "idx"), **kw)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*classes per batch")
+        mixed.setup("fit")
+    labels = sorted(int(x) for _, batch in mixed.train_dataloader() for x in batch)
+    assert labels == sorted(k for k in range(20) for _ in range(8))  # every image once, shuffled on disk
