@@ -133,6 +133,8 @@ def _convert(args: argparse.Namespace, rest: list[str]) -> None:
         labels=args.labels,
         multi_label=args.multi_label,
         label_separator=args.label_separator,
+        id_column=args.id_column,
+        label_column=args.label_column,
     )
     print(f"fastdata convert: wrote {dst}")
 
@@ -304,6 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--label-separator",
         default=" ",
         help="with --multi-label: what separates a cell's labels (default: spaces; '|' for ChestX-ray14)",
+    )
+    h5.add_argument("--id-column", default=None, help="with --labels: the table's id column (default: its first)")
+    h5.add_argument(
+        "--label-column", default=None, help="with --labels: the table's label column (default: all but the ids')"
     )
     h5.add_argument("--processes", type=int, default=None)
     h5.add_argument("--overwrite", action="store_true", help="replace an existing --dst")

@@ -80,6 +80,8 @@ class TensorCacheDataModule(FastDataModule):
         multi_label: With ``labels``: several labels per image (:class:`ImageFolderDataModule`).
         label_classes: With ``labels``: the class list in label order (:class:`ImageFolderDataModule`).
         label_separator: With ``multi_label``: what separates a cell's labels (:class:`ImageFolderDataModule`).
+        id_column: With ``labels``: the table's id column (:class:`ImageFolderDataModule`).
+        label_column: With ``labels``: the table's label column (:class:`ImageFolderDataModule`).
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule`.
 
     Raises:
@@ -107,6 +109,8 @@ class TensorCacheDataModule(FastDataModule):
         multi_label: bool = False,
         label_classes: list[str] | None = None,
         label_separator: str = " ",
+        id_column: str | None = None,
+        label_column: str | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("on_corrupt", "raise") != "raise":
@@ -145,6 +149,8 @@ class TensorCacheDataModule(FastDataModule):
             multi_label,
             label_classes,
             label_separator,
+            id_column,
+            label_column,
         )
         self.classes = self.source.classes
         self.multi_label = self.source.multi_label

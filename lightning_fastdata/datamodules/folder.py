@@ -59,6 +59,9 @@ class FolderSource:
             table's (its columns, or its labels sorted).
         label_separator: With ``multi_label``: what separates the labels in a cell (``" "``: spaces; ``"|"``:
             ChestX-ray14's ``Finding Labels``, and class names may then hold spaces).
+        id_column: With ``labels``: the table's column of image ids (default: its first).
+        label_column: With ``labels``: the table's column of labels, the others left out (default: every column
+            but the ids'); for a table of more columns, such as ChestX-ray14's ``Data_Entry_2017.csv``.
 
     Raises:
         FileNotFoundError: If a folder is missing or holds no class folder.
@@ -77,6 +80,8 @@ class FolderSource:
         multi_label: bool = False,
         label_classes: list[str] | None = None,
         label_separator: str = " ",
+        id_column: str | None = None,
+        label_column: str | None = None,
     ) -> None:
         self.root = root if is_url(root) else os.fspath(root)
         self.val_root = None if val_root is None else (val_root if is_url(val_root) else os.fspath(val_root))
@@ -104,12 +109,16 @@ class FolderSource:
             raise InvalidValueError(
                 "multi_label and label_classes describe a label table: pass labels= (a .csv or .parquet file)."
             )
+        if labels is None and (id_column is not None or label_column is not None):
+            raise InvalidValueError(
+                "id_column and label_column name a label table's columns: pass labels= (a .csv or .parquet file)."
+            )
         self.multi_label = bool(multi_label)
         self.label_classes = label_classes
         #: The label table, where labels come from one (else from class sub-folders).
         self.table: LabelTable | None = None
         if labels is not None:
-            self.table = read_label_table(labels, label_separator)
+            self.table = read_label_table(labels, label_separator, id_column, label_column)
             self.classes = self.table.classes(self.multi_label, label_classes)
             return
         self.classes = self._classes(self.root)
@@ -246,6 +255,10 @@ class ImageFolderDataModule(FastDataModule):
         label_separator: With ``multi_label``: what separates the labels in a cell: ``" "`` (default: spaces) or,
             say, ``"|"`` (ChestX-ray14's ``Finding Labels``: ``Atelectasis|Effusion``; class names may then hold
             spaces). A single label is the whole cell, spaces and all.
+        id_column: With ``labels``: the table's column of image ids (default: its first).
+        label_column: With ``labels``: the table's column of labels, the others left out (default: every column but
+            the ids'): ChestX-ray14's ``Data_Entry_2017.csv`` is ``id_column="Image Index"``,
+            ``label_column="Finding Labels"``, ``label_separator="|"``.
         **kwargs: Augmentation, split and loader arguments of :class:`FastDataModule` (``image_size``,
             ``batch_size``, ``num_workers``, ...).
 
@@ -268,6 +281,8 @@ class ImageFolderDataModule(FastDataModule):
         multi_label: bool = False,
         label_classes: list[str] | None = None,
         label_separator: str = " ",
+        id_column: str | None = None,
+        label_column: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -277,7 +292,7 @@ class ImageFolderDataModule(FastDataModule):
         self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
         self.source = FolderSource(
             root, val_root, index_dir, storage_options, index_ttl, test_root, labels, multi_label, label_classes,
-            label_separator,
+            label_separator, id_column, label_column,
         )  # fmt: skip
         self.classes = self.source.classes
         self.multi_label = self.source.multi_label

@@ -24,7 +24,7 @@ from lightning_fastdata.datasets.hdf5_file import (
 from lightning_fastdata.errors import DataError, InvalidValueError, PathExistsError
 from lightning_fastdata.loading.atomic import atomic_path, side_path
 from lightning_fastdata.loading.index.files import FileIndex
-from lightning_fastdata.loading.index.table import labelled_indexes, read_label_table
+from lightning_fastdata.loading.index.table import LabelTable, labelled_indexes, read_label_table
 from lightning_fastdata.loading.jpeg.decode import decode_center_crop_bytes
 from lightning_fastdata.loading.jpeg.entropy_index import FORMAT as ENTROPY_FORMAT
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available, index_file
@@ -156,6 +156,8 @@ def convert_folder_to_hdf5(
     multi_label: bool = False,
     label_classes: list[str] | None = None,
     label_separator: str = " ",
+    id_column: str | None = None,
+    label_column: str | None = None,
 ) -> Path:
     """Convert ``src/<class>/<image>`` into the HDF5 layout that :class:`~lightning_fastdata.HDF5Dataset` reads fastest.
 
@@ -195,6 +197,8 @@ def convert_folder_to_hdf5(
             which :class:`~lightning_fastdata.HDF5Dataset` reads back as they are.
         label_classes: With ``labels``: the class list in label order (default: the table's).
         label_separator: With ``multi_label``: what separates a cell's labels (``" "``: spaces; ``"|"``).
+        id_column: With ``labels``: the table's column of image ids (default: its first).
+        label_column: With ``labels``: the table's column of labels, the others left out (default: all but the ids').
         processes: Reading/decoding processes; default: usable CPUs.
         overwrite: Replace an existing ``dst``.
         progress: Show a progress bar.
@@ -214,9 +218,12 @@ def convert_folder_to_hdf5(
     dst = Path(dst)
     if dst.exists() and not overwrite:
         raise PathExistsError(f"{str(dst)!r} exists; pass overwrite=True (--overwrite) to replace it.")
-    if (multi_label or label_classes is not None) and labels is None:
-        raise InvalidValueError("multi_label and label_classes describe a label table: pass labels= (--labels).")
-    index, storage = _source_listing(src, storage, storage_options, labels, multi_label, label_classes, label_separator)
+    if (multi_label or label_classes is not None or id_column or label_column) and labels is None:
+        raise InvalidValueError(
+            "multi_label, label_classes, id_column and label_column describe a label table: pass labels= (--labels)."
+        )
+    table = None if labels is None else read_label_table(labels, label_separator, id_column, label_column)
+    index, storage = _source_listing(src, storage, storage_options, table, multi_label, label_classes)
     processes = processes or CpuBudget.detect().usable
     dst.parent.mkdir(parents=True, exist_ok=True)
     with (
@@ -274,19 +281,17 @@ def _source_listing(
     src: Any,
     storage: Storage | None,
     storage_options: dict[str, Any] | None,
-    labels: str | os.PathLike[str] | None,
+    table: LabelTable | None,
     multi_label: bool,
     label_classes: list[str] | None,
-    label_separator: str,
 ) -> tuple[FileIndex, Storage]:
     """The files to convert, with their labels (class sub-folders, or a label table), and where they are read."""
     if isinstance(src, FileIndex):
         return src, storage or LocalStorage(src.root)
     root = src if isinstance(src, str) and is_url(src) else os.fspath(src)
     storage = open_storage(root, storage_options)
-    if labels is None:
+    if table is None:
         return storage.list_files(), storage
-    table = read_label_table(labels, label_separator)
     return labelled_indexes([storage.list_images()], table, multi_label, label_classes)[0], storage
 
 

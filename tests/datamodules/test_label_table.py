@@ -277,3 +277,41 @@ def test_average_precision_is_the_mean_precision_at_each_positive() -> None:
         ranks = torch.nonzero(hits).flatten() + 1
         expect = sum((k + 1) / r.item() for k, r in enumerate(ranks)) / len(ranks)
         assert abs(average_precision(s, t)[c].item() - expect) < 1e-9
+
+
+@pytest.mark.timeout(120)
+def test_chestxray14s_own_table_of_eleven_columns_is_read_by_naming_its_two(
+    kaggle: dict[str, Any], tmp_path: Path
+) -> None:
+    """ChestX-ray14's ``Data_Entry_2017.csv`` as it ships: ``Image Index``, ``Finding Labels`` and nine more columns.
+    It was taken as one column per class and refused ('a column per class takes 0 or 1'), with no argument to name
+    the two columns; ``id_column``/``label_column`` read it as the two-column table, for the cache module too."""
+    from lightning_fastdata import TensorCacheDataModule
+
+    names = list(kaggle["several"])
+    wanted = {n: [SPACED[j] for j, t in enumerate(TAGS) if t in kaggle["several"][n]] for n in names}
+    extra = ["Follow-up #", "Patient ID", "Patient Age", "Patient Gender", "View Position", "OriginalImage[Width",
+             "Height]", "OriginalImagePixelSpacing[x", "y]"]  # fmt: skip
+    rows = [[n, "|".join(wanted[n]) or "No Finding", *[str(k) for k in range(9)]] for n in names]
+    table = write_csv(tmp_path / "Data_Entry_2017.csv", [["Image Index", "Finding Labels", *extra], *rows])
+    kw: dict[str, Any] = dict(multi_label=True, label_separator="|", image_size=16, batch_size=4, num_workers=0,
+                              val_fraction=0)  # fmt: skip
+    with pytest.raises(ValueError, match="a column per class takes 0 or 1"):
+        ImageFolderDataModule(str(kaggle["flat"]), labels=table, **kw).setup("fit")
+    columns = dict(id_column="Image Index", label_column="Finding Labels")
+    dm = ImageFolderDataModule(str(kaggle["flat"]), labels=table, **columns, **kw)
+    assert set(dm.classes) <= set(SPACED)
+    dm.setup("fit")
+    for i in range(len(dm.train_dataset)):
+        got = {dm.classes[c] for c in np.flatnonzero(dm.train_dataset.targets[i])}
+        assert got == (set(wanted[dm.train_dataset.index.relpath(i)]) or {"No Finding"})
+    cached = TensorCacheDataModule(str(kaggle["flat"]), cache_dir=str(tmp_path / "cache"), labels=table, **columns,
+                                   **kw)  # fmt: skip
+    assert cached.classes == dm.classes
+    h5 = convert_folder_to_hdf5(kaggle["flat"], tmp_path / "chest.h5", labels=table, multi_label=True,
+                                label_separator="|", processes=1, progress=False, **columns)  # fmt: skip
+    assert HDF5DataModule(str(h5), image_size=16).classes == dm.classes
+    with pytest.raises(ValueError, match=r"has no column 'Findings'; its columns are \['Image Index', 'Finding"):
+        ImageFolderDataModule(str(kaggle["flat"]), labels=table, id_column="Image Index", label_column="Findings")
+    with pytest.raises(ValueError, match="id_column and label_column name a label table's columns: pass labels="):
+        ImageFolderDataModule(str(kaggle["flat"]), label_column="Finding Labels")

@@ -1,7 +1,8 @@
 """Labels from a table: a CSV or Parquet file of image ids and their labels, beside a folder of images.
 
 The Kaggle layout: one folder of images (flat, or nested) and a ``train.csv``. The first column holds each image's
-id; the table's other columns its labels, in one of three layouts:
+id; the table's other columns its labels (or ``id_column``/``label_column`` name the two to read, the others left
+out), in one of three layouts:
 
 - **one label per image** (``multi_label=False``): two columns, ``id,label``;
 - **several labels per image in one cell** (``multi_label=True``, two columns): ``id,labels`` with a cell such
@@ -158,10 +159,18 @@ def _some(names: Sequence[str]) -> str:
     return shown + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")
 
 
-def read_label_table(path: str | os.PathLike[str], label_separator: str = " ") -> LabelTable:
+def read_label_table(
+    path: str | os.PathLike[str],
+    label_separator: str = " ",
+    id_column: str | None = None,
+    label_column: str | None = None,
+) -> LabelTable:
     """Read a ``.csv`` (comma-separated, a header row; ``.tsv``: tab-separated) or ``.parquet`` label table.
 
     ``label_separator`` splits a cell of several labels (``" "``: runs of whitespace; ``"|"``: ChestX-ray14's).
+    ``id_column`` and ``label_column`` name the two columns to read in a table that has others (ChestX-ray14's
+    ``Data_Entry_2017.csv``: ``Image Index`` and ``Finding Labels`` of 11 columns); by default the first column holds
+    the ids and every other column the labels (one, or one per class).
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
@@ -195,6 +204,8 @@ def read_label_table(path: str | os.PathLike[str], label_separator: str = " ") -
                         f"{path!r} line {line} has {len(row)} cells, the header {len(columns)} ({list(columns)[:4]})."
                     )
                 rows.append(tuple(c.strip() for c in row))
+    if id_column is not None or label_column is not None:
+        columns, rows = _select(path, columns, rows, id_column, label_column)
     if len(columns) < 2:
         raise InvalidValueError(
             f"{path!r} has the columns {list(columns)}; a label table needs an id column and a label column (or one "
@@ -210,6 +221,24 @@ def read_label_table(path: str | os.PathLike[str], label_separator: str = " ") -
         twice = sorted(i for i, n in Counter(ids).items() if n > 1)
         raise InvalidValueError(f"{path!r} names {len(twice)} id(s) more than once: {_some(twice)}.")
     return LabelTable(path, columns, ids, tuple(row[1:] for row in rows), label_separator)
+
+
+def _select(
+    path: str, columns: tuple[str, ...], rows: list[tuple[str, ...]], id_column: str | None, label_column: str | None
+) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The id column and the label column alone (each named, or the first column for the ids)."""
+    wanted = [columns[0] if id_column is None else id_column]
+    if label_column is not None:
+        wanted.append(label_column)
+    missing = [c for c in wanted if c not in columns]
+    if missing:
+        raise InvalidValueError(f"{path!r} has no column {missing[0]!r}; its columns are {list(columns)}.")
+    if label_column is None:  # the ids named, the labels: every other column
+        wanted += [c for c in columns if c != wanted[0]]
+    if len(set(wanted)) != len(wanted):
+        raise InvalidValueError(f"id_column and label_column name the same column {wanted[0]!r} of {path!r}.")
+    at = [columns.index(c) for c in wanted]
+    return tuple(wanted), [tuple(row[k] for k in at) for row in rows]
 
 
 def _read_parquet(path: str) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
