@@ -17,6 +17,7 @@ key, a label that is not an integer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tarfile
@@ -208,6 +209,21 @@ def _lacks_end(fileobj: IO[bytes], size: int) -> bool:
     return fileobj.read(1024) != bytes(1024)
 
 
+def _probe(path: str, offsets: np.ndarray) -> np.ndarray:
+    """A digest of the member headers before up to 9 samples' data (first, last, spread between).
+
+    What a kept index checks against its shard: path, size and time alone do not tell it apart from one packed again
+    in another order (``cp -p``, reproducible-build times).
+    """
+    picks: Any = np.unique(np.linspace(0, len(offsets) - 1, 9).astype(np.int64)) if len(offsets) else []
+    digest = hashlib.sha256(np.asarray(offsets, dtype=np.int64).tobytes())
+    with open(path, "rb") as f:
+        for k in picks:
+            f.seek(max(0, int(offsets[k]) - 512))
+            digest.update(f.read(512))
+    return np.frombuffer(digest.digest(), dtype=np.uint8)
+
+
 def load_tar_index(
     path: str | os.PathLike[str],
     index_dir: str | os.PathLike[str],
@@ -225,11 +241,14 @@ def load_tar_index(
 
     def load(f: Any, path: str, size: int, version: int) -> TarIndex:
         keys = tuple(str(k) for k in f["keys"])
+        if remote is None and not np.array_equal(f["probe"], _probe(path, f["offsets"])):
+            raise ValueError("the shard was rewritten with the same size and time")  # built again
         return TarIndex(path, size, version, keys, f["offsets"], f["sizes"], f["labels"])
 
     def save(index: TarIndex) -> dict[str, np.ndarray]:
+        probe = _probe(index.path, index.offsets) if remote is None else np.zeros(0, np.uint8)
         return {"keys": string_array(index.keys), "offsets": index.offsets, "sizes": index.sizes,
-                "labels": index.labels}  # fmt: skip
+                "labels": index.labels, "probe": probe}  # fmt: skip
 
     settings = f"{_FORMAT}|{json_label}" + ("|intact" if keep_intact else "")  # a cut shard's index is its own
     build = lambda p: index_tar(p, json_label, keep_intact)  # noqa: E731
