@@ -38,7 +38,12 @@ from tqdm import tqdm
 
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset, _checked, read_mask
-from lightning_fastdata.datasets.segmentation_layouts import NAMED_TABLES, detect_layout, named_table_classes
+from lightning_fastdata.datasets.segmentation_layouts import (
+    CONVERTED_MASKS,
+    NAMED_TABLES,
+    detect_layout,
+    named_table_classes,
+)
 from lightning_fastdata.datasets.shard_writer import pack_shards, refuse_inside_source, shard_destination
 from lightning_fastdata.errors import InvalidValueError, PathExistsError, PathNotFoundError
 from lightning_fastdata.loading.atomic import atomic_path
@@ -257,7 +262,7 @@ def _parquet(
     shard_destination(dst, name, overwrite, _source_root(data.data.root))
     kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     features = {"image": {"_type": "Image"}, "annotation": {"_type": "Image"}}
-    meta = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    meta = {b"huggingface": json.dumps({"info": {"features": features}}).encode(), CONVERTED_MASKS.encode(): b"classes"}
     schema = pa.schema([("image", kind), ("annotation", kind)], metadata=meta)
     pairs = data.data.pairs
 
@@ -321,6 +326,7 @@ def _write_split(f: Any, data: SplitSource, progress: bool) -> None:
             for row in data.read(start, min(len(data), start + _STEP)):
                 if masks is None:
                     masks = f.create_dataset(f"{data.split}/masks", (len(data), *row.classes.shape), dtype=np.uint8)
+                    masks.attrs[CONVERTED_MASKS] = "classes"
                     first = data.data.mask_path(row.position)
                 if row.classes.shape != masks.shape[1:]:
                     raise InvalidValueError(

@@ -21,7 +21,12 @@ import torch
 from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.datasets.hdf5_file import open_hdf5
 from lightning_fastdata.datasets.segmentation import WindowedSegmentation, sample_key
-from lightning_fastdata.datasets.segmentation_layouts import map_mask, mask_table
+from lightning_fastdata.datasets.segmentation_layouts import (
+    CONVERTED_MASKS,
+    map_mask,
+    mask_table,
+    refuse_named_table_on_classes,
+)
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 
 __all__ = ["HDF5_SUFFIXES", "SegmentationHDF5Dataset", "hdf5_split_group", "pixel_kind"]
@@ -135,6 +140,7 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
                         f"({self.keys[1]}) {masks.shape[2]}x{masks.shape[1]}: a mask must be its image's size."
                     )
             self.count = len(images)
+            refuse_named_table_on_classes(label_map, masks.attrs.get(CONVERTED_MASKS), f"{self.path}:{self.keys[1]}")
         if label_map is not None:
             self.table = mask_table("", num_classes, ignore_index, label_map)
         self._file: Any = None

@@ -29,6 +29,7 @@ from lightning_fastdata.loading.storage.registry import open_storage
 __all__ = [
     "CITYSCAPES_CLASSES",
     "CITYSCAPES_TRAIN_IDS",
+    "CONVERTED_MASKS",
     "LAYOUTS",
     "NAMED_TABLES",
     "Layout",
@@ -38,6 +39,7 @@ __all__ = [
     "map_mask",
     "mask_table",
     "named_table_classes",
+    "refuse_named_table_on_classes",
     "voc_palette",
 ]
 
@@ -253,6 +255,25 @@ def named_table_classes(name: str) -> int:
             f"({', '.join(map(repr, NAMED_TABLES))})."
         )
     return NAMED_TABLES[name]
+
+
+#: What ``fastdata convert segmentation`` records in the files it writes (Parquet schema metadata under this key, the
+#: HDF5 masks dataset's attribute of this name): their masks hold classes, the layout's table already applied.
+CONVERTED_MASKS = "lightning_fastdata_masks"
+
+
+def refuse_named_table_on_classes(label_map: Mapping[int, int] | str | None, marker: Any, where: str) -> None:
+    """Refuse a named table (``label_map="ade20k"``) on masks that our converter wrote as classes (``marker``).
+
+    Raises:
+        ValueError: If ``label_map`` names a table and ``marker`` says ``"classes"`` (``where``: the file).
+    """
+    if isinstance(label_map, str) and marker in ("classes", b"classes"):
+        raise InvalidValueError(
+            f"{where} was written by `fastdata convert segmentation`: its masks already hold classes (the layout's "
+            f"table was applied when it was written). label_map={label_map!r} would apply a table again and shift "
+            "every class; leave label_map out."
+        )
 
 
 def map_mask(mask: np.ndarray, table: np.ndarray, name: str, num_classes: int, ignore_index: int) -> np.ndarray:

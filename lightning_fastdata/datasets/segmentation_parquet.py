@@ -21,9 +21,15 @@ import numpy as np
 
 from lightning_fastdata.datasets.group_reads import GroupReads
 from lightning_fastdata.datasets.segmentation import WindowedSegmentation, read_mask, sample_key
-from lightning_fastdata.datasets.segmentation_layouts import map_mask, mask_table
+from lightning_fastdata.datasets.segmentation_layouts import (
+    CONVERTED_MASKS,
+    map_mask,
+    mask_table,
+    refuse_named_table_on_classes,
+)
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, load_parquet_index
+from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.ranged import (
     RangedFile,
     RemoteShard,
@@ -121,6 +127,11 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
             self._row_in_group[mine] = in_file[mine] - group_starts[self._group_local[mine]]
         self._in_file = in_file
         self._group_of = first_group[self._file_of] + self._group_local
+        if isinstance(label_map, str) and not is_url(self.files[0].path):
+            import pyarrow.parquet as pq
+
+            marker = (pq.read_schema(self.files[0].path).metadata or {}).get(CONVERTED_MASKS.encode())
+            refuse_named_table_on_classes(label_map, marker, self.files[0].path)
         if label_map is not None:
             self.table = mask_table("", num_classes, ignore_index, label_map)
         self.windows = None if shuffle_buffer is None else self.group_windows(shuffle_buffer)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
@@ -21,6 +22,7 @@ from benchmarks.s3_server import LocalS3, upload_folder
 from lightning_fastdata.cli import main
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
 from lightning_fastdata.datasets.segmentation_convert import convert_segmentation, write_segmentation_shards
+from lightning_fastdata.datasets.segmentation_layouts import CONVERTED_MASKS
 from lightning_fastdata.datasets.shard_writer import write_tar_shards
 from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, make_segmentation_folder
 from lightning_fastdata.errors import DataError
@@ -162,8 +164,34 @@ def test_hub_parquet_keeping_ade20ks_values_reads_with_its_named_table(tmp_path:
     convert_segmentation(root, tmp_path / "hub", "parquet", label_map=raw, progress=False)
     splits = ("training", "validation")
     folder = batches(root, tmp_path, splits, 150)
+    ours = batches(tmp_path / "hub", tmp_path, splits, 150, shuffle_buffer=None)
+    with pytest.raises(ValueError, match="written by `fastdata convert segmentation`: its masks already hold classes"):
+        batches(tmp_path / "hub", tmp_path, splits, 150, label_map="ade20k", shuffle_buffer=None)
+    for path in (tmp_path / "hub").rglob("*.parquet"):  # as the hubs write them: no mark of ours
+        table = pq.read_table(path)
+        meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != CONVERTED_MASKS.encode()}
+        pq.write_table(table.replace_schema_metadata(meta), path, row_group_size=4)
     assert_same(folder, batches(tmp_path / "hub", tmp_path, splits, 150, label_map="ade20k", shuffle_buffer=None))
+    assert not all(torch.equal(a[1], b[1]) for a, b in zip(folder, ours))  # unmarked: a named table is the user's call
     shifted = batches(tmp_path / "hub", tmp_path, splits, 255, shuffle_buffer=None)  # read as classes: k, not k - 1
     assert not torch.equal(folder[0][1], shifted[0][1])
     with pytest.raises(ValueError, match=r"label_map='ade': .* \('ade20k', 'cityscapes'\)"):
         batches(tmp_path / "hub", tmp_path, splits, 150, label_map="ade")
+
+
+@pytest.mark.timeout(300)
+def test_a_named_table_on_masks_the_converter_wrote_as_classes_is_refused(tmp_path: Path) -> None:
+    """Our converter writes ADE20K's masks as classes (its table applied) and marks the Parquet and HDF5 files so:
+    label_map="ade20k" on them applied the table again, every class shifted by one, silently; now refused, and
+    without it they read as the folder does."""
+    root = make_segmentation_folder(
+        tmp_path / "ade", count=10, size=(100, 80), seed=8, layout="ade20k", fixed_size=True
+    )
+    splits = ("training", "validation")
+    folder = batches(root, tmp_path, splits, 150)
+    convert_segmentation(root, tmp_path / "pq", "parquet", progress=False)
+    h5 = convert_segmentation(root, tmp_path / "one.h5", "hdf5", progress=False)["training"][0]
+    for converted in (tmp_path / "pq", h5):
+        with pytest.raises(ValueError, match="its masks already hold classes .* leave label_map out"):
+            batches(converted, tmp_path, splits, 150, label_map="ade20k", shuffle_buffer=None)
+    assert_same(folder, batches(tmp_path / "pq", tmp_path, splits, 150, shuffle_buffer=None))
