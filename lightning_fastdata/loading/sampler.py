@@ -107,7 +107,9 @@ class EpochSampler(DistributedSampler):
             times in the epoch's order, the repeats side by side, so that they go to consecutive ranks (or, on one
             rank, into one batch) and each gets its own augmentation (keys ``(epoch, index, repeat)``). An epoch keeps
             its length: each rank yields ``len(self)`` keys, as without repeats (torchvision's rounds that down to a
-            multiple of 256 samples in all; ours does not). 1: off.
+            multiple of 256 samples in all; ours does not). With ``block_size`` or ``windows`` the ranks then take
+            every ``num_replicas``-th entry instead of contiguous runs, so the repeats still reach different ranks
+            (each rank reads every block or window: the reads a rank saves by its own runs are given up). 1: off.
         even: Every rank gets the same count (padded with the epoch's first samples, or cut with ``drop_last``): what
             training under DDP needs. ``False``: every sample exactly once over all ranks, rank ``r`` taking every
             ``num_replicas``-th from ``r`` (the first ``length % num_replicas`` ranks one more): what evaluation needs,
@@ -255,9 +257,9 @@ class EpochSampler(DistributedSampler):
             pad = replicas - len(left) % replicas
             left = torch.cat([left, order.repeat(-(-pad // len(order)))[:pad]])
         per_rank = len(left) // replicas
-        if self.block_size or self.windows is not None:
+        if (self.block_size or self.windows is not None) and self.repeats == 1:
             return left[rank * per_rank : (rank + 1) * per_rank]
-        return left[rank::replicas]
+        return left[rank::replicas]  # with repeats, a sample's repeats (side by side) go to consecutive ranks
 
     def epoch_length(self) -> int:
         """How many keys this rank yields in the current epoch (fewer than ``len(self)`` in a continued epoch)."""

@@ -101,3 +101,21 @@ def test_a_state_from_another_seed_or_dataset_size_is_refused_by_name() -> None:
         EpochSampler(40, seed=1).load_state_dict(state)
     with pytest.raises(ValueError, match=r"a dataset of 39 samples, this one has 40"):
         EpochSampler(40, seed=1, num_replicas=2).check_compatible(state)  # what an elastic resume checks first
+
+
+@pytest.mark.parametrize("shape", ["windows", "blocks"])
+def test_repeats_reach_different_ranks_with_windows_and_blocks(shape: str) -> None:
+    """Repeated augmentation (torchvision's RASampler) sends a sample's repeats to different ranks; with windows of
+    row groups (or block shuffle) each rank took a contiguous run of the order, so all of a sample's repeats landed
+    on one rank. Now they spread over the ranks."""
+    from lightning_fastdata.loading.sampler import ShuffleWindows
+
+    kw: dict = dict(shuffle=True, seed=3, repeats=2)
+    if shape == "windows":
+        kw["windows"] = ShuffleWindows(np.arange(0, 40, 5), window=2)
+    else:
+        kw["block_size"] = 4
+    ranks = [list(EpochSampler(40, num_replicas=2, rank=r, **kw)) for r in range(2)]
+    assert [len(keys) for keys in ranks] == [20, 20]  # an epoch keeps its length: 20 samples, twice each
+    assert sorted(k[1] for k in ranks[0]) == sorted(k[1] for k in ranks[1])  # each sample on both ranks, once
+    assert [{k[2] for k in keys} for keys in ranks] == [{0}, {1}]  # repeat r on rank r
