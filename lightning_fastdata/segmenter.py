@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torchvision
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from typing_extensions import override
 
@@ -185,7 +186,14 @@ class ImageSegmenter(LightningModule):
             if row is None:  # this rank had no batch: it still takes part in the reduction
                 row = torch.zeros(2 + c * c, dtype=torch.float64, device=self.device)
             total = self.trainer.strategy.reduce(row, reduce_op="sum")  # counts below 2^53: exact in float64
-            if float(total[1]) == 0:
+            if float(total[1]) == 0:  # said, and logged as NaN: a monitor of these names must not find them missing
+                rank_zero_warn(
+                    f"Every pixel of the {stage} masks{suffix.replace('/', ' ')} is the ignore index "
+                    f"({self.ignore_index}): no loss, accuracy or IoU to compute. Check what the mask values mean "
+                    "(label_map=, num_classes=, ignore_index=)."
+                )
+                for name in ("loss", "pixel_acc", "miou"):
+                    self.log(f"{stage}_{name}{suffix}", float("nan"), **_EPOCH_VALUE)
                 continue
             scores = segmentation_scores(total[2:].view(c, c))
             self.log(f"{stage}_loss{suffix}", (total[0] / total[1]).float(), prog_bar=True, **_EPOCH_VALUE)

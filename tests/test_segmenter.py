@@ -134,3 +134,17 @@ def test_a_torchvision_segmentation_model_with_its_auxiliary_head_trains_from_th
     assert {"val_loss", "val_pixel_acc", "val_miou"} <= trainer.callback_metrics.keys()
     with pytest.raises(ValueError, match="returns masks, not class scores: use MaskWriter"):
         cpu_trainer(PredictionWriter(str(tmp_path / "p.csv"))).predict(model, datamodule=dm)
+
+
+def test_an_evaluation_whose_pixels_are_all_ignored_says_so(tmp_path: Path) -> None:
+    """Masks that are all the ignore index (a wrong label_map or num_classes): validate logged nothing at all, so a
+    monitor of val_miou failed later on a missing name, or nothing was said. Now a warning names the cause and the
+    metrics are logged as NaN."""
+    root = make_segmentation_folder(tmp_path / "voc", count=6, size=(60, 40), seed=2)
+    everything_ignored = {k: IGNORE_INDEX for k in range(256)}
+    dm = SegmentationDataModule(str(root), num_classes=N, base_size=32, crop_size=24, batch_size=2, num_workers=0,
+                                label_map=everything_ignored)  # fmt: skip
+    model = ImageSegmenter(N, model=torch.nn.Conv2d(3, N, 1))
+    with pytest.warns(UserWarning, match=r"Every pixel of the val masks is the ignore index \(255\)"):
+        metrics = cpu_trainer().validate(model, datamodule=dm, verbose=False)[0]
+    assert set(metrics) == {"val_loss", "val_pixel_acc", "val_miou"} and all(np.isnan(v) for v in metrics.values())
