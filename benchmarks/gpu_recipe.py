@@ -189,7 +189,7 @@ def _policy_in_workers(made: dict[str, Any]) -> dict[str, Any]:
 
 def _static_policy(made: dict[str, Any]) -> dict[str, Any]:
     """The whole recipe with its device policies' rounds in static shapes (every op over the whole batch:
-    :mod:`~lightning_fastdata.augment.static`; the same pixels, a fixed number of launches per batch)."""
+    :mod:`~lightning_fastdata.augment.graphed.static`; the same pixels, a fixed number of launches per batch)."""
     policies = [copy.copy(t) for t in made.get("device_transforms") or []]
     for policy in policies:
         if hasattr(policy, "shapes"):
@@ -216,8 +216,8 @@ VARIANTS = {
 
 def _graphed(dm: ImageFolderDataModule) -> None:
     """The recipe's device half in static shapes, captured as a CUDA graph and replayed per batch."""
-    from lightning_fastdata.augment.captured import CapturedDeviceHalf
-    from lightning_fastdata.augment.static_half import StaticDeviceHalf
+    from lightning_fastdata.augment.graphed.captured import CapturedDeviceHalf
+    from lightning_fastdata.augment.graphed.half import StaticDeviceHalf
 
     dm.transfer.device_augment = CapturedDeviceHalf(StaticDeviceHalf(dm.transfer.device_augment))  # type: ignore[assignment]
 

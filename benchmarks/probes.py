@@ -66,7 +66,7 @@ def scan(how: str, root: str, index_dir: str) -> dict[str, Any]:
 
 def check(mode: str, root: str, index_dir: str, cache_dir: str) -> dict[str, Any]:
     """Seconds to check a current cache of ``root`` with ``verify_source=mode`` (raises if it is stale)."""
-    from lightning_fastdata.datasets.cache_build import build_tensor_cache
+    from lightning_fastdata.cache.build import build_tensor_cache
     from lightning_fastdata.loading.index.store import IndexStore
 
     index, lookup = IndexStore(index_dir).folder(root)

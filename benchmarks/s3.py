@@ -44,9 +44,9 @@ import torch
 import benchmarks.litdata_rows as litdata_rows
 from benchmarks.fault_proxy import FaultProxy, fault_proxy
 from benchmarks.s3_server import local_s3_server, upload_folder
+from lightning_fastdata.convert.hdf5 import convert_folder_to_hdf5
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
-from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.measure import (
     Candidate,

@@ -114,8 +114,8 @@ def staleness_rows(root: str, index_dir: str, repeats: int) -> list[dict[str, An
     as a build writes it. Each check runs in a fresh process after the index is loaded from ``index_dir``,
     ``verify_source="files"`` and ``"folders"`` interleaved.
     """
-    from lightning_fastdata.datasets.cache_manifest import CacheParams, write_manifest
-    from lightning_fastdata.datasets.cache_source import fingerprint, source_record
+    from lightning_fastdata.cache.manifest import CacheParams, write_manifest
+    from lightning_fastdata.cache.source import fingerprint, source_record
     from lightning_fastdata.loading.index.store import IndexStore
 
     index, _ = IndexStore(index_dir).folder(root)

@@ -30,8 +30,8 @@ import torch
 from benchmarks.fault_proxy import fault_proxy
 from benchmarks.s3 import _pin_process
 from benchmarks.s3_server import local_s3_server, upload_folder
+from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
 from lightning_fastdata.datamodules.shards import ShardDataModule
-from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.measure import Candidate, count_images, machine, measure
 

@@ -16,10 +16,12 @@ install_fork_guard()  # before any loader forks a worker (lightning_fastdata._ex
 if TYPE_CHECKING:
     from lightning_fastdata._ext.native import decoder_summary
     from lightning_fastdata.augment.normalize import Normalizer
+    from lightning_fastdata.cache.dataset import TensorCacheDataset, build_tensor_cache, open_tensor_cache
     from lightning_fastdata.callbacks.fastdata import FastDataCallback
     from lightning_fastdata.callbacks.mask_writer import MaskWriter
     from lightning_fastdata.callbacks.monitor import DataWaitMonitor
     from lightning_fastdata.callbacks.predictions import PredictionWriter
+    from lightning_fastdata.convert.hdf5 import convert_folder_to_hdf5
     from lightning_fastdata.datamodules.base import FastDataModule
     from lightning_fastdata.datamodules.cache import TensorCacheDataModule
     from lightning_fastdata.datamodules.folder import ImageFolderDataModule
@@ -27,8 +29,6 @@ if TYPE_CHECKING:
     from lightning_fastdata.datamodules.mixed import MixedDataModule
     from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
     from lightning_fastdata.datamodules.shards import ShardDataModule
-    from lightning_fastdata.datasets.cache import TensorCacheDataset, build_tensor_cache, open_tensor_cache
-    from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
     from lightning_fastdata.datasets.folder import ImageFolderDataset
     from lightning_fastdata.datasets.hdf5 import HDF5Dataset
     from lightning_fastdata.datasets.hdf5_file import inspect_hdf5
@@ -71,12 +71,12 @@ _EXPORTS = {
     "SegmentationDataModule": "lightning_fastdata.datamodules.segmentation",
     "ShardDataModule": "lightning_fastdata.datamodules.shards",
     "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",
-    "TensorCacheDataset": "lightning_fastdata.datasets.cache",
-    "build_tensor_cache": "lightning_fastdata.datasets.cache",
-    "convert_folder_to_hdf5": "lightning_fastdata.datasets.convert",
+    "TensorCacheDataset": "lightning_fastdata.cache.dataset",
+    "build_tensor_cache": "lightning_fastdata.cache.dataset",
+    "convert_folder_to_hdf5": "lightning_fastdata.convert.hdf5",
     "decoder_summary": "lightning_fastdata._ext.native",
     "inspect_hdf5": "lightning_fastdata.datasets.hdf5_file",
-    "open_tensor_cache": "lightning_fastdata.datasets.cache",
+    "open_tensor_cache": "lightning_fastdata.cache.dataset",
     "resolve_num_workers": "lightning_fastdata.loading.workers",
     "scan_image_folder": "lightning_fastdata.loading.index.files",
     "with_prefetch": "lightning_fastdata.loading.transport.loaders",

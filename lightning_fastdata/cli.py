@@ -49,8 +49,8 @@ def _make_data(args: argparse.Namespace, rest: list[str]) -> None:
     from lightning_fastdata.demos import ensure_demo_data
 
     if args.task == "segmentation":
-        from lightning_fastdata.demos_segmentation import make_segmentation_folder
         from lightning_fastdata.errors import PathExistsError
+        from lightning_fastdata.segmentation.demos import make_segmentation_folder
 
         root = Path(args.root)
         if root.exists() and (not root.is_dir() or any(root.iterdir())):
@@ -119,7 +119,7 @@ def _config(args: argparse.Namespace, rest: list[str]) -> None:
 
 
 def _convert(args: argparse.Namespace, rest: list[str]) -> None:
-    from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
+    from lightning_fastdata.convert.hdf5 import convert_folder_to_hdf5
 
     dst = convert_folder_to_hdf5(
         args.src,
@@ -156,7 +156,7 @@ def _size_bytes(text: str) -> int:
 
 
 def _convert_shards(args: argparse.Namespace, rest: list[str]) -> None:
-    from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
+    from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
 
     order = {"overwrite": args.overwrite, "shuffle": args.shuffle, "seed": args.seed}
     if args.format == "parquet":
@@ -169,8 +169,8 @@ def _convert_shards(args: argparse.Namespace, rest: list[str]) -> None:
 def _convert_segmentation(args: argparse.Namespace, rest: list[str]) -> None:
     import json
 
-    from lightning_fastdata.datasets.segmentation_convert import convert_segmentation
-    from lightning_fastdata.datasets.segmentation_layouts import NAMED_TABLES
+    from lightning_fastdata.segmentation.convert import convert_segmentation
+    from lightning_fastdata.segmentation.layouts import NAMED_TABLES
 
     label_map: dict[int, int] | str | None = args.label_map
     try:

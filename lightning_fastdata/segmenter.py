@@ -11,10 +11,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from typing_extensions import override
 
-from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.models import _EPOCH_VALUE, _ProgressValues, evaluation_loaders, fused_adamw
+from lightning_fastdata.segmentation.window import IGNORE_INDEX
 
 __all__ = ["SEGMENTATION_ARCHS", "ImageSegmenter", "confusion_matrix", "segmentation_scores"]
 

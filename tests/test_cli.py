@@ -24,7 +24,7 @@ def test_there_are_configs() -> None:
 def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[str]:
     """Point a config at test data of the kind it reads."""
     if "SegmentationDataModule" in config.read_text():  # 3 of the scenes' classes: the same count as the folder's
-        from lightning_fastdata.demos_segmentation import make_segmentation_folder
+        from lightning_fastdata.segmentation.demos import make_segmentation_folder
 
         root = make_segmentation_folder(tmp_path / "scenes", count=8, size=(80, 60))
         sizes = ["--data.init_args.base_size", "40", "--data.init_args.crop_size", "32"]
@@ -46,7 +46,7 @@ def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[s
             "40",
         ]
     if "ShardDataModule" in config.read_text():  # the hubs' Parquet layout (the tar path has its own tests)
-        from lightning_fastdata.datasets.shard_writer import write_parquet_shards
+        from lightning_fastdata.convert.shards import write_parquet_shards
 
         write_parquet_shards(image_folder, tmp_path / "parquet", shard_bytes=20_000, rows_per_group=8)
         return ["--data.init_args.shards", str(tmp_path / "parquet"), "--data.init_args.index_dir", str(tmp_path)]
@@ -428,8 +428,8 @@ def test_a_label_table_from_the_command_line_links_the_models_classes_and_kind(
 def test_make_data_writes_segmentation_scenes_in_vocs_layout_into_a_new_folder_only(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset
-    from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES
+    from lightning_fastdata.segmentation.dataset import SegmentationFolderDataset
+    from lightning_fastdata.segmentation.demos import SEGMENTATION_CLASSES
 
     main(["make-data", str(tmp_path / "scenes"), "--task", "segmentation", "--count", "6"])
     ds = SegmentationFolderDataset(tmp_path / "scenes", "train", num_classes=len(SEGMENTATION_CLASSES), crop_size=64)
@@ -449,7 +449,7 @@ def test_the_segmentation_config_fits_validates_tests_and_predicts_masks(
     checkpoint validates, tests (``val_miou``, ``test_miou``) and predicts: one PNG mask per image and the table."""
     from PIL import Image
 
-    from lightning_fastdata.demos_segmentation import make_segmentation_folder
+    from lightning_fastdata.segmentation.demos import make_segmentation_folder
 
     monkeypatch.chdir(tmp_path)
     root = make_segmentation_folder(tmp_path / "scenes", count=10, size=(70, 50), seed=2)

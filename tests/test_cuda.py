@@ -199,10 +199,10 @@ def test_the_captured_device_half_replays_the_eager_gpu_results_and_never_waits(
     from torchvision.transforms.v2 import functional as F
 
     from lightning_fastdata.augment import RandomErasing, TrivialAugmentWide
-    from lightning_fastdata.augment.captured import CapturedDeviceHalf, CudaGraph
+    from lightning_fastdata.augment.graphed.captured import CapturedDeviceHalf, CudaGraph
+    from lightning_fastdata.augment.graphed.half import StaticDeviceHalf
     from lightning_fastdata.augment.normalize import Normalizer
     from lightning_fastdata.augment.pipeline import DeviceAugment
-    from lightning_fastdata.augment.static_half import StaticDeviceHalf
 
     files = sorted(image_folder.glob("*/*.jpg"))[:32]
     photos = torch.stack([F.center_crop(decode_jpeg(read_file(str(p))), [64, 64]) for p in files]).cuda()

@@ -143,7 +143,7 @@ def test_validation_labels_beyond_the_training_classes_are_refused(tmp_path: Pat
 _REWRITE = """
 import sys
 from lightning_fastdata import HDF5Dataset
-from lightning_fastdata.datasets.cache import TensorCacheDataset, open_tensor_cache
+from lightning_fastdata.cache.dataset import TensorCacheDataset, open_tensor_cache
 kind, path = sys.argv[1], sys.argv[2]
 if kind == "hdf5":
     ds, target = HDF5Dataset(path, image_size=16), path
@@ -177,7 +177,7 @@ def test_file_rewritten_under_a_memory_map_is_an_error_not_sigbus(tmp_path: Path
 
 _FULL_DISK = """
 import shutil, sys
-import lightning_fastdata.datasets.cache_build as cache
+import lightning_fastdata.cache.build as cache
 from lightning_fastdata import TensorCacheDataModule
 real = shutil.disk_usage
 cache.shutil.disk_usage = lambda p: real("/")  # the up-front check passes; the disk then fills during the build

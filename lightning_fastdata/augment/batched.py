@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torchvision.transforms import v2
 
+import lightning_fastdata.augment.graphed.static as static
 import lightning_fastdata.augment.ops as ops
-import lightning_fastdata.augment.static as static
 import lightning_fastdata.augment.torchvision_internals as tv
 from lightning_fastdata.augment.keyed import uniforms
 from lightning_fastdata.errors import InvalidValueError
@@ -154,7 +154,7 @@ class _Policy(KeyedTransform):
     magnitude: int | None = None  # None: a random bin per sample (TrivialAugment); else this bin (RandAugment)
     #: How a round is applied: ``"grouped"`` (each op to the samples that drew it: the fewest pixels touched, the
     #: CPU's path) or ``"static"`` (every op over the whole batch, identities elsewhere: the same pixels with a fixed
-    #: sequence of ops and shapes, :mod:`~lightning_fastdata.augment.static`, for a CUDA graph).
+    #: sequence of ops and shapes, :mod:`~lightning_fastdata.augment.graphed.static`, for a CUDA graph).
     shapes = "grouped"
 
     def __init__(self, interpolation: str, fill: Any) -> None:

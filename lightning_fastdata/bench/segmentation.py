@@ -11,7 +11,7 @@ Rows, interleaved in one measurement, the same images and masks, workers, batch 
   the main process (``on_after_batch_transfer``: normalised float images, channels-last, int64 masks): what a
   CPU-only training step pays;
 - ``SegmentationDataModule (HDF5, encoded)``: the same scenes' bytes in one HDF5 file
-  (:func:`~lightning_fastdata.datasets.segmentation_convert.write_segmentation_hdf5`), loader only;
+  (:func:`~lightning_fastdata.segmentation.convert.write_segmentation_hdf5`), loader only;
 - ``SegmentationDataModule (cache_dir: decoded once)``: the same scenes decoded once at the base size into the
   module's cache (built before timing), loader only: no decode at all;
 - ``SegmentationDataModule (entropy_index)``: the folder with its training images' entropy index (built before
@@ -40,10 +40,10 @@ import torch
 from PIL import Image
 
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
-from lightning_fastdata.datasets.segmentation_convert import write_segmentation_hdf5
-from lightning_fastdata.datasets.segmentation_layouts import find_pairs
-from lightning_fastdata.demos_segmentation import make_segmentation_folder
 from lightning_fastdata.measure import Candidate, measure, print_table, rows_for
+from lightning_fastdata.segmentation.convert import write_segmentation_hdf5
+from lightning_fastdata.segmentation.demos import make_segmentation_folder
+from lightning_fastdata.segmentation.layouts import find_pairs
 
 __all__ = ["ReferenceSegmentation", "add_segmentation_arguments", "segmentation_suite"]
 

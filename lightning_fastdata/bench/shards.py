@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
+from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
 from lightning_fastdata.datamodules.shards import ShardDataModule
-from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
 from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 from lightning_fastdata.measure import Candidate, count_images, measure, ours_module
 

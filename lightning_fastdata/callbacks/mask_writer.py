@@ -15,9 +15,9 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from PIL import Image
 from typing_extensions import override
 
-from lightning_fastdata.datasets.segmentation_layouts import voc_palette
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_path, atomic_write_bytes
+from lightning_fastdata.segmentation.layouts import voc_palette
 
 __all__ = ["MaskWriter", "mask_at_size"]
 
@@ -25,7 +25,7 @@ __all__ = ["MaskWriter", "mask_at_size"]
 def mask_at_size(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """``mask`` (``h x w``) resized to ``size`` (height, width) by nearest sampling at pixel centres.
 
-    The inverse of the evaluation resize (:func:`~lightning_fastdata.augment.segmentation.eval_window`): each pixel of
+    The inverse of the evaluation resize (:func:`~lightning_fastdata.segmentation.window.eval_window`): each pixel of
     the original image takes the class predicted at its own centre.
     """
     h, w = mask.shape

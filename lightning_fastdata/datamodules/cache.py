@@ -12,9 +12,7 @@ from torch.utils.data import Dataset
 from typing_extensions import override
 
 from lightning_fastdata.augment.crop import crop_resize_flip
-from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.datamodules.folder import FolderSource
-from lightning_fastdata.datasets.cache import (
+from lightning_fastdata.cache.dataset import (
     TensorCacheDataset,
     build_tensor_cache,
     check_augment_on,
@@ -22,7 +20,9 @@ from lightning_fastdata.datasets.cache import (
     open_jpeg_cache,
     open_tensor_cache,
 )
-from lightning_fastdata.datasets.cache_manifest import read_manifest
+from lightning_fastdata.cache.manifest import read_manifest
+from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datamodules.folder import FolderSource
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
@@ -40,7 +40,7 @@ class TensorCacheDataModule(FastDataModule):
     central square resized to ``cache_size``, validation images resized and center-cropped to ``image_size``.
     A cache built from other files or parameters is detected (fingerprint of paths, sizes and mtimes) and
     rebuilt, or refused with ``read_only=True``. ``setup()`` opens it read-only as memory maps, so it works
-    when the cache is larger than RAM. See :mod:`lightning_fastdata.datasets.cache` for the format.
+    when the cache is larger than RAM. See :mod:`lightning_fastdata.cache.dataset` for the format.
 
     Args:
         root: Image folder (``root/<class>/<image>``), or a bucket URL of one.

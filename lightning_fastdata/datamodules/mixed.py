@@ -13,10 +13,10 @@ from typing_extensions import override
 
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.mixed import MixedDataset
-from lightning_fastdata.datasets.segmentation_mixed import MixedSegmentation, renumber_into
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.batch import Batch
 from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
+from lightning_fastdata.segmentation.mixed import MixedSegmentation, renumber_into
 
 __all__ = ["MixedDataModule"]
 

@@ -1,9 +1,9 @@
 """``SegmentationDataModule``: images and masks (VOC, ADE20K, Cityscapes, paired folders; local or in a bucket).
 
-The source (:class:`~lightning_fastdata.datasets.segmentation.SegmentationFolderDataset`) goes through this package's
+The source (:class:`~lightning_fastdata.segmentation.dataset.SegmentationFolderDataset`) goes through this package's
 loaders (stateful, sharded, resumable, workers, pinned memory); its batches are normalised on the device with their
 masks made ``int64`` there. ``trainer.predict`` reads ``predict_root``'s images at the base size
-(:class:`~lightning_fastdata.datasets.segmentation.SegmentationPredictDataset`).
+(:class:`~lightning_fastdata.segmentation.dataset.SegmentationPredictDataset`).
 """
 
 from __future__ import annotations
@@ -19,30 +19,30 @@ from torch.utils.data import Dataset
 from typing_extensions import override
 
 from lightning_fastdata.augment.pipeline import as_transform_list
-from lightning_fastdata.augment.segmentation import IGNORE_INDEX
-from lightning_fastdata.augment.segmentation_policy import SegmentationDeviceAugment
 from lightning_fastdata.datamodules.base import FastDataModule
-from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset, WindowedSegmentation
-from lightning_fastdata.datasets.segmentation_cache import SegmentationCacheDataset, build_segmentation_cache
-from lightning_fastdata.datasets.segmentation_hdf5 import HDF5_SUFFIXES, SegmentationHDF5Dataset, hdf5_split_group
-from lightning_fastdata.datasets.segmentation_layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout, join_url
-from lightning_fastdata.datasets.segmentation_parquet import (
-    SegmentationParquetDataset,
-    has_parquet_files,
-    load_parquet_files,
-)
-from lightning_fastdata.datasets.segmentation_predict import SegmentationPredictDataset
-from lightning_fastdata.datasets.segmentation_shards import (
-    SegmentationTarDataset,
-    has_tar_shards,
-    load_segmentation_shards,
-)
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.batch import Batch, DeviceBatch
 from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir, load_entropy_index
 from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index
 from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.segmentation.cache import SegmentationCacheDataset, build_segmentation_cache
+from lightning_fastdata.segmentation.dataset import SegmentationFolderDataset, WindowedSegmentation
+from lightning_fastdata.segmentation.hdf5 import HDF5_SUFFIXES, SegmentationHDF5Dataset, hdf5_split_group
+from lightning_fastdata.segmentation.layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout, join_url
+from lightning_fastdata.segmentation.parquet import (
+    SegmentationParquetDataset,
+    has_parquet_files,
+    load_parquet_files,
+)
+from lightning_fastdata.segmentation.policy import SegmentationDeviceAugment
+from lightning_fastdata.segmentation.predict import SegmentationPredictDataset
+from lightning_fastdata.segmentation.shards import (
+    SegmentationTarDataset,
+    has_tar_shards,
+    load_segmentation_shards,
+)
+from lightning_fastdata.segmentation.window import IGNORE_INDEX
 
 __all__ = ["SegmentationDataModule"]
 
@@ -83,13 +83,13 @@ class SegmentationDataModule(FastDataModule):
 
     Args:
         root: The data: a folder or bucket URL in VOC's, ADE20K's, Cityscapes' or a paired layout
-            (:mod:`~lightning_fastdata.datasets.segmentation_layouts`), or an HDF5 file (``.h5``) whose splits are
+            (:mod:`~lightning_fastdata.segmentation.layouts`), or an HDF5 file (``.h5``) whose splits are
             groups holding ``images_key`` and ``masks_key`` (a file without groups: the training split at its top
-            level; a split may also name another HDF5 file) (:mod:`~lightning_fastdata.datasets.segmentation_hdf5`),
+            level; a split may also name another HDF5 file) (:mod:`~lightning_fastdata.segmentation.hdf5`),
             or WebDataset tar shards of images and masks in a sub-folder (or bucket prefix) per split
-            (``layout="shards"``, found by ``"auto"`` locally; :mod:`~lightning_fastdata.datasets.segmentation_shards`),
+            (``layout="shards"``, found by ``"auto"`` locally; :mod:`~lightning_fastdata.segmentation.shards`),
             or Parquet files with an image and a mask column, likewise (``layout="parquet"``;
-            :mod:`~lightning_fastdata.datasets.segmentation_parquet`).
+            :mod:`~lightning_fastdata.segmentation.parquet`).
         num_classes: The classes the masks hold (VOC: 21, ADE20K: 150, Cityscapes: 19).
         class_names: Their names, in index order; ``None``: Cityscapes' with ``layout="cityscapes"``, else numbers.
         base_size: The reference's base size (520).
@@ -122,7 +122,7 @@ class SegmentationDataModule(FastDataModule):
         shuffle_buffer: Parquet files: the training order in windows of row groups holding about this many rows
             (every row once an epoch); ``None``: a full shuffle, a row group's read per row.
         cache_dir: Decode each split once into a uint8 cache here (``prepare_data``; a folder per source and size,
-            :mod:`~lightning_fastdata.datasets.segmentation_cache`), then train and evaluate from it with no decode;
+            :mod:`~lightning_fastdata.segmentation.cache`), then train and evaluate from it with no decode;
             ``None``: decode every epoch.
         cache_size: The cache's shorter side (default ``base_size``: evaluation reads the cache as it is).
         image_size: ``crop_size`` (or ``None``): a training batch's size is the crop's.
@@ -130,7 +130,7 @@ class SegmentationDataModule(FastDataModule):
         device_transforms: Per-sample policies on the training device (``TrivialAugmentWide``, ``RandAugment``:
             their geometric ops move the mask too, by nearest sampling, filled with ``ignore_index``; colour ops
             touch the image alone; ``ColorJitter``; torchvision's objects become these;
-            :mod:`~lightning_fastdata.augment.segmentation_policy`).
+            :mod:`~lightning_fastdata.segmentation.policy`).
         train_crop: ``"reference"`` (torchvision's segmentation reference: random resize, flip, padded crop) or
             ``"random_resized"`` (``RandomResizedCrop(crop_size, scale, ratio)`` and the flip, ``scale``/``ratio``
             the module's arguments, for image and mask alike).

@@ -143,7 +143,7 @@ class ShardDataModule(FastDataModule):
         index_dir: Where the shards' indexes are kept (a folder of ours, never the data's); ``None``: the user cache
             (``~/.cache/lightning-fastdata``).
         label_classes: The class names in label order; ``None``: ``classes.json`` beside the first shard (written by
-            ``lightning_fastdata.datasets.shard_writer.write_tar_shards``), else a Parquet file's ``ClassLabel`` (or
+            ``lightning_fastdata.convert.shards.write_tar_shards``), else a Parquet file's ``ClassLabel`` (or
             the sorted names a string label column holds), else the labels as numbers.
         json_label: The label's field in a tar sample's ``.json`` member (where it has no ``.cls``).
         image_column: Parquet: the column of encoded images (binary, or a struct with a ``bytes`` field).

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from lightning_fastdata.convert.hdf5 import convert_folder_to_hdf5
 from lightning_fastdata.datamodules.cache import TensorCacheDataModule
 from lightning_fastdata.datamodules.folder import ImageFolderDataModule
 from lightning_fastdata.datamodules.hdf5 import HDF5DataModule
-from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
 from lightning_fastdata.datasets.hdf5_file import HDF5Layout
 from lightning_fastdata.diagnose.probe import DataProbe, FolderSample
 from lightning_fastdata.loading.index.store import RACY_SECONDS

@@ -10,20 +10,20 @@ import pytest
 import torch
 from PIL import Image
 
-from lightning_fastdata.augment.segmentation import (
+from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
+from lightning_fastdata.segmentation.demos import (
+    SEGMENTATION_CLASSES,
+    classes_of_colours,
+    make_segmentation_folder,
+    segmentation_scene,
+)
+from lightning_fastdata.segmentation.window import (
     IGNORE_INDEX,
     eval_window,
     render_mask,
     train_window,
     window_draws,
 )
-from lightning_fastdata.demos_segmentation import (
-    SEGMENTATION_CLASSES,
-    classes_of_colours,
-    make_segmentation_folder,
-    segmentation_scene,
-)
-from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 
 
 def interior(mask: np.ndarray, margin: int = 3) -> np.ndarray:

@@ -12,7 +12,7 @@ from torchvision.io import decode_jpeg, read_file
 from torchvision.transforms.v2 import functional as F
 
 from lightning_fastdata.augment import RandAugment, TrivialAugmentWide, ops
-from lightning_fastdata.augment.static import apply_round, sharpness_blur
+from lightning_fastdata.augment.graphed.static import apply_round, sharpness_blur
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +118,9 @@ def test_the_static_device_half_gives_the_eager_pixels_and_targets_bit_for_bit(
     from torchvision.transforms import v2
 
     from lightning_fastdata.augment import RandomErasing
+    from lightning_fastdata.augment.graphed.half import StaticDeviceHalf, static_capable
     from lightning_fastdata.augment.normalize import Normalizer
     from lightning_fastdata.augment.pipeline import DeviceAugment
-    from lightning_fastdata.augment.static_half import StaticDeviceHalf, static_capable
 
     batch = {
         "recipe": [RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
@@ -148,10 +148,10 @@ def test_the_static_device_half_runs_one_sequence_of_ops_and_refuses_what_it_can
 
     from benchmarks.recorder import OpRecorder
     from lightning_fastdata.augment import ColorJitter, RandomErasing
+    from lightning_fastdata.augment.graphed.half import StaticDeviceHalf
+    from lightning_fastdata.augment.graphed.static import unpack
     from lightning_fastdata.augment.normalize import Normalizer
     from lightning_fastdata.augment.pipeline import DeviceAugment
-    from lightning_fastdata.augment.static import unpack
-    from lightning_fastdata.augment.static_half import StaticDeviceHalf
 
     mixing = v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])
     half = StaticDeviceHalf(DeviceAugment([TrivialAugmentWide()], [RandomErasing(0.25), mixing], seed=0))
@@ -192,9 +192,9 @@ def test_a_captured_device_half_replays_the_eager_results_pads_the_last_batch_an
     """With the stand-in graph (it replays into fixed outputs, as a CUDA graph does): each batch's result is the
     eager path's, a shorter last batch is padded (its MixUp/CutMix pairs its own, its draws its own keys'), every
     output is a copy (the next replay does not change it), and a batch of another image size runs eagerly."""
-    from lightning_fastdata.augment.captured import CapturedDeviceHalf, EagerGraph, pad_index
+    from lightning_fastdata.augment.graphed.captured import CapturedDeviceHalf, EagerGraph, pad_index
+    from lightning_fastdata.augment.graphed.half import StaticDeviceHalf
     from lightning_fastdata.augment.normalize import Normalizer
-    from lightning_fastdata.augment.static_half import StaticDeviceHalf
 
     augment = recipe_half()
     captured = CapturedDeviceHalf(StaticDeviceHalf(augment), EagerGraph())
@@ -224,7 +224,7 @@ def test_the_gpu_checks_graphed_variant_gives_the_datamodules_own_batches(image_
     batches after transfer are the eager ones (on the CPU the stand-in graph replays)."""
     from benchmarks.gpu_recipe import _MODULE
     from lightning_fastdata import ImageFolderDataModule
-    from lightning_fastdata.augment.captured import CapturedDeviceHalf
+    from lightning_fastdata.augment.graphed.captured import CapturedDeviceHalf
     from lightning_fastdata.recipe import load_recipe
 
     made, _ = load_recipe("recipe_torchvision")

@@ -214,7 +214,7 @@ def test_a_segmentation_dataset_is_not_a_folder_of_classes(tmp_path: Path, s3: L
     naming the layout and the module that reads it, locally and from a bucket; so is the converter."""
     from benchmarks.s3_server import upload_folder
     from lightning_fastdata import convert_folder_to_hdf5
-    from lightning_fastdata.demos_segmentation import make_segmentation_folder
+    from lightning_fastdata.segmentation.demos import make_segmentation_folder
 
     root = make_segmentation_folder(tmp_path / "ade", count=4, size=(64, 48), layout="ade20k")
     url = s3.url(f"ade-{tmp_path.name}")

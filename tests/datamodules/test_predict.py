@@ -274,7 +274,7 @@ def test_unlabelled_shards_are_predicted_in_order_and_named_by_shard_and_sample(
     import pyarrow.parquet as pq
 
     from lightning_fastdata import ShardDataModule
-    from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
+    from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
 
     train = (write_tar_shards if fmt == "tar" else write_parquet_shards)(image_folder, tmp_path / "train", 10**9)
     files = sorted(p for p in image_folder.rglob("*.jpg"))

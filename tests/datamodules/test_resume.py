@@ -23,10 +23,10 @@ from helpers.fork_client import SERVER, rank_procs
 
 from benchmarks.s3_server import LocalS3, delete_objects, upload_folder
 from lightning_fastdata import convert_folder_to_hdf5
-from lightning_fastdata.datasets.segmentation_convert import write_segmentation_parquet, write_segmentation_shards
-from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
+from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
 from lightning_fastdata.demos import make_image_folder
-from lightning_fastdata.demos_segmentation import make_segmentation_folder, make_segmentation_hdf5
+from lightning_fastdata.segmentation.convert import write_segmentation_parquet, write_segmentation_shards
+from lightning_fastdata.segmentation.demos import make_segmentation_folder, make_segmentation_hdf5
 
 HELPER = Path(__file__).parents[1] / "helpers" / "resume_run.py"
 STEPS = 12  # 39 images, batch 8: 5 steps per epoch, so 12 steps cross two epoch boundaries

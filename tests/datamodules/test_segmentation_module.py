@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from helpers.masks import agreement
 
 from lightning_fastdata.augment.normalize import Normalizer
-from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
-from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, classes_of_colours, make_segmentation_folder
+from lightning_fastdata.segmentation.demos import SEGMENTATION_CLASSES, classes_of_colours, make_segmentation_folder
+from lightning_fastdata.segmentation.window import IGNORE_INDEX
 from lightning_fastdata.testing import cpu_trainer
 
 N = len(SEGMENTATION_CLASSES)
@@ -97,7 +97,7 @@ def test_a_trainer_fits_and_validates_from_the_module(voc: Path) -> None:
 def test_an_hdf5_file_fits_validates_and_tests_through_the_module(tmp_path: Path) -> None:
     """Groups ``train``/``val`` of one file; the test split another file (a split may name one); a file without
     groups trains from its top level and says it has no validation split."""
-    from lightning_fastdata.demos_segmentation import make_segmentation_hdf5
+    from lightning_fastdata.segmentation.demos import make_segmentation_hdf5
 
     grouped = make_segmentation_hdf5(tmp_path / "g.h5", count=20, size=(100, 80), seed=3)
     flat = make_segmentation_hdf5(tmp_path / "f.h5", count=8, size=(100, 80), seed=4, groups=False)
@@ -153,7 +153,7 @@ def test_a_mix_of_a_folder_and_an_hdf5_file_renumbers_masks_into_its_classes_by_
     only two classes: the mix's masks are in the mix's class list (by name), the classes a source leaves out are
     ignored; draws follow the weights; a Trainer fits and validates each source apart."""
     from lightning_fastdata import MixedDataModule
-    from lightning_fastdata.demos_segmentation import make_segmentation_hdf5
+    from lightning_fastdata.segmentation.demos import make_segmentation_hdf5
 
     h5 = make_segmentation_hdf5(tmp_path / "s.h5", count=12, size=(100, 80), seed=6)
     reordered = list(reversed(SEGMENTATION_CLASSES))  # the file's class k is the colour SEGMENTATION_CLASSES[k]...
@@ -302,8 +302,8 @@ def test_the_entropy_index_gives_the_same_training_batches_and_is_built_once(
     """``entropy_index=True``: prepare_data indexes the training images once (kept in index_dir, reused), and each
     crop decoded with its entry gives the batches decoded without, through 2 workers, over two epochs. A source of
     no image files, or a cache, is refused by name."""
-    from lightning_fastdata.datasets.segmentation_convert import convert_segmentation
     from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_folder
+    from lightning_fastdata.segmentation.convert import convert_segmentation
 
     def epochs(dm: SegmentationDataModule) -> list:
         dm.prepare_data()

@@ -333,7 +333,7 @@ def test_fingerprint_is_the_per_file_record_it_always_was(tmp_path: Path) -> Non
     """Caches built before the faster fingerprint stay current: same records, same digest, any file name."""
     import hashlib
 
-    from lightning_fastdata.datasets.cache_source import fingerprint
+    from lightning_fastdata.cache.source import fingerprint
     from lightning_fastdata.loading.index.files import scan_image_folder
 
     root = make_image_folder(tmp_path / "src", num_classes=2, per_class=3, size=(16, 16))

@@ -17,9 +17,9 @@ import pytest
 import torch
 from PIL import Image
 
+from lightning_fastdata.convert.shards import write_parquet_shards
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.datasets.parquet_shards import ParquetShardDataset
-from lightning_fastdata.datasets.shard_writer import write_parquet_shards
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.index.parquet_index import index_parquet, load_parquet_index
@@ -230,7 +230,7 @@ def test_the_entropy_index_of_shards_is_keyed_per_sample_and_changes_no_pixel(
     """entropy_index=True: every training sample's entry built from the shards (prepare_data), each sample's crop
     decoded with it: the same batches as without, through 2 workers; a rewritten shard gives another list."""
     from lightning_fastdata import ShardDataModule
-    from lightning_fastdata.datasets.shard_writer import write_tar_shards
+    from lightning_fastdata.convert.shards import write_tar_shards
     from lightning_fastdata.loading.jpeg.entropy_index import entropy_index_available
 
     if not entropy_index_available():

@@ -20,12 +20,12 @@ from PIL import Image
 
 from benchmarks.s3_server import LocalS3, upload_folder
 from lightning_fastdata.cli import main
+from lightning_fastdata.convert.shards import write_tar_shards
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
-from lightning_fastdata.datasets.segmentation_convert import convert_segmentation, write_segmentation_shards
-from lightning_fastdata.datasets.segmentation_layouts import CONVERTED_MASKS
-from lightning_fastdata.datasets.shard_writer import write_tar_shards
-from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, make_segmentation_folder
 from lightning_fastdata.errors import DataError
+from lightning_fastdata.segmentation.convert import convert_segmentation, write_segmentation_shards
+from lightning_fastdata.segmentation.demos import SEGMENTATION_CLASSES, make_segmentation_folder
+from lightning_fastdata.segmentation.layouts import CONVERTED_MASKS
 
 N = len(SEGMENTATION_CLASSES)
 

@@ -12,13 +12,13 @@ import torch
 from helpers.masks import agreement
 from PIL import Image
 
-from lightning_fastdata.augment.segmentation import IGNORE_INDEX
-from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset
-from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, make_segmentation_folder
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched
 from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
+from lightning_fastdata.segmentation.dataset import SegmentationFolderDataset
+from lightning_fastdata.segmentation.demos import SEGMENTATION_CLASSES, make_segmentation_folder
+from lightning_fastdata.segmentation.window import IGNORE_INDEX
 
 N = len(SEGMENTATION_CLASSES)
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 from helpers.masks import agreement
 
-from lightning_fastdata.datasets.segmentation_hdf5 import SegmentationHDF5Dataset, hdf5_split_group
-from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, make_segmentation_hdf5
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched
 from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
+from lightning_fastdata.segmentation.demos import SEGMENTATION_CLASSES, make_segmentation_hdf5
+from lightning_fastdata.segmentation.hdf5 import SegmentationHDF5Dataset, hdf5_split_group
 
 N = len(SEGMENTATION_CLASSES)
 WINDOW = dict(num_classes=N, base_size=72, crop_size=56, seed=4)
@@ -91,7 +91,7 @@ def test_bad_files_are_named(files: dict[str, Path], tmp_path: Path) -> None:
 def test_float_pixels_are_refused_for_prediction_as_for_training(tmp_path: Path) -> None:
     """An HDF5 file of float images (0-1): training refused it, while trainer.predict cast its pixels to 0 or 1 and
     predicted on black images; now both name the file and say what to give."""
-    from lightning_fastdata.datasets.segmentation_predict import SegmentationPredictDataset
+    from lightning_fastdata.segmentation.predict import SegmentationPredictDataset
 
     path = tmp_path / "float.h5"
     with h5py.File(path, "w") as f:

@@ -14,10 +14,10 @@ from helpers.masks import agreement
 
 from benchmarks.s3_server import LocalS3, upload_folder
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
-from lightning_fastdata.datasets.segmentation_convert import write_segmentation_shards
-from lightning_fastdata.demos_segmentation import SEGMENTATION_CLASSES, make_segmentation_folder
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.index.tar_pairs import index_paired_tar
+from lightning_fastdata.segmentation.convert import write_segmentation_shards
+from lightning_fastdata.segmentation.demos import SEGMENTATION_CLASSES, make_segmentation_folder
 
 N = len(SEGMENTATION_CLASSES)
 
@@ -89,7 +89,7 @@ def test_parquet_files_serve_the_folders_batches_and_shuffle_in_windows_of_row_g
 ) -> None:
     """The hubs' layout (``image`` and ``annotation`` structs): with a full shuffle, the folder's batches bit for bit,
     locally and from a bucket; in windows of row groups, every row once an epoch and masks that follow images."""
-    from lightning_fastdata.datasets.segmentation_convert import write_segmentation_parquet
+    from lightning_fastdata.segmentation.convert import write_segmentation_parquet
 
     voc, _ = data
     parquet = tmp_path / "parquet"
@@ -128,8 +128,8 @@ def test_predict_reads_shards_parquet_and_hdf5_and_writes_masks_named_after_thei
     from PIL import Image
 
     from lightning_fastdata import ImageSegmenter, MaskWriter
-    from lightning_fastdata.datasets.segmentation_convert import write_segmentation_parquet
-    from lightning_fastdata.demos_segmentation import make_segmentation_hdf5
+    from lightning_fastdata.segmentation.convert import write_segmentation_parquet
+    from lightning_fastdata.segmentation.demos import make_segmentation_hdf5
     from lightning_fastdata.testing import cpu_trainer
 
     voc, shards = data
@@ -169,7 +169,7 @@ def test_a_cache_is_named_after_the_mask_column_it_holds(data: tuple[Path, Path]
     import pyarrow.parquet as pq
     from PIL import Image
 
-    from lightning_fastdata.datasets.segmentation_convert import write_segmentation_parquet
+    from lightning_fastdata.segmentation.convert import write_segmentation_parquet
 
     voc, _ = data
     parquet = tmp_path / "parquet"

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from lightning_fastdata.convert.shards import write_tar_shards
 from lightning_fastdata.datasets.folder import ImageFolderDataset
-from lightning_fastdata.datasets.shard_writer import write_tar_shards
 from lightning_fastdata.datasets.shards import TarShardDataset
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.index.tar_index import index_tar, load_tar_index

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks.s3_server import LocalS3, upload_folder
-from lightning_fastdata.datasets.shard_writer import write_parquet_shards, write_tar_shards
+from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
 from lightning_fastdata.errors import DataError
 
 _UPLOADED: dict[str, str] = {}

@@ -23,7 +23,7 @@ from PIL import Image
 from lightning_fastdata import doctor
 from lightning_fastdata.cli import main as fastdata
 from lightning_fastdata.cli import run_cli
-from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
+from lightning_fastdata.convert.hdf5 import convert_folder_to_hdf5
 from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.diagnose import Option, main
 from lightning_fastdata.diagnose.options import folder_options
@@ -413,7 +413,7 @@ def test_doctor_measures_a_folder_with_pngs_and_refuses_a_segmentation_dataset(t
     """PNG photos beside JPEGs: one core's decode ceiling covers both (torchvision's ``decode_jpeg`` stopped at the
     first PNG with a traceback). A segmentation dataset's root is not two classes (photos, masks): refused, named."""
     from lightning_fastdata.demos import photo_like_image
-    from lightning_fastdata.demos_segmentation import make_segmentation_folder
+    from lightning_fastdata.segmentation.demos import make_segmentation_folder
 
     rng = np.random.default_rng(0)
     for c in ("a", "b"):

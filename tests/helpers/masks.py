@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lightning_fastdata.augment.segmentation import IGNORE_INDEX
-from lightning_fastdata.demos_segmentation import classes_of_colours
+from lightning_fastdata.segmentation.demos import classes_of_colours
+from lightning_fastdata.segmentation.window import IGNORE_INDEX
 
 
 def agreement(images: torch.Tensor, masks: torch.Tensor, margin: int = 3) -> tuple[int, int]:

@@ -1,7 +1,7 @@
 """The static device half captured once as a CUDA graph and replayed for every batch.
 
 :class:`CapturedDeviceHalf` stands where a :class:`~lightning_fastdata.augment.pipeline.DeviceAugment` stands (the
-same call) and runs a :class:`~lightning_fastdata.augment.static_half.StaticDeviceHalf` through a graph:
+same call) and runs a :class:`~lightning_fastdata.augment.graphed.half.StaticDeviceHalf` through a graph:
 
 - **static buffers**: the captured images, labels and parameter buffer keep their storage; each batch is copied
   into them (the parameters from pinned host memory, asynchronously, outside the graph), then the graph replays;
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+import lightning_fastdata.augment.graphed.static as static
 import lightning_fastdata.augment.ops as ops
-import lightning_fastdata.augment.static as static
-from lightning_fastdata.augment.static_half import StaticDeviceHalf
+from lightning_fastdata.augment.graphed.half import StaticDeviceHalf
 
 __all__ = ["CapturedDeviceHalf", "CudaGraph", "EagerGraph", "pad_index"]
 
@@ -91,7 +91,7 @@ def pad_index(n: int, size: int) -> torch.Tensor:
 
 
 class CapturedDeviceHalf:
-    """A :class:`~lightning_fastdata.augment.static_half.StaticDeviceHalf` run through a graph (module docstring).
+    """A :class:`~lightning_fastdata.augment.graphed.half.StaticDeviceHalf` run through a graph (module docstring).
 
     Args:
         half: The static device half.

@@ -23,7 +23,7 @@ import numpy as np
 from filelock import FileLock
 from tqdm import tqdm
 
-from lightning_fastdata.datasets.cache_manifest import (
+from lightning_fastdata.cache.manifest import (
     SPLITS,
     CacheParams,
     cache_is_current,
@@ -32,8 +32,8 @@ from lightning_fastdata.datasets.cache_manifest import (
     write_json,
     write_manifest,
 )
-from lightning_fastdata.datasets.cache_source import fingerprint, folders_unchanged, listing_fingerprint, source_record
-from lightning_fastdata.datasets.convert import convert_folder_to_hdf5
+from lightning_fastdata.cache.source import fingerprint, folders_unchanged, listing_fingerprint, source_record
+from lightning_fastdata.convert.hdf5 import convert_folder_to_hdf5
 from lightning_fastdata.errors import AccessError, DataError, InvalidValueError
 from lightning_fastdata.loading.atomic import replace_folder
 from lightning_fastdata.loading.index.files import FileIndex
@@ -158,7 +158,7 @@ def build_tensor_cache(
     ``storages`` maps an index's root to its :class:`~lightning_fastdata.loading.storage.base.Storage` (default: the
     local folder). From a bucket the files are read by the build processes, a chunk of objects at a time
     fetched concurrently, and the source is checked by listing it again: keys, sizes and ETags
-    (:func:`~lightning_fastdata.datasets.cache_source.listing_fingerprint`; ``verify_source`` does not apply: a
+    (:func:`~lightning_fastdata.cache.source.listing_fingerprint`; ``verify_source`` does not apply: a
     bucket has no folder mtimes, and an object rewritten in place gets a new ETag).
 
     ``exact_decode`` decodes the raw cache's squares with the exact IDCT at full size (see

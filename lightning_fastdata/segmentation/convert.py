@@ -2,7 +2,7 @@
 
 What ``fastdata convert segmentation`` writes. The source is read as
 :class:`~lightning_fastdata.datamodules.segmentation.SegmentationDataModule` reads it
-(:class:`~lightning_fastdata.datasets.segmentation.SegmentationFolderDataset`: the layout's pairs, its table of what
+(:class:`~lightning_fastdata.segmentation.dataset.SegmentationFolderDataset`: the layout's pairs, its table of what
 a mask value means, or ``label_map=``), and every mask is written **as the classes** it means: ADE20K's ``k`` as
 ``k - 1``, Cityscapes' label ids as its training ids, a ``label_map``'s values as their classes, values that mean
 none as ``ignore_index``. A mask whose values already are the classes (VOC's palette PNGs, paired folders) is copied
@@ -11,7 +11,7 @@ the folder gives; a value that is no class is an error at conversion, naming the
 as they are.
 
 - ``tar``: ``key.<ext>`` + ``key.seg.png`` members (keys ``00000000``, ... in the split's order), shards of about
-  ``shard_bytes``: :class:`~lightning_fastdata.datasets.segmentation_shards.SegmentationTarDataset` reads them.
+  ``shard_bytes``: :class:`~lightning_fastdata.segmentation.shards.SegmentationTarDataset` reads them.
 - ``parquet``: the hubs' ``image`` and ``annotation`` columns (``{bytes, path}`` structs, named as ``Image`` features
   in the ``huggingface`` metadata), row groups of ``rows_per_group``.
 - ``hdf5``: one file, a group per split: ``<split>/images`` (each file's bytes, a variable-length row each) and
@@ -36,18 +36,18 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from lightning_fastdata.augment.segmentation import IGNORE_INDEX
-from lightning_fastdata.datasets.segmentation import SegmentationFolderDataset, _checked, read_mask
-from lightning_fastdata.datasets.segmentation_layouts import (
+from lightning_fastdata.convert.shards import pack_shards, refuse_inside_source, shard_destination
+from lightning_fastdata.errors import InvalidValueError, PathExistsError, PathNotFoundError
+from lightning_fastdata.loading.atomic import atomic_path
+from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.segmentation.dataset import SegmentationFolderDataset, _checked, read_mask
+from lightning_fastdata.segmentation.layouts import (
     CONVERTED_MASKS,
     NAMED_TABLES,
     detect_layout,
     named_table_classes,
 )
-from lightning_fastdata.datasets.shard_writer import pack_shards, refuse_inside_source, shard_destination
-from lightning_fastdata.errors import InvalidValueError, PathExistsError, PathNotFoundError
-from lightning_fastdata.loading.atomic import atomic_path
-from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.segmentation.window import IGNORE_INDEX
 
 __all__ = [
     "SEGMENTATION_FORMATS",
@@ -82,13 +82,13 @@ class SplitSource:
 
     Args:
         root: The data's root (folder or bucket URL) in a layout
-            :func:`~lightning_fastdata.datasets.segmentation_layouts.find_pairs` reads.
+            :func:`~lightning_fastdata.segmentation.layouts.find_pairs` reads.
         split: The split.
         num_classes: The classes; ``None``: the layout's (VOC 21, ADE20K 150, Cityscapes 19) or one more than
             ``label_map``'s largest class.
         ignore_index: What a value that means no class is written as.
         layout, images_dir, masks_dir, label_map, storage_options: As
-            :class:`~lightning_fastdata.datasets.segmentation.SegmentationFolderDataset` takes them.
+            :class:`~lightning_fastdata.segmentation.dataset.SegmentationFolderDataset` takes them.
 
     Raises:
         FileNotFoundError: If the split, or an image or mask it names, is missing (named).

@@ -1,6 +1,6 @@
 """The tensor cache's manifest: what makes the arrays beside it a current cache, and opening a split.
 
-See :mod:`lightning_fastdata.datasets.cache` for the layout.
+See :mod:`lightning_fastdata.cache.dataset` for the layout.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A sample is an image member and a mask member of one key (``key.jpg`` + ``key.se
 :mod:`~lightning_fastdata.loading.index.tar_pairs`), read together by one ``pread`` of a local shard or one ranged
 request to a shard in a bucket (a batch's requests in flight together, each answer checked against the shard's
 version), then rendered through the sample's window as the folder source's are
-(:class:`~lightning_fastdata.datasets.segmentation.WindowedSegmentation`). Samples are numbered shard after shard,
+(:class:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation`). Samples are numbered shard after shard,
 so an epoch is a global shuffle of all of them, resumable at the exact sample.
 """
 
@@ -19,8 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from lightning_fastdata.datasets.segmentation import WindowedSegmentation, read_mask, sample_key
-from lightning_fastdata.datasets.segmentation_layouts import map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.tar_pairs import (
     PairedTarIndex,
@@ -35,6 +33,8 @@ from lightning_fastdata.loading.storage.ranged import (
     read_remote_range,
     shard_indexes,
 )
+from lightning_fastdata.segmentation.dataset import WindowedSegmentation, read_mask, sample_key
+from lightning_fastdata.segmentation.layouts import map_mask, mask_table
 
 __all__ = ["SegmentationTarDataset", "has_tar_shards", "load_segmentation_shards"]
 
@@ -75,7 +75,7 @@ class SegmentationTarDataset(WindowedSegmentation):
             table); ``None``: the values are the classes.
         storage_options: Object-store settings for shards in a bucket (their paths are URLs).
         ignore_index: The mask value of borders and padding.
-        **kwargs: The window settings of :class:`~lightning_fastdata.datasets.segmentation.WindowedSegmentation`.
+        **kwargs: The window settings of :class:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation`.
 
     Raises:
         ValueError: If the shards hold no sample, or mix local files and URLs.

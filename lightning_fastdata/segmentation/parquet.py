@@ -20,13 +20,6 @@ from typing import Any
 import numpy as np
 
 from lightning_fastdata.datasets.group_reads import GroupReads
-from lightning_fastdata.datasets.segmentation import WindowedSegmentation, read_mask, sample_key
-from lightning_fastdata.datasets.segmentation_layouts import (
-    CONVERTED_MASKS,
-    map_mask,
-    mask_table,
-    refuse_named_table_on_classes,
-)
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, load_parquet_index
 from lightning_fastdata.loading.storage.base import is_url
@@ -36,6 +29,13 @@ from lightning_fastdata.loading.storage.ranged import (
     bucket_storage,
     index_remote_parquet,
     shard_indexes,
+)
+from lightning_fastdata.segmentation.dataset import WindowedSegmentation, read_mask, sample_key
+from lightning_fastdata.segmentation.layouts import (
+    CONVERTED_MASKS,
+    map_mask,
+    mask_table,
+    refuse_named_table_on_classes,
 )
 
 __all__ = ["SegmentationParquetDataset", "has_parquet_files", "load_parquet_files"]
@@ -92,7 +92,7 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
             shuffle, a row group's read per row).
         storage_options: Object-store settings for files in a bucket.
         ignore_index: The mask value of borders and padding.
-        **kwargs: The window settings of :class:`~lightning_fastdata.datasets.segmentation.WindowedSegmentation`.
+        **kwargs: The window settings of :class:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation`.
 
     Raises:
         ValueError: If the files hold no row.

@@ -6,7 +6,7 @@ dataset of the same ``N`` (``N x H x W`` or ``N x H x W x 1``, integers: the cla
 name (``train/images``, ``val/masks``, ...) or, for a file without groups, the file's top level. The file is opened
 lazily in each process that reads it (and again after a fork), never in ``__init__`` beyond a check, so any number
 of workers and ranks read it. Each sample goes through the same window as the folder source's
-(:class:`~lightning_fastdata.datasets.segmentation.WindowedSegmentation`).
+(:class:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation`).
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_fastdata.augment.segmentation import IGNORE_INDEX
 from lightning_fastdata.datasets.hdf5_file import open_hdf5
-from lightning_fastdata.datasets.segmentation import WindowedSegmentation, sample_key
-from lightning_fastdata.datasets.segmentation_layouts import (
+from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
+from lightning_fastdata.segmentation.dataset import WindowedSegmentation, sample_key
+from lightning_fastdata.segmentation.layouts import (
     CONVERTED_MASKS,
     map_mask,
     mask_table,
     refuse_named_table_on_classes,
 )
-from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
+from lightning_fastdata.segmentation.window import IGNORE_INDEX
 
 __all__ = ["HDF5_SUFFIXES", "SegmentationHDF5Dataset", "hdf5_split_group", "pixel_kind"]
 
@@ -92,7 +92,7 @@ class SegmentationHDF5Dataset(WindowedSegmentation):
         label_map: Mask value -> class (or -> ``ignore_index``), or ``"ade20k"``/``"cityscapes"`` (that layout's
             table); ``None``: the values are the classes.
         locking: h5py's file locking (``False`` on NFS and other network file systems).
-        **kwargs: The window settings of :class:`~lightning_fastdata.datasets.segmentation.WindowedSegmentation`
+        **kwargs: The window settings of :class:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation`
             (``train``, ``base_size``, ``crop_size``, ``hflip_prob``, ``seed``, ``ignore_index``).
 
     Raises:

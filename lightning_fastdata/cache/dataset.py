@@ -11,16 +11,16 @@ Layout of ``cache_dir`` (format version 1; any tool that reads ``.npy`` can open
   the source (sha256 of every file's relative path, size and mtime), and ``source``: the file list's sha256 and
   the mtimes of the folders holding the files, taken before the build decoded anything (what
   ``verify_source="folders"`` compares in ``O(folders)``; see
-  :func:`~lightning_fastdata.datasets.cache_source.folders_unchanged`).
+  :func:`~lightning_fastdata.cache.source.folders_unchanged`).
 
 With ``storage="jpeg"`` (the compact cache, for data bigger than RAM) the arrays are replaced by ``train.h5`` and
 ``val.h5``: each image re-encoded once with its shorter side ``cache_size`` at JPEG ``quality``, in the
 converter's encoded HDF5 layout (see :func:`~lightning_fastdata.convert_folder_to_hdf5`), decoded by the
 region-of-interest path at training time; validation is resized and center-cropped when read.
 
-Four modules, one job each: this one reads a split (:class:`TensorCacheDataset`); :mod:`.cache_build` builds
-(locked, resumable, renamed into place when complete); :mod:`.cache_manifest` says whether a cache is current and
-opens its splits; :mod:`.cache_source` tells whether the source folder changed.
+Four modules, one job each: this one reads a split (:class:`TensorCacheDataset`); :mod:`.build` builds
+(locked, resumable, renamed into place when complete); :mod:`.manifest` says whether a cache is current and
+opens its splits; :mod:`.source` tells whether the source folder changed.
 """
 
 from __future__ import annotations
@@ -32,16 +32,16 @@ import numpy as np
 import torch
 
 from lightning_fastdata.augment.geometry import flip_of, random_resized_crop_box
-from lightning_fastdata.datasets.arrays import MappedFile, gather_hwc
-from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
-from lightning_fastdata.datasets.cache_build import build_tensor_cache, check_verify_source
-from lightning_fastdata.datasets.cache_manifest import (
+from lightning_fastdata.cache.build import build_tensor_cache, check_verify_source
+from lightning_fastdata.cache.manifest import (
     CACHE_FORMAT_VERSION,
     CacheParams,
     open_jpeg_cache,
     open_tensor_cache,
     write_manifest,
 )
+from lightning_fastdata.datasets.arrays import MappedFile, gather_hwc
+from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.index.identity import DataIdentity

@@ -21,12 +21,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from lightning_fastdata.augment.geometry import resize_crop_into
-from lightning_fastdata.augment.segmentation import eval_window
 from lightning_fastdata.datasets.folder import prediction_index
-from lightning_fastdata.datasets.segmentation import SegmentationPredictBatch, _padded, sample_key
-from lightning_fastdata.datasets.segmentation_hdf5 import HDF5_SUFFIXES, pixel_kind
-from lightning_fastdata.datasets.segmentation_parquet import has_parquet_files
-from lightning_fastdata.datasets.segmentation_shards import has_tar_shards
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, load_parquet_index
 from lightning_fastdata.loading.index.tar_index import TarIndex, load_tar_index
@@ -42,6 +37,11 @@ from lightning_fastdata.loading.storage.ranged import (
     shard_indexes,
 )
 from lightning_fastdata.loading.storage.registry import open_storage
+from lightning_fastdata.segmentation.dataset import SegmentationPredictBatch, _padded, sample_key
+from lightning_fastdata.segmentation.hdf5 import HDF5_SUFFIXES, pixel_kind
+from lightning_fastdata.segmentation.parquet import has_parquet_files
+from lightning_fastdata.segmentation.shards import has_tar_shards
+from lightning_fastdata.segmentation.window import eval_window
 
 __all__ = ["SegmentationPredictDataset"]
 

@@ -2,7 +2,7 @@
 
 ``verify_source="files"`` compares :func:`fingerprint` (every file's path, size and mtime); ``"folders"``
 compares :func:`source_record` (the file list's digest and the mtimes of the folders holding the files, taken
-before the build decoded anything) with :func:`~lightning_fastdata.datasets.cache_source.folders_unchanged`.
+before the build decoded anything) with :func:`~lightning_fastdata.cache.source.folders_unchanged`.
 """
 
 from __future__ import annotations

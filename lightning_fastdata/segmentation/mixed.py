@@ -3,7 +3,7 @@
 What :class:`~lightning_fastdata.MixedDataModule` draws from when its sources are
 :class:`~lightning_fastdata.SegmentationDataModule` objects: sample ``i`` is source ``s``'s sample ``i - offsets[s]``,
 rendered by that source (its layout, its windows, its mask table), its mask's classes renumbered into the mix's
-class list by name (each source's :attr:`~lightning_fastdata.datasets.segmentation.WindowedSegmentation.renumber`,
+class list by name (each source's :attr:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation.renumber`,
 set by the mix). A batch's samples are read source by source and returned in the order asked.
 """
 
@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from lightning_fastdata.datasets.segmentation import WindowedSegmentation, sample_key
 from lightning_fastdata.loading.batch import Batch
+from lightning_fastdata.segmentation.dataset import WindowedSegmentation, sample_key
 
 __all__ = ["MixedSegmentation", "renumber_into"]
 

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_fastdata.datasets.segmentation import WindowedSegmentation, sample_key
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
+from lightning_fastdata.segmentation.dataset import WindowedSegmentation, sample_key
 
 __all__ = ["SegmentationCacheDataset", "build_segmentation_cache", "cache_folder"]
 
@@ -88,7 +88,7 @@ class SegmentationCacheDataset(WindowedSegmentation):
         folder: The cache folder.
         num_classes: The classes the masks hold.
         ignore_index: The mask value of borders and padding.
-        **kwargs: The window settings of :class:`~lightning_fastdata.datasets.segmentation.WindowedSegmentation`.
+        **kwargs: The window settings of :class:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation`.
 
     Raises:
         FileNotFoundError: If the cache is not whole (no manifest).

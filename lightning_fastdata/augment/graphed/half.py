@@ -9,7 +9,7 @@ torchvision's ``MixUp``, ``CutMix`` and a ``RandomChoice`` of them) and gives it
 (tested):
 
 - :meth:`~StaticDeviceHalf.plan` (host): the policies' rounds
-  (:func:`~lightning_fastdata.augment.static.round_parameters`), each erasing's boxes, each mixing's ``lam`` and
+  (:func:`~lightning_fastdata.augment.graphed.static.round_parameters`), each erasing's boxes, each mixing's ``lam`` and
   box, drawn from the keys and seeds the eager path draws from (MixUp's and CutMix's with torch's generator seeded
   as the eager path seeds it, through their own ``make_params``), packed into one float64 buffer;
 - :meth:`~StaticDeviceHalf.run` (device): the buffer's values, the batch, nothing else: no host-to-device copy, no
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
+import lightning_fastdata.augment.graphed.static as static
 import lightning_fastdata.augment.ops as ops
-import lightning_fastdata.augment.static as static
 from lightning_fastdata.augment.batched import RandomErasing, _Policy
 from lightning_fastdata.augment.keyed import batch_seed
 from lightning_fastdata.augment.pipeline import DeviceAugment, mixable_targets

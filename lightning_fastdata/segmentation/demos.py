@@ -21,9 +21,9 @@ from typing import Literal
 import numpy as np
 from PIL import Image, ImageDraw
 
-from lightning_fastdata.datasets.segmentation_layouts import voc_palette
 from lightning_fastdata.demos import photo_like_image
 from lightning_fastdata.loading.atomic import atomic_path, atomic_write_bytes, atomic_write_text
+from lightning_fastdata.segmentation.layouts import voc_palette
 
 __all__ = [
     "CITYSCAPES_IDS_OF_CLASSES",

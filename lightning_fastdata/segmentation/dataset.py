@@ -1,8 +1,8 @@
 """``SegmentationFolderDataset``: a split's images and masks, through one window each; ``SegmentationPredictDataset``.
 
 The layouts (VOC, ADE20K, Cityscapes, paired folders; local or in a bucket) and what a mask's values mean are
-:mod:`~lightning_fastdata.datasets.segmentation_layouts`'. Each sample's image and mask go through one
-:class:`~lightning_fastdata.augment.segmentation.Window` (torchvision's segmentation reference: a random resize, a
+:mod:`~lightning_fastdata.segmentation.layouts`'. Each sample's image and mask go through one
+:class:`~lightning_fastdata.segmentation.window.Window` (torchvision's segmentation reference: a random resize, a
 flip and a padded crop in training; the base size in evaluation): the image decoded only where the window needs it,
 the mask decoded once and sampled into the same place. A batch is a :class:`~lightning_fastdata.loading.batch.Batch`
 of uint8 images ``N x 3 x H x W`` and uint8 masks ``N x H x W`` (evaluation batches padded to their largest image:
@@ -24,15 +24,6 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from lightning_fastdata.augment.geometry import crop_draws, random_resized_crop_box, resize_crop_into
-from lightning_fastdata.augment.segmentation import (
-    IGNORE_INDEX,
-    Window,
-    eval_window,
-    render_mask,
-    train_window,
-    window_draws,
-)
-from lightning_fastdata.datasets.segmentation_layouts import find_pairs, map_mask, mask_table
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.batch import Batch, DeviceBatch
 from lightning_fastdata.loading.index.files import FileIndex
@@ -41,6 +32,15 @@ from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.loading.transport.collate import empty_image_and_mask_batch, empty_image_batch
+from lightning_fastdata.segmentation.layouts import find_pairs, map_mask, mask_table
+from lightning_fastdata.segmentation.window import (
+    IGNORE_INDEX,
+    Window,
+    eval_window,
+    render_mask,
+    train_window,
+    window_draws,
+)
 
 __all__ = [
     "SegmentationFolderDataset",
@@ -327,7 +327,7 @@ class SegmentationFolderDataset(WindowedSegmentation):
 
     Args:
         root: The data's root: a folder or a bucket URL in one of the layouts of
-            :mod:`~lightning_fastdata.datasets.segmentation_layouts`.
+            :mod:`~lightning_fastdata.segmentation.layouts`.
         split: The split: VOC's list ``ImageSets/Segmentation/<split>.txt``, else the split's sub-folder.
         num_classes: The classes a mask holds (``0 .. num_classes - 1``, and ``ignore_index``).
         train: The reference's training window (random resize, flip, padded crop); else its evaluation (base size).
