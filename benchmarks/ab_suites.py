@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trees = {"old": old, "new": REPO}
         for k in range(args.rounds):
             for version in ["old", "new"] if k % 2 == 0 else ["new", "old"]:
-                scratch = Path(tmp) / f"scratch-{version}"  # each tree builds its own caches, once
+                # each tree and round its own scratch: an older tree's shards suite refuses to write over its shards
+                scratch = Path(tmp) / f"scratch-{version}-{k}"
                 got = _bench(trees[version], args, scratch, Path(tmp) / "r.json")
                 runs.append({"version": version, "round": k, "rows": got})
                 print(version, k, {name: round(v) for name, v in got.items()}, flush=True)

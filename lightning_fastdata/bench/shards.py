@@ -103,8 +103,9 @@ def _load_hub(files: list[str], cache_dir: str) -> Any:
 def shards_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The rows of the module docstring at each worker count (shards of ~16 MB written into the scratch folder)."""
     tar_dir, parquet_dir = os.path.join(args.scratch, "shards"), os.path.join(args.scratch, "parquet")
-    shards = [str(p) for p in write_tar_shards(args.root, tar_dir, shard_bytes=16 * 2**20)]
-    files = [str(p) for p in write_parquet_shards(args.root, parquet_dir, shard_bytes=16 * 2**20)]
+    # the suite's own scratch: written anew each run (a second run on the same --scratch was refused)
+    shards = [str(p) for p in write_tar_shards(args.root, tar_dir, shard_bytes=16 * 2**20, overwrite=True)]
+    files = [str(p) for p in write_parquet_shards(args.root, parquet_dir, shard_bytes=16 * 2**20, overwrite=True)]
     missing = [name for name in ("webdataset", "datasets") if importlib.util.find_spec(name) is None]
     if missing:
         print(f"shards suite: {' and '.join(missing)} not installed, their baseline left out (pip install {missing})")
