@@ -7,6 +7,7 @@ The loaders are built in :mod:`~lightning_fastdata.datamodules.loaders`, moved a
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -218,7 +219,7 @@ class FastDataModule(LightningDataModule):
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None
-        self.predict_root = predict_root
+        self.predict_root = None if predict_root is None else os.fspath(predict_root)  # a Path works as root's does
         self.predict_dataset: ImageFolderDataset | None = None
         # Exact resume: the train loader last built, and what a checkpoint asked of the next one.
         self._train_loader: ResumableLoader | None = None
