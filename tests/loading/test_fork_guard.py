@@ -29,6 +29,7 @@ def _storm(forks: int, guard: bool) -> str:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_no_child_hangs_in_fork_while_c_threads_make_thread_states() -> None:
     """3,000 forks while four chains of C threads each make a thread state (as gloo's work thread does after every
     collective): with the package imported no child hangs. On an interpreter with the bug, the same storm without
@@ -47,6 +48,7 @@ def _second_worker_never_starts(worker_id: int) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 @pytest.mark.parametrize("stateful", [False, True])
 def test_a_worker_that_never_starts_is_named_within_the_bound(monkeypatch: pytest.MonkeyPatch, stateful: bool) -> None:
     """torch waits for a live worker forever; past FASTDATA_WORKER_START_TIMEOUT the loader names the worker that has
