@@ -10,8 +10,9 @@
  *
  * The guard is CPython's own fix from outside: a pthread_atfork prepare handler takes the lock (its holders never
  * wait for the GIL while they hold it, so this waits only for their short critical section), and the parent and
- * child handlers release it, so no fork happens while another thread holds it. Registered once, by install(), on the
- * affected versions only (on fixed ones CPython takes it itself, and taking it twice would deadlock). */
+ * child handlers release it, so no fork happens while another thread holds it. Registered once, by install(), where
+ * _ext/fork.py finds the bug (3.10, 3.11 before 3.11.10); compiled to do nothing on 3.12+, where CPython handles the
+ * lock across fork itself (the lock is not re-entrant: holding it twice would deadlock). */
 #define PY_SSIZE_T_CLEAN
 #include <patchlevel.h>
 #if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030C0000

@@ -34,6 +34,7 @@ from lightning_fastdata.loading.transport.prefetch import DevicePrefetcher, Pref
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport, PoolWorkerInit
 from lightning_fastdata.loading.transport.torch_internals import (
     has_workers_to_shut_down,
+    keeps_started_workers,
     shut_down_workers,
     worker_pids,
 )
@@ -86,8 +87,6 @@ class _TransportMixin:
     batch_transport: BatchTransport
     prefetch_device: torch.device | str | None
     num_workers: int
-    persistent_workers: bool
-    _iterator: Any
     batch_size: int | None
     _watched: weakref.ref[Any] | None = None
     _inner: weakref.ref[Any] | None = None
@@ -118,7 +117,7 @@ class _TransportMixin:
     def _watch_start(self) -> StartWatch | None:
         """Before an ``iter()`` that forks workers (not a persistent loader's later epochs): watch them start."""
         init = getattr(self, "worker_init_fn", None)
-        if not isinstance(init, StartedWorkerInit) or (self.persistent_workers and self._iterator is not None):
+        if not isinstance(init, StartedWorkerInit) or keeps_started_workers(self):
             return None
         return StartWatch(init, self.num_workers)
 

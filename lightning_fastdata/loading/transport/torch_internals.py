@@ -42,6 +42,7 @@ __all__ = [
     "ForkingPickler",
     "has_workers_to_shut_down",
     "held_only_by",
+    "keeps_started_workers",
     "new_shared_storage",
     "reserve_pages",
     "set_storage_reducer",
@@ -125,6 +126,11 @@ def has_workers_to_shut_down(iterator: Any) -> bool:
 def shut_down_workers(iterator: Any) -> None:
     """Ask ``iterator``'s workers to exit now (torch's own clean-up of an iterator it is done with)."""
     iterator._shutdown_workers()
+
+
+def keeps_started_workers(loader: Any) -> bool:
+    """Whether ``loader``'s next ``iter()`` reuses workers already started (persistent, with a live iterator)."""
+    return bool(loader.persistent_workers) and getattr(loader, "_iterator", None) is not None
 
 
 def worker_pids(iterator: Any) -> list[int]:
