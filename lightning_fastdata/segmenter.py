@@ -14,7 +14,7 @@ from typing_extensions import override
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.models import _EPOCH_VALUE, _ProgressValues, evaluation_loaders, fused_adamw
-from lightning_fastdata.segmentation.window import IGNORE_INDEX
+from lightning_fastdata.segmentation.target import IGNORE_INDEX
 
 __all__ = ["SEGMENTATION_ARCHS", "ImageSegmenter", "confusion_matrix", "segmentation_scores"]
 

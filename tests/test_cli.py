@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.fork_client import SERVER
+from helpers.masks import mask_folder
 
 from lightning_fastdata import convert_folder_to_hdf5
 from lightning_fastdata.cli import CONFIG_DIR, DEMO_CPU_ARCH, ConfigNotFoundError, find_config, main, run_cli
@@ -428,11 +429,10 @@ def test_a_label_table_from_the_command_line_links_the_models_classes_and_kind(
 def test_make_data_writes_segmentation_scenes_in_vocs_layout_into_a_new_folder_only(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lightning_fastdata.segmentation.dataset import SegmentationFolderDataset
     from lightning_fastdata.segmentation.demos import SEGMENTATION_CLASSES
 
     main(["make-data", str(tmp_path / "scenes"), "--task", "segmentation", "--count", "6"])
-    ds = SegmentationFolderDataset(tmp_path / "scenes", "train", num_classes=len(SEGMENTATION_CLASSES), crop_size=64)
+    ds = mask_folder(tmp_path / "scenes", "train", num_classes=len(SEGMENTATION_CLASSES), crop_size=64)
     images, masks = ds.__getitems__([0, 1])
     assert len(ds) == 5 and images.shape == (2, 3, 64, 64) and masks.shape == (2, 64, 64)
     assert "wrote 6 scenes" in capsys.readouterr().out

@@ -367,3 +367,31 @@ def test_private_names_of_the_libraries_are_reached_through_their_one_adapter() 
     table = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     for adapter in _INTERNALS_ADAPTERS:
         assert adapter.removeprefix("lightning_fastdata.").replace(".", "/") + ".py" in table, adapter
+
+
+def test_the_sources_know_no_target() -> None:
+    """``sources/`` reads images and payloads for any target: it imports no target room, nor a DataModule.
+
+    So a new target kind (boxes) is its own room and touches no source. What a source may import: the loading rooms,
+    the geometry, the shared dataset pieces, the errors, and itself.
+    """
+    allowed = ("sources", "loading", "augment", "datasets", "errors")
+    wrong = []
+    for name, tree in modules_cache.items():
+        if not name.startswith("lightning_fastdata.sources"):
+            continue
+        for target in imported(tree, top_level_only=False):
+            part = target.split(".")[1] if "." in target else ""
+            if part not in allowed:
+                wrong.append(f"{name} -> {target}")
+    assert not wrong, wrong
+
+
+def test_no_room_holds_more_than_12_modules() -> None:
+    """A room (a package folder) of at most 12 modules, its ``__init__`` not counted: one can find one's way in it."""
+    rooms: dict[Path, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            rooms[path.parent] = rooms.get(path.parent, 0) + 1
+    crowded = {str(r.relative_to(PACKAGE.parent)): n for r, n in rooms.items() if n > 12}
+    assert not crowded, f"rooms over 12 modules: {crowded}"

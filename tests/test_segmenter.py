@@ -20,7 +20,7 @@ from PIL import Image
 from benchmarks.s3_server import free_ports
 from lightning_fastdata import ImageSegmenter, MaskWriter, SegmentationDataModule
 from lightning_fastdata.segmentation.demos import SEGMENTATION_CLASSES, classes_of_colours, make_segmentation_folder
-from lightning_fastdata.segmentation.window import IGNORE_INDEX
+from lightning_fastdata.segmentation.target import IGNORE_INDEX
 from lightning_fastdata.segmenter import confusion_matrix, segmentation_scores
 from lightning_fastdata.testing import cpu_trainer
 

@@ -64,7 +64,7 @@ class ReferenceSegmentation(torch.utils.data.Dataset):
         from torchvision.transforms import v2
 
         pairs = find_pairs(root, split, "voc")
-        self.files = [(os.path.join(root, i), os.path.join(root, m)) for i, m in zip(pairs.images, pairs.masks)]
+        self.files = [(os.path.join(root, i), os.path.join(root, m)) for i, m in zip(pairs.images, pairs.payloads)]
         self.tv_tensors = tv_tensors
         self.transform = v2.Compose(
             [
@@ -120,7 +120,7 @@ def _count_normalised(dm: SegmentationDataModule) -> Any:
 def decode_ceiling(root: str, seconds: float = 2.0) -> float:
     """Images/s of one core reading and fully decoding each training image and its mask (PIL), no augmentation."""
     pairs = find_pairs(root, "train", "voc")
-    files = [(os.path.join(root, i), os.path.join(root, m)) for i, m in zip(pairs.images, pairs.masks)]
+    files = [(os.path.join(root, i), os.path.join(root, m)) for i, m in zip(pairs.images, pairs.payloads)]
     done, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds or done == 0:
         image_path, mask_path = files[done % len(files)]

@@ -25,7 +25,7 @@ __all__ = ["MaskWriter", "mask_at_size"]
 def mask_at_size(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """``mask`` (``h x w``) resized to ``size`` (height, width) by nearest sampling at pixel centres.
 
-    The inverse of the evaluation resize (:func:`~lightning_fastdata.segmentation.window.eval_window`): each pixel of
+    The inverse of the evaluation resize (:func:`~lightning_fastdata.sources.window.eval_window`): each pixel of
     the original image takes the class predicted at its own centre.
     """
     h, w = mask.shape

@@ -16,7 +16,7 @@ from lightning_fastdata.datasets.mixed import MixedDataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.batch import Batch
 from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
-from lightning_fastdata.segmentation.mixed import MixedSegmentation, renumber_into
+from lightning_fastdata.segmentation.mixed import MixedSegmentation
 
 __all__ = ["MixedDataModule"]
 
@@ -164,9 +164,8 @@ class MixedDataModule(FastDataModule):
         for dm, label_map in zip(self.datamodules, self.label_maps):
             train, val = dm.build_datasets()
             if self.segmentation:  # the masks' classes into the mix's list by name; a class left out ignored
-                renumber = renumber_into(label_map, int(self.ignore_index))  # type: ignore[arg-type]
-                train = train.renumbered(renumber)  # type: ignore[attr-defined]
-                val = None if val is None else val.renumbered(renumber)  # type: ignore[attr-defined]
+                train = train.renumbered(label_map)  # type: ignore[attr-defined]
+                val = None if val is None else val.renumbered(label_map)  # type: ignore[attr-defined]
             trains.append(train)
             if val is not None:
                 self.val_datasets.append(val)

@@ -1,9 +1,10 @@
 """``SegmentationDataModule``: images and masks (VOC, ADE20K, Cityscapes, paired folders; local or in a bucket).
 
-The source (:class:`~lightning_fastdata.segmentation.dataset.SegmentationFolderDataset`) goes through this package's
-loaders (stateful, sharded, resumable, workers, pinned memory); its batches are normalised on the device with their
-masks made ``int64`` there. ``trainer.predict`` reads ``predict_root``'s images at the base size
-(:class:`~lightning_fastdata.segmentation.dataset.SegmentationPredictDataset`).
+A composition of a source (:mod:`~lightning_fastdata.sources`: a folder or bucket, HDF5, tar shards, Parquet, the
+decoded cache) and the mask target (:class:`~lightning_fastdata.segmentation.target.MaskTarget`); it goes through this
+package's loaders (stateful, sharded, resumable, workers, pinned memory); its batches are normalised on the device with
+their masks made ``int64`` there. ``trainer.predict`` reads ``predict_root``'s images at the base size
+(:class:`~lightning_fastdata.segmentation.predict.SegmentationPredictDataset`).
 """
 
 from __future__ import annotations
@@ -27,22 +28,15 @@ from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir, loa
 from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.segmentation.cache import SegmentationCacheDataset, build_segmentation_cache
-from lightning_fastdata.segmentation.dataset import SegmentationFolderDataset, WindowedSegmentation
-from lightning_fastdata.segmentation.hdf5 import HDF5_SUFFIXES, SegmentationHDF5Dataset, hdf5_split_group
-from lightning_fastdata.segmentation.layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout, join_url
-from lightning_fastdata.segmentation.parquet import (
-    SegmentationParquetDataset,
-    has_parquet_files,
-    load_parquet_files,
-)
+from lightning_fastdata.segmentation.layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout, MaskLayout, join_url
 from lightning_fastdata.segmentation.policy import SegmentationDeviceAugment
 from lightning_fastdata.segmentation.predict import SegmentationPredictDataset
-from lightning_fastdata.segmentation.shards import (
-    SegmentationTarDataset,
-    has_tar_shards,
-    load_segmentation_shards,
-)
-from lightning_fastdata.segmentation.window import IGNORE_INDEX
+from lightning_fastdata.segmentation.target import IGNORE_INDEX, MaskTarget
+from lightning_fastdata.sources.folder import PairedFolderDataset
+from lightning_fastdata.sources.hdf5 import HDF5_SUFFIXES, PairedHDF5Dataset, hdf5_split_group
+from lightning_fastdata.sources.parquet import PairedParquetDataset, has_parquet_files, load_parquet_files
+from lightning_fastdata.sources.tar import PairedTarDataset, has_tar_shards, load_paired_shards
+from lightning_fastdata.sources.windowed import WindowedDataset
 
 __all__ = ["SegmentationDataModule"]
 
@@ -85,11 +79,11 @@ class SegmentationDataModule(FastDataModule):
         root: The data: a folder or bucket URL in VOC's, ADE20K's, Cityscapes' or a paired layout
             (:mod:`~lightning_fastdata.segmentation.layouts`), or an HDF5 file (``.h5``) whose splits are
             groups holding ``images_key`` and ``masks_key`` (a file without groups: the training split at its top
-            level; a split may also name another HDF5 file) (:mod:`~lightning_fastdata.segmentation.hdf5`),
+            level; a split may also name another HDF5 file) (:mod:`~lightning_fastdata.sources.hdf5`),
             or WebDataset tar shards of images and masks in a sub-folder (or bucket prefix) per split
-            (``layout="shards"``, found by ``"auto"`` locally; :mod:`~lightning_fastdata.segmentation.shards`),
+            (``layout="shards"``, found by ``"auto"`` locally; :mod:`~lightning_fastdata.sources.tar`),
             or Parquet files with an image and a mask column, likewise (``layout="parquet"``;
-            :mod:`~lightning_fastdata.segmentation.parquet`).
+            :mod:`~lightning_fastdata.sources.parquet`).
         num_classes: The classes the masks hold (VOC: 21, ADE20K: 150, Cityscapes: 19).
         class_names: Their names, in index order; ``None``: Cityscapes' with ``layout="cityscapes"``, else numbers.
         base_size: The reference's base size (520).
@@ -208,13 +202,11 @@ class SegmentationDataModule(FastDataModule):
             raise InvalidValueError(f"class_names names {len(class_names)} classes, num_classes is {num_classes}.")
         self.root = os.fspath(root)
         self.classes = tuple(class_names) if class_names is not None else tuple(str(k) for k in range(num_classes))
-        self.settings_of_windows: dict[str, Any] = dict(
-            num_classes=num_classes, base_size=base_size, crop_size=crop_size, hflip_prob=hflip_prob,
-            ignore_index=ignore_index, label_map=label_map,
-        )  # fmt: skip
-        self.settings_of_folders: dict[str, Any] = dict(
-            layout=layout, images_dir=images_dir, masks_dir=masks_dir, storage_options=storage_options
-        )
+        #: The target kind of every split's samples (a class per pixel).
+        self.mask_target = MaskTarget(num_classes, ignore_index, label_map)
+        self.settings_of_windows: dict[str, Any] = dict(base_size=base_size, crop_size=crop_size, hflip_prob=hflip_prob)
+        self.layout = layout
+        self.folder_layout = MaskLayout(layout, images_dir, masks_dir)
         self.images_key, self.masks_key, self.mask_ext = images_key, masks_key, mask_ext
         self.image_column, self.mask_column, self.shuffle_buffer = image_column, mask_column, shuffle_buffer
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
@@ -235,7 +227,7 @@ class SegmentationDataModule(FastDataModule):
         """Number of classes."""
         return len(self.classes)
 
-    def _dataset(self, split: str, train: bool) -> WindowedSegmentation:
+    def _dataset(self, split: str, train: bool) -> WindowedDataset:
         """``split`` of the folder, bucket or HDF5 file, its masks in ``classes=``'s classes if given."""
         wanted = self.sampling.classes
         positions = None if wanted is None else [self.data_classes.index(str(c)) for c in wanted]
@@ -251,17 +243,16 @@ class SegmentationDataModule(FastDataModule):
             source = source.keyed()  # the device policies draw from the samples' keys
         if self.cache_dir is not None:
             folder = build_segmentation_cache(source, self.cache_dir, self.cache_size or self.base_size)
-            windows = {k: self.settings_of_windows[k] for k in ("base_size", "crop_size", "hflip_prob")}
-            cached = SegmentationCacheDataset(folder, self.settings_of_windows["num_classes"], self.ignore_index,
-                                              train=train, seed=self.seed, **windows)  # fmt: skip
+            cached = SegmentationCacheDataset(folder, self.mask_target, train=train, seed=self.seed,
+                                              **self.settings_of_windows)  # fmt: skip
             if source.random_resized_crop is not None:
-                cached = cached.random_resized(*source.random_resized_crop)  # type: ignore[assignment]
+                cached = cached.random_resized(*source.random_resized_crop)
             source = cached.keyed() if source.return_keys else cached
         return source.kept(positions, presence)
 
-    def _indexable(self, source: WindowedSegmentation) -> SegmentationFolderDataset:
+    def _indexable(self, source: WindowedDataset) -> PairedFolderDataset:
         """The training source as image files an entropy index is built for, or an error naming what it is."""
-        if not isinstance(source, SegmentationFolderDataset):
+        if not isinstance(source, PairedFolderDataset):
             raise InvalidValueError(
                 f"entropy_index=True indexes image files (a folder or a bucket of a known layout); {self.root} "
                 f"holds {type(source).__name__}'s data. Drop entropy_index (or convert the images back to files)."
@@ -288,33 +279,24 @@ class SegmentationDataModule(FastDataModule):
                 continue  # a missing validation split is said (and skipped) by setup
             build_segmentation_cache(source, self.cache_dir, self.cache_size or self.base_size)
 
-    def _source(self, split: str, train: bool) -> WindowedSegmentation:
-        """``split`` of the folder, bucket, shards or HDF5 file (a split may name another HDF5 file)."""
-        layout = self.settings_of_folders["layout"]
-        where = join_url(self.root, split)
-        if layout == "parquet" or layout == "auto" and not is_url(where) and has_parquet_files(where):
-            options = self.settings_of_folders["storage_options"]
+    def _source(self, split: str, train: bool) -> WindowedDataset:
+        """``split`` of the folder, bucket, shards or HDF5 file (a split may name another HDF5 file), with masks."""
+        where, options = join_url(self.root, split), self.storage_options
+        windows = dict(train=train, seed=self.seed, **self.settings_of_windows)
+        if self.layout == "parquet" or self.layout == "auto" and not is_url(where) and has_parquet_files(where):
             files = load_parquet_files(where, self.index_dir, self.image_column, options)
-            return SegmentationParquetDataset(
-                files, self.mask_column, shuffle_buffer=self.shuffle_buffer if train else None,
-                storage_options=options, train=train, seed=self.seed, **self.settings_of_windows,
-            )  # fmt: skip
-        if layout == "shards" or layout == "auto" and not is_url(where) and has_tar_shards(where):
-            options = self.settings_of_folders["storage_options"]
-            shards = load_segmentation_shards(where, self.index_dir, self.mask_ext, options)
-            return SegmentationTarDataset(shards, storage_options=options, train=train, seed=self.seed,
-                                          **self.settings_of_windows)  # fmt: skip
+            shuffle_buffer = self.shuffle_buffer if train else None
+            return PairedParquetDataset(files, self.mask_target, self.mask_column, shuffle_buffer, options, **windows)
+        if self.layout == "shards" or self.layout == "auto" and not is_url(where) and has_tar_shards(where):
+            shards = load_paired_shards(where, self.index_dir, self.mask_ext, options)
+            return PairedTarDataset(shards, self.mask_target, options, **windows)
         if self.root.lower().endswith(HDF5_SUFFIXES):
             if split.lower().endswith(HDF5_SUFFIXES):
                 path, group = split, ""
             else:
                 path, group = self.root, hdf5_split_group(self.root, split, self.images_key, self.train_split)
-            return SegmentationHDF5Dataset(
-                path, group, self.images_key, self.masks_key, train=train, seed=self.seed, **self.settings_of_windows
-            )
-        return SegmentationFolderDataset(
-            self.root, split, train=train, seed=self.seed, **self.settings_of_windows, **self.settings_of_folders
-        )
+            return PairedHDF5Dataset(path, group, self.mask_target, self.images_key, self.masks_key, **windows)
+        return PairedFolderDataset(self.root, split, self.mask_target, self.folder_layout, options, **windows)
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """The training split, and the validation split (the default ``"val"`` only if it exists)."""
@@ -343,10 +325,9 @@ class SegmentationDataModule(FastDataModule):
         """
         if self.predict_root is None:
             return None
-        layout = self.settings_of_folders["layout"]
         return SegmentationPredictDataset(
             self.predict_root, self.base_size, self.storage_options, self.images_key, self.image_column,
-            self.index_dir, layout if layout in ("shards", "parquet") else "auto",
+            self.index_dir, self.layout if self.layout in ("shards", "parquet") else "auto",
         )  # fmt: skip
 
     @override
@@ -369,4 +350,4 @@ class SegmentationDataModule(FastDataModule):
             images, masks = self.segmentation_augment(batch.images, batch.labels, batch.keys)
             batch = Batch(images, masks)
         out = self.transfer.after_transfer(batch, None)  # the images normalised (channels-last by default)
-        return Batch(out[0], out[1].long()) if isinstance(out, Batch) else out
+        return Batch(out[0], self.mask_target.on_device(out[1])) if isinstance(out, Batch) else out

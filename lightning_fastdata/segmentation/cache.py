@@ -27,7 +27,8 @@ import torch
 
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.atomic import atomic_write_text, replace_folder
-from lightning_fastdata.segmentation.dataset import WindowedSegmentation, sample_key
+from lightning_fastdata.sources.target import TargetKind
+from lightning_fastdata.sources.windowed import WindowedDataset
 
 __all__ = ["SegmentationCacheDataset", "build_segmentation_cache", "cache_folder"]
 
@@ -35,17 +36,17 @@ __all__ = ["SegmentationCacheDataset", "build_segmentation_cache", "cache_folder
 _FORMAT = 1
 
 
-def cache_folder(source: WindowedSegmentation, cache_dir: str | os.PathLike[str], cache_size: int) -> Path:
+def cache_folder(source: WindowedDataset, cache_dir: str | os.PathLike[str], cache_size: int) -> Path:
     """Where ``source``'s cache at ``cache_size`` lives (module docstring: named after what it holds)."""
     digest = hashlib.sha256()
     digest.update(f"{_FORMAT}|{type(source).__name__}|{cache_size}|{len(source)}".encode())
-    digest.update(source.table.tobytes())
+    digest.update(source.target.cache_key())
     digest.update(source.fingerprint().encode())
     return Path(cache_dir) / f"segmentation-{digest.hexdigest()[:24]}"
 
 
 def build_segmentation_cache(
-    source: WindowedSegmentation, cache_dir: str | os.PathLike[str], cache_size: int, progress: bool = True
+    source: WindowedDataset, cache_dir: str | os.PathLike[str], cache_size: int, progress: bool = True
 ) -> Path:
     """Decode every sample of ``source`` once at ``cache_size`` into its cache folder (kept if whole already).
 
@@ -81,22 +82,21 @@ def _progress(items: range, show: bool, what: str) -> Iterator[int]:
     return iter(tqdm(items, desc=what, unit="img"))
 
 
-class SegmentationCacheDataset(WindowedSegmentation):
+class SegmentationCacheDataset(WindowedDataset):
     """A cache's samples (:func:`build_segmentation_cache`) through their windows, with no decode.
 
     Args:
         folder: The cache folder.
-        num_classes: The classes the masks hold.
-        ignore_index: The mask value of borders and padding.
-        **kwargs: The window settings of :class:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation`.
+        target: The masks' target kind (:class:`~lightning_fastdata.segmentation.target.MaskTarget`): the cache holds
+            the data's classes, relabelled by it (``classes=``, a mix) when read.
+        **kwargs: The window settings of :class:`~lightning_fastdata.sources.windowed.WindowedDataset`.
 
     Raises:
         FileNotFoundError: If the cache is not whole (no manifest).
     """
 
-    def __init__(self, folder: str | os.PathLike[str], num_classes: int = 21, ignore_index: int = 255,
-                 **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(num_classes=num_classes, ignore_index=ignore_index, **kwargs)
+    def __init__(self, folder: str | os.PathLike[str], target: TargetKind, **kwargs: Any) -> None:
+        super().__init__(target, **kwargs)
         self.folder = Path(folder)
         if not (self.folder / "manifest.json").is_file():
             raise DataError(f"{self.folder} is not a whole segmentation cache (no manifest.json): build it again.")
@@ -117,6 +117,10 @@ class SegmentationCacheDataset(WindowedSegmentation):
         """The cache folder's name (what it holds)."""
         return self.folder.name
 
+    def name(self, index: int, what: int = 0) -> str:
+        """``folder[index]``, image and mask alike."""
+        return f"{self.folder}[{index}]"
+
     def _mapped(self) -> tuple[np.memmap, np.memmap]:
         if self._maps is None or self._pid != os.getpid():
             self._maps = (
@@ -134,18 +138,14 @@ class SegmentationCacheDataset(WindowedSegmentation):
         start = int(self._mask_offsets[index])
         return image, np.asarray(masks[start : start + h * w]).reshape(h, w)
 
-    def masks(self) -> Iterator[tuple[int, np.ndarray]]:
-        """Every cached mask (the data's classes)."""
-        for i in range(len(self)):
-            yield i, np.array(self._sample(i)[1])
+    def read_fields(self, indices: Sequence[int]) -> list[tuple[bytes | torch.Tensor, Any]]:
+        """Each sample's image and mask, views of the memory maps."""
+        return [self._sample(i) for i in indices]
 
-    def __getitems__(self, keys: Sequence[Any]) -> Any:
-        """A batch from the cache: each window's crop read from the memory map and resized; no decode."""
-        full = [sample_key(k, len(self)) for k in keys]
-        samples = []
-        for f, draws in zip(full, self.draws_of(full)):
-            image, mask = self._sample(f[1])
-            classes = mask if self.renumber is None else self.renumber[mask]
-            name = f"{self.folder}[{f[1]}]"
-            samples.append(self.render(f, image, classes, (name, name), draws))
-        return self.batch(samples, full)
+    def read_payloads(self, indices: Sequence[int]) -> list[Any]:
+        """The cached masks (copies)."""
+        return [np.array(self._sample(i)[1]) for i in indices]
+
+    def decode_payload(self, payload: Any, name: str) -> Any:
+        """The cached mask as it is: the data's classes already."""
+        return payload

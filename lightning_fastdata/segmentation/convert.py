@@ -2,24 +2,24 @@
 
 What ``fastdata convert segmentation`` writes. The source is read as
 :class:`~lightning_fastdata.datamodules.segmentation.SegmentationDataModule` reads it
-(:class:`~lightning_fastdata.segmentation.dataset.SegmentationFolderDataset`: the layout's pairs, its table of what
-a mask value means, or ``label_map=``), and every mask is written **as the classes** it means: ADE20K's ``k`` as
-``k - 1``, Cityscapes' label ids as its training ids, a ``label_map``'s values as their classes, values that mean
-none as ``ignore_index``. A mask whose values already are the classes (VOC's palette PNGs, paired folders) is copied
-as it is, byte for byte. So a converted split is read with no layout table and no ``label_map`` and gives the batches
-the folder gives; a value that is no class is an error at conversion, naming the file. The images' bytes are copied
-as they are.
+(:class:`~lightning_fastdata.sources.folder.PairedFolderDataset` with the mask target: the layout's pairs, its table of
+what a mask value means, or ``label_map=``), and every mask is written **as the classes** it means: ADE20K's ``k`` as
+``k - 1``, Cityscapes' label ids as its training ids, a ``label_map``'s values as their classes, values that mean none
+as ``ignore_index``. A mask whose values already are the classes (VOC's palette PNGs, paired folders) is copied as it
+is, byte for byte. So a converted split is read with no layout table and no ``label_map`` and gives the batches the
+folder gives; a value that is no class is an error at conversion, naming the file. The images' bytes are copied as they
+are.
 
 - ``tar``: ``key.<ext>`` + ``key.seg.png`` members (keys ``00000000``, ... in the split's order), shards of about
-  ``shard_bytes``: :class:`~lightning_fastdata.segmentation.shards.SegmentationTarDataset` reads them.
+  ``shard_bytes``: :class:`~lightning_fastdata.sources.tar.PairedTarDataset` reads them.
 - ``parquet``: the hubs' ``image`` and ``annotation`` columns (``{bytes, path}`` structs, named as ``Image`` features
   in the ``huggingface`` metadata), row groups of ``rows_per_group``.
 - ``hdf5``: one file, a group per split: ``<split>/images`` (each file's bytes, a variable-length row each) and
   ``<split>/masks`` (``N x H x W`` uint8 classes), so every mask of a split must have one size (scans, tiles).
 
-Every shard or file is written under a temporary name and renamed when whole; a destination already holding shards
-(or the HDF5 file) is refused unless ``overwrite`` (then replaced, stale shards removed). Nothing is written into
-the source folder.
+Every shard or file is written under a temporary name and renamed when whole; a destination already holding shards (or
+the HDF5 file) is refused unless ``overwrite`` (then replaced, stale shards removed). Nothing is written into the source
+folder.
 """
 
 from __future__ import annotations
@@ -40,14 +40,15 @@ from lightning_fastdata.convert.shards import pack_shards, refuse_inside_source,
 from lightning_fastdata.errors import InvalidValueError, PathExistsError, PathNotFoundError
 from lightning_fastdata.loading.atomic import atomic_path
 from lightning_fastdata.loading.storage.base import is_url
-from lightning_fastdata.segmentation.dataset import SegmentationFolderDataset, _checked, read_mask
 from lightning_fastdata.segmentation.layouts import (
     CONVERTED_MASKS,
     NAMED_TABLES,
+    MaskLayout,
     detect_layout,
     named_table_classes,
 )
-from lightning_fastdata.segmentation.window import IGNORE_INDEX
+from lightning_fastdata.segmentation.target import IGNORE_INDEX, MaskTarget, read_mask
+from lightning_fastdata.sources.folder import PairedFolderDataset
 
 __all__ = [
     "SEGMENTATION_FORMATS",
@@ -88,7 +89,8 @@ class SplitSource:
             ``label_map``'s largest class.
         ignore_index: What a value that means no class is written as.
         layout, images_dir, masks_dir, label_map, storage_options: As
-            :class:`~lightning_fastdata.segmentation.dataset.SegmentationFolderDataset` takes them.
+            :class:`~lightning_fastdata.segmentation.layouts.MaskLayout` and
+            :class:`~lightning_fastdata.segmentation.target.MaskTarget` take them.
 
     Raises:
         FileNotFoundError: If the split, or an image or mask it names, is missing (named).
@@ -107,9 +109,6 @@ class SplitSource:
         label_map: Mapping[int, int] | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        folders: dict[str, Any] = dict(
-            layout=layout, images_dir=images_dir, masks_dir=masks_dir, storage_options=storage_options
-        )
         if num_classes is None:
             why = "label_map maps every value to the ignore index"
             if isinstance(label_map, str):
@@ -124,8 +123,9 @@ class SplitSource:
                     f"Converting {os.fspath(root)}: give num_classes= (--num-classes) the classes its masks hold "
                     f"({why}), so that a value that is no class is found now, not in training."
                 )
-        self.data = SegmentationFolderDataset(
-            root, split, num_classes, train=False, ignore_index=ignore_index, label_map=label_map, **folders
+        target = MaskTarget(num_classes, ignore_index, label_map)
+        self.data = PairedFolderDataset(
+            root, split, target, MaskLayout(layout, images_dir, masks_dir), storage_options, train=False
         )
         self.split = split
         self._block: dict[int, Sample] = {}
@@ -140,15 +140,12 @@ class SplitSource:
         return [self._block[i] for i in range(start, stop)]
 
     def _read(self, start: int, stop: int) -> list[Sample]:
-        pairs, storage = self.data.pairs, self.data.storage
-        paths = [p for i in range(start, stop) for p in (pairs.images[i], pairs.masks[i])]
-        read = list(storage.read_many(paths))
+        pairs = self.data.pairs
         samples = []
-        for k, i in enumerate(range(start, stop)):
-            names = (self.data.image_path(i), self.data.mask_path(i))
-            image, mask = _checked(read[2 * k], names[0]), _checked(read[2 * k + 1], names[1])
-            values = read_mask(mask, names[1])
-            classes = self.data.classes_of(values, names[1])
+        for i, (image, mask) in zip(range(start, stop), self.data.read_fields(range(start, stop))):
+            assert isinstance(image, bytes)  # a folder's files, read as they are
+            values = read_mask(mask, self.data.name(i, 1))
+            classes = self.data.target.decode(values, self.data.name(i, 1))  # the values, through the table
             if classes is not values and not np.array_equal(classes, values):
                 mask = _png(classes)
             ext = pairs.images[i].rsplit(".", 1)[-1].lower() if "." in pairs.images[i] else "jpg"
@@ -268,7 +265,7 @@ def _parquet(
 
     def write(writer: Any, rows: list[Sample]) -> None:
         images = [{"bytes": r.image, "path": os.path.basename(pairs.images[r.position])} for r in rows]
-        masks = [{"bytes": r.mask, "path": os.path.basename(pairs.masks[r.position])} for r in rows]
+        masks = [{"bytes": r.mask, "path": os.path.basename(pairs.payloads[r.position])} for r in rows]
         writer.write_table(pa.Table.from_arrays([pa.array(images, kind), pa.array(masks, kind)], schema=schema))
 
     def open_parquet(tmp: Path) -> Any:
@@ -327,10 +324,10 @@ def _write_split(f: Any, data: SplitSource, progress: bool) -> None:
                 if masks is None:
                     masks = f.create_dataset(f"{data.split}/masks", (len(data), *row.classes.shape), dtype=np.uint8)
                     masks.attrs[CONVERTED_MASKS] = "classes"
-                    first = data.data.mask_path(row.position)
+                    first = data.data.name(row.position, 1)
                 if row.classes.shape != masks.shape[1:]:
                     raise InvalidValueError(
-                        f"{data.data.mask_path(row.position)} is {row.classes.shape[1]}x{row.classes.shape[0]}, "
+                        f"{data.data.name(row.position, 1)} is {row.classes.shape[1]}x{row.classes.shape[0]}, "
                         f"{first} {masks.shape[2]}x{masks.shape[1]}: one HDF5 split holds masks of one size. "
                         "Write tar shards or Parquet (format='tar'/'parquet') for images of many sizes."
                     )

@@ -25,6 +25,7 @@ import numpy as np
 
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.storage.registry import open_storage
+from lightning_fastdata.sources.folder import FolderPairs
 
 __all__ = [
     "CITYSCAPES_CLASSES",
@@ -33,7 +34,7 @@ __all__ = [
     "LAYOUTS",
     "NAMED_TABLES",
     "Layout",
-    "SegmentationPairs",
+    "MaskLayout",
     "find_pairs",
     "join_url",
     "map_mask",
@@ -63,15 +64,6 @@ _CITYSCAPES_IGNORED = (0, 1, 2, 3, 4, 5, 6, 9, 10, 14, 15, 16, 18, 29, 30)
 ADE20K_CLASSES = 150
 #: The tables ``label_map=`` may name, and their classes.
 NAMED_TABLES = {"ade20k": ADE20K_CLASSES, "cityscapes": len(CITYSCAPES_CLASSES)}
-
-
-@dataclass(frozen=True)
-class SegmentationPairs:
-    """A split's samples: each image's and mask's path relative to the root, in order, and the layout found."""
-
-    layout: str
-    images: tuple[str, ...]
-    masks: tuple[str, ...]
 
 
 def join_url(root: str, *parts: str) -> str:
@@ -176,7 +168,7 @@ def find_pairs(
     images_dir: str = "images",
     masks_dir: str = "annotations",
     storage_options: Mapping[str, Any] | None = None,
-) -> SegmentationPairs:
+) -> FolderPairs:
     """The images and masks of ``split`` under ``root`` (module docstring).
 
     Raises:
@@ -192,7 +184,26 @@ def find_pairs(
         images, masks = _paired(root, "leftImg8bit", "gtFine", split, storage_options, cityscapes=True)
     else:
         images, masks = _paired(root, images_dir, masks_dir, split, storage_options, cityscapes=False)
-    return SegmentationPairs(found, tuple(images), tuple(masks))
+    return FolderPairs(found, tuple(images), tuple(masks))
+
+
+@dataclass(frozen=True)
+class MaskLayout:
+    """A folder layout of images and masks (:data:`~lightning_fastdata.sources.folder.FolderLayout`): find_pairs'.
+
+    Attributes:
+        layout: ``"auto"``, ``"voc"``, ``"ade20k"``, ``"cityscapes"`` or ``"paired"``.
+        images_dir: Paired folders: the images' folder under the root.
+        masks_dir: Paired folders: the masks' folder under the root.
+    """
+
+    layout: str = "auto"
+    images_dir: str = "images"
+    masks_dir: str = "annotations"
+
+    def __call__(self, root: str, split: str, storage_options: Mapping[str, Any] | None) -> FolderPairs:
+        """The split's pairs (:func:`find_pairs`)."""
+        return find_pairs(root, split, self.layout, self.images_dir, self.masks_dir, storage_options)
 
 
 def mask_table(

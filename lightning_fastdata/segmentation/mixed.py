@@ -2,9 +2,10 @@
 
 What :class:`~lightning_fastdata.MixedDataModule` draws from when its sources are
 :class:`~lightning_fastdata.SegmentationDataModule` objects: sample ``i`` is source ``s``'s sample ``i - offsets[s]``,
-rendered by that source (its layout, its windows, its mask table), its mask's classes renumbered into the mix's
-class list by name (each source's :attr:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation.renumber`,
-set by the mix). A batch's samples are read source by source and returned in the order asked.
+rendered by that source (its layout, its windows, its mask table), its mask's classes renumbered into the mix's class
+list by name (each source's target relabelled by the mix:
+:meth:`~lightning_fastdata.sources.windowed.WindowedDataset.renumbered`). A batch's samples are read source by source
+and returned in the order asked.
 """
 
 from __future__ import annotations
@@ -17,17 +18,9 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_fastdata.loading.batch import Batch
-from lightning_fastdata.segmentation.dataset import WindowedSegmentation, sample_key
+from lightning_fastdata.sources.windowed import WindowedDataset, sample_key
 
-__all__ = ["MixedSegmentation", "renumber_into"]
-
-
-def renumber_into(label_map: np.ndarray, ignore_index: int) -> np.ndarray:
-    """A source's mask renumbering into a mix's classes: data class ``c`` -> ``label_map[c]`` (``-1``: ignored)."""
-    renumber = np.full(256, ignore_index, dtype=np.uint8)
-    taken = np.flatnonzero(label_map >= 0)
-    renumber[taken] = label_map[taken].astype(np.uint8)
-    return renumber
+__all__ = ["MixedSegmentation"]
 
 
 class MixedSegmentation(Dataset):
@@ -38,7 +31,7 @@ class MixedSegmentation(Dataset):
         names: A name per source, for messages.
     """
 
-    def __init__(self, sources: Sequence[WindowedSegmentation], names: Sequence[str]) -> None:
+    def __init__(self, sources: Sequence[WindowedDataset], names: Sequence[str]) -> None:
         self.sources = list(sources)
         self.names = tuple(names)
         self.offsets = np.cumsum([0] + [len(s) for s in self.sources]).astype(np.int64)

@@ -13,7 +13,7 @@ import io
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -37,13 +37,25 @@ from lightning_fastdata.loading.storage.ranged import (
     shard_indexes,
 )
 from lightning_fastdata.loading.storage.registry import open_storage
-from lightning_fastdata.segmentation.dataset import SegmentationPredictBatch, _padded, sample_key
-from lightning_fastdata.segmentation.hdf5 import HDF5_SUFFIXES, pixel_kind
-from lightning_fastdata.segmentation.parquet import has_parquet_files
-from lightning_fastdata.segmentation.shards import has_tar_shards
-from lightning_fastdata.segmentation.window import eval_window
+from lightning_fastdata.sources.hdf5 import HDF5_SUFFIXES, pixel_kind
+from lightning_fastdata.sources.parquet import has_parquet_files
+from lightning_fastdata.sources.tar import has_tar_shards
+from lightning_fastdata.sources.window import eval_window
+from lightning_fastdata.sources.windowed import padded_batch, sample_key
 
-__all__ = ["SegmentationPredictDataset"]
+__all__ = ["SegmentationPredictBatch", "SegmentationPredictDataset"]
+
+
+class SegmentationPredictBatch(NamedTuple):
+    """A segmentation ``trainer.predict`` batch: uint8 ``images``, their ``indices``, and ``sizes``.
+
+    ``sizes`` (``N x 4`` int64): each image's own height and width, then the height and width it was resized to
+    (at the batch's top left; the rest is padding): what a prediction is cut to and resized back from.
+    """
+
+    images: torch.Tensor
+    indices: torch.Tensor
+    sizes: torch.Tensor
 
 
 class _Files:
@@ -300,7 +312,7 @@ class SegmentationPredictDataset(Dataset):
                 decode_resized_crop(value, image, _whole(win.box), False, self.path(i))
             samples.append((image, None))
             sizes.append((height, width, *win.size))
-        batch, _ = _padded(samples, 0)  # the training batches' padding, without masks
+        batch, _ = padded_batch(samples, 0)  # the training batches' padding, without masks
         return SegmentationPredictBatch(batch, torch.tensor(indices), torch.tensor(sizes, dtype=torch.int64))
 
     def __getitem__(self, key: Any) -> SegmentationPredictBatch:

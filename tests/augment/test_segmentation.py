@@ -17,8 +17,8 @@ from lightning_fastdata.segmentation.demos import (
     make_segmentation_folder,
     segmentation_scene,
 )
-from lightning_fastdata.segmentation.window import (
-    IGNORE_INDEX,
+from lightning_fastdata.segmentation.target import IGNORE_INDEX
+from lightning_fastdata.sources.window import (
     eval_window,
     render_mask,
     train_window,

@@ -15,7 +15,7 @@ from helpers.masks import agreement
 from lightning_fastdata.augment.normalize import Normalizer
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
 from lightning_fastdata.segmentation.demos import SEGMENTATION_CLASSES, classes_of_colours, make_segmentation_folder
-from lightning_fastdata.segmentation.window import IGNORE_INDEX
+from lightning_fastdata.segmentation.target import IGNORE_INDEX
 from lightning_fastdata.testing import cpu_trainer
 
 N = len(SEGMENTATION_CLASSES)
@@ -346,5 +346,5 @@ def test_the_entropy_index_gives_the_same_training_batches_and_is_built_once(
     with pytest.raises(ValueError, match="entropy_index=True with cache_dir"):
         module(voc, entropy_index=True, cache_dir=str(tmp_path / "cache"))
     convert_segmentation(voc, tmp_path / "shards", progress=False)
-    with pytest.raises(ValueError, match=r"entropy_index=True indexes image files .* SegmentationTarDataset"):
+    with pytest.raises(ValueError, match=r"entropy_index=True indexes image files .* PairedTarDataset"):
         module(tmp_path / "shards", entropy_index=True, **kw).prepare_data()

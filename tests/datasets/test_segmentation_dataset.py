@@ -9,16 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.masks import agreement
+from helpers.masks import agreement, mask_folder
 from PIL import Image
 
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.sampler import EpochSampler
 from lightning_fastdata.loading.transport.collate import collate_prebatched
 from lightning_fastdata.loading.transport.loaders import PrefetchingDataLoader
-from lightning_fastdata.segmentation.dataset import SegmentationFolderDataset
 from lightning_fastdata.segmentation.demos import SEGMENTATION_CLASSES, make_segmentation_folder
-from lightning_fastdata.segmentation.window import IGNORE_INDEX
+from lightning_fastdata.segmentation.target import IGNORE_INDEX
 
 N = len(SEGMENTATION_CLASSES)
 
@@ -30,7 +29,7 @@ def voc(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.timeout(120)
 def test_training_batches_through_workers_hold_masks_that_follow_their_images(voc: Path) -> None:
-    ds = SegmentationFolderDataset(voc, "train", num_classes=N, base_size=96, crop_size=64, seed=1)
+    ds = mask_folder(voc, "train", num_classes=N, base_size=96, crop_size=64, seed=1)
     assert len(ds) == 11
     sampler = EpochSampler(len(ds), shuffle=True, seed=1)
     loader = PrefetchingDataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, collate_fn=collate_prebatched)
@@ -52,11 +51,11 @@ def test_training_batches_through_workers_hold_masks_that_follow_their_images(vo
 
 
 def test_evaluation_batches_are_at_the_base_size_padded_to_the_largest(voc: Path) -> None:
-    ds = SegmentationFolderDataset(voc, "val", num_classes=N, train=False, base_size=90)
+    ds = mask_folder(voc, "val", num_classes=N, train=False, base_size=90)
     images, masks = ds.__getitems__([0, 1, 2])
     sizes = []
     for k in range(3):
-        with Image.open(ds.image_path(k)) as im:
+        with Image.open(ds.name(k)) as im:
             w, h = im.size
         s = 90 / min(w, h)
         sizes.append((round(h * s), round(w * s)))
@@ -76,20 +75,20 @@ def test_bad_masks_and_missing_files_are_named(voc: Path, tmp_path: Path) -> Non
     Image.open(bad / "SegmentationClass" / f"{ids[0]}.png").convert("RGB").save(
         bad / "SegmentationClass" / f"{ids[0]}.png"
     )
-    ds = SegmentationFolderDataset(bad, "train", num_classes=N)
+    ds = mask_folder(bad, "train", num_classes=N)
     with pytest.raises(DataError, match=rf"{ids[0]}\.png is a RGB mask: its pixels are colours, not classes"):
         ds[0]
     small = Image.open(voc / "SegmentationClass" / f"{ids[1]}.png").resize((50, 40), Image.NEAREST)
     small.save(bad / "SegmentationClass" / f"{ids[1]}.png")
     with pytest.raises(DataError, match=rf"{ids[1]}\.png is 50x40, its image .* is \d+x\d+: a mask must be"):
         ds[1]
-    two = SegmentationFolderDataset(voc, "train", num_classes=2)  # the scenes hold classes 1..5
+    two = mask_folder(voc, "train", num_classes=2)  # the scenes hold classes 1..5
     with pytest.raises(DataError, match=r"holds the value [2-5], which is no class of the 2 \(num_classes=\)"):
         for i in range(len(two)):
             two[i]
     (bad / "SegmentationClass" / f"{ids[2]}.png").unlink()
     with pytest.raises(FileNotFoundError, match=rf"names '{ids[2]}', whose mask .* does not exist"):
-        SegmentationFolderDataset(bad, "train", num_classes=N)
+        mask_folder(bad, "train", num_classes=N)
 
 
 @pytest.mark.parametrize("layout", ["ade20k", "cityscapes"])
@@ -99,22 +98,22 @@ def test_ade20k_and_cityscapes_layouts_mean_their_own_mask_values(tmp_path: Path
     root = make_segmentation_folder(tmp_path / layout, count=10, size=(120, 90), seed=4, layout=layout)
     split = "training" if layout == "ade20k" else "train"
     classes = 150 if layout == "ade20k" else 19
-    ds = SegmentationFolderDataset(root, split, num_classes=classes, base_size=64, crop_size=48, seed=2)
+    ds = mask_folder(root, split, num_classes=classes, base_size=64, crop_size=48, seed=2)
     assert ds.layout == layout and len(ds) == 8
     batch = ds.__getitems__(list(range(8)))
     agree, total = agreement(batch.images, batch.labels)
     assert total > 3000 and agree / total > 0.99
     assert (batch.labels == IGNORE_INDEX).any()  # the borders (ADE20K's 0, Cityscapes' unlabelled) are ignored
     if layout == "cityscapes":  # the colour files beside the label ids are not masks; each image has its own
-        assert all(ds.mask_path(k).endswith("_gtFine_labelIds.png") for k in range(len(ds)))
-        assert [Path(ds.image_path(k)).name.split("_")[1] for k in range(8)] == [
-            Path(ds.mask_path(k)).name.split("_")[1] for k in range(8)
+        assert all(ds.name(k, 1).endswith("_gtFine_labelIds.png") for k in range(len(ds)))
+        assert [Path(ds.name(k)).name.split("_")[1] for k in range(8)] == [
+            Path(ds.name(k, 1)).name.split("_")[1] for k in range(8)
         ]
         with pytest.raises(ValueError, match=r"\(19 classes\) maps the mask value 19 to 6: .*\(num_classes=6\)"):
-            SegmentationFolderDataset(root, split, num_classes=6)
+            mask_folder(root, split, num_classes=6)
     # the module's default of 21 (VOC's) trained two classes no Cityscapes pixel holds, and ADE20K's 150 read as 151
     with pytest.raises(ValueError, match=rf"gives {classes} classes and num_classes is {classes + 2}: .* Give num"):
-        SegmentationFolderDataset(root, split, num_classes=classes + 2)
+        mask_folder(root, split, num_classes=classes + 2)
 
 
 def test_paired_folders_match_by_relative_path_and_stem_and_take_a_label_map(tmp_path: Path) -> None:
@@ -131,19 +130,19 @@ def test_paired_folders_match_by_relative_path_and_stem_and_take_a_label_map(tmp
             root / "labels" / sub / f"{name}.png"
         )
     table = {10 * k: k for k in range(N)}
-    ds = SegmentationFolderDataset(root, "", num_classes=N, layout="paired", images_dir="pics", masks_dir="labels",
+    ds = mask_folder(root, "", num_classes=N, layout="paired", images_dir="pics", masks_dir="labels",
                                    label_map=table, train=False, base_size=64)  # fmt: skip
-    assert len(ds) == 6 and ds.image_path(0).endswith("pics/a/b/" + names[1] + ".jpg")
+    assert len(ds) == 6 and ds.name(0).endswith("pics/a/b/" + names[1] + ".jpg")
     images, masks = ds.__getitems__(list(range(6)))
     agree, total = agreement(images, masks)
     assert total > 3000 and agree / total > 0.99
     with pytest.raises(DataError, match=r"holds the value [1-5]0, which is no class"):  # the values without the map
-        SegmentationFolderDataset(root, "", num_classes=N, layout="paired", images_dir="pics", masks_dir="labels")[0]
+        mask_folder(root, "", num_classes=N, layout="paired", images_dir="pics", masks_dir="labels")[0]
     (root / "labels" / "c" / f"{names[0]}.png").unlink()
     with pytest.raises(DataError, match=rf"The image .*pics/c/{names[0]}\.jpg has no mask: expected .*labels/c/"):
-        SegmentationFolderDataset(root, "", num_classes=N, layout="paired", images_dir="pics", masks_dir="labels")
+        mask_folder(root, "", num_classes=N, layout="paired", images_dir="pics", masks_dir="labels")
     with pytest.raises(FileNotFoundError, match="is not a segmentation layout this package knows"):
-        SegmentationFolderDataset(root, "", num_classes=N)
+        mask_folder(root, "", num_classes=N)
 
 
 def test_paired_binary_masks_coded_0_255_are_not_silently_ignored(tmp_path: Path) -> None:
@@ -162,8 +161,8 @@ def test_paired_binary_masks_coded_0_255_are_not_silently_ignored(tmp_path: Path
             root / "annotations" / "train" / f"{jpg.stem}.png"
         )
     with pytest.raises(ValueError, match=r"hold only 0 and 255: binary masks .* label_map=\{0: 0, 255: 1\}"):
-        SegmentationFolderDataset(root, "train", num_classes=2)
-    ds = SegmentationFolderDataset(root, "train", num_classes=2, label_map={0: 0, 255: 1}, train=False, base_size=40)
+        mask_folder(root, "train", num_classes=2)
+    ds = mask_folder(root, "train", num_classes=2, label_map={0: 0, 255: 1}, train=False, base_size=40)
     masks = ds.__getitems__(list(range(len(ds))))[1]
     assert set(torch.unique(masks).tolist()) == {0, 1, 255}  # 255: the padding of the smaller scenes
     assert (masks == 1).sum() > 300  # the objects, which the 0/255 coding had made ignored

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from lightning_fastdata.segmentation.demos import classes_of_colours
-from lightning_fastdata.segmentation.window import IGNORE_INDEX
+from lightning_fastdata.segmentation.layouts import MaskLayout
+from lightning_fastdata.segmentation.target import IGNORE_INDEX, MaskTarget
+from lightning_fastdata.sources.folder import PairedFolderDataset
+from lightning_fastdata.sources.hdf5 import PairedHDF5Dataset
 
 
 def agreement(images: torch.Tensor, masks: torch.Tensor, margin: int = 3) -> tuple[int, int]:
@@ -26,3 +31,26 @@ def agreement(images: torch.Tensor, masks: torch.Tensor, margin: int = 3) -> tup
         agree += int((classes_of_colours(image)[keep] == mask[keep]).sum())
         total += int(keep.sum())
     return agree, total
+
+
+def mask_folder(
+    root: Any,
+    split: str,
+    num_classes: int = 21,
+    label_map: Any = None,
+    ignore_index: int = IGNORE_INDEX,
+    layout: str = "auto",
+    images_dir: str = "images",
+    masks_dir: str = "annotations",
+    **windows: Any,
+) -> PairedFolderDataset:
+    """A folder source of images and masks: the folder source composed with the mask target and a mask layout."""
+    target = MaskTarget(num_classes, ignore_index, label_map)
+    return PairedFolderDataset(root, split, target, MaskLayout(layout, images_dir, masks_dir), **windows)
+
+
+def mask_hdf5(
+    path: Any, group: str, num_classes: int = 21, masks_key: str = "masks", **windows: Any
+) -> PairedHDF5Dataset:
+    """An HDF5 source of images and masks (the masks dataset ``masks_key``) with the mask target."""
+    return PairedHDF5Dataset(path, group, MaskTarget(num_classes), "images", masks_key, **windows)

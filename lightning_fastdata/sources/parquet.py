@@ -1,12 +1,11 @@
-"""``SegmentationParquetDataset``: images and masks from Parquet files (the hubs' segmentation layout).
+"""``PairedParquetDataset``: images and their targets' payloads from Parquet files (the hubs' layout).
 
-The dataset hubs ship segmentation sets as Parquet files with two image columns: the picture (``image``) and its
-mask (``annotation``, ``label``, ...: ``mask_column=``), each a ``{bytes, path}`` struct or plain bytes, the mask a
-PNG whose values are the classes. A row is read with its row group (Parquet compresses a column chunk as a whole;
+The dataset hubs ship such sets as Parquet files with an image column (``image``) and the target's column beside it (a
+segmentation mask: ``annotation``, ``label``, ...), each a ``{bytes, path}`` struct or plain bytes. A row is read with
+its row group (Parquet compresses a column chunk as a whole;
 :class:`~lightning_fastdata.datasets.group_reads.GroupReads`: each process keeps the last row groups it read, and the
-training order shuffles windows of row groups, ``windows``), then rendered through
-its window as the folder source's samples are. Files may be local or in a bucket (ranged requests, each answer
-checked against the file's version).
+training order shuffles windows of row groups, ``windows``), then rendered through its window as the folder source's
+samples are. Files may be local or in a bucket (ranged requests, each answer checked against the file's version).
 """
 
 from __future__ import annotations
@@ -14,10 +13,11 @@ from __future__ import annotations
 import glob
 import os
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from lightning_fastdata.datasets.group_reads import GroupReads
 from lightning_fastdata.errors import DataError, InvalidValueError
@@ -30,15 +30,10 @@ from lightning_fastdata.loading.storage.ranged import (
     index_remote_parquet,
     shard_indexes,
 )
-from lightning_fastdata.segmentation.dataset import WindowedSegmentation, read_mask, sample_key
-from lightning_fastdata.segmentation.layouts import (
-    CONVERTED_MASKS,
-    map_mask,
-    mask_table,
-    refuse_named_table_on_classes,
-)
+from lightning_fastdata.sources.target import TargetKind
+from lightning_fastdata.sources.windowed import WindowedDataset
 
-__all__ = ["SegmentationParquetDataset", "has_parquet_files", "load_parquet_files"]
+__all__ = ["PairedParquetDataset", "has_parquet_files", "load_parquet_files"]
 
 
 def has_parquet_files(folder: str) -> bool:
@@ -65,8 +60,8 @@ def load_parquet_files(
 _REMOTE: OrderedDict[tuple[str, int], Any] = OrderedDict()
 
 
-def read_remote_pair(store: Any, shard: RemoteShard, group: int, image_column: str, mask_column: str) -> Any:
-    """A row group's image and mask bytes of a Parquet file in a bucket (the two column chunks, by ranges)."""
+def read_remote_pair(store: Any, shard: RemoteShard, group: int, image_column: str, column: str) -> Any:
+    """A row group's image and payload bytes of a Parquet file in a bucket (the two column chunks, by ranges)."""
     import pyarrow.parquet as pq
 
     key = (shard.url, shard.version)
@@ -75,24 +70,22 @@ def read_remote_pair(store: Any, shard: RemoteShard, group: int, image_column: s
         pf = _REMOTE[key] = pq.ParquetFile(RangedFile(store, shard, block=1 << 16))
         while len(_REMOTE) > 64:
             _REMOTE.popitem(last=False)
-    table = pf.read_row_group(group, columns=[image_column, mask_column])
-    return image_values(table.column(0), shard.url, image_column), image_values(table.column(1), shard.url, mask_column)
+    table = pf.read_row_group(group, columns=[image_column, column])
+    return image_values(table.column(0), shard.url, image_column), image_values(table.column(1), shard.url, column)
 
 
-class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
-    """The rows of Parquet files (image and mask columns), as whole batches of images and masks.
+class PairedParquetDataset(GroupReads, WindowedDataset):
+    """The rows of Parquet files (an image column and the target's column), as whole batches.
 
     Args:
         files: Each file's :class:`~lightning_fastdata.loading.index.parquet_index.ParquetIndex` (its row groups).
-        mask_column: The column of the masks (PNG bytes, or ``{bytes, path}`` structs).
-        num_classes: The classes a mask holds.
-        label_map: Mask value -> class (or -> ``ignore_index``), or ``"ade20k"``/``"cityscapes"`` (that layout's
-            table); ``None``: the values are the classes.
+        target: What rides with each image (:class:`~lightning_fastdata.sources.target.TargetKind`), bound to the
+            first file's metadata (a local file's).
+        column: The column of the target's payloads (bytes, or ``{bytes, path}`` structs).
         shuffle_buffer: The training order in windows of row groups holding about this many rows (``None``: a full
             shuffle, a row group's read per row).
         storage_options: Object-store settings for files in a bucket.
-        ignore_index: The mask value of borders and padding.
-        **kwargs: The window settings of :class:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation`.
+        **kwargs: The window settings of :class:`~lightning_fastdata.sources.windowed.WindowedDataset`.
 
     Raises:
         ValueError: If the files hold no row.
@@ -101,19 +94,17 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
     def __init__(
         self,
         files: Sequence[ParquetIndex],
-        mask_column: str = "annotation",
-        num_classes: int = 21,
-        label_map: Mapping[int, int] | str | None = None,
+        target: TargetKind,
+        column: str,
         shuffle_buffer: int | None = 1000,
         storage_options: Mapping[str, Any] | None = None,
-        ignore_index: int = 255,
         **kwargs: Any,
     ) -> None:
-        WindowedSegmentation.__init__(self, num_classes=num_classes, ignore_index=ignore_index, **kwargs)
-        self.files, self.mask_column = list(files), mask_column
+        self.files, self.column = list(files), column
         counts = [len(f) for f in self.files]
         if not sum(counts):
             raise InvalidValueError(f"The Parquet files {[f.path for f in self.files][:3]} hold no row.")
+        WindowedDataset.__init__(self, target.bound("", self._metadata(), self.files[0].path), **kwargs)
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._file_of = np.repeat(np.arange(len(self.files), dtype=np.int32), counts)
         in_file = np.arange(starts[-1]) - starts[self._file_of]
@@ -127,17 +118,19 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
             self._row_in_group[mine] = in_file[mine] - group_starts[self._group_local[mine]]
         self._in_file = in_file
         self._group_of = first_group[self._file_of] + self._group_local
-        if isinstance(label_map, str) and not is_url(self.files[0].path):
-            import pyarrow.parquet as pq
-
-            marker = (pq.read_schema(self.files[0].path).metadata or {}).get(CONVERTED_MASKS.encode())
-            refuse_named_table_on_classes(label_map, marker, self.files[0].path)
-        if label_map is not None:
-            self.table = mask_table("", num_classes, ignore_index, label_map)
         self.windows = None if shuffle_buffer is None else self.group_windows(shuffle_buffer)
         self._storage: Any = bucket_storage([f.path for f in self.files], storage_options, "Parquet files")
         self._files: dict[int, Any] = {}
         self._pid = -1
+
+    def _metadata(self) -> dict[str, Any]:
+        """The first file's key-value metadata (a local file's; a bucket's: none read)."""
+        if is_url(self.files[0].path):
+            return {}
+        import pyarrow.parquet as pq
+
+        meta = pq.read_schema(self.files[0].path).metadata or {}
+        return {k.decode(errors="replace"): v for k, v in meta.items()}
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_files": {}, "_groups": None, "_pending": None, "_pid": -1}
@@ -157,10 +150,12 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
     def __len__(self) -> int:
         return len(self._file_of)
 
-    def describe(self, index: int, what: int = 0) -> str:
-        """``file.parquet:row N`` of sample ``index`` (its mask: ``... (mask)``)."""
+    def name(self, index: int, what: int = 0) -> str:
+        """``file.parquet:row N`` of sample ``index`` (its payload: ``... (mask)``, the target's name)."""
         f = self.files[int(self._file_of[index])]
-        return f"{f.path}:row {int(self._in_file[index])}{' (mask)' if what else ''}"
+        return f"{f.path}:row {int(self._in_file[index])}{f' ({self.target.what})' if what else ''}"
+
+    describe = name
 
     def group_calls(self, firsts: Sequence[int]) -> tuple[Any, list[tuple[Any, ...]]]:
         """``read_remote_pair`` of each sample's row group."""
@@ -168,11 +163,11 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
         for i in firsts:
             f = self.files[int(self._file_of[i])]
             shard = RemoteShard(f.path, f.size, f.mtime_ns)
-            calls.append((shard, int(self._group_local[i]), f.image_column, self.mask_column))
+            calls.append((shard, int(self._group_local[i]), f.image_column, self.column))
         return read_remote_pair, calls
 
     def read_group(self, index: int) -> Any:
-        """Sample ``index``'s row group's image and mask bytes, from its local file (an ``OSError`` if it fails)."""
+        """Sample ``index``'s row group's image and payload bytes, from its local file (an ``OSError`` if it fails)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -183,52 +178,36 @@ class SegmentationParquetDataset(GroupReads, WindowedSegmentation):
             handle = open(f.path, "rb")  # noqa: SIM115 - kept open for the process's reads
             f.check_unchanged(os.fstat(handle.fileno()))
             pf = self._files[k] = pq.ParquetFile(handle)
-            if pf.schema_arrow.get_field_index(self.mask_column) < 0:
+            if pf.schema_arrow.get_field_index(self.column) < 0:
                 raise DataError(
-                    f"{f.path} has no mask column {self.mask_column!r}; its columns are {pf.schema_arrow.names}. "
-                    "Name it with mask_column=."
+                    f"{f.path} has no {self.target.what} column {self.column!r}; its columns are "
+                    f"{pf.schema_arrow.names}. Name it with {self.target.what}_column=."
                 )
         try:
-            table = pf.read_row_group(int(self._group_local[index]), columns=[f.image_column, self.mask_column])
+            table = pf.read_row_group(int(self._group_local[index]), columns=[f.image_column, self.column])
         except (pa.ArrowException, OSError) as err:
             return OSError(f"{f.path}: row group {int(self._group_local[index])} cannot be read ({err})")
         return image_values(table.column(0), f.path, f.image_column), image_values(table.column(1), f.path,
-                                                                                 self.mask_column)  # fmt: skip
+                                                                                 self.column)  # fmt: skip
 
     def sample_bytes(self, group: Any, index: int) -> Any:
-        """The row's image and mask bytes (a null one is an error naming the row)."""
+        """The row's image and payload bytes (a null one is an error naming the row)."""
         row = int(self._row_in_group[index])
-        image, mask = group[0][row], group[1][row]
-        if not image.is_valid or not mask.is_valid:
-            raise DataError(f"{self.describe(index)} has no {'image' if not image.is_valid else 'mask'}.")
-        return image.as_py(), mask.as_py()
+        image, payload = group[0][row], group[1][row]
+        if not image.is_valid or not payload.is_valid:
+            raise DataError(f"{self.describe(index)} has no {'image' if not image.is_valid else self.target.what}.")
+        return image.as_py(), payload.as_py()
 
-    def _pairs(self, indices: Sequence[int]) -> list[Any]:
-        out = []
+    def read_fields(self, indices: Sequence[int]) -> list[tuple[bytes | torch.Tensor, Any]]:
+        """Each row's image and payload bytes, read with their row groups."""
+        out: list[tuple[bytes | torch.Tensor, Any]] = []
         for i, value in zip(indices, self.read_grouped(np.asarray(indices, dtype=np.int64))):
             if isinstance(value, OSError):
                 raise DataError(f"Cannot read {self.describe(i)}: {value}.") from value
-            out.append(value)
+            out.append(value)  # type: ignore[arg-type]  # read_grouped's sample_bytes: the pair
         return out
 
     def fingerprint(self) -> str:
         """Each file's path, size and version as indexed, and the columns read."""
         files = "|".join(f"{f.path}:{f.size}:{f.mtime_ns}:{f.image_column}" for f in self.files)
-        return f"{files}|masks:{self.mask_column}"
-
-    def masks(self) -> Iterator[tuple[int, np.ndarray]]:
-        """Every row's mask as the data's classes, a row group at a time."""
-        for first in range(0, len(self), 64):
-            indices = list(range(first, min(first + 64, len(self))))
-            for i, (_, mask) in zip(indices, self._pairs(indices)):
-                name = self.describe(i, 1)
-                yield i, map_mask(read_mask(mask, name), self.table, name, self.num_classes, self.ignore_index)
-
-    def __getitems__(self, keys: Sequence[Any]) -> Any:
-        """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""
-        full = [sample_key(k, len(self)) for k in keys]
-        samples = []
-        for f, draws, (image, mask) in zip(full, self.draws_of(full), self._pairs([f[1] for f in full])):
-            names = (self.describe(f[1]), self.describe(f[1], 1))
-            samples.append(self.render(f, image, self.classes_of(read_mask(mask, names[1]), names[1]), names, draws))
-        return self.batch(samples, full)
+        return f"{files}|masks:{self.column}"

@@ -1,4 +1,4 @@
-"""Segmentation geometry: one window that both an image and its mask follow, exactly.
+"""The windowed sources' geometry: one window that an image and its target (a mask) follow, exactly.
 
 torchvision's segmentation reference trains with ``RandomResize(0.5 x base, 2 x base)`` (the shorter side to a
 random size), ``RandomHorizontalFlip(0.5)`` and ``RandomCrop(crop)`` padded where the resized image is smaller
@@ -22,10 +22,8 @@ import torch
 from lightning_fastdata.augment.geometry import Box
 from lightning_fastdata.augment.keyed import uniforms
 
-__all__ = ["IGNORE_INDEX", "WINDOW_DRAWS", "Window", "eval_window", "render_mask", "train_window", "window_draws"]
+__all__ = ["WINDOW_DRAWS", "Window", "eval_window", "render_mask", "train_window", "window_draws"]
 
-#: The mask value of padding and of pixels no class covers (VOC's object borders), ignored by the loss.
-IGNORE_INDEX = 255
 #: The keyed stream of a segmentation sample's resize, flip and crop.
 WINDOW_STREAM = 0x5E6
 #: How many numbers a sample draws (the resize, the flip, the crop's top, its left).
@@ -101,9 +99,7 @@ def _centres(start: int, extent: int, count: int) -> np.ndarray:
     return start + np.minimum(((np.arange(count) + 0.5) * extent / count).astype(np.int64), extent - 1)
 
 
-def render_mask(
-    mask: np.ndarray, window: Window, out: torch.Tensor | None = None, fill: int = IGNORE_INDEX
-) -> torch.Tensor:
+def render_mask(mask: np.ndarray, window: Window, out: torch.Tensor | None = None, fill: int = 255) -> torch.Tensor:
     """``mask`` (``H x W`` class indices) through ``window``: nearest sampling into its place, padding ``fill``.
 
     Writes into ``out`` (``uint8``, ``window.size``) if given; returns it.

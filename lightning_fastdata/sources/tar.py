@@ -1,10 +1,10 @@
-"""``SegmentationTarDataset``: images and masks from WebDataset tar shards.
+"""``PairedTarDataset``: images and their targets' payloads from WebDataset tar shards.
 
-A sample is an image member and a mask member of one key (``key.jpg`` + ``key.seg.png``:
+A sample is an image member and a payload member of one key (``key.jpg`` + ``key.seg.png`` for a mask:
 :mod:`~lightning_fastdata.loading.index.tar_pairs`), read together by one ``pread`` of a local shard or one ranged
 request to a shard in a bucket (a batch's requests in flight together, each answer checked against the shard's
 version), then rendered through the sample's window as the folder source's are
-(:class:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation`). Samples are numbered shard after shard,
+(:class:`~lightning_fastdata.sources.windowed.WindowedDataset`). Samples are numbered shard after shard,
 so an epoch is a global shuffle of all of them, resumable at the exact sample.
 """
 
@@ -14,10 +14,11 @@ import glob
 import hashlib
 import io
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.tar_pairs import (
@@ -33,10 +34,10 @@ from lightning_fastdata.loading.storage.ranged import (
     read_remote_range,
     shard_indexes,
 )
-from lightning_fastdata.segmentation.dataset import WindowedSegmentation, read_mask, sample_key
-from lightning_fastdata.segmentation.layouts import map_mask, mask_table
+from lightning_fastdata.sources.target import TargetKind
+from lightning_fastdata.sources.windowed import WindowedDataset
 
-__all__ = ["SegmentationTarDataset", "has_tar_shards", "load_segmentation_shards"]
+__all__ = ["PairedTarDataset", "has_tar_shards", "load_paired_shards"]
 
 
 def has_tar_shards(folder: str) -> bool:
@@ -44,38 +45,36 @@ def has_tar_shards(folder: str) -> bool:
     return os.path.isdir(folder) and bool(glob.glob(os.path.join(glob.escape(folder), "*.tar")))
 
 
-def _index_remote(store: Any, shard: RemoteShard, mask_ext: str) -> PairedTarIndex:
+def _index_remote(store: Any, shard: RemoteShard, payload_ext: str) -> PairedTarIndex:
     with io.BufferedReader(RangedFile(store, shard), buffer_size=1 << 16) as f:
-        return index_paired_tar_file(f, shard.url, shard.size, shard.version, mask_ext)
+        return index_paired_tar_file(f, shard.url, shard.size, shard.version, payload_ext)
 
 
-def load_segmentation_shards(
-    spec: str, index_dir: str, mask_ext: str = "seg.png", storage_options: Mapping[str, Any] | None = None
+def load_paired_shards(
+    spec: str, index_dir: str, payload_ext: str, storage_options: Mapping[str, Any] | None = None
 ) -> list[PairedTarIndex]:
     """The indexes of the shards ``spec`` names: a folder of ``.tar`` files, a glob, or a bucket prefix or glob.
 
-    Each kept in ``index_dir`` under its path, size and modification time (an object: its version).
+    A sample is a key's image member and its ``payload_ext`` member (``seg.png``: ``key.seg.png``). Each index kept in
+    ``index_dir`` under its path, size and modification time (an object: its version).
 
     Raises:
         FileNotFoundError: If nothing matches (named).
     """
     return shard_indexes(
-        spec, ".tar", storage_options, lambda path, remote: load_paired_tar_index(path, index_dir, mask_ext, remote),
-        _index_remote, mask_ext,
+        spec, ".tar", storage_options, lambda path, remote: load_paired_tar_index(path, index_dir, payload_ext, remote),
+        _index_remote, payload_ext,
     )  # fmt: skip
 
 
-class SegmentationTarDataset(WindowedSegmentation):
-    """The image and mask samples of tar shards (in the order given, each in member order), as whole batches.
+class PairedTarDataset(WindowedDataset):
+    """The image and payload samples of tar shards (in the order given, each in member order), as whole batches.
 
     Args:
         shards: Each shard's :class:`~lightning_fastdata.loading.index.tar_pairs.PairedTarIndex`.
-        num_classes: The classes a mask holds.
-        label_map: Mask value -> class (or -> ``ignore_index``), or ``"ade20k"``/``"cityscapes"`` (that layout's
-            table); ``None``: the values are the classes.
+        target: What rides with each image (:class:`~lightning_fastdata.sources.target.TargetKind`).
         storage_options: Object-store settings for shards in a bucket (their paths are URLs).
-        ignore_index: The mask value of borders and padding.
-        **kwargs: The window settings of :class:`~lightning_fastdata.segmentation.dataset.WindowedSegmentation`.
+        **kwargs: The window settings of :class:`~lightning_fastdata.sources.windowed.WindowedDataset`.
 
     Raises:
         ValueError: If the shards hold no sample, or mix local files and URLs.
@@ -84,20 +83,16 @@ class SegmentationTarDataset(WindowedSegmentation):
     def __init__(
         self,
         shards: Sequence[PairedTarIndex],
-        num_classes: int = 21,
-        label_map: Mapping[int, int] | str | None = None,
+        target: TargetKind,
         storage_options: Mapping[str, Any] | None = None,
-        ignore_index: int = 255,
         **kwargs: Any,
     ) -> None:
-        super().__init__(num_classes=num_classes, ignore_index=ignore_index, **kwargs)
+        super().__init__(target.bound("", {}, "the shards"), **kwargs)
         self.shards = list(shards)
         counts = [len(s) for s in self.shards]
         if not sum(counts):
             raise InvalidValueError(f"The shards {[s.path for s in self.shards][:3]} hold no sample.")
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        if label_map is not None:
-            self.table = mask_table("", num_classes, ignore_index, label_map)
         self._store: Any = bucket_storage([s.path for s in self.shards], storage_options, "shards")
         self._fds: dict[int, int] = {}
         self._pid = -1
@@ -113,9 +108,9 @@ class SegmentationTarDataset(WindowedSegmentation):
         return s, index - int(self._starts[s])
 
     def name(self, index: int, what: int = 0) -> str:
-        """Sample ``index``'s image (``what=0``) or mask (``1``) as messages name it: ``shard.tar:key``."""
+        """Sample ``index``'s image (``what=0``) or payload (``1``) as messages name it: ``shard.tar:key``."""
         s, k = self._locate(index)
-        return f"{self.shards[s].path}:{self.shards[s].keys[k]}{'' if what == 0 else ' (mask)'}"
+        return f"{self.shards[s].path}:{self.shards[s].keys[k]}{'' if what == 0 else f' ({self.target.what})'}"
 
     def _read_local(self, s: int, start: int, end: int) -> bytes:
         if self._pid != os.getpid():
@@ -147,32 +142,16 @@ class SegmentationTarDataset(WindowedSegmentation):
             out.append(result)
         return out
 
-    def _pair(self, index: int, start: int, data: bytes) -> tuple[bytes, np.ndarray]:
-        s, k = self._locate(index)
-        image = member_bytes(data, start, self.shards[s].images[k])
-        values = read_mask(member_bytes(data, start, self.shards[s].masks[k]), self.name(index, 1))
-        return image, values
-
     def fingerprint(self) -> str:
-        """Each file's path, size and version as indexed, and where its image and mask members are (``mask_ext``'s)."""
+        """Each file's path, size and version as indexed, and where its image and payload members are."""
         members = hashlib.sha256(b"".join(f.images.tobytes() + f.masks.tobytes() for f in self.shards)).hexdigest()
         return "|".join(f"{f.path}:{f.size}:{f.mtime_ns}" for f in self.shards) + f"|members:{members}"
 
-    def masks(self) -> Iterator[tuple[int, np.ndarray]]:
-        """Every sample's mask as the data's classes, read in groups of 64 samples."""
-        for first in range(0, len(self), 64):
-            indices = list(range(first, min(first + 64, len(self))))
-            for i, (start, data) in zip(indices, self._spans(indices)):
-                _, values = self._pair(i, start, data)
-                yield i, map_mask(values, self.table, self.name(i, 1), self.num_classes, self.ignore_index)
-
-    def __getitems__(self, keys: Sequence[Any]) -> Any:
-        """A batch: images (uint8 ``N x 3 x H x W``) and masks (uint8 ``N x H x W``), padded to the largest."""
-        full = [sample_key(k, len(self)) for k in keys]
-        samples = []
-        spans = self._spans([f[1] for f in full])
-        for f, draws, (start, data) in zip(full, self.draws_of(full), spans):
-            image, values = self._pair(f[1], start, data)
-            names = (self.name(f[1]), self.name(f[1], 1))
-            samples.append(self.render(f, image, self.classes_of(values, names[1]), names, draws))
-        return self.batch(samples, full)
+    def read_fields(self, indices: Sequence[int]) -> list[tuple[bytes | torch.Tensor, Any]]:
+        """Each sample's image and payload members, cut from one read of both."""
+        out: list[tuple[bytes | torch.Tensor, Any]] = []
+        for i, (start, data) in zip(indices, self._spans(indices)):
+            s, k = self._locate(i)
+            out.append((member_bytes(data, start, self.shards[s].images[k]),
+                        member_bytes(data, start, self.shards[s].masks[k])))  # fmt: skip
+        return out

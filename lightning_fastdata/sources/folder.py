@@ -1,0 +1,141 @@
+"""``PairedFolderDataset``: a split of a folder or bucket of files, each image with its target's file.
+
+Where a split's images and their payload files are is a *layout*'s to say (a target room's: VOC, ADE20K, Cityscapes
+and paired folders for masks, :func:`~lightning_fastdata.segmentation.layouts.find_pairs`): a callable of the root,
+the split and the storage options that returns :class:`FolderPairs`. This source reads each sample's two files
+(local, or a bucket's requests in flight together) and hands them to the window and the target
+(:class:`~lightning_fastdata.sources.windowed.WindowedDataset`); a training image's crop may be decoded with the
+image's entropy index (:meth:`PairedFolderDataset.with_entropy_index`).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+import torch
+
+from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.index.files import FileIndex
+from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes
+from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.loading.storage.registry import open_storage
+from lightning_fastdata.sources.target import TargetKind
+from lightning_fastdata.sources.windowed import WindowedDataset, checked_read
+
+__all__ = ["FolderLayout", "FolderPairs", "PairedFolderDataset"]
+
+
+@dataclass(frozen=True)
+class FolderPairs:
+    """A split's samples: each image's and payload file's path relative to the root, in order, and the layout found."""
+
+    layout: str
+    images: tuple[str, ...]
+    payloads: tuple[str, ...]
+
+
+#: How a target room finds a split's pairs, ``(root, split, storage_options) -> FolderPairs`` (``FileNotFoundError``
+#: naming what is missing).
+FolderLayout = Callable[[str, str, Mapping[str, Any] | None], FolderPairs]
+
+
+class PairedFolderDataset(WindowedDataset):
+    """A split of a folder or bucket as whole batches of images and targets (module docstring).
+
+    Args:
+        root: The data's root: a folder or a bucket URL.
+        split: The split, as ``layout`` reads it.
+        target: What rides with each image (:class:`~lightning_fastdata.sources.target.TargetKind`), bound to the
+            layout found (:meth:`~lightning_fastdata.sources.target.TargetKind.bound`).
+        layout: Finds the split's pairs (:data:`FolderLayout`).
+        storage_options: Object-store settings for a bucket ``root``.
+        **kwargs: The window settings of :class:`~lightning_fastdata.sources.windowed.WindowedDataset`.
+
+    Raises:
+        FileNotFoundError: If the split, or an image or payload it names, is missing (named).
+        ValueError: On a bad argument, or first payloads the target refuses (named).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        split: str,
+        target: TargetKind,
+        layout: FolderLayout,
+        storage_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.root = os.fspath(root)
+        options = None if storage_options is None else dict(storage_options)
+        self.pairs = layout(self.root, split, options)
+        if not self.pairs.images:
+            raise InvalidValueError(f"The split {split!r} of {self.root} holds no image.")
+        self.storage = open_storage(self.root, options)
+        super().__init__(target.bound(self.pairs.layout, {}, self.root), **kwargs)
+        first = range(min(self.target.first_checked, len(self)))
+        if first:
+            payloads = self.storage.read_many([self.pairs.payloads[i] for i in first])
+            read = [checked_read(p, self.name(i, 1)) for i, p in zip(first, payloads)]
+            self.target.check_first(read, f"{self.root} (e.g. {self.name(0, 1)})")
+        #: The images' entropy indexes (:meth:`with_entropy_index`), or ``None``.
+        self.entropy_indexes: EntropyIndexes | None = None
+
+    @property
+    def layout(self) -> str:
+        """The layout read (``"auto"`` resolved)."""
+        return self.pairs.layout
+
+    def name(self, index: int, what: int = 0) -> str:
+        """Sample ``index``'s image (``what=0``) or payload file (``1``): its path or URL."""
+        return self.storage.url((self.pairs.images, self.pairs.payloads)[what][index])
+
+    def __len__(self) -> int:
+        return len(self.pairs.images)
+
+    def image_files(self) -> FileIndex:
+        """The split's images as a file list, in order (what their entropy index is built from)."""
+        return FileIndex.of_paths(self.root, list(self.pairs.images))
+
+    def with_entropy_index(self, indexes: EntropyIndexes | None) -> Self:
+        """A copy whose training crops are decoded with the images' entropy ``indexes`` (of :meth:`image_files`).
+
+        Raises:
+            ValueError: If ``indexes`` holds another number of files.
+        """
+        if indexes is not None and len(indexes) != len(self):
+            raise InvalidValueError(f"The entropy index holds {len(indexes)} files, the split {len(self)}.")
+        twin = copy.copy(self)
+        twin.entropy_indexes = indexes
+        return twin
+
+    def entropy_index_of(self, index: int) -> bytes | None:
+        """Sample ``index``'s image's entropy index (:meth:`with_entropy_index`), or ``None``."""
+        return None if self.entropy_indexes is None else self.entropy_indexes.get(index)
+
+    def fingerprint(self) -> str:
+        """The root, the pairs, and each local file's size and modification time (a bucket's: the names only)."""
+        parts = [self.root, *self.pairs.images, *self.pairs.payloads]
+        if not is_url(self.root):
+            for rel in (*self.pairs.images, *self.pairs.payloads):
+                st = os.stat(os.path.join(self.root, rel))
+                parts.append(f"{st.st_size}:{st.st_mtime_ns}")
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+    def read_fields(self, indices: Sequence[int]) -> list[tuple[bytes | torch.Tensor, Any]]:
+        """Each sample's image and payload files' bytes, a bucket's reads in flight together."""
+        paths = [p for i in indices for p in (self.pairs.images[i], self.pairs.payloads[i])]
+        read = list(self.storage.read_many(paths))
+        return [
+            (checked_read(read[2 * j], self.name(i)), checked_read(read[2 * j + 1], self.name(i, 1)))
+            for j, i in enumerate(indices)
+        ]
+
+    def read_payloads(self, indices: Sequence[int]) -> list[Any]:
+        """The payload files alone, read together."""
+        read = self.storage.read_many([self.pairs.payloads[i] for i in indices])
+        return [checked_read(value, self.name(i, 1)) for i, value in zip(indices, read)]

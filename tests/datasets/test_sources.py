@@ -1,0 +1,104 @@
+"""The windowed sources know no target: a target kind written outside the package reads every source unchanged.
+
+The sources (a folder, tar shards, Parquet files, one HDF5 file) hand a target kind each sample's payload and move it
+through the image's window by the kind's own ``follow``; nothing of the mask is in them. Here a second kind, the raw
+values of each payload with no class table (what a regression target such as depth would be), reads the same files as
+the mask target and must give, per source, the mask batches' values exactly: were a source to decode, table or pad
+masks itself, the two would part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_fastdata.segmentation.convert import (
+    write_segmentation_hdf5,
+    write_segmentation_parquet,
+    write_segmentation_shards,
+)
+from lightning_fastdata.segmentation.demos import make_segmentation_folder
+from lightning_fastdata.segmentation.layouts import MaskLayout
+from lightning_fastdata.segmentation.target import MaskTarget, read_mask
+from lightning_fastdata.sources.folder import PairedFolderDataset
+from lightning_fastdata.sources.hdf5 import PairedHDF5Dataset
+from lightning_fastdata.sources.parquet import PairedParquetDataset, load_parquet_files
+from lightning_fastdata.sources.tar import PairedTarDataset, load_paired_shards
+from lightning_fastdata.sources.target import TargetKind
+from lightning_fastdata.sources.window import Window, render_mask
+from lightning_fastdata.sources.windowed import WindowedDataset, padded_batch
+
+
+class RawValues(TargetKind):
+    """Each payload's values as they are (no table, no classes): a dense per-pixel target of 256 levels."""
+
+    what = "values"
+    num_classes = 256
+
+    def decode(self, payload: Any, name: str) -> np.ndarray:
+        return read_mask(payload, name) if isinstance(payload, bytes) else np.asarray(payload).astype(np.uint8)
+
+    def size_of(self, value: np.ndarray) -> tuple[int, int]:
+        return int(value.shape[1]), int(value.shape[0])
+
+    def follow(self, value: np.ndarray, window: Window) -> torch.Tensor:
+        return render_mask(value, window, fill=0)
+
+    def collate(self, samples: Sequence[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, Any]:
+        return padded_batch(samples, 0)
+
+    def present(self, value: np.ndarray) -> np.ndarray:
+        return (np.bincount(value.ravel(), minlength=256) > 0).astype(np.uint8)
+
+    def mapped(self, class_map: np.ndarray | None) -> Self:
+        return self
+
+    def cache_key(self) -> bytes:
+        return b"raw"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("sources")
+    make_segmentation_folder(tmp / "voc", count=12, size=(96, 72), seed=6, fixed_size=True)
+    write_segmentation_shards(tmp / "voc", "train", tmp / "tar", shard_bytes=30_000, num_classes=21)
+    write_segmentation_parquet(tmp / "voc", "train", tmp / "pq", rows_per_group=3, num_classes=21)
+    write_segmentation_hdf5(tmp / "voc", ["train"], tmp / "seg.h5", num_classes=21)
+    return tmp
+
+
+def source(kind: str, root: Path, target: TargetKind, **windows: Any) -> WindowedDataset:
+    index = str(root / "index")
+    if kind == "folder":
+        return PairedFolderDataset(root / "voc", "train", target, MaskLayout(), **windows)
+    if kind == "tar":
+        return PairedTarDataset(load_paired_shards(str(root / "tar"), index, "seg.png"), target, **windows)
+    if kind == "parquet":
+        return PairedParquetDataset(load_parquet_files(str(root / "pq"), index), target, "annotation", 3, **windows)
+    return PairedHDF5Dataset(root / "seg.h5", "train", target, **windows)
+
+
+@pytest.mark.parametrize("kind", ["folder", "tar", "parquet", "hdf5"])
+@pytest.mark.parametrize("train", [True, False])
+def test_another_target_kind_reads_every_source_and_follows_the_same_windows(
+    files: Path, kind: str, train: bool
+) -> None:
+    windows = dict(train=train, base_size=60, crop_size=40, seed=3)
+    masks = source(kind, files, MaskTarget(21), **windows)
+    raw = source(kind, files, RawValues(), **windows)
+    keys = [(1, i, 0) for i in range(len(masks))]
+    images, classes = masks.__getitems__(keys)
+    raw_images, values = raw.__getitems__(keys)
+    assert torch.equal(images, raw_images)  # the same windows, drawn from the keys
+    assert len(np.unique(classes.numpy())) > 3  # several classes and the ignored borders: a real comparison
+    padding = classes == 255
+    # VOC's values are its classes (255 the borders): where the window read the mask, the two kinds agree; the
+    # padding is each kind's own (255 for masks, 0 for raw values)
+    assert torch.equal(values[~padding | (values != 0)], classes[~padding | (values != 0)])
+    assert raw.target is not masks.target and raw.targets.shape == (len(raw),)  # counts only unless sampling asks
+    assert raw.kept(None, presence=True).targets.shape == (len(raw), 256)
