@@ -22,7 +22,11 @@ __all__ = ["parser_keys", "short_error"]
 
 
 def _parameters(class_path: str) -> list[str]:
-    """The ``__init__`` argument names of ``class_path`` and of its bases (a DataModule's ``**kwargs`` go up)."""
+    """The ``__init__`` argument names of ``class_path``, and of its bases while an ``__init__`` passes ``**kwargs`` up.
+
+    A module that names every argument it takes (``SegmentationDataModule``) stops there: its base's others are not
+    its arguments.
+    """
     module, _, name = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), name)
@@ -33,9 +37,10 @@ def _parameters(class_path: str) -> list[str]:
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
-        for param in inspect.signature(init).parameters.values():
-            if param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL) and param.name != "self":
-                names.append(param.name)
+        params = inspect.signature(init).parameters.values()
+        names += [p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
     return list(dict.fromkeys(names))
 
 

@@ -23,6 +23,8 @@ def save_init_hparams(obj: HyperparametersMixin) -> None:
     timeout. Handing over the caller's frame (and dropping our reference to it) frees ``obj`` by reference
     count, as any object.
 
+    ``num_classes=None`` and ``class_names=None`` (read from the data) are left out (:data:`_FROM_THE_DATA`).
+
     A ``storage_options`` argument is saved without its secrets (:func:`without_secrets`), in ``hparams`` (what
     checkpoints keep) and in ``hparams_initial`` (what Lightning's loggers write to ``hparams.yaml`` and TensorBoard):
     checkpoints and logs are shared and copied; credentials come back from the environment.
@@ -38,7 +40,9 @@ def save_init_hparams(obj: HyperparametersMixin) -> None:
             # Lightning's advice to ignore nn.Module arguments ("already saved during checkpointing") is for a
             # LightningModule's submodules; a transform object given to a DataModule is not, and is saved as text
             warnings.filterwarnings("ignore", message=r".*is an instance of `nn.Module` and is already saved")
-            obj.save_hyperparameters(frame=caller)
+            given = caller.f_locals if caller is not None else {}
+            unread = [k for k in _FROM_THE_DATA if k in given and given[k] is None]
+            obj.save_hyperparameters(ignore=unread, frame=caller)
         cleaned = {k: _plain(v) for k, v in obj.hparams.items()}
         options = cleaned.get("storage_options")
         if isinstance(options, dict) and without_secrets(options) != options:
@@ -49,6 +53,12 @@ def save_init_hparams(obj: HyperparametersMixin) -> None:
             obj.save_hyperparameters(cleaned, frame=caller)
     finally:
         del frame, caller
+
+
+#: Arguments whose ``None`` means "read from the data" (the default): left out of the saved hyperparameters, where a
+#: model's own ``num_classes``/``class_names`` (LightningCLI links the data's) would clash with ``None`` when Lightning
+#: merges the two for its loggers ("Error while merging hparams").
+_FROM_THE_DATA = ("num_classes", "class_names")
 
 
 def _plain(value: Any) -> Any:

@@ -136,7 +136,7 @@ def test_validation_labels_beyond_the_training_classes_are_refused(tmp_path: Pat
     write(tmp_path / "train.h5", [0, 1, 2, 1], ["a", "b", "c"])
     write(tmp_path / "val.h5", [0, 9, 1], None)
     with pytest.raises(ValueError, match=r"val\.h5.*\[1\] = 9 is out of range for the 3 classes"):
-        HDF5DataModule(str(tmp_path / "train.h5"), val_path=str(tmp_path / "val.h5"))
+        HDF5DataModule(str(tmp_path / "train.h5"), val_root=str(tmp_path / "val.h5")).setup("fit")
 
 
 # -- crashes and hangs ---------------------------------------------------------------------------------------
@@ -271,7 +271,7 @@ def test_truncated_hdf5_file_is_named(tmp_path: Path) -> None:
     cut = tmp_path / "cut.h5"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(OSError, match=r"cut\.h5.*(truncated|eof).*convert it again"):
-        HDF5DataModule(str(cut))
+        HDF5DataModule(str(cut)).setup("fit")
 
 
 _WRITER = """
@@ -289,10 +289,10 @@ def test_a_file_another_process_writes_gives_the_fix(tmp_path: Path) -> None:
     try:
         assert writer.stdout is not None and writer.stdout.readline().strip() == "OPEN"
         with pytest.raises(OSError, match=r"d\.h5.*lock.*pass locking=False"):
-            HDF5DataModule(str(path))
+            HDF5DataModule(str(path)).setup("fit")
         # locking=False is honoured from the first inspection on: what is left is HDF5's own "open for write" mark.
         with pytest.raises(OSError, match=r"d\.h5.*already open for write.*close the writer.*h5clear -s"):
-            HDF5DataModule(str(path), locking=False)
+            HDF5DataModule(str(path), locking=False).setup("fit")
     finally:
         writer.kill()
         writer.wait()

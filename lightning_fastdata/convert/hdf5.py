@@ -154,7 +154,7 @@ def convert_folder_to_hdf5(
     storage: Storage | None = None,
     labels: str | os.PathLike[str] | None = None,
     multi_label: bool = False,
-    label_classes: list[str] | None = None,
+    class_names: list[str] | None = None,
     label_separator: str = " ",
     id_column: str | None = None,
     label_column: str | None = None,
@@ -195,7 +195,7 @@ def convert_folder_to_hdf5(
             image under ``src`` (found at any depth, not by class sub-folder); ``None``: class sub-folders.
         multi_label: With ``labels``: several labels per image, written as ``uint8`` multi-hot rows (``N x C``),
             which :class:`~lightning_fastdata.HDF5Dataset` reads back as they are.
-        label_classes: With ``labels``: the class list in label order (default: the table's).
+        class_names: With ``labels``: the class list in label order (default: the table's).
         label_separator: With ``multi_label``: what separates a cell's labels (``" "``: spaces; ``"|"``).
         id_column: With ``labels``: the table's column of image ids (default: its first).
         label_column: With ``labels``: the table's column of labels, the others left out (default: all but the ids').
@@ -218,12 +218,12 @@ def convert_folder_to_hdf5(
     dst = Path(dst)
     if dst.exists() and not overwrite:
         raise PathExistsError(f"{str(dst)!r} exists; pass overwrite=True (--overwrite) to replace it.")
-    if (multi_label or label_classes is not None or id_column or label_column) and labels is None:
+    if (multi_label or class_names is not None or id_column or label_column) and labels is None:
         raise InvalidValueError(
-            "multi_label, label_classes, id_column and label_column describe a label table: pass labels= (--labels)."
+            "multi_label, class_names, id_column and label_column describe a label table: pass labels= (--labels)."
         )
     table = None if labels is None else read_label_table(labels, label_separator, id_column, label_column)
-    index, storage = _source_listing(src, storage, storage_options, table, multi_label, label_classes)
+    index, storage = _source_listing(src, storage, storage_options, table, multi_label, class_names)
     processes = processes or CpuBudget.detect().usable
     dst.parent.mkdir(parents=True, exist_ok=True)
     with (
@@ -283,7 +283,7 @@ def _source_listing(
     storage_options: dict[str, Any] | None,
     table: LabelTable | None,
     multi_label: bool,
-    label_classes: list[str] | None,
+    class_names: list[str] | None,
 ) -> tuple[FileIndex, Storage]:
     """The files to convert, with their labels (class sub-folders, or a label table), and where they are read."""
     if isinstance(src, FileIndex):
@@ -292,7 +292,7 @@ def _source_listing(
     storage = open_storage(root, storage_options)
     if table is None:
         return storage.list_files(), storage
-    return labelled_indexes([storage.list_images()], table, multi_label, label_classes)[0], storage
+    return labelled_indexes([storage.list_images()], table, multi_label, class_names)[0], storage
 
 
 def _write_encoded_files(f: Any, results: Iterator, index: FileIndex, dst: Path, bar: Any) -> None:

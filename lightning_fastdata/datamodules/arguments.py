@@ -7,7 +7,7 @@ from typing import Any, Literal
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.workers import resolve_num_workers
 
-__all__ = ["check_loader_arguments", "entropy_index_setting", "setting"]
+__all__ = ["check_loader_arguments", "entropy_index_setting", "refuse_old_names", "setting"]
 
 
 def check_loader_arguments(
@@ -79,3 +79,27 @@ def setting(part: str, name: str) -> Any:
         setattr(getattr(self, part), name, value)
 
     return property(get, set_, doc=f"``{name}``: see the class's arguments.")
+
+
+#: The names arguments had before one vocabulary (every module's data is ``root``/``val_root``/``test_root``/
+#: ``predict_root``, its class names ``class_names``), and theirs now.
+OLD_NAMES = {
+    "path": "root", "val_path": "val_root", "test_path": "test_root",
+    "shards": "root", "val_shards": "val_root", "test_shards": "test_root", "predict_shards": "predict_root",
+    "label_classes": "class_names",
+}  # fmt: skip
+
+
+def refuse_old_names(module: str, kwargs: dict[str, Any]) -> None:
+    """Raise for an argument given by the name it had before the modules shared one vocabulary (its new name said).
+
+    Raises:
+        TypeError: Naming the old and the new name.
+    """
+    old = [name for name in kwargs if name in OLD_NAMES]
+    if old:
+        renames = ", ".join(f"{name}= is {OLD_NAMES[name]}=" for name in old)
+        raise TypeError(
+            f"{module}: {renames} now (one name for the same thing on every module: the data is root, val_root, "
+            "test_root and predict_root; the class list class_names). Rename the argument."
+        )

@@ -175,17 +175,11 @@ class FastDataModule(LightningDataModule):
         super().__init__()
         #: What the training epoch draws (weights, epoch_size, a subset of the samples); validated here.
         self.sampling = SamplingSettings(sample_weights, replacement, epoch_size, classes, max_per_class, fraction)
-        self.data_classes: tuple[str, ...] = ()
+        self._data_classes: tuple[str, ...] | None = None
         check_loader_arguments(
-            val_fraction,
-            batch_size,
-            num_workers,
-            prefetch_factor,
-            persistent_workers,
-            block_shuffle,
-            snapshot_every_n_steps,
-            repeated_augmentations,
-        )
+            val_fraction, batch_size, num_workers, prefetch_factor, persistent_workers, block_shuffle,
+            snapshot_every_n_steps, repeated_augmentations,
+        )  # fmt: skip
         for name, value in (("train_transforms", train_transforms), ("val_transforms", val_transforms)):
             if value is not None:
                 SampleTransform(value, seed, name)  # validates (callable)
@@ -261,9 +255,24 @@ class FastDataModule(LightningDataModule):
 
     @classes.setter
     def classes(self, names: tuple[str, ...]) -> None:
-        """Set by a subclass: the data's class names (checked against ``classes=`` at once)."""
-        self.data_classes = tuple(names)
-        self.sampling.check_classes(self.data_classes)
+        """Set the data's class names (checked against ``classes=`` at once)."""
+        self._data_classes = tuple(names)
+        self.sampling.check_classes(self._data_classes)
+
+    @property
+    def data_classes(self) -> tuple[str, ...]:
+        """The data's class names in label order, read (:meth:`find_classes`) on first use and never in ``__init__``.
+
+        Lightning's rule: ``__init__`` reads no data; ``prepare_data``, ``setup`` or ``num_classes`` (LightningCLI's
+        link) reads the names first, and checks ``classes=`` against them then.
+        """
+        if self._data_classes is None:
+            self.classes = self.find_classes()
+        return self._data_classes  # type: ignore[return-value]  # set by the setter
+
+    def find_classes(self) -> tuple[str, ...]:
+        """Read the data's class names (a subclass's: folders, a label table, a file's attribute, shards' labels)."""
+        return ()
 
     def build_test_dataset(self) -> Dataset | None:
         """The test set (validation transforms), or ``None`` where none was given; called from ``setup("test")``."""
@@ -476,14 +485,9 @@ class FastDataModule(LightningDataModule):
         """
         sampling = self._sampling_of(dataset, train) if labelled else (None, None)
         return self.loaders.build(
-            dataset,
-            self.trainer,
-            train,
-            sampling,
-            return_keys=bool(self.transfer.device_augment),
-            label_map=label_map,
-            predicting=not labelled,
-        )
+            dataset, self.trainer, train, sampling, return_keys=bool(self.transfer.device_augment),
+            label_map=label_map, predicting=not labelled,
+        )  # fmt: skip
 
     # -- helpers ----------------------------------------------------------------------------------------
     def _report_skipped(self, epoch: int) -> None:

@@ -21,6 +21,7 @@ from lightning_fastdata.cache.dataset import (
     open_tensor_cache,
 )
 from lightning_fastdata.cache.manifest import read_manifest
+from lightning_fastdata.datamodules.arguments import refuse_old_names
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datamodules.folder import FolderSource
 from lightning_fastdata.datasets.hdf5 import HDF5Dataset
@@ -78,7 +79,7 @@ class TensorCacheDataModule(FastDataModule):
             :class:`ImageFolderDataModule` takes it; the cache keeps them (``uint8`` multi-hot rows with
             ``multi_label``), and a changed table is a changed source (the cache is built again).
         multi_label: With ``labels``: several labels per image (:class:`ImageFolderDataModule`).
-        label_classes: With ``labels``: the class list in label order (:class:`ImageFolderDataModule`).
+        class_names: With ``labels``: the class list in label order (:class:`ImageFolderDataModule`).
         label_separator: With ``multi_label``: what separates a cell's labels (:class:`ImageFolderDataModule`).
         id_column: With ``labels``: the table's id column (:class:`ImageFolderDataModule`).
         label_column: With ``labels``: the table's label column (:class:`ImageFolderDataModule`).
@@ -107,7 +108,7 @@ class TensorCacheDataModule(FastDataModule):
         test_root: str | None = None,
         labels: str | None = None,
         multi_label: bool = False,
-        label_classes: list[str] | None = None,
+        class_names: list[str] | None = None,
         label_separator: str = " ",
         id_column: str | None = None,
         label_column: str | None = None,
@@ -119,6 +120,7 @@ class TensorCacheDataModule(FastDataModule):
                 "the first corrupt image and names it (replace or remove it, then build again); the cache itself "
                 "holds no corrupt images."
             )
+        refuse_old_names(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         save_init_hparams(self)
         check_augment_on(augment_on)
@@ -147,12 +149,11 @@ class TensorCacheDataModule(FastDataModule):
             test_root,
             labels,
             multi_label,
-            label_classes,
+            class_names,
             label_separator,
             id_column,
             label_column,
         )
-        self.classes = self.source.classes
         self.multi_label = self.source.multi_label
         self.cache_dir = os.fspath(cache_dir)
         self.cache_size = cache_size
@@ -163,6 +164,11 @@ class TensorCacheDataModule(FastDataModule):
         self.quality = quality
         self.verify_source = verify_source
         self._prepared = False
+
+    @override
+    def find_classes(self) -> tuple[str, ...]:
+        """The class folders (or the label table's classes), read on first use."""
+        return self.source.classes
 
     @property
     def num_classes(self) -> int:

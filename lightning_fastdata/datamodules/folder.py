@@ -12,13 +12,18 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
 
-from lightning_fastdata.datamodules.arguments import entropy_index_setting
+from lightning_fastdata.datamodules.arguments import entropy_index_setting, refuse_old_names
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.index.files import FileIndex, contains_path, refuse_segmentation_root
-from lightning_fastdata.loading.index.table import LabelTable, labelled_indexes, read_label_table
+from lightning_fastdata.loading.index.table import (
+    LabelTable,
+    check_label_separator,
+    labelled_indexes,
+    read_label_table,
+)
 from lightning_fastdata.loading.jpeg.entropy_index import (
     EntropyIndexes,
     PendingEntropyIndex,
@@ -36,9 +41,10 @@ __all__ = ["FolderSource", "ImageFolderDataModule"]
 class FolderSource:
     """A training folder of class sub-folders and an optional validation folder with the same classes.
 
-    Shared by :class:`ImageFolderDataModule` and the tensor cache module. Only the class folders are listed
-    here (cheap), so that LightningCLI can link ``num_classes`` and a wrong path fails before training starts;
-    the full scan happens in :meth:`indexes`.
+    Shared by :class:`ImageFolderDataModule` and the tensor cache module. Nothing is read when it is made (a
+    DataModule's ``__init__`` reads no data): the class folders (or the label table) are read on the first use of
+    :attr:`classes` (``setup``, or LightningCLI's ``num_classes`` link, so a wrong path still fails before training),
+    the full scan in :meth:`indexes`.
 
     Args:
         root: Training folder, or bucket URL (``s3://bucket/train``).
@@ -55,7 +61,7 @@ class FolderSource:
             depth, not by class sub-folder, and each image takes its row's label. ``None``: class sub-folders.
         multi_label: With ``labels``: several labels per image (a cell of labels split by ``label_separator``, or
             one 0/1 column per class), as ``uint8`` multi-hot rows.
-        label_classes: With ``labels``: the class list, in label order (every label must be in it); default: the
+        class_names: With ``labels``: the class list, in label order (every label must be in it); default: the
             table's (its columns, or its labels sorted).
         label_separator: With ``multi_label``: what separates the labels in a cell (``" "``: spaces; ``"|"``:
             ChestX-ray14's ``Finding Labels``, and class names may then hold spaces).
@@ -64,8 +70,7 @@ class FolderSource:
             but the ids'); for a table of more columns, such as ChestX-ray14's ``Data_Entry_2017.csv``.
 
     Raises:
-        FileNotFoundError: If a folder is missing or holds no class folder.
-        ValueError: If the two folders have different class folders, or the label table does not fit them (named).
+        ValueError: On a bad argument (the data itself is checked when :attr:`classes` is first read).
     """
 
     def __init__(
@@ -78,7 +83,7 @@ class FolderSource:
         test_root: str | None = None,
         labels: str | None = None,
         multi_label: bool = False,
-        label_classes: list[str] | None = None,
+        class_names: list[str] | None = None,
         label_separator: str = " ",
         id_column: str | None = None,
         label_column: str | None = None,
@@ -105,32 +110,55 @@ class FolderSource:
                     f"index_dir={self.index_dir!r} is inside the data folder {data!r}, which lightning_fastdata never "
                     "writes to; choose a folder outside it (e.g. a cache folder on the node's local disk)."
                 )
-        if labels is None and (multi_label or label_classes is not None):
+        if labels is None and (multi_label or class_names is not None):
             raise InvalidValueError(
-                "multi_label and label_classes describe a label table: pass labels= (a .csv or .parquet file)."
+                "multi_label and class_names describe a label table: pass labels= (a .csv or .parquet file)."
             )
         if labels is None and (id_column is not None or label_column is not None):
             raise InvalidValueError(
                 "id_column and label_column name a label table's columns: pass labels= (a .csv or .parquet file)."
             )
         self.multi_label = bool(multi_label)
-        self.label_classes = label_classes
-        #: The label table, where labels come from one (else from class sub-folders).
-        self.table: LabelTable | None = None
-        if labels is not None:
-            self.table = read_label_table(labels, label_separator, id_column, label_column)
-            self.classes = self.table.classes(self.multi_label, label_classes)
-            return
-        self.classes = self._classes(self.root)
+        self.class_names = class_names
+        check_label_separator(label_separator)
+        self._table_args = (labels, label_separator, id_column, label_column)
+        self._table: LabelTable | None = None
+        self._classes_found: tuple[str, ...] | None = None
+
+    @property
+    def table(self) -> LabelTable | None:
+        """The label table, where labels come from one (else from class sub-folders): read on first use."""
+        labels, separator, id_column, label_column = self._table_args
+        if labels is not None and self._table is None:
+            self._table = read_label_table(labels, separator, id_column, label_column)
+        return self._table
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The class names: the label table's, or the class folders' (every folder's the same), read once.
+
+        Raises:
+            FileNotFoundError: If a folder is missing or holds no class folder.
+            ValueError: If the folders have different class folders, or the label table does not fit them (named).
+        """
+        if self._classes_found is not None:
+            return self._classes_found
+        table = self.table
+        if table is not None:
+            self._classes_found = table.classes(self.multi_label, self.class_names)
+            return self._classes_found
+        classes = self._classes(self.root)
         for name, other_root in (("val_root", self.val_root), ("test_root", self.test_root)):
             if other_root is None:
                 continue
             other = self._classes(other_root)
-            if other != self.classes:
+            if other != classes:
                 raise InvalidValueError(
                     f"{name} {other_root!r} has class folders {list(other)} but root {self.root!r} has "
-                    f"{list(self.classes)}; both need the same class folders (a label is a class folder's position)."
+                    f"{list(classes)}; both need the same class folders (a label is a class folder's position)."
                 )
+        self._classes_found = classes
+        return classes
 
     def _classes(self, root: str) -> tuple[str, ...]:
         classes = self.storages[root].list_classes()
@@ -191,7 +219,7 @@ class FolderSource:
         start = time.perf_counter()
         roots = [data for data in (self.root, self.val_root, self.test_root) if data is not None]
         listed = [self.storages[data].list_images() for data in roots]
-        indexes = labelled_indexes(listed, self.table, self.multi_label, self.label_classes)
+        indexes = labelled_indexes(listed, self.table, self.multi_label, self.class_names)
         self._listed.update(zip(roots, indexes))  # listed and joined once per process (this object)
         kind = "several labels" if self.multi_label else "one label"
         rank_zero_info(
@@ -250,7 +278,7 @@ class ImageFolderDataModule(FastDataModule):
         multi_label: With ``labels``: several labels per image (a cell of labels split by ``label_separator``, or
             one 0/1 column per class); batches then carry ``uint8`` multi-hot rows (``N x num_classes``), and
             ``ImageClassifier(multi_label=True)`` trains on them (linked by LightningCLI).
-        label_classes: With ``labels``: the class list in label order (every label must be one of them); default:
+        class_names: With ``labels``: the class list in label order (every label must be one of them); default:
             the table's per-class columns in order, else its labels sorted (numerically if all are integers).
         label_separator: With ``multi_label``: what separates the labels in a cell: ``" "`` (default: spaces) or,
             say, ``"|"`` (ChestX-ray14's ``Finding Labels``: ``Atelectasis|Effusion``; class names may then hold
@@ -279,23 +307,28 @@ class ImageFolderDataModule(FastDataModule):
         test_root: str | None = None,
         labels: str | None = None,
         multi_label: bool = False,
-        label_classes: list[str] | None = None,
+        class_names: list[str] | None = None,
         label_separator: str = " ",
         id_column: str | None = None,
         label_column: str | None = None,
         **kwargs: Any,
     ) -> None:
+        refuse_old_names(type(self).__name__, kwargs)
         super().__init__(**kwargs)
         save_init_hparams(self)
         #: True (built in prepare_data), "auto" (built in the background, taken up as it is built) or False
         self.entropy_index: bool | str = entropy_index_setting(entropy_index)
         self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
         self.source = FolderSource(
-            root, val_root, index_dir, storage_options, index_ttl, test_root, labels, multi_label, label_classes,
+            root, val_root, index_dir, storage_options, index_ttl, test_root, labels, multi_label, class_names,
             label_separator, id_column, label_column,
         )  # fmt: skip
-        self.classes = self.source.classes
         self.multi_label = self.source.multi_label
+
+    @override
+    def find_classes(self) -> tuple[str, ...]:
+        """The class folders (or the label table's classes), read on first use."""
+        return self.source.classes
 
     @override
     def predict_storage_options(self) -> dict[str, Any] | None:

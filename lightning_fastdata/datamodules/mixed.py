@@ -99,8 +99,6 @@ class MixedDataModule(FastDataModule):
                 f"The sources' image_size differ ({sorted(sizes)}); a batch is one tensor: give every source the same."
             )
         for name, dm in zip(self.names, self.datamodules):
-            if dm.multi_label:
-                raise InvalidValueError(f"Source {name} has several labels per sample; a mix takes one label each.")
             for argument in ("epoch_size", "replacement"):
                 if getattr(dm.sampling, argument) not in (None, True):
                     raise InvalidValueError(
@@ -112,17 +110,29 @@ class MixedDataModule(FastDataModule):
                     f"Source {name} crops on the device (augment_on='device'); in a mix every source crops in the "
                     "workers: use augment_on='workers'."
                 )
+        self._label_maps: list[np.ndarray] | None = None
+        self.val_datasets: list[Dataset] = []
+
+    @override
+    def find_classes(self) -> tuple[str, ...]:
+        """The sources' class names together (a name in several sources is one class), read on first use.
+
+        Raises:
+            ValueError: If a source has several labels per sample, or several name their classes by number only.
+        """
+        for name, dm in zip(self.names, self.datamodules):
+            if dm.multi_label:
+                raise InvalidValueError(f"Source {name} has several labels per sample; a mix takes one label each.")
         numbered = [n for n, dm in zip(self.names, self.datamodules) if all(c.isdigit() for c in dm.classes)]
         if len(numbered) > 1:
             raise InvalidValueError(
                 f"Sources {numbered} name their classes by number only ({list(self.datamodules[0].classes)[:3]} ...): "
                 "numbers do not say which classes are the same, so they are not merged. Name the classes (the HDF5 "
-                "file's classes attribute, class folders, label_classes=)."
+                "file's classes attribute, class folders, class_names=)."
             )
         union: list[str] = []
         for dm in self.datamodules:
             union += [c for c in dm.classes if c not in union]
-        self.classes = tuple(union)
         shared = [c for c in union if sum(c in dm.classes for dm in self.datamodules) > 1]
         if shared:  # said, not silent: a name in several sources is one class
             rank_zero_info(
@@ -130,11 +140,19 @@ class MixedDataModule(FastDataModule):
                 f"{', '.join(shared[:10])}{' ...' if len(shared) > 10 else ''}."
             )
         # a source's data labels (its data's class positions) in the mix's list; -1: a class its classes= leaves out
-        self.label_maps = [
+        self._label_maps = [
             np.array([union.index(c) if c in dm.classes else -1 for c in dm.data_classes], dtype=np.int64)
             for dm in self.datamodules
         ]
-        self.val_datasets: list[Dataset] = []
+        return tuple(union)
+
+    @property
+    def label_maps(self) -> list[np.ndarray]:
+        """Each source's data classes' positions in the mix's list (``-1``: a class its ``classes=`` leaves out)."""
+        if self._label_maps is None:
+            self.data_classes  # noqa: B018 - reads the sources' classes, which sets the maps
+        assert self._label_maps is not None
+        return self._label_maps
 
     @property
     def num_classes(self) -> int:

@@ -9,7 +9,6 @@ their masks made ``int64`` there. ``trainer.predict`` reads ``predict_root``'s i
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable
 from typing import Any, Literal
@@ -19,16 +18,27 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
 
+from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD
 from lightning_fastdata.augment.pipeline import as_transform_list
+from lightning_fastdata.datamodules.arguments import entropy_index_setting
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.batch import Batch, DeviceBatch
-from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir, load_entropy_index
-from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index
+from lightning_fastdata.loading.jpeg.entropy_index import PendingEntropyIndex, default_index_dir, load_entropy_index
+from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index, start_background_build
 from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.loading.transport.shm_pool import BatchTransport
 from lightning_fastdata.segmentation.cache import SegmentationCacheDataset, build_segmentation_cache
-from lightning_fastdata.segmentation.layouts import CITYSCAPES_CLASSES, LAYOUTS, Layout, MaskLayout, join_url
+from lightning_fastdata.segmentation.layouts import (
+    CITYSCAPES_CLASSES,
+    LAYOUTS,
+    Layout,
+    MaskLayout,
+    classes_of_layout,
+    detect_layout,
+    join_url,
+)
 from lightning_fastdata.segmentation.policy import SegmentationDeviceAugment
 from lightning_fastdata.segmentation.predict import SegmentationPredictDataset
 from lightning_fastdata.segmentation.target import IGNORE_INDEX, MaskTarget
@@ -39,32 +49,6 @@ from lightning_fastdata.sources.tar import PairedTarDataset, has_tar_shards, loa
 from lightning_fastdata.sources.windowed import WindowedDataset
 
 __all__ = ["SegmentationDataModule"]
-
-
-#: What a classification module takes that an image and its mask cannot follow (yet): refused when set, never ignored.
-_IGNORED = (
-    "scale", "ratio", "crop_fraction", "on_corrupt", "exact_decode", "max_corrupt_fraction", "train_transforms",
-    "val_transforms", "batch_transforms", "val_resize_size", "val_crop_size",
-)  # fmt: skip
-
-
-def _refuse_ignored(
-    kwargs: dict[str, Any], crop_size: int, image_size: int | None, val_fraction: float, train_crop: str
-) -> None:
-    """Raise for an argument of :class:`FastDataModule` the segmentation path would ignore (named, with the fix)."""
-    defaults = inspect.signature(FastDataModule.__init__).parameters
-    used = ("scale", "ratio") if train_crop == "random_resized" else ()
-    given = [k for k in _IGNORED if k in kwargs and kwargs[k] != defaults[k].default and k not in used]
-    if given:
-        raise InvalidValueError(
-            f"SegmentationDataModule does not take {', '.join(given)}: an image and its mask go through one window "
-            "(base_size, crop_size, hflip_prob: torchvision's segmentation reference), and transforms that move the "
-            "image alone would leave its mask behind. Drop them."
-        )
-    if image_size not in (None, crop_size):
-        raise InvalidValueError(f"image_size={image_size!r}: a segmentation batch is crop_size; give that.")
-    if val_fraction:
-        raise InvalidValueError(f"val_fraction={val_fraction!r}: segmentation splits are named (val_split=).")
 
 
 class SegmentationDataModule(FastDataModule):
@@ -84,7 +68,9 @@ class SegmentationDataModule(FastDataModule):
             (``layout="shards"``, found by ``"auto"`` locally; :mod:`~lightning_fastdata.sources.tar`),
             or Parquet files with an image and a mask column, likewise (``layout="parquet"``;
             :mod:`~lightning_fastdata.sources.parquet`).
-        num_classes: The classes the masks hold (VOC: 21, ADE20K: 150, Cityscapes: 19).
+        num_classes: The classes the masks hold; ``None``: told by ``class_names``, a named ``label_map``, or the
+            layout (VOC: 21, ADE20K: 150, Cityscapes: 19; ``"auto"`` looks at the root when first needed); other
+            layouts (paired folders, shards, Parquet, HDF5) need it given.
         class_names: Their names, in index order; ``None``: Cityscapes' with ``layout="cityscapes"``, else numbers.
         base_size: The reference's base size (520).
         crop_size: The training crop (480).
@@ -108,9 +94,12 @@ class SegmentationDataModule(FastDataModule):
         mask_ext: Tar shards: the mask member's extension (``key.seg.png``).
         index_dir: Tar shards and Parquet files: where their indexes are kept (a folder of ours, never the data's);
             ``None``: the user cache folder (``$LIGHTNING_FASTDATA_CACHE``, ...). The entropy index goes there too.
-        entropy_index: Index the training images' JPEG entropy data once (``prepare_data``, one pass over the files,
-            kept in ``index_dir``) so each training crop is entropy-decoded alone: the same pixels, less work where
-            a crop is a part of its photo (the random resize's upper half). Folders and buckets of image files.
+        entropy_index: Index the training images' JPEG entropy data (kept in ``index_dir``) so each training crop is
+            entropy-decoded alone: the same pixels, less work where a crop is a part of its photo (the random
+            resize's upper half). Folders and buckets of image files, as on every module: ``True`` builds it in
+            ``prepare_data``; ``"auto"`` builds a local folder's in the background while training starts (taken up
+            as it grows) and uses a bucket's if one was built, and does nothing for other sources or a cache;
+            ``False``: none.
         image_column: Parquet files: the images' column (bytes, or the hubs' ``{bytes, path}`` structs).
         mask_column: Parquet files: the masks' column (PNG bytes or structs; ADE20K on the hubs: ``annotation``).
         shuffle_buffer: Parquet files: the training order in windows of row groups holding about this many rows
@@ -119,8 +108,6 @@ class SegmentationDataModule(FastDataModule):
             :mod:`~lightning_fastdata.segmentation.cache`), then train and evaluate from it with no decode;
             ``None``: decode every epoch.
         cache_size: The cache's shorter side (default ``base_size``: evaluation reads the cache as it is).
-        image_size: ``crop_size`` (or ``None``): a training batch's size is the crop's.
-        val_fraction: 0: segmentation splits are named (``val_split``), not drawn from the training split.
         device_transforms: Per-sample policies on the training device (``TrivialAugmentWide``, ``RandAugment``:
             their geometric ops move the mask too, by nearest sampling, filled with ``ignore_index``; colour ops
             touch the image alone; ``ColorJitter``; torchvision's objects become these;
@@ -128,8 +115,12 @@ class SegmentationDataModule(FastDataModule):
         train_crop: ``"reference"`` (torchvision's segmentation reference: random resize, flip, padded crop) or
             ``"random_resized"`` (``RandomResizedCrop(crop_size, scale, ratio)`` and the flip, ``scale``/``ratio``
             the module's arguments, for image and mask alike).
-        **kwargs: Loader arguments of :class:`FastDataModule` (``batch_size``, ``num_workers``, ``seed``,
-            ``predict_root``, ...).
+        scale: ``train_crop="random_resized"``: the crop's area range (``RandomResizedCrop``'s).
+        ratio: ``train_crop="random_resized"``: the crop's aspect-ratio range.
+
+    The loader and sampling arguments (``batch_size`` ... ``fraction``) are :class:`FastDataModule`'s, with its
+    defaults. What an image and its mask cannot follow is not in the signature (a per-sample ``train_transforms``, a
+    validation crop, ``val_fraction``: splits are named), so LightningCLI and ``help()`` show only what works.
 
     **Sampling** (the arguments of :class:`FastDataModule`): ``classes=`` keeps the images holding any of those
     classes and renumbers their masks (``classes[k]`` becomes class ``k``; every other class ``ignore_index``), for
@@ -140,9 +131,7 @@ class SegmentationDataModule(FastDataModule):
     image).
 
     Raises:
-        ValueError: On a bad argument, ``max_per_class``/``sample_weights="balanced"``, or an argument of
-            :class:`FastDataModule` an image and its mask cannot follow (``train_transforms``, ``device_transforms``,
-            ``batch_transforms``, ``scale``, ...: refused, never ignored).
+        ValueError: On a bad argument, or ``max_per_class``/``sample_weights="balanced"`` (one class per image).
     """
 
     test_argument = "test_split"
@@ -150,7 +139,7 @@ class SegmentationDataModule(FastDataModule):
     def __init__(
         self,
         root: str,
-        num_classes: int = 21,
+        num_classes: int | None = None,
         class_names: list[str] | None = None,
         base_size: int = 520,
         crop_size: int = 480,
@@ -173,17 +162,51 @@ class SegmentationDataModule(FastDataModule):
         shuffle_buffer: int | None = 1000,
         cache_dir: str | None = None,
         cache_size: int | None = None,
-        entropy_index: bool = False,
-        image_size: int | None = None,
-        val_fraction: float = 0.0,
+        entropy_index: bool | Literal["auto"] = "auto",
         device_transforms: Callable[..., Any] | list[Callable[..., Any]] | None = None,
         train_crop: Literal["reference", "random_resized"] = "reference",
-        **kwargs: Any,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        batch_size: int = 64,
+        num_workers: int | Literal["auto"] = "auto",
+        pin_memory: bool | None = None,
+        persistent_workers: bool | None = None,
+        prefetch_factor: int | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        seed: int = 0,
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+        in_order: bool = True,
+        snapshot_every_n_steps: int | None = None,
+        block_shuffle: int | None = None,
+        batch_transport: BatchTransport = "shm_pool",
+        repeated_augmentations: int = 1,
+        predict_root: str | None = None,
+        sample_weights: str | dict[str, float] | list[float] | Callable[[Any], float] | None = None,
+        replacement: bool | None = None,
+        epoch_size: int | None = None,
+        classes: list[str] | None = None,
+        max_per_class: int | None = None,
+        fraction: float | None = None,
     ) -> None:
         if train_crop not in ("reference", "random_resized"):
             raise InvalidValueError(f"train_crop should be 'reference' or 'random_resized', got {train_crop!r}.")
-        _refuse_ignored(kwargs, crop_size, image_size, val_fraction, train_crop)
-        super().__init__(image_size=crop_size, val_fraction=0.0, **kwargs)
+        if train_crop == "reference" and (tuple(scale), tuple(ratio)) != ((0.08, 1.0), (3 / 4, 4 / 3)):
+            raise InvalidValueError(
+                f"scale={scale!r}, ratio={ratio!r} shape train_crop='random_resized' (RandomResizedCrop); the "
+                "reference crop draws its own resize (0.5-2x base_size). Give train_crop='random_resized', or drop "
+                "them."
+            )
+        super().__init__(
+            image_size=crop_size, scale=scale, ratio=ratio, val_fraction=0.0, batch_size=batch_size,
+            num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor, shuffle=shuffle, drop_last=drop_last, seed=seed, mean=mean, std=std,
+            in_order=in_order, snapshot_every_n_steps=snapshot_every_n_steps, block_shuffle=block_shuffle,
+            batch_transport=batch_transport, repeated_augmentations=repeated_augmentations, predict_root=predict_root,
+            sample_weights=sample_weights, replacement=replacement, epoch_size=epoch_size, classes=classes,
+            max_per_class=max_per_class, fraction=fraction,
+        )  # fmt: skip
         self.train_crop = train_crop
         policies = as_transform_list(device_transforms, "device_transforms")
         self.segmentation_augment = SegmentationDeviceAugment(policies, self.seed, ignore_index)
@@ -196,14 +219,14 @@ class SegmentationDataModule(FastDataModule):
             )
         if layout not in LAYOUTS:
             raise InvalidValueError(f"layout should be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}.")
-        if class_names is None and layout == "cityscapes" and num_classes == len(CITYSCAPES_CLASSES):
-            class_names = list(CITYSCAPES_CLASSES)
-        if class_names is not None and len(class_names) != num_classes:
+        if class_names is not None and num_classes is not None and len(class_names) != num_classes:
             raise InvalidValueError(f"class_names names {len(class_names)} classes, num_classes is {num_classes}.")
+        if num_classes is not None or class_names is not None:  # checked now (the table, the ignore index)
+            MaskTarget(num_classes or len(class_names or ()), ignore_index, label_map)
         self.root = os.fspath(root)
-        self.classes = tuple(class_names) if class_names is not None else tuple(str(k) for k in range(num_classes))
-        #: The target kind of every split's samples (a class per pixel).
-        self.mask_target = MaskTarget(num_classes, ignore_index, label_map)
+        self._class_settings = (num_classes, None if class_names is None else [str(c) for c in class_names])
+        self.label_map = label_map
+        self._mask_target: MaskTarget | None = None
         self.settings_of_windows: dict[str, Any] = dict(base_size=base_size, crop_size=crop_size, hflip_prob=hflip_prob)
         self.layout = layout
         self.folder_layout = MaskLayout(layout, images_dir, masks_dir)
@@ -211,12 +234,12 @@ class SegmentationDataModule(FastDataModule):
         self.image_column, self.mask_column, self.shuffle_buffer = image_column, mask_column, shuffle_buffer
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.cache_size = cache_size
-        if entropy_index and cache_dir is not None:
+        if entropy_index is True and cache_dir is not None:
             raise InvalidValueError(
                 "entropy_index=True with cache_dir: the cache holds decoded pixels, there is no JPEG to index. Give "
                 "one of them."
             )
-        self.entropy_index = entropy_index
+        self.entropy_index: bool | str = entropy_index_setting(entropy_index)
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
@@ -227,6 +250,48 @@ class SegmentationDataModule(FastDataModule):
         """Number of classes."""
         return len(self.classes)
 
+    @override
+    def find_classes(self) -> tuple[str, ...]:
+        """``class_names``, or numbers up to ``num_classes`` (Cityscapes' names on its layout).
+
+        ``num_classes`` not given: told by ``class_names``, a ``label_map`` or the layout (the root looked at when
+        ``layout="auto"``).
+
+        Raises:
+            ValueError: If nothing tells the classes (paired folders, shards, Parquet, HDF5: give num_classes).
+        """
+        num_classes, class_names = self._class_settings
+        if class_names is not None:
+            return tuple(class_names)
+        found = self._found_layout() if num_classes is None or self.layout == "auto" else self.layout
+        if num_classes is None:
+            num_classes = classes_of_layout(
+                found, self.label_map, self.ignore_index, f"SegmentationDataModule of {self.root}"
+            )
+        if found == "cityscapes" and num_classes == len(CITYSCAPES_CLASSES):
+            return CITYSCAPES_CLASSES
+        return tuple(str(k) for k in range(num_classes))
+
+    def _found_layout(self) -> str:
+        """The layout of the training split's data: the one given, or what ``"auto"`` finds (the root looked at)."""
+        where = join_url(self.root, self.train_split)
+        if self.root.lower().endswith(HDF5_SUFFIXES):
+            return "hdf5"
+        if self.layout != "auto":
+            return self.layout
+        if not is_url(where) and has_parquet_files(where):
+            return "parquet"
+        if not is_url(where) and has_tar_shards(where):
+            return "shards"
+        return detect_layout(self.root, self.storage_options)
+
+    @property
+    def mask_target(self) -> MaskTarget:
+        """The target kind of every split's samples (a class per pixel, of :attr:`num_classes` before ``classes=``)."""
+        if self._mask_target is None:
+            self._mask_target = MaskTarget(len(self.data_classes), self.ignore_index, self.label_map)
+        return self._mask_target
+
     def _dataset(self, split: str, train: bool) -> WindowedDataset:
         """``split`` of the folder, bucket or HDF5 file, its masks in ``classes=``'s classes if given."""
         wanted = self.sampling.classes
@@ -234,9 +299,12 @@ class SegmentationDataModule(FastDataModule):
         # sampling by class reads which classes each image holds (every mask once, at setup)
         presence = wanted is not None or self.sampling.sample_weights is not None
         source = self._source(split, train)
-        if train and self.entropy_index:
+        if train and self.entropy_index is True:
             files = self._indexable(source)
             source = files.with_entropy_index(load_entropy_index(self.entropy_dir, files.image_files()))
+        elif train and self.entropy_index == "auto" and isinstance(source, PairedFolderDataset):
+            # taken up as it is built (the same pixels before and after); a bucket's only if one was built
+            source = source.with_entropy_index(PendingEntropyIndex(self.entropy_dir, source.image_files()))
         if train and self.train_crop == "random_resized":
             source = source.random_resized(self.dataset_kwargs["scale"], self.dataset_kwargs["ratio"])
         if train and self.segmentation_augment:
@@ -263,11 +331,16 @@ class SegmentationDataModule(FastDataModule):
     def prepare_data(self) -> None:
         """Build the training images' entropy index and the splits' caches once, before the ranks read them.
 
-        Nothing without ``entropy_index`` or ``cache_dir``.
+        ``entropy_index="auto"``: a local folder's index is started in the background. Nothing without
+        ``entropy_index`` or ``cache_dir``.
         """
-        if self.entropy_index:
+        if self.entropy_index is True:
             files = self._indexable(self._source(self.train_split, True))
             build_entropy_index(files.image_files(), files.storage, self.entropy_dir)
+        elif self.entropy_index == "auto" and self.cache_dir is None:
+            source = self._source(self.train_split, True)
+            if isinstance(source, PairedFolderDataset) and not is_url(source.root):  # training does not wait for it
+                start_background_build(source.image_files(), source.storage, self.entropy_dir)
         if self.cache_dir is None:
             return
         for split in (self.train_split, self.val_split, self.test_split):

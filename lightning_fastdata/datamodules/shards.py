@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
 
-from lightning_fastdata.datamodules.arguments import entropy_index_setting
+from lightning_fastdata.datamodules.arguments import entropy_index_setting, refuse_old_names
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.parquet_shards import ParquetShardDataset, common_classes
 from lightning_fastdata.datasets.shard_sources import ShardSources, shard_file_index
@@ -132,17 +132,17 @@ class ShardDataModule(FastDataModule):
     (a sample, or a row group's image column, one ranged request; their indexes kept in ``index_dir``).
 
     Args:
-        shards: The training shards: a folder of ``.tar`` (or ``.parquet``) files, a glob, a brace pattern
+        root: The training shards: a folder of ``.tar`` (or ``.parquet``) files, a glob, a brace pattern
             (``data/train-{000000..000146}.tar``), a bucket prefix or pattern (``s3://bucket/imagenet/train/``), or a
             list of them (``expand_shards``).
-        val_shards: Validation shards, or ``None`` (then ``val_fraction`` of the training samples, seeded).
-        test_shards: Test shards for ``trainer.test``, or ``None``.
-        predict_shards: Shards for ``trainer.predict`` (labelled or not), in order, with the validation transforms;
-            :meth:`predict_path` names sample ``i`` (``shard.tar:key``, ``file.parquet:row N``). ``None``: the
-            module's ``predict_root`` (a folder of images), if any.
-        index_dir: Where the shards' indexes are kept (a folder of ours, never the data's); ``None``: the user cache
-            (``~/.cache/lightning-fastdata``).
-        label_classes: The class names in label order; ``None``: ``classes.json`` beside the first shard (written by
+        val_root: Validation shards, or ``None`` (then ``val_fraction`` of the training samples, seeded).
+        test_root: Test shards for ``trainer.test``, or ``None``.
+        predict_root: What ``trainer.predict`` reads, in order, with the validation transforms: shards (labelled or
+            not; :meth:`predict_path` names sample ``i``: ``shard.tar:key``, ``file.parquet:row N``), or, where it
+            names no shard, a folder (or bucket prefix, or ``.txt`` list) of images as on every module.
+        index_dir: Where the shards' indexes (and their entropy index, in its ``entropy-index`` folder's place) are
+            kept (a folder of ours, never the data's); ``None``: the user cache (``~/.cache/lightning-fastdata``).
+        class_names: The class names in label order; ``None``: ``classes.json`` beside the first shard (written by
             ``lightning_fastdata.convert.shards.write_tar_shards``), else a Parquet file's ``ClassLabel`` (or
             the sorted names a string label column holds), else the labels as numbers.
         json_label: The label's field in a tar sample's ``.json`` member (where it has no ``.cls``).
@@ -164,38 +164,44 @@ class ShardDataModule(FastDataModule):
             :class:`~lightning_fastdata.ImageFolderDataModule` takes them (``endpoint``, ``max_inflight``, ...).
         **kwargs: Augmentation, split, sampling and loader arguments of :class:`FastDataModule`.
 
+    The shards are listed, and their indexes and classes read, on first use (``prepare_data`` indexes them once per
+    node; ``setup``, or LightningCLI's ``num_classes`` link), never in ``__init__``.
+
     Raises:
-        FileNotFoundError: If a shard is missing.
-        ValueError: On a shard that cannot be read (truncated, compressed, a sample without a label: named).
+        ValueError: On an impossible argument (the shards are checked when first read: a missing shard, one that
+            cannot be read, truncated or compressed, a sample without a label, named).
     """
+
+    test_argument = "test_root"
 
     def __init__(
         self,
-        shards: str | list[str],
-        val_shards: str | list[str] | None = None,
-        test_shards: str | list[str] | None = None,
+        root: str | list[str],
+        val_root: str | list[str] | None = None,
+        test_root: str | list[str] | None = None,
         index_dir: str | None = None,
-        label_classes: list[str] | None = None,
+        class_names: list[str] | None = None,
         json_label: str = "label",
         image_column: str = "image",
         label_column: str = "label",
         shuffle_buffer: int | None = 1000,
         storage_options: dict[str, Any] | None = None,
-        predict_shards: str | list[str] | None = None,
+        predict_root: str | list[str] | None = None,
         block_bytes: int | None = 8 * 2**20,
         entropy_index: bool | Literal["auto"] = "auto",
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        refuse_old_names(type(self).__name__, kwargs)
+        super().__init__(predict_root=predict_root if isinstance(predict_root, (str, os.PathLike)) else None, **kwargs)
         save_init_hparams(self)
         self.storage_options = storage_options
         self._remote: dict[str, RemoteShard] = {}
         self._loaded: dict[tuple[str, bool], Any] = {}  # (shard, labelled) -> its index, once loaded
-        self.shard_paths = self._expand(shards)
-        self.val_shard_paths = None if val_shards is None else self._expand(val_shards)
-        self.test_shard_paths = None if test_shards is None else self._expand(test_shards)
-        self.predict_shard_paths = None if predict_shards is None else self._expand(predict_shards)
+        self._specs = {"train": root, "val": val_root, "test": test_root, "predict": predict_root}
+        self._expanded: dict[str, list[str] | None] = {}
+        self.class_names = None if class_names is None else [str(c) for c in class_names]
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
+        self.entropy_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir())
         self.json_label = json_label
         self.image_column, self.label_column = image_column, label_column
         if shuffle_buffer is not None and (not isinstance(shuffle_buffer, int) or shuffle_buffer < 1):
@@ -208,23 +214,66 @@ class ShardDataModule(FastDataModule):
         self.block_bytes = block_bytes
         #: True (built in prepare_data), "auto" (built in the background, local shards) or False
         self.entropy_index: bool | str = entropy_index_setting(entropy_index)
-        #: ``"tar"`` or ``"parquet"`` (every split's shards are of one format).
-        given = [self.shard_paths, self.val_shard_paths, self.test_shard_paths, self.predict_shard_paths]
-        self.format = shard_format([p for paths in given for p in paths or []])
+        self._format: str | None = None
+
+    def _paths(self, split: str) -> list[str] | None:
+        """``split``'s shards, listed on first use (a folder, a glob, braces, a bucket prefix), or ``None``."""
+        if split not in self._expanded:
+            spec = self._specs[split]
+            if split == "predict" and spec is not None and not isinstance(spec, list):
+                try:  # shards, or else a folder of images (the base's predict_root)
+                    self._expanded[split] = self._expand(spec)
+                except FileNotFoundError:
+                    self._expanded[split] = None
+            else:
+                self._expanded[split] = None if spec is None else self._expand(spec)
+        return self._expanded[split]
+
+    @property
+    def shard_paths(self) -> list[str]:
+        """The training shards, listed on first use."""
+        paths = self._paths("train")
+        assert paths is not None
+        return paths
+
+    @property
+    def val_shard_paths(self) -> list[str] | None:
+        """The validation shards, or ``None``."""
+        return self._paths("val")
+
+    @property
+    def test_shard_paths(self) -> list[str] | None:
+        """The test shards, or ``None``."""
+        return self._paths("test")
+
+    @property
+    def predict_shard_paths(self) -> list[str] | None:
+        """The shards ``predict_root`` names, or ``None`` (none given, or a folder of images)."""
+        return self._paths("predict")
+
+    @property
+    def format(self) -> str:
+        """``"tar"`` or ``"parquet"`` (every split's shards are of one format), told on first use."""
+        if self._format is None:
+            given = [self.shard_paths, self.val_shard_paths, self.test_shard_paths, self.predict_shard_paths]
+            self._format = shard_format([p for paths in given for p in paths or []])
+        return self._format
+
+    @override
+    def find_classes(self) -> tuple[str, ...]:
+        """``class_names``, else ``classes.json`` beside the first shard, a Parquet ``ClassLabel``, or numbers."""
+        if self.class_names is not None:
+            return tuple(self.class_names)
         beside = self._classes_beside()
-        if label_classes is not None:
-            names = [str(c) for c in label_classes]
-        elif beside is not None:
-            names = [str(c) for c in json.loads(beside)]
-        else:
-            files: Any = self._indexes(self.shard_paths) if self.format == "parquet" else []
-            named = common_classes(files) if files else None
-            if named is not None:
-                names = list(named)
-            else:  # numbers, up to the largest label of any training shard (shards sorted by class are common)
-                files = files or self._indexes(self.shard_paths)  # kept: not indexed again
-                names = [str(k) for k in range(max(int(f.labels.max(initial=-1)) for f in files) + 1)]
-        self.classes = tuple(names)
+        if beside is not None:
+            return tuple(str(c) for c in json.loads(beside))
+        files: Any = self._indexes(self.shard_paths) if self.format == "parquet" else []
+        named = common_classes(files) if files else None
+        if named is not None:
+            return tuple(named)
+        # numbers, up to the largest label of any training shard (shards sorted by class are common)
+        files = files or self._indexes(self.shard_paths)  # kept: not indexed again
+        return tuple(str(k) for k in range(max(int(f.labels.max(initial=-1)) for f in files) + 1))
 
     @property
     def num_classes(self) -> int:
@@ -340,9 +389,9 @@ class ShardDataModule(FastDataModule):
             index, every = self._entropy_list()
             sources: Any = ShardSources(every)  # a Storage as the builder reads one
             if self.entropy_index is True:
-                build_entropy_index(index, sources, self.index_dir)
+                build_entropy_index(index, sources, self.entropy_dir)
             elif not self._remote:  # "auto": training does not wait for it; a bucket's is never built unasked
-                start_background_build(index, sources, self.index_dir)
+                start_background_build(index, sources, self.entropy_dir)
 
     def _entropy_list(self) -> tuple[Any, Dataset]:
         """The training shards' samples as the entropy index's file list, and a dataset that reads them all."""
@@ -359,8 +408,8 @@ class ShardDataModule(FastDataModule):
             return None
         index, _ = self._entropy_list()
         if self.entropy_index is True:  # None (warned, naming the folder and why): decoded without it, same pixels
-            return load_entropy_index(self.index_dir, index)
-        return PendingEntropyIndex(self.index_dir, index)
+            return load_entropy_index(self.entropy_dir, index)
+        return PendingEntropyIndex(self.entropy_dir, index)
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """The training samples and the validation ones (their shards, or a seeded share of the training ones)."""
@@ -373,18 +422,16 @@ class ShardDataModule(FastDataModule):
             None if val_rows is None else self._dataset(self.shard_paths, False, val_rows),
         )
 
-    test_argument = "test_shards"
-
     @override
     def build_test_dataset(self) -> Dataset | None:
-        """``test_shards``' samples with the validation transforms (``None`` without ``test_shards``)."""
+        """``test_root``'s samples with the validation transforms (``None`` without ``test_root``)."""
         if self.test_shard_paths is None:
             return None
         return self._dataset(self.test_shard_paths, False)
 
     @override
     def build_predict_dataset(self) -> Any:
-        """``predict_shards``' samples in order with the validation transforms (else ``predict_root``'s images)."""
+        """``predict_root``'s shards' samples in order with the validation transforms (or its images)."""
         if self.predict_shard_paths is None:
             return super().build_predict_dataset()
         return self._dataset(self.predict_shard_paths, False, labelled=False)

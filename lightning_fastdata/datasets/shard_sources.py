@@ -95,12 +95,12 @@ def shard_targets(targets: np.ndarray, classes: Sequence[str], labelled: bool, d
         raise InvalidValueError(
             f'{describe(int(none[0]))}: {none.size} rows have no label (-1, the hubs\' "no label", as their test '
             "splits ship); a split without labels cannot be trained or evaluated on: predict on it instead "
-            "(predict_shards=), or give its rows labels."
+            "(predict_root=), or give its rows labels."
         )
     bad = np.flatnonzero((targets < 0) | (targets >= len(classes)))
     if bad.size:
         raise InvalidValueError(
             f"{describe(int(bad[0]))} has label {int(targets[bad[0]])}, outside the {len(classes)} classes "
-            f"{list(classes)[:5]} (-1: a class name they lack); give every class a name (label_classes=)."
+            f"{list(classes)[:5]} (-1: a class name they lack); give every class a name (class_names=)."
         )
     return targets

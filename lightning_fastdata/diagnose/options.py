@@ -242,7 +242,7 @@ def folder_options(
                 functools.partial(_held, HDF5DataModule, str(h5), kw),
                 h5.stat().st_size / good / 1e3,
                 (time.perf_counter() - start) / good,
-                {"class_path": "lightning_fastdata.HDF5DataModule", "init_args": {"path": f"cache/{file}"}},
+                {"class_path": "lightning_fastdata.HDF5DataModule", "init_args": {"root": f"cache/{file}"}},
                 prepare=f"fastdata convert hdf5 --src {src} --dst cache/{file} {flags}",
             )
         )
@@ -263,7 +263,7 @@ def hdf5_options(
         functools.partial(_held, HDF5DataModule, path, {"image_size": image_size, "batch_size": batch, **recipe[0]}),
         os.path.getsize(path) / n / 1e3,
         0.0,
-        {"class_path": "lightning_fastdata.HDF5DataModule", "init_args": {"path": os.path.abspath(path)}},
+        {"class_path": "lightning_fastdata.HDF5DataModule", "init_args": {"root": os.path.abspath(path)}},
     )
     _finish_configs([option], n, image_size, batch_size, recipe)
     return [option]

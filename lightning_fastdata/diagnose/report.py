@@ -257,16 +257,13 @@ def write_config(
     if val_root is not None:
         if data["class_path"].endswith("HDF5DataModule"):
             if prepare:  # the training file is converted from the folder: the validation one is, the same way
-                train_h5 = str(init["path"])
+                train_h5 = str(init["root"])
                 val_h5 = train_h5[: -len(".h5")] + "-val.h5" if train_h5.endswith(".h5") else train_h5 + "-val"
-                init["val_path"] = val_h5
+                init["val_root"] = val_h5
                 prepare += " && " + prepare.replace(f"--src {report.path}", f"--src {val_root}").replace(
                     f"--dst {train_h5}", f"--dst {val_h5}"
                 )
-            else:
-                init["val_path"] = val_root
-        else:
-            init["val_root"] = val_root
+        init.setdefault("val_root", val_root)
         init.pop("val_fraction", None)
         kept.append(f"validation data {val_root}")
     if index_dir is not None:

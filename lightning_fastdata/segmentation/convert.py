@@ -42,10 +42,9 @@ from lightning_fastdata.loading.atomic import atomic_path
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.segmentation.layouts import (
     CONVERTED_MASKS,
-    NAMED_TABLES,
     MaskLayout,
+    classes_of_layout,
     detect_layout,
-    named_table_classes,
 )
 from lightning_fastdata.segmentation.target import IGNORE_INDEX, MaskTarget, read_mask
 from lightning_fastdata.sources.folder import PairedFolderDataset
@@ -62,8 +61,6 @@ __all__ = [
 
 #: What :func:`convert_segmentation` writes.
 SEGMENTATION_FORMATS = ("tar", "parquet", "hdf5")
-#: The classes of the layouts that fix them (VOC's 21: background, 20 objects).
-_LAYOUT_CLASSES = {"voc": 21, **NAMED_TABLES}
 #: Samples read together (a bucket's requests in flight together).
 _STEP = 16
 
@@ -110,19 +107,12 @@ class SplitSource:
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if num_classes is None:
-            why = "label_map maps every value to the ignore index"
-            if isinstance(label_map, str):
-                num_classes = named_table_classes(label_map)
-            elif label_map is not None:
-                num_classes = max((v for v in label_map.values() if v != ignore_index), default=-1) + 1
-            else:
-                found = detect_layout(os.fspath(root), storage_options) if layout == "auto" else layout
-                num_classes, why = _LAYOUT_CLASSES.get(found, 0), f"the {found} layout does not fix them"
-            if not num_classes:
-                raise InvalidValueError(
-                    f"Converting {os.fspath(root)}: give num_classes= (--num-classes) the classes its masks hold "
-                    f"({why}), so that a value that is no class is found now, not in training."
-                )
+            found = (
+                detect_layout(os.fspath(root), storage_options) if layout == "auto" and label_map is None else layout
+            )
+            num_classes = classes_of_layout(
+                found, label_map, ignore_index, f"Converting {os.fspath(root)}", " (--num-classes)"
+            )
         target = MaskTarget(num_classes, ignore_index, label_map)
         self.data = PairedFolderDataset(
             root, split, target, MaskLayout(layout, images_dir, masks_dir), storage_options, train=False

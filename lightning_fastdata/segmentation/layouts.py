@@ -32,7 +32,9 @@ __all__ = [
     "CITYSCAPES_TRAIN_IDS",
     "CONVERTED_MASKS",
     "LAYOUTS",
+    "LAYOUT_CLASSES",
     "NAMED_TABLES",
+    "classes_of_layout",
     "Layout",
     "MaskLayout",
     "find_pairs",
@@ -64,6 +66,8 @@ _CITYSCAPES_IGNORED = (0, 1, 2, 3, 4, 5, 6, 9, 10, 14, 15, 16, 18, 29, 30)
 ADE20K_CLASSES = 150
 #: The tables ``label_map=`` may name, and their classes.
 NAMED_TABLES = {"ade20k": ADE20K_CLASSES, "cityscapes": len(CITYSCAPES_CLASSES)}
+#: The classes of the layouts that fix them (VOC's 21, background and 20 objects; ADE20K's 150; Cityscapes' 19).
+LAYOUT_CLASSES = {"voc": 21, **NAMED_TABLES}
 
 
 def join_url(root: str, *parts: str) -> str:
@@ -252,6 +256,33 @@ def mask_table(
             )
         table[value] = cls
     return table
+
+
+def classes_of_layout(
+    found: str, label_map: Mapping[int, int] | str | None, ignore_index: int, what: str, flag: str = ""
+) -> int:
+    """The classes masks hold, told by ``label_map`` or the ``found`` layout.
+
+    ``what`` names the data in the error, ``flag`` the command-line option beside ``num_classes=``.
+
+    A named table's classes; a mapping's largest class + 1; VOC's 21, ADE20K's 150, Cityscapes' 19.
+
+    Raises:
+        ValueError: If neither tells them (paired folders, shards, Parquet, HDF5 without a ``label_map``).
+    """
+    why = "label_map maps every value to the ignore index"
+    if isinstance(label_map, str):
+        classes = named_table_classes(label_map)
+    elif label_map is not None:
+        classes = max((int(v) for v in label_map.values() if int(v) != ignore_index), default=-1) + 1
+    else:
+        classes, why = LAYOUT_CLASSES.get(found, 0), f"the {found} layout does not fix them"
+    if not classes:
+        raise InvalidValueError(
+            f"{what}: give num_classes={flag} the classes its masks hold ({why}), so that a value that is no class is "
+            "found now, not in training."
+        )
+    return classes
 
 
 def named_table_classes(name: str) -> int:

@@ -21,7 +21,7 @@ import torch
 
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.files import FileIndex
-from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes
+from lightning_fastdata.loading.jpeg.entropy_index import EntropyIndexes, PendingEntropyIndex
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.sources.target import TargetKind
@@ -83,7 +83,7 @@ class PairedFolderDataset(WindowedDataset):
             read = [checked_read(p, self.name(i, 1)) for i, p in zip(first, payloads)]
             self.target.check_first(read, f"{self.root} (e.g. {self.name(0, 1)})")
         #: The images' entropy indexes (:meth:`with_entropy_index`), or ``None``.
-        self.entropy_indexes: EntropyIndexes | None = None
+        self.entropy_indexes: EntropyIndexes | PendingEntropyIndex | None = None
 
     @property
     def layout(self) -> str:
@@ -101,8 +101,10 @@ class PairedFolderDataset(WindowedDataset):
         """The split's images as a file list, in order (what their entropy index is built from)."""
         return FileIndex.of_paths(self.root, list(self.pairs.images))
 
-    def with_entropy_index(self, indexes: EntropyIndexes | None) -> Self:
+    def with_entropy_index(self, indexes: EntropyIndexes | PendingEntropyIndex | None) -> Self:
         """A copy whose training crops are decoded with the images' entropy ``indexes`` (of :meth:`image_files`).
+
+        A pending index (one being built in the background) is taken up as it grows: the same pixels either way.
 
         Raises:
             ValueError: If ``indexes`` holds another number of files.

@@ -99,8 +99,9 @@ def test_val_root(tmp_path: Path, image_folder: Path) -> None:
     dm.setup("fit")
     assert len(dm.train_dataset) == 39 and len(dm.val_dataset) == 6  # type: ignore[arg-type]
     other = make_image_folder(tmp_path / "other", num_classes=2, per_class=1, size=(40, 30))
+    mismatched = ImageFolderDataModule(str(image_folder), val_root=str(other))  # nothing read yet
     with pytest.raises(ValueError, match="same class folders"):
-        ImageFolderDataModule(str(image_folder), val_root=str(other))
+        mismatched.setup("fit")
 
 
 @pytest.mark.parametrize(
@@ -121,9 +122,10 @@ def test_impossible_arguments_fail_in_init(image_folder: Path, kwargs: dict, err
         ImageFolderDataModule(str(image_folder), **kwargs)
 
 
-def test_missing_root_fails_in_init(tmp_path: Path) -> None:
+def test_a_missing_root_fails_when_first_read_naming_it(tmp_path: Path) -> None:
+    dm = ImageFolderDataModule(str(tmp_path / "nope"))  # Lightning's rule: __init__ reads no data
     with pytest.raises(FileNotFoundError, match="nope"):
-        ImageFolderDataModule(str(tmp_path / "nope"))
+        dm.num_classes  # noqa: B018 - LightningCLI's link reads it right after __init__: fails before training
 
 
 @pytest.mark.timeout(240)
@@ -226,3 +228,50 @@ def test_a_segmentation_dataset_is_not_a_folder_of_classes(tmp_path: Path, s3: L
     with pytest.raises(ValueError, match=message):
         convert_folder_to_hdf5(root, tmp_path / "x.h5")
     assert not (tmp_path / "x.h5").exists()
+
+
+@pytest.mark.parametrize("kind", ["folder", "cache", "hdf5", "tar", "parquet", "segmentation", "mixed"])
+def test_init_reads_no_data_and_setup_finds_what_was_written_after_it(tmp_path: Path, kind: str) -> None:
+    """Lightning's rule: a DataModule's ``__init__`` reads no data (the Trainer lists, downloads and indexes in
+    ``prepare_data``/``setup``). Each module is made before its data exists, then the data is written: ``setup`` finds
+    it, with its classes, so nothing was listed, opened or indexed when the module was made."""
+    from lightning_fastdata import (
+        HDF5DataModule,
+        MixedDataModule,
+        SegmentationDataModule,
+        ShardDataModule,
+        TensorCacheDataModule,
+    )
+    from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
+    from lightning_fastdata.segmentation.demos import make_segmentation_folder
+
+    data, idx = tmp_path / "data", str(tmp_path / "idx")
+    kw: dict[str, Any] = dict(image_size=16, batch_size=4, num_workers=0, val_fraction=0.25)
+    modules = {
+        "folder": lambda: ImageFolderDataModule(str(data), **kw),
+        "cache": lambda: TensorCacheDataModule(str(data), str(tmp_path / "cache"), cache_size=20, **kw),
+        "hdf5": lambda: HDF5DataModule(str(tmp_path / "d.h5"), **kw),
+        "tar": lambda: ShardDataModule(str(tmp_path / "tar"), index_dir=idx, **kw),
+        "parquet": lambda: ShardDataModule(str(tmp_path / "pq"), index_dir=idx, **kw),
+        "segmentation": lambda: SegmentationDataModule(
+            str(data), base_size=24, crop_size=16, batch_size=4, num_workers=0, index_dir=idx
+        ),
+        "mixed": lambda: MixedDataModule(
+            [ImageFolderDataModule(str(data), **kw), HDF5DataModule(str(tmp_path / "d.h5"), **kw)], **kw
+        ),
+    }
+    dm = modules[kind]()  # nothing exists yet
+    if kind == "segmentation":
+        make_segmentation_folder(data, count=8, size=(48, 36), seed=1)  # VOC's layout: 21 classes
+    else:
+        make_image_folder(data, num_classes=3, per_class=4, size=(32, 24))
+    if kind in ("hdf5", "mixed"):
+        convert_folder_to_hdf5(data, tmp_path / "d.h5", processes=1, progress=False)
+    if kind == "tar":
+        write_tar_shards(data, tmp_path / "tar", shard_bytes=20_000)
+    if kind == "parquet":
+        write_parquet_shards(data, tmp_path / "pq", shard_bytes=20_000, rows_per_group=4)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.num_classes == (21 if kind == "segmentation" else 3)
+    assert len(dm.train_dataset) > 0 and next(iter(dm.train_dataloader()))[0].shape[0] == 4  # type: ignore[arg-type]

@@ -150,7 +150,7 @@ def test_two_nodes_build_a_cache_from_a_bucket_once_in_total_or_once_per_node(
 def test_evaluation_on_two_ranks_equals_one_rank_and_sees_every_sample_once(tmp_path: Path) -> None:
     """63 test images, 2 ranks, batch 4 (neither divides it): every image on exactly one rank, and ``validate`` and
     ``test`` give one rank's loss and accuracy (a padded shard would count one image twice: 64 samples), for the
-    folder module (``val_root``/``test_root``) and the HDF5 module (``val_path``/``test_path``); ``predict`` writes
+    folder module and the HDF5 module (``val_root``/``test_root``: folders, files); ``predict`` writes
     one rank's table (``PredictionWriter`` merges the ranks' rows in input order). The same for flat folders
     labelled by one multi-label table: ``val_map``/``val_f1`` over every rank's gathered scores equal one rank's."""
     root = make_image_folder(tmp_path / "train", num_classes=3, per_class=4, size=(32, 24))

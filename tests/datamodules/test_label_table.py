@@ -75,7 +75,7 @@ def test_one_label_per_image_from_a_csv_through_workers(kaggle: dict[str, Any], 
     for i in range(len(dataset)):
         assert dm.classes[dataset[i][1]] == kaggle["single"][dataset.index.relpath(i)]
     # the stated class list, in another order: the labels follow it
-    stated = ImageFolderDataModule(str(kaggle["flat"]), labels=table, label_classes=["7", "10", "2"], image_size=16)
+    stated = ImageFolderDataModule(str(kaggle["flat"]), labels=table, class_names=["7", "10", "2"], image_size=16)
     stated.setup("fit")
     assert stated.classes == ("7", "10", "2")
     first = stated.train_dataset.index.relpath(0)
@@ -163,7 +163,7 @@ def test_several_labels_space_separated_or_a_column_per_class_are_the_same_rows(
         ([["id", "label"], ["img_000", "a"], ["img_000", "b"]], {}, ["more than once", "'img_000'"]),
         ([["id", "a", "b"], ["img_000", "1", "0"]], {}, ["3 columns", "multi_label=True"]),
         ([["id", "a", "b"], ["img_000", "1", "2"]], {"multi_label": True}, ["row 2", "'b'", "0 or 1"]),
-        ([["id", "label"], ["img_000", "a"], ["img_001", "zebra"]], {"label_classes": ["a"]}, ["'zebra'", "row 3"]),
+        ([["id", "label"], ["img_000", "a"], ["img_001", "zebra"]], {"class_names": ["a"]}, ["'zebra'", "row 3"]),
         ([["id", "label"], ["img_000", ""]], {}, ["row 2", "has no label"]),
         ([["id"], ["img_000"]], {}, ["needs an id column and a label column"]),
     ],
@@ -197,8 +197,8 @@ def test_a_table_that_does_not_fit_is_an_error_naming_what(
 def test_label_arguments_without_a_table_and_a_missing_table_are_errors(kaggle: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="pass labels="):
         ImageFolderDataModule(str(kaggle["flat"]), multi_label=True)
-    with pytest.raises(FileNotFoundError, match="missing.csv"):
-        ImageFolderDataModule(str(kaggle["flat"]), labels=str(kaggle["base"] / "missing.csv"))
+    with pytest.raises(FileNotFoundError, match="missing.csv"):  # read when first needed (setup, num_classes)
+        ImageFolderDataModule(str(kaggle["flat"]), labels=str(kaggle["base"] / "missing.csv")).setup("fit")
 
 
 @pytest.mark.timeout(300)
@@ -312,6 +312,8 @@ def test_chestxray14s_own_table_of_eleven_columns_is_read_by_naming_its_two(
                                 label_separator="|", processes=1, progress=False, **columns)  # fmt: skip
     assert HDF5DataModule(str(h5), image_size=16).classes == dm.classes
     with pytest.raises(ValueError, match=r"has no column 'Findings'; its columns are \['Image Index', 'Finding"):
-        ImageFolderDataModule(str(kaggle["flat"]), labels=table, id_column="Image Index", label_column="Findings")
+        ImageFolderDataModule(
+            str(kaggle["flat"]), labels=table, id_column="Image Index", label_column="Findings"
+        ).setup("fit")
     with pytest.raises(ValueError, match="id_column and label_column name a label table's columns: pass labels="):
         ImageFolderDataModule(str(kaggle["flat"]), label_column="Finding Labels")

@@ -97,8 +97,9 @@ def test_sources_that_cannot_be_mixed_are_refused_naming_them(image_folder: Path
             f["images"] = np.zeros((4, 8, 8, 3), np.uint8)
             f["labels"] = np.array([0, 1, 0, 1])
         numbered.append(HDF5DataModule(str(path), image_size=8))
+    mix = MixedDataModule(numbered, image_size=8)  # the sources' classes are read when first needed
     with pytest.raises(ValueError, match="by number only"):
-        MixedDataModule(numbered, image_size=8)
+        mix.num_classes  # noqa: B018 - LightningCLI's link (or setup) reads them
     folder = ImageFolderDataModule(str(image_folder), image_size=16)
     with pytest.raises(ValueError, match="image_size differ"):
         MixedDataModule([folder, ImageFolderDataModule(str(image_folder), image_size=24)], image_size=16)

@@ -153,7 +153,7 @@ def test_a_test_set_is_tested_with_the_validation_transforms(image_folder: Path,
         plain.test_dataloader()
     other = make_image_folder(tmp_path / "other", num_classes=2, per_class=2, size=(32, 24))
     with pytest.raises(ValueError, match="test_root .* has class folders"):
-        ImageFolderDataModule(str(image_folder), test_root=str(other))
+        ImageFolderDataModule(str(image_folder), test_root=str(other)).setup("test")
 
 
 @pytest.mark.timeout(120)
@@ -265,7 +265,7 @@ def test_the_writer_writes_what_the_model_says_its_rows_are(image_folder: Path, 
 def test_unlabelled_shards_are_predicted_in_order_and_named_by_shard_and_sample(
     image_folder: Path, tmp_path: Path, fmt: str
 ) -> None:
-    """``predict_shards``: shards without labels (no ``.cls`` members; no label column), each sample once in order
+    """``predict_root`` naming shards without labels (no ``.cls`` members; no label column), each sample once in order
     through 2 workers, its row in the table named ``shard.tar:key`` / ``file.parquet:row N``; the same images as
     the folder they were written from, so the same predictions."""
     import io
@@ -292,7 +292,7 @@ def test_unlabelled_shards_are_predicted_in_order_and_named_by_shard_and_sample(
         new.parent.mkdir()
         pq.write_table(pa.table({"image": [p.read_bytes() for p in files]}), new, row_group_size=8)
     kw = dict(index_dir=str(tmp_path / "idx"), image_size=32, batch_size=4, num_workers=2)
-    dm = ShardDataModule(str(train[0].parent), predict_shards=str(new), **kw)
+    dm = ShardDataModule(str(train[0].parent), predict_root=str(new), **kw)
     rows = predict(dm, tmp_path, top_k=1)
     names = (
         [f"{new}:{k:04d}" for k in range(len(files))]

@@ -156,7 +156,7 @@ def test_bad_caches_and_directories(folder: Path, tmp_path: Path, monkeypatch: p
         module(folder, tmp_path / "f", cache_size=16)
     other = make_image_folder(tmp_path / "other", num_classes=2, per_class=1, size=(40, 30))
     with pytest.raises(ValueError, match="same class folders"):
-        module(folder, tmp_path / "f", val_root=str(other))
+        module(folder, tmp_path / "f", val_root=str(other)).setup("fit")
     with pytest.raises(ValueError, match="augment_on"):
         module(folder, tmp_path / "f", augment_on="gpu")
 

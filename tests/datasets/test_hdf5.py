@@ -264,9 +264,9 @@ def test_bad_files_raise_naming_file_and_key(tmp_path: Path, case: str, match: s
 def test_not_hdf5_and_missing(tmp_path: Path) -> None:
     (tmp_path / "a.h5").write_text("hello")
     with pytest.raises(ValueError, match="not an HDF5 file.*fastdata convert"):
-        HDF5DataModule(str(tmp_path / "a.h5"))
+        HDF5DataModule(str(tmp_path / "a.h5")).setup("fit")  # read when first needed, never in __init__
     with pytest.raises(FileNotFoundError, match="nope.h5"):
-        HDF5DataModule(str(tmp_path / "nope.h5"))
+        HDF5DataModule(str(tmp_path / "nope.h5")).num_classes  # noqa: B018 - what LightningCLI's link reads
 
 
 def test_reencoded_compact_file_is_smaller_same_samples_and_trains(image_folder: Path, tmp_path: Path) -> None:
@@ -392,7 +392,7 @@ def test_a_pcam_layout_file_trains_and_tests_through_workers(tmp_path: Path) -> 
             f["y"] = labels
     dm = HDF5DataModule(
         str(tmp_path / "train.h5"),
-        test_path=str(tmp_path / "test.h5"),
+        test_root=str(tmp_path / "test.h5"),
         images_key="x",
         labels_key="y",
         image_size=32,

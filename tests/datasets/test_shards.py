@@ -208,7 +208,7 @@ def test_shards_written_by_webdatasets_own_writer_are_read_with_their_labels(
             sink.write(
                 {"__key__": f"sample{i:06d}", "jpg": Path(index.path(i)).read_bytes(), "cls": int(index.labels[i])}
             )
-    dm = ShardDataModule(str(tmp_path / "wds"), index_dir=str(tmp_path / "idx"), label_classes=list(index.classes),
+    dm = ShardDataModule(str(tmp_path / "wds"), index_dir=str(tmp_path / "idx"), class_names=list(index.classes),
                          image_size=16, batch_size=8, val_fraction=0.0, num_workers=0, shuffle=False)  # fmt: skip
     dm.setup("fit")
     assert len(dm.shard_paths) == 4 and np.array_equal(dm.train_dataset.targets, index.labels)  # type: ignore[union-attr]

@@ -117,10 +117,11 @@ def test_the_written_config_keeps_the_validation_folder_and_index_dir(
     args = ["--seconds", "3", "--sample", "12", "--batch-size", "4", "--image-size", "64", "--index-dir", idx]
     main([str(data / "train"), *args, "--write-config", str(config)])
     text = config.read_text()
-    init = yaml.safe_load(text)["data"]["init_args"]
+    chosen = yaml.safe_load(text)["data"]
+    init = chosen["init_args"]
     assert "# Kept from your setup: validation data" in text and "val_fraction" not in init
-    if "val_path" in init:  # an HDF5 option: the validation folder is converted too, in the first-once command
-        assert init["val_path"].endswith("-val.h5") and f"--src {data / 'val'}" in text
+    if chosen["class_path"].endswith("HDF5DataModule"):  # the validation folder converted too, in the first command
+        assert init["val_root"].endswith("-val.h5") and f"--src {data / 'val'}" in text
     else:
         assert init["val_root"] == str(data / "val")
     assert init.get("index_dir", idx) == idx

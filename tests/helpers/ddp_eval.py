@@ -52,7 +52,7 @@ if __name__ == "__main__":
                 multi_label=True, **kw,
             )  # fmt: skip
         else:
-            dm = HDF5DataModule(train_h5, val_path=test_h5, test_path=test_h5, predict_root=test_root, **kw)
+            dm = HDF5DataModule(train_h5, val_root=test_h5, test_root=test_h5, predict_root=test_root, **kw)
         pl.seed_everything(0)
         model = ImageClassifier(num_classes=dm.num_classes, multi_label=dm.multi_label)  # the same weights in every run
         served = Served()

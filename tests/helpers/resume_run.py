@@ -74,6 +74,11 @@ class Recorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
+def without(kw: dict[str, Any], *names: str) -> dict[str, Any]:
+    """``kw`` less ``names`` (a segmentation module's batch size is its crop, its splits named)."""
+    return {k: v for k, v in kw.items() if k not in names}
+
+
 def main(cfg: dict[str, Any]) -> None:
     kw = dict(image_size=16, batch_size=cfg.get("batch_size", 8), num_workers=cfg["workers"], val_fraction=0.0, seed=0)
     if cfg.get("block_shuffle"):
@@ -116,7 +121,7 @@ def main(cfg: dict[str, Any]) -> None:
         policy = TrivialAugmentWide() if cfg.get("seg_policy") else None  # warps move the masks too
         dm = SegmentationDataModule(
             cfg["source"], num_classes=6, class_names=names, base_size=24, crop_size=16, val_split=None,
-            cache_dir=cache, device_transforms=policy, **kw,
+            cache_dir=cache, device_transforms=policy, **without(kw, "image_size", "val_fraction"),
         )  # fmt: skip
     elif cfg["kind"] == "shards":
         dm = ShardDataModule(cfg["source"], index_dir=cfg["cache_dir"], shuffle_buffer=cfg.get("shuffle_buffer"), **kw)

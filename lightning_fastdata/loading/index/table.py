@@ -35,7 +35,7 @@ import numpy as np
 from lightning_fastdata.errors import InvalidValueError, PathNotFoundError
 from lightning_fastdata.loading.index.files import FileIndex
 
-__all__ = ["LabelTable", "labelled_indexes", "read_label_table"]
+__all__ = ["LabelTable", "check_label_separator", "labelled_indexes", "read_label_table"]
 
 #: Errors list at most this many ids or files (and say how many there are).
 _NAMED = 5
@@ -67,7 +67,7 @@ class LabelTable:
         if classes is not None:
             stated = tuple(str(c) for c in classes)
             if not stated or len(set(stated)) != len(stated):
-                raise InvalidValueError(f"label_classes={list(classes)!r} should name each class once (at least one).")
+                raise InvalidValueError(f"class_names={list(classes)!r} should name each class once (at least one).")
             return stated
         if len(self.columns) > 2:
             return self.columns[1:]
@@ -117,7 +117,7 @@ class LabelTable:
             raise InvalidValueError(
                 f"{self.path!r} has {len(unknown)} label(s) of {len(names)} class(es) not in classes "
                 f"({_some(names)}); e.g. row {row + 2} (id {self.ids[row]!r}) says {token!r}. Add them to "
-                "label_classes=, or drop those rows."
+                "class_names=, or drop those rows."
             )
         return out
 
@@ -128,7 +128,7 @@ class LabelTable:
         if missing or extra:
             raise InvalidValueError(
                 f"{self.path!r} has one column per class {_some(list(header))}, which is not "
-                f"label_classes={list(classes)!r} (missing columns: {_some(missing) or 'none'}; columns not in "
+                f"class_names={list(classes)!r} (missing columns: {_some(missing) or 'none'}; columns not in "
                 f"classes: {_some(extra) or 'none'})."
             )
         order = [header.index(c) for c in classes]
@@ -159,6 +159,19 @@ def _some(names: Sequence[str]) -> str:
     return shown + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")
 
 
+def check_label_separator(label_separator: str) -> None:
+    """Raise unless ``label_separator`` can separate the labels of a cell (not empty, not a comma or a line break).
+
+    Raises:
+        ValueError: Naming what it takes.
+    """
+    if not isinstance(label_separator, str) or not label_separator or label_separator in ",\n\r":
+        raise InvalidValueError(
+            f"label_separator should be the character(s) between labels in a cell (' ', '|', ';'), got "
+            f"{label_separator!r}."
+        )
+
+
 def read_label_table(
     path: str | os.PathLike[str],
     label_separator: str = " ",
@@ -179,11 +192,7 @@ def read_label_table(
         ModuleNotFoundError: For Parquet without ``pyarrow``.
     """
     path = os.fspath(path)
-    if not isinstance(label_separator, str) or not label_separator or label_separator in ",\n\r":
-        raise InvalidValueError(
-            f"label_separator should be the character(s) between labels in a cell (' ', '|', ';'), got "
-            f"{label_separator!r}."
-        )
+    check_label_separator(label_separator)
     if not os.path.isfile(path):
         raise PathNotFoundError(f"The label table {path!r} does not exist; pass a .csv or .parquet file.")
     if path.lower().endswith((".parquet", ".pq")):
