@@ -320,8 +320,10 @@ class FastDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         """Build the datasets a stage needs, once (every rank builds its own; they are cheap indexes).
 
-        ``fit`` and ``validate``: the training and validation sets; ``test``: the test set alone.
+        ``fit`` and ``validate``: the training and validation sets; ``test``: the test set alone. The data's classes
+        are read first (and ``classes=`` checked against them).
         """
+        self.data_classes  # noqa: B018 - read now: a class ``classes=`` names and the data lacks fails here
         if stage == "test":
             if self.test_dataset is None:
                 self.test_dataset = self.build_test_dataset()

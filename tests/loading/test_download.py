@@ -81,7 +81,9 @@ def test_hdf5_module_from_a_bucket_matches_the_local_file(s3: LocalS3, image_fol
     kw = dict(image_size=16, batch_size=8, num_workers=2, val_fraction=0.2)
     bucket = HDF5DataModule(url, cache_dir=str(tmp_path / "cache"), storage_options=s3.storage_options(), **kw)
     local = HDF5DataModule(str(h5), **kw)
-    assert bucket.classes == local.classes and bucket.hparams["path"] == url
+    assert not (tmp_path / "cache").exists()  # __init__ downloads nothing: prepare_data does, once per node
+    bucket.prepare_data()
+    assert bucket.classes == local.classes and bucket.hparams["root"] == url
     for dm in (bucket, local):
         dm.setup("fit")
     got = list(bucket.train_dataloader())
