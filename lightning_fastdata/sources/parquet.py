@@ -22,7 +22,6 @@ import torch
 from lightning_fastdata.datasets.group_reads import GroupReads
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, load_parquet_index
-from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.storage.ranged import (
     RangedFile,
     RemoteShard,
@@ -124,13 +123,8 @@ class PairedParquetDataset(GroupReads, WindowedDataset):
         self._pid = -1
 
     def _metadata(self) -> dict[str, Any]:
-        """The first file's key-value metadata (a local file's; a bucket's: none read)."""
-        if is_url(self.files[0].path):
-            return {}
-        import pyarrow.parquet as pq
-
-        meta = pq.read_schema(self.files[0].path).metadata or {}
-        return {k.decode(errors="replace"): v for k, v in meta.items()}
+        """The first file's key-value metadata, as its index keeps it (a bucket's file as a local one's)."""
+        return dict(self.files[0].metadata)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_files": {}, "_groups": None, "_pending": None, "_pid": -1}

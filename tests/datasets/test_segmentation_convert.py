@@ -180,7 +180,7 @@ def test_hub_parquet_keeping_ade20ks_values_reads_with_its_named_table(tmp_path:
 
 
 @pytest.mark.timeout(300)
-def test_a_named_table_on_masks_the_converter_wrote_as_classes_is_refused(tmp_path: Path) -> None:
+def test_a_named_table_on_masks_the_converter_wrote_as_classes_is_refused(s3: LocalS3, tmp_path: Path) -> None:
     """Our converter writes ADE20K's masks as classes (its table applied) and marks the Parquet and HDF5 files so:
     label_map="ade20k" on them applied the table again, every class shifted by one, silently; now refused, and
     without it they read as the folder does."""
@@ -194,4 +194,8 @@ def test_a_named_table_on_masks_the_converter_wrote_as_classes_is_refused(tmp_pa
     for converted in (tmp_path / "pq", h5):
         with pytest.raises(ValueError, match="its masks already hold classes .* leave label_map out"):
             batches(converted, tmp_path, splits, 150, label_map="ade20k", shuffle_buffer=None)
+    url = s3.url("marked")  # the same files in a bucket: the mark read through the kept index, as a local file's
+    upload_folder(tmp_path / "pq", url, s3.storage_options())
+    with pytest.raises(ValueError, match="its masks already hold classes .* leave label_map out"):
+        batches(url, tmp_path, splits, 150, label_map="ade20k", layout="parquet", storage_options=s3.storage_options())
     assert_same(folder, batches(tmp_path / "pq", tmp_path, splits, 150, shuffle_buffer=None))

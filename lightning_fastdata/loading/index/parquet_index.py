@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from lightning_fastdata.loading.index.kept import kept_index, refuse_changed, st
 __all__ = ["ParquetIndex", "image_values", "index_parquet", "index_parquet_file", "load_parquet_index"]
 
 #: The version of the kept index files (another version is indexed again).
-_FORMAT = 1
+_FORMAT = 2  # 2: the file's own key-value metadata kept
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ class ParquetIndex:
         label_names: The class names the labels are positions in (a ``ClassLabel``'s, or the sorted names a string
             column holds); empty for plain integer labels.
         image_column: The column the image bytes are in.
+        metadata: The file's key-value metadata, but for the schemas the writers keep there (``ARROW:schema``,
+            ``huggingface``, ``pandas``): marks such as the one ``fastdata convert segmentation`` writes, read from a
+            file in a bucket as from a local one.
     """
 
     path: str
@@ -54,6 +57,7 @@ class ParquetIndex:
     labels: np.ndarray
     label_names: tuple[str, ...]
     image_column: str
+    metadata: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -76,6 +80,17 @@ def _class_label_names(schema: object, column: str) -> tuple[str, ...]:
     except (KeyError, TypeError, ValueError):
         return ()
     return tuple(str(n) for n in names) if isinstance(names, list) else ()
+
+
+#: Metadata keys that hold schemas (large, and read elsewhere), not marks.
+_SCHEMA_KEYS = ("ARROW:schema", "huggingface", "pandas")
+
+
+def _marks(schema: object) -> dict[str, str]:
+    """A Parquet schema's key-value metadata as text, less the writers' schemas (:data:`_SCHEMA_KEYS`)."""
+    metadata = getattr(schema, "metadata", None) or {}
+    marks = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in metadata.items()}
+    return {k: v for k, v in marks.items() if k not in _SCHEMA_KEYS}
 
 
 def image_values(column: Any, path: str, name: str) -> Any:
@@ -144,7 +159,7 @@ def index_parquet_file(
     image_values(pa.array([], type=schema.field(image_column).type), path, image_column)  # its type, checked
     if label_column is None:
         unlabelled = np.full(int(group_rows.sum()), -1, dtype=np.int64)
-        return ParquetIndex(path, size, version, group_rows, unlabelled, (), image_column)
+        return ParquetIndex(path, size, version, group_rows, unlabelled, (), image_column, _marks(schema))
     try:
         column = pf.read(columns=[label_column]).column(0).combine_chunks()
     except (pa.ArrowException, OSError) as err:
@@ -165,7 +180,7 @@ def index_parquet_file(
         raise DataError(
             f"{path}: the label column {label_column!r} holds {column.type}; expected integers or class names."
         )
-    return ParquetIndex(path, size, version, group_rows, labels, names, image_column)
+    return ParquetIndex(path, size, version, group_rows, labels, names, image_column, _marks(schema))
 
 
 def load_parquet_index(
@@ -184,10 +199,16 @@ def load_parquet_index(
 
     def load(f: Any, path: str, size: int, version: int) -> ParquetIndex:
         names = tuple(str(n) for n in f["label_names"])
-        return ParquetIndex(path, size, version, f["group_rows"], f["labels"], names, image_column)
+        marks = [str(m) for m in f["metadata"]]
+        metadata = dict(zip(marks[::2], marks[1::2]))
+        return ParquetIndex(path, size, version, f["group_rows"], f["labels"], names, image_column, metadata)
 
     def save(index: ParquetIndex) -> dict[str, np.ndarray]:
-        return {"group_rows": index.group_rows, "labels": index.labels, "label_names": string_array(index.label_names)}
+        marks = [text for pair in index.metadata.items() for text in pair]
+        return {
+            "group_rows": index.group_rows, "labels": index.labels, "label_names": string_array(index.label_names),
+            "metadata": string_array(marks),
+        }  # fmt: skip
 
     def build(p: str) -> ParquetIndex:
         return index_parquet(p, image_column, label_column)
