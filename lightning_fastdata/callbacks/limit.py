@@ -6,8 +6,10 @@ DataModules time their ``on_after_batch_transfer``), the training thread's CPU t
 time. :func:`run_verdict` reads them, framework-free:
 
 - ``"decode"``: the workers were saturated (their CPU time near their count) and steps waited for data;
-- ``"training_thread"``: on an accelerator, the training thread was busy nearly all the time: its host work per
-  step (the device half, the training step's own calls) is what the device waits for, not the data;
+- ``"training_thread"``: on an accelerator, the training thread was busy nearly all the time while the accelerator
+  was not (where its utilisation can be read): its host work per step (the device half, the training step's own
+  calls) is what the device waits for, not the data. A thread that spins in CUDA's synchronisation while the GPU
+  computes counts as busy too, so a busy accelerator (``device_busy``) makes the verdict the model's;
 - ``"loader"``: steps waited for data with ``num_workers=0``;
 - ``"transfer"``: steps waited, with neither the workers nor the training thread saturated: fetching and moving
   batches (pinned memory, prefetch, storage);
@@ -40,6 +42,8 @@ class RunFacts:
         workers: The train loader's worker processes.
         workers_cpu_s: Their CPU time over ``wall_s``.
         accelerator: Whether the model trains on an accelerator (the training thread only launches its work).
+        device_busy: The share of the time the accelerator ran kernels (NVML's utilisation, sampled over the run);
+            ``None``: not readable here (no NVML, no CUDA).
     """
 
     steps: int
@@ -50,6 +54,7 @@ class RunFacts:
     workers: int = 0
     workers_cpu_s: float | None = None
     accelerator: bool = False
+    device_busy: float | None = None
 
     @property
     def wait_fraction(self) -> float:
@@ -91,6 +96,8 @@ def run_verdict(facts: RunFacts, threshold: float = 0.2) -> Verdict:
         said += f", the training thread busy {100 * share:.0f}% of the time"
     if busy is not None and facts.workers:
         said += f", the {facts.workers} workers {busy:.1f} cores busy"
+    if facts.device_busy is not None:
+        said += f", the accelerator busy {100 * facts.device_busy:.0f}% of the time"
     said += "."
     if waiting and facts.workers and busy is not None and busy >= SATURATED * facts.workers:
         return Verdict(
@@ -99,7 +106,8 @@ def run_verdict(facts: RunFacts, threshold: float = 0.2) -> Verdict:
             "once, no decode per epoch), let the entropy index be built (ImageFolderDataModule's default), or give "
             "the run more CPUs.",
         )
-    if facts.accelerator and share is not None and share >= SATURATED:
+    device_busy = facts.device_busy is not None and facts.device_busy >= SATURATED
+    if facts.accelerator and share is not None and share >= SATURATED and not device_busy:
         hook = facts.per_step_ms(facts.hook_s or 0.0)
         host = facts.per_step_ms(facts.main_thread_cpu_s or 0.0)
         return Verdict(
@@ -123,4 +131,5 @@ def run_verdict(facts: RunFacts, threshold: float = 0.2) -> Verdict:
             "saturated: pin host memory (pin_memory=True), prefetch to the device (FastDataCallback(prefetch=True)), "
             "and check the storage (a network file system or bucket: an HDF5 file or a tensor cache on local disk).",
         )
-    return Verdict("model", f"The model's step is the limit, not the data: {said}")
+    spinning = " (the training thread's CPU time is its wait for the accelerator)" if device_busy and share else ""
+    return Verdict("model", f"The model's step is the limit, not the data: {said}{spinning}")

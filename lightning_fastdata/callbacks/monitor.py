@@ -17,7 +17,7 @@ from lightning_fastdata.callbacks.meter import DataWaitMeter, DataWaitStats
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.workers import process_cpu_seconds
 
-__all__ = ["DataWaitMonitor", "HostUsage"]
+__all__ = ["DataWaitMonitor", "DeviceUtilization", "HostUsage"]
 
 
 def _metrics(stats: DataWaitStats) -> dict[str, float]:
@@ -39,7 +39,7 @@ class HostUsage:
     a read of ``/proc`` per worker), :meth:`close` at its end; the shares are over the sampled spans.
 
     Args:
-        every: Steps between two reads of the workers' CPU time.
+        every: Steps between two reads of the workers' CPU time (and of the accelerator's utilisation).
         clock: Wall seconds; ``thread_clock``: the calling thread's CPU seconds (tests inject fakes).
     """
 
@@ -50,6 +50,8 @@ class HostUsage:
         thread_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.every, self.clock, self.thread_clock = every, clock, thread_clock
+        #: The accelerator's utilisation samples (0-1), read every ``every`` steps where :meth:`sample` is given one.
+        self.device_samples: list[float] = []
         self.wall_s = self.thread_s = self.hook_s = 0.0
         self.workers_wall_s, self.workers_s = 0.0, 0.0
         self.workers_readable = True
@@ -68,12 +70,16 @@ class HostUsage:
         self.workers_readable &= cpu is not None or not found
         self._workers_open = self._workers_last = None if cpu is None else (self._open[0], cpu)
 
-    def sample(self, pids: Callable[[], list[int]], hook_s: float) -> None:
-        """A step ended: the thread and hook now; the workers every ``every`` steps (only then ``pids`` is asked)."""
+    def sample(
+        self, pids: Callable[[], list[int]], hook_s: float, device: Callable[[], float | None] | None = None
+    ) -> None:
+        """A step ended: the thread and hook now; the workers (``pids``) and ``device`` every ``every`` steps."""
         if self._open is None:
             return
         self._last = [self.clock(), self.thread_clock(), hook_s]
         self._steps += 1
+        if device is not None and self._steps % self.every == 0 and (busy := device()) is not None:
+            self.device_samples.append(busy)
         if self._workers_open is not None and self._steps % self.every == 0:
             found = pids()
             cpu = process_cpu_seconds(found) if found else None
@@ -105,12 +111,36 @@ class HostUsage:
             workers=workers,
             workers_cpu_s=None if busy is None else busy * stats.total_s,
             accelerator=accelerator,
+            device_busy=sum(self.device_samples) / len(self.device_samples) if self.device_samples else None,
         )
 
 
 def _worker_pids(trainer: Trainer) -> list[int]:
     pids = getattr(getattr(trainer, "train_dataloader", None), "worker_pids", None)
     return pids() if callable(pids) else []
+
+
+class DeviceUtilization:
+    """The training GPU's utilisation (NVML's share of time a kernel ran, 0-1), or ``None`` where it is unreadable.
+
+    Through ``torch.cuda.utilization`` (``nvidia-ml-py`` installed, a CUDA device); the first failure turns it off.
+    """
+
+    def __init__(self) -> None:
+        self.readable = True
+
+    def __call__(self, trainer: Trainer) -> float | None:
+        """The root device's utilisation now, or ``None``."""
+        device = getattr(getattr(trainer, "strategy", None), "root_device", None)
+        if not self.readable or device is None or device.type != "cuda":
+            return None
+        try:
+            import torch
+
+            return float(torch.cuda.utilization(device)) / 100.0
+        except Exception:  # noqa: BLE001 - no NVML (ModuleNotFoundError), a driver without it: not measurable
+            self.readable = False
+            return None
 
 
 def _hook_s(trainer: Trainer) -> float:
@@ -151,6 +181,7 @@ class DataWaitMonitor(Callback):
         self.print_summary = print_summary
         self.meter = DataWaitMeter()
         self.usage = HostUsage()
+        self.device_utilization = DeviceUtilization()
         self._warned = False
         self._started = False
 
@@ -174,7 +205,7 @@ class DataWaitMonitor(Callback):
     ) -> None:
         """Close the step; log the window when it is time."""
         self.meter.step_end()
-        self.usage.sample(lambda: _worker_pids(trainer), _hook_s(trainer))
+        self.usage.sample(lambda: _worker_pids(trainer), _hook_s(trainer), lambda: self.device_utilization(trainer))
         interval = self.log_every_n_steps or getattr(trainer, "log_every_n_steps", 0)  # 0: Trainer logs nothing
         if interval and trainer.global_step % interval == 0:
             stats = self.meter.window()

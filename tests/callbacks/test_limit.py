@@ -88,6 +88,29 @@ def test_host_usage_takes_the_shares_over_the_sampled_spans() -> None:
     assert got.workers_cpu_s is None and run_verdict(got).limit == "training_thread"
 
 
+def test_a_busy_accelerator_makes_a_spinning_training_thread_the_models_step() -> None:
+    """CUDA's synchronisation spins on the CPU while the GPU computes: the training thread looks busy either way. With
+    the accelerator's utilisation sampled (NVML), a busy GPU is the model's step, an idle one the thread's."""
+    wall, thread = [0.0], [0.0]
+    for gpu, limit in ((0.97, "model"), (0.35, "training_thread")):
+        usage = HostUsage(every=2, clock=lambda: wall[0], thread_clock=lambda: thread[0])
+        usage.start(list, 0.0)
+        for _ in range(6):  # every step: the thread 98% busy (spinning, or launching)
+            wall[0] += 0.1
+            thread[0] += 0.098
+            usage.sample(list, 0.0, lambda gpu=gpu: gpu)  # type: ignore[misc]
+        usage.close()
+        stats = DataWaitStats(steps=6, samples=6 * 64, wait_s=0.01, total_s=0.6)
+        got = usage.facts(stats, workers=0, accelerator=True)
+        assert got.device_busy == pytest.approx(gpu) and len(usage.device_samples) == 3  # every 2nd step
+        verdict = run_verdict(got)
+        assert verdict.limit == limit and f"the accelerator busy {round(100 * gpu)}%" in verdict.message
+    unread = HostUsage(every=1)
+    unread.start(list, 0.0)
+    unread.sample(list, 0.0, lambda: None)  # no NVML: no fact, the verdict as before
+    assert unread.facts(stats, workers=0, accelerator=True).device_busy is None
+
+
 @pytest.mark.timeout(180)
 def test_the_monitor_measures_a_real_fit_and_names_no_limit_it_did_not_see(image_folder: Path) -> None:
     """A CPU fit with 2 workers: the training thread's and the workers' CPU time are measured, the device hook timed;
