@@ -32,11 +32,23 @@ __all__ = ["FolderLayout", "FolderPairs", "PairedFolderDataset"]
 
 @dataclass(frozen=True)
 class FolderPairs:
-    """A split's samples: each image's and payload file's path relative to the root, in order, and the layout found."""
+    """A split's samples: each image's and payload file's path relative to the root, in order, and the layout found.
+
+    Attributes:
+        layout: The layout found (``"auto"`` resolved).
+        images: Each image's path under the root.
+        payloads: Each payload file's path under the root; with ``inline``, what names each payload in messages
+            (``annotations/instances_val2017.json#image 139``).
+        inline: Payloads already read (one annotation file for the split, as COCO's: each image's part of it), or
+            ``None``: each is a file, read with its image.
+        annotations: The files ``inline`` was read from (under the root): part of the data's fingerprint.
+    """
 
     layout: str
     images: tuple[str, ...]
     payloads: tuple[str, ...]
+    inline: tuple[Any, ...] | None = None
+    annotations: tuple[str, ...] = ()
 
 
 #: How a target room finds a split's pairs, ``(root, split, storage_options) -> FolderPairs`` (``FileNotFoundError``
@@ -79,8 +91,7 @@ class PairedFolderDataset(WindowedDataset):
         super().__init__(target.bound(self.pairs.layout, {}, self.root), **kwargs)
         first = range(min(self.target.first_checked, len(self)))
         if first:
-            payloads = self.storage.read_many([self.pairs.payloads[i] for i in first])
-            read = [checked_read(p, self.name(i, 1)) for i, p in zip(first, payloads)]
+            read = self.read_payloads(list(first))
             self.target.check_first(read, f"{self.root} (e.g. {self.name(0, 1)})")
         #: The images' entropy indexes (:meth:`with_entropy_index`), or ``None``.
         self.entropy_indexes: EntropyIndexes | PendingEntropyIndex | None = None
@@ -121,15 +132,19 @@ class PairedFolderDataset(WindowedDataset):
 
     def fingerprint(self) -> str:
         """The root, the pairs, and each local file's size and modification time (a bucket's: the names only)."""
+        files = (*self.pairs.images, *(self.pairs.payloads if self.pairs.inline is None else self.pairs.annotations))
         parts = [self.root, *self.pairs.images, *self.pairs.payloads]
         if not is_url(self.root):
-            for rel in (*self.pairs.images, *self.pairs.payloads):
+            for rel in files:
                 st = os.stat(os.path.join(self.root, rel))
                 parts.append(f"{st.st_size}:{st.st_mtime_ns}")
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
     def read_fields(self, indices: Sequence[int]) -> list[tuple[bytes | torch.Tensor, Any]]:
-        """Each sample's image and payload files' bytes, a bucket's reads in flight together."""
+        """Each sample's image and payload files' bytes (or inline payload), a bucket's reads in flight together."""
+        if self.pairs.inline is not None:
+            images = self.storage.read_many([self.pairs.images[i] for i in indices])
+            return [(checked_read(v, self.name(i)), self.pairs.inline[i]) for i, v in zip(indices, images)]
         paths = [p for i in indices for p in (self.pairs.images[i], self.pairs.payloads[i])]
         read = list(self.storage.read_many(paths))
         return [
@@ -138,6 +153,8 @@ class PairedFolderDataset(WindowedDataset):
         ]
 
     def read_payloads(self, indices: Sequence[int]) -> list[Any]:
-        """The payload files alone, read together."""
+        """The payload files alone, read together (inline payloads as they are)."""
+        if self.pairs.inline is not None:
+            return [self.pairs.inline[i] for i in indices]
         read = self.storage.read_many([self.pairs.payloads[i] for i in indices])
         return [checked_read(value, self.name(i, 1)) for i, value in zip(indices, read)]

@@ -81,6 +81,14 @@ class TargetKind(ABC):
     def check_size(self, value: Any, width: int, height: int, names: tuple[str, str]) -> None:  # noqa: B027
         """Refuse a value that cannot belong to a ``width x height`` image (``names``: the image's, the payload's)."""
 
+    def sized(self, value: Any, width: int, height: int, names: tuple[str, str]) -> Any:
+        """The value in the pixels of its ``width x height`` image (YOLO's 0-1 boxes scaled), checked; by default as is.
+
+        Raises:
+            DataError: If it cannot belong to such an image (a box outside it; ``names``: image, payload).
+        """
+        return value
+
     @abstractmethod
     def follow(self, value: Any, window: Window) -> Any:
         """The value where the image's ``window`` puts its pixels: the same crop, resize, flip and padding."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ import torch
 from lightning_fastdata.augment.geometry import Box
 from lightning_fastdata.augment.keyed import uniforms
 
-__all__ = ["WINDOW_DRAWS", "Window", "eval_window", "render_mask", "train_window", "window_draws"]
+__all__ = ["WINDOW_DRAWS", "WindowRecipe", "Window", "eval_window", "render_mask", "train_window", "window_draws"]
 
 #: The keyed stream of a segmentation sample's resize, flip and crop.
 WINDOW_STREAM = 0x5E6
@@ -45,6 +46,23 @@ class Window:
     place: Box
     size: tuple[int, int]
     flip: bool
+
+
+class WindowRecipe(Protocol):
+    """A recipe's geometry: each sample's numbers from its key, and its window from them and the image's size.
+
+    What a task's recipes provide (detection's flip, multi-scale resize, SSD's zoom-out and IoU crop) where the
+    segmentation reference's window is not the one: :meth:`~lightning_fastdata.sources.windowed.WindowedDataset.
+    with_recipe`. ``value`` is the sample's target in the image's pixels (an IoU crop picks its box by the boxes).
+    """
+
+    def draws(self, seed: int, keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
+        """Each sample's numbers, drawn from its key alone (the same whatever worker, batch or resume)."""
+        ...
+
+    def window(self, draws: np.ndarray | None, width: int, height: int, value: Any) -> Window:
+        """The sample's window."""
+        ...
 
 
 def window_draws(seed: int, keys: Sequence[Sequence[int]]) -> np.ndarray:

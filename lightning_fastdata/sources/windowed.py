@@ -33,7 +33,7 @@ from lightning_fastdata.loading.batch import Batch, DeviceBatch
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.transport.collate import empty_image_and_mask_batch, empty_image_batch
 from lightning_fastdata.sources.target import TargetKind
-from lightning_fastdata.sources.window import Window, eval_window, train_window, window_draws
+from lightning_fastdata.sources.window import Window, WindowRecipe, eval_window, train_window, window_draws
 
 __all__ = ["WindowedDataset", "checked_read", "padded_batch", "sample_key"]
 
@@ -126,6 +126,8 @@ class WindowedDataset(Dataset):
         #: ``None`` for the reference's training crop (random resize, flip, padded crop), else
         #: ``RandomResizedCrop``'s ``(scale, ratio)`` (:meth:`random_resized`).
         self.random_resized_crop: tuple[tuple[float, float], tuple[float, float]] | None = None
+        #: A task's own geometry (:meth:`with_recipe`), in place of the settings above; ``None``: theirs.
+        self.recipe: WindowRecipe | None = None
         self._presence: np.ndarray | None = None
 
     # -- what a source provides --------------------------------------------------------------------------
@@ -190,6 +192,12 @@ class WindowedDataset(Dataset):
         twin.train, twin.base_size = False, base_size
         return twin
 
+    def with_recipe(self, recipe: WindowRecipe | None) -> Self:
+        """A copy whose windows are ``recipe``'s (a detection recipe's flip, resize, zoom-out, crop), train or not."""
+        twin = copy.copy(self)
+        twin.recipe = recipe
+        return twin
+
     def keyed(self) -> Self:
         """A copy whose batches carry their samples' keys (the device policies draw from them)."""
         twin = copy.copy(self)
@@ -222,12 +230,22 @@ class WindowedDataset(Dataset):
 
     # -- windows and batches -----------------------------------------------------------------------------
     def window(
-        self, full_key: tuple[int, int, int], width: int, height: int, draws: np.ndarray | None = None
+        self,
+        full_key: tuple[int, int, int],
+        width: int,
+        height: int,
+        draws: np.ndarray | None = None,
+        value: Any = None,
     ) -> Window:
-        """The sample's window: the training one drawn from its key, or the evaluation one.
+        """The sample's window: the recipe's, the training one drawn from its key, or the evaluation one.
 
-        ``draws``: the sample's numbers, drawn already (:meth:`draws_of`).
+        ``draws``: the sample's numbers, drawn already (:meth:`draws_of`); ``value``: its target (a recipe's crop
+        may depend on it).
         """
+        if self.recipe is not None:
+            if draws is None:
+                draws = self.recipe.draws(self.seed, [full_key])[0]
+            return self.recipe.window(draws, width, height, value)
         if not self.train:
             return eval_window(width, height, self.base_size)
         if draws is None:
@@ -240,7 +258,9 @@ class WindowedDataset(Dataset):
         return train_window(draws, width, height, self.base_size, self.crop_size, hflip_prob=self.hflip_prob)
 
     def draws_of(self, keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
-        """Each sample's window numbers, drawn together (training), or ``None`` each (evaluation)."""
+        """Each sample's window numbers, drawn together (training, or a recipe's), or ``None`` each (evaluation)."""
+        if self.recipe is not None:
+            return self.recipe.draws(self.seed, keys)
         if not self.train:
             return [None] * len(keys)
         if self.random_resized_crop is not None:
@@ -275,7 +295,8 @@ class WindowedDataset(Dataset):
                 raise DataError(f"{names[0]} is {w}x{h}, its header said {width}x{height}.")
             return win.box
 
-        win = self.window(full_key, width, height, draws)
+        value = self.target.sized(value, width, height, names)
+        win = self.window(full_key, width, height, draws, value)
         out = torch.zeros(*win.size, 3, dtype=torch.uint8).permute(2, 0, 1)  # channels-last, as the resize writes
         top, left, ph, pw = win.place
         place = out[:, top : top + ph, left : left + pw]

@@ -1,0 +1,186 @@
+"""``DetectionDataModule``: images and their boxes (COCO, VOC, YOLO folders; local or in a bucket).
+
+A composition of the folder source (:class:`~lightning_fastdata.sources.folder.PairedFolderDataset`), the box target
+(:class:`~lightning_fastdata.detection.target.BoxTarget`) and a recipe of torchvision's detection reference
+(:mod:`~lightning_fastdata.detection.recipes`), through this package's loaders (stateful, sharded, resumable,
+workers, pinned memory). On the device a batch becomes what torchvision's detection models take: a list of
+normalised images (each at its own size) and a list of target dicts (``boxes`` float32 XYXY in the pixels of the
+image as it left the loader, ``labels`` int64 in the module's classes, ``iscrowd``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Literal
+
+import numpy as np
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import Dataset
+from typing_extensions import override
+
+from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD
+from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.detection.layouts import DetectionLayout, DetectionLayoutName
+from lightning_fastdata.detection.recipes import DetectionRecipe, WholeImage, detection_recipe
+from lightning_fastdata.detection.target import BoxBatch, BoxTarget
+from lightning_fastdata.hparams import save_init_hparams
+from lightning_fastdata.loading.batch import Batch
+from lightning_fastdata.loading.transport.shm_pool import BatchTransport
+from lightning_fastdata.sources.folder import PairedFolderDataset
+
+__all__ = ["DetectionDataModule"]
+
+#: Each layout's split names where none is given (COCO's are its folders').
+_SPLITS = {"coco": ("train2017", "val2017"), "voc": ("train", "val"), "yolo": ("train", "val")}
+
+
+class DetectionDataModule(FastDataModule):
+    """Train and validate a detector on COCO, VOC or YOLO folders as torchvision's detection reference does.
+
+    Training batches: the recipe's window (``"hflip"``: each image at its own size, mirrored with ``hflip_prob``;
+    ``"multiscale"``: its shorter side resized to one of 480-800 first), every box following its image exactly
+    (clamped, and dropped under a pixel, as ``SanitizeBoundingBoxes``); crowd boxes left out of the training targets
+    and kept for evaluation. Validation: each image as it is. ``images, targets = batch`` in ``training_step``: the
+    lists torchvision's detection models take.
+
+    Args:
+        root: The data: a folder or bucket URL in COCO's, VOC's or YOLO's layout
+            (:mod:`~lightning_fastdata.detection.layouts`).
+        layout: ``"auto"`` (told by the root's folders), ``"coco"``, ``"voc"`` or ``"yolo"``.
+        class_names: The classes in label order (VOC: its 20 by default; YOLO: ``data.yaml``'s; COCO: its file's
+            categories, sorted by id, their sparse ids mapped to labels ``0 ..``).
+        train_split: The split trained on (default: COCO's ``train2017``, else ``train``).
+        val_split: The split validated on (default: COCO's ``val2017``, else ``val``), skipped with a warning where
+            the default is missing; ``None``: none.
+        test_split: The split ``trainer.test`` reads, or ``None``.
+        data_augmentation: torchvision's detection reference's recipe: ``"hflip"`` or ``"multiscale"``.
+        hflip_prob: The training flip's probability.
+        storage_options: Object-store settings for a bucket root.
+
+    The loader and sampling arguments (``batch_size`` ... ``fraction``) are :class:`FastDataModule`'s, with its
+    defaults (``classes=`` keeps the images holding any of those classes, their other boxes dropped).
+    """
+
+    test_argument = "test_split"
+
+    def __init__(
+        self,
+        root: str,
+        layout: DetectionLayoutName = "auto",
+        class_names: list[str] | None = None,
+        train_split: str | None = None,
+        val_split: str | None = "",
+        test_split: str | None = None,
+        data_augmentation: DetectionRecipe = "hflip",
+        hflip_prob: float = 0.5,
+        storage_options: dict[str, Any] | None = None,
+        batch_size: int = 2,
+        num_workers: int | Literal["auto"] = "auto",
+        pin_memory: bool | None = None,
+        persistent_workers: bool | None = None,
+        prefetch_factor: int | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        seed: int = 0,
+        mean: tuple[float, float, float] = IMAGENET_MEAN,
+        std: tuple[float, float, float] = IMAGENET_STD,
+        in_order: bool = True,
+        snapshot_every_n_steps: int | None = None,
+        block_shuffle: int | None = None,
+        batch_transport: BatchTransport = "shm_pool",
+        repeated_augmentations: int = 1,
+        predict_root: str | None = None,
+        sample_weights: str | dict[str, float] | list[float] | Callable[[Any], float] | None = None,
+        replacement: bool | None = None,
+        epoch_size: int | None = None,
+        classes: list[str] | None = None,
+        max_per_class: int | None = None,
+        fraction: float | None = None,
+    ) -> None:
+        super().__init__(
+            val_fraction=0.0, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+            persistent_workers=persistent_workers, prefetch_factor=prefetch_factor, shuffle=shuffle,
+            drop_last=drop_last, seed=seed, mean=mean, std=std, in_order=in_order,
+            snapshot_every_n_steps=snapshot_every_n_steps, block_shuffle=block_shuffle, batch_transport=batch_transport,
+            repeated_augmentations=repeated_augmentations, predict_root=predict_root, sample_weights=sample_weights,
+            replacement=replacement, epoch_size=epoch_size, classes=classes, max_per_class=max_per_class,
+            fraction=fraction,
+        )  # fmt: skip
+        save_init_hparams(self)
+        self.recipe = detection_recipe(data_augmentation, hflip_prob)
+        self.root = os.fspath(root)
+        self.folder_layout = DetectionLayout(layout, None, None if class_names is None else tuple(class_names))
+        self.storage_options = storage_options
+        self._splits = (train_split, val_split, test_split)
+        self._categories: dict[Any, int] | None = None
+
+    def split_names(self) -> tuple[str, str | None, str | None]:
+        """The training, validation and test splits (the layout's defaults where not given; the root looked at)."""
+        train, val, test = self._splits
+        if train is None or val == "":
+            found = self.folder_layout.found(self.root, self.storage_options)
+            train = train if train is not None else _SPLITS[found][0]
+            val = val if val != "" else _SPLITS[found][1]
+        return train, val, test
+
+    @override
+    def find_classes(self) -> tuple[str, ...]:
+        """The layout's categories (COCO's file, YOLO's ``data.yaml``, VOC's 20 or ``class_names``)."""
+        names, self._categories = self.folder_layout.categories(self.root, self.split_names()[0], self.storage_options)
+        return names
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes."""
+        return len(self.classes)
+
+    def categories(self) -> dict[Any, int]:
+        """Each raw category (a COCO id, a VOC name, a YOLO index) -> its label in the data's classes."""
+        if self._categories is None:
+            self.find_classes()
+        assert self._categories is not None
+        return self._categories
+
+    def _dataset(self, split: str, train: bool) -> PairedFolderDataset:
+        target = BoxTarget(self.categories(), len(self.data_classes), keep_crowds=not train)
+        source = PairedFolderDataset(self.root, split, target, self.folder_layout, self.storage_options, seed=self.seed)
+        source = source.with_recipe(self.recipe if train else WholeImage())
+        wanted = self.sampling.classes
+        positions = None if wanted is None else [self.data_classes.index(str(c)) for c in wanted]
+        return source.kept(positions, wanted is not None or self.sampling.sample_weights is not None)
+
+    def build_datasets(self) -> tuple[Dataset, Dataset | None]:
+        """The training split, and the validation split (the default one only if it exists)."""
+        train_split, val_split, _ = self.split_names()
+        train, val = self._dataset(train_split, True), None
+        if val_split is not None:
+            try:
+                val = self._dataset(val_split, False)
+            except FileNotFoundError as err:
+                if self._splits[1] != "":
+                    raise
+                rank_zero_warn(f"No validation: {err} Pass val_split= the split to validate on, or None.")
+        return train, val
+
+    @override
+    def build_test_dataset(self) -> Dataset | None:
+        """``test_split``'s images as they are (``None`` without ``test_split``)."""
+        test = self.split_names()[2]
+        return None if test is None else self._dataset(test, False)
+
+    @override
+    def _after_transfer(self, batch: Any) -> Any:
+        """Normalised images, each cut to its own size, and torchvision's target dicts: ``(images, targets)``."""
+        out = self.transfer.after_transfer(batch, None)
+        if not (isinstance(out, Batch) and isinstance(out.labels, BoxBatch)):
+            return out
+        sizes = out.labels.sizes.tolist()
+        images = [image[:, :h, :w] for image, (h, w) in zip(out.images, sizes)]
+        return images, out.labels.targets()
+
+    def box_counts(self) -> np.ndarray:
+        """Each training image's box count (what a sampler that groups by objects reads)."""
+        dataset = self.train_dataset
+        assert isinstance(dataset, PairedFolderDataset), "setup('fit') first"
+        return np.asarray([len(v["labels"]) for _, v in dataset.values()], np.int64)

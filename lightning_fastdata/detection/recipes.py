@@ -1,0 +1,92 @@
+"""torchvision's detection recipes by their names, as windows an image and its boxes follow.
+
+``"hflip"`` (the reference's default: a horizontal flip, the image at its own size; the model resizes it),
+``"multiscale"`` (``RandomShortestSize`` of 480-800 in steps of 32, at most 1333 on the longer side, then the flip)
+and the evaluation (the image as it is). Each sample's numbers come from its key (``(epoch, index, repeat)``), so an
+epoch is the same whatever the workers, and a resumed run draws what the uninterrupted one did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from lightning_fastdata.augment.keyed import uniforms
+from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.sources.window import Window
+
+__all__ = ["DETECTION_RECIPES", "DetectionRecipe", "FlipRecipe", "WholeImage", "detection_recipe"]
+
+DetectionRecipe = Literal["hflip", "multiscale"]
+#: The recipes ``data_augmentation=`` takes (torchvision's reference's names).
+DETECTION_RECIPES = ("hflip", "multiscale")
+#: The keyed stream of a detection sample's numbers.
+_STREAM = 0xDE7
+#: The reference's multi-scale shorter sides (480, 512, ..., 800) and longest side.
+MULTISCALE = tuple(range(480, 801, 32))
+MAX_SIZE = 1333
+
+
+@dataclass(frozen=True)
+class WholeImage:
+    """The image as it is (evaluation): no draw, no resize, no flip."""
+
+    def draws(self, seed: int, keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
+        """No numbers."""
+        return [None] * len(keys)
+
+    def window(self, draws: np.ndarray | None, width: int, height: int, value: Any) -> Window:
+        """The whole image, in place."""
+        return Window((0, 0, height, width), (0, 0, height, width), (height, width), False)
+
+
+@dataclass(frozen=True)
+class FlipRecipe:
+    """A horizontal flip with ``hflip_prob``, after a random shortest-side resize where ``sizes`` are given.
+
+    Attributes:
+        hflip_prob: The flip's probability (the reference's 0.5).
+        sizes: ``RandomShortestSize``'s shorter sides (one drawn per sample), or ``()``: the image's own size.
+        max_size: The longest side's bound with ``sizes``.
+    """
+
+    hflip_prob: float = 0.5
+    sizes: tuple[int, ...] = ()
+    max_size: int | None = None
+
+    def draws(self, seed: int, keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
+        """Two numbers a sample: the flip's and the size's."""
+        k = torch.tensor([tuple(key) for key in keys], dtype=torch.int64).view(-1, 3)
+        return list(uniforms(seed, k, _STREAM, 2).numpy())
+
+    def window(self, draws: np.ndarray | None, width: int, height: int, value: Any) -> Window:
+        """The whole image, resized as ``RandomShortestSize`` does (``int`` of the scaled sides), maybe mirrored."""
+        assert draws is not None
+        out_h, out_w = height, width
+        if self.sizes:
+            side = self.sizes[min(int(float(draws[1]) * len(self.sizes)), len(self.sizes) - 1)]
+            r = side / min(height, width)
+            if self.max_size is not None:
+                r = min(r, self.max_size / max(height, width))
+            out_h, out_w = max(1, int(height * r)), max(1, int(width * r))
+        return Window((0, 0, height, width), (0, 0, out_h, out_w), (out_h, out_w), float(draws[0]) < self.hflip_prob)
+
+
+def detection_recipe(name: str, hflip_prob: float = 0.5) -> FlipRecipe:
+    """The training recipe of torchvision's detection reference named ``name`` (module docstring).
+
+    Raises:
+        ValueError: For a name not in :data:`DETECTION_RECIPES`.
+    """
+    if name == "hflip":
+        return FlipRecipe(hflip_prob)
+    if name == "multiscale":
+        return FlipRecipe(hflip_prob, MULTISCALE, MAX_SIZE)
+    raise InvalidValueError(
+        f"data_augmentation should be one of {', '.join(map(repr, DETECTION_RECIPES))} (torchvision's detection "
+        f"reference's names), got {name!r}."
+    )

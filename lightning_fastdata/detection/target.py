@@ -1,0 +1,261 @@
+"""``BoxTarget``: boxes and their classes, the target kind of object detection.
+
+A sample's boxes come from its annotation (a COCO file's part for the image, a VOC XML file, a YOLO text file, a
+JSON member or cell: :func:`decode_annotation`) as XYXY pixel edges of the image as stored, each with its category (a
+COCO id, a VOC name, a YOLO index, mapped to the module's contiguous labels by ``categories``) and its ``iscrowd``
+flag. They follow the image's :class:`~lightning_fastdata.sources.window.Window` exactly: the same linear map of the
+source region onto its place (and the same mirror) the decoder applies to the pixels, then clamped to the place and
+sanitized as torchvision's ``SanitizeBoundingBoxes`` does (a box under one pixel wide or high dropped, its label and
+flags with it). A batch's boxes travel packed (:class:`BoxBatch`: every box of the batch in one tensor, a count per
+image) and become torchvision's list of target dicts on the device.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple, Self
+
+import numpy as np
+import torch
+
+from lightning_fastdata.errors import DataError
+from lightning_fastdata.sources.target import TargetKind
+from lightning_fastdata.sources.window import Window
+from lightning_fastdata.sources.windowed import padded_batch
+
+__all__ = ["BoxBatch", "BoxTarget", "Boxes", "decode_annotation"]
+
+#: A decoded annotation: ``boxes`` (``n x 4`` float32 XYXY), ``categories`` (raw: COCO ids, VOC names, YOLO indices),
+#: ``iscrowd`` (``n`` uint8), ``difficult`` (``n`` uint8, VOC's), ``normalized`` (YOLO's 0-1 coordinates).
+Boxes = dict
+
+
+def _empty(normalized: bool = False) -> Boxes:
+    return {
+        "boxes": np.zeros((0, 4), np.float32), "categories": [], "iscrowd": np.zeros(0, np.uint8),
+        "difficult": np.zeros(0, np.uint8), "normalized": normalized,
+    }  # fmt: skip
+
+
+def _voc(data: bytes, name: str) -> Boxes:
+    """A VOC XML annotation: each ``object``'s ``name`` and ``bndbox`` (1-based pixel indices: edges ``xmin - 1``)."""
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError as err:
+        raise DataError(f"{name} is not a readable VOC annotation ({err}).") from None
+    boxes, names, difficult = [], [], []
+    for obj in root.iter("object"):
+        box = obj.find("bndbox")
+        if box is None or obj.findtext("name") is None:
+            raise DataError(f"{name}: an object without a name or a bndbox.")
+        edges = [float(box.findtext(k) or "nan") for k in ("xmin", "ymin", "xmax", "ymax")]
+        boxes.append([edges[0] - 1, edges[1] - 1, edges[2], edges[3]])
+        names.append(str(obj.findtext("name")).strip())
+        difficult.append(int(obj.findtext("difficult") or 0))
+    out = _empty()
+    if boxes:
+        out.update(boxes=np.asarray(boxes, np.float32), categories=names, iscrowd=np.zeros(len(boxes), np.uint8),
+                   difficult=np.asarray(difficult, np.uint8))  # fmt: skip
+    return out
+
+
+def _yolo(data: bytes, name: str) -> Boxes:
+    """A YOLO label file: a line ``class cx cy w h`` per box, 0-1 of the image's size."""
+    rows = [line.split() for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    if any(len(r) != 5 for r in rows):
+        raise DataError(f"{name}: a YOLO label line is 'class cx cy w h' (five numbers).")
+    out = _empty(normalized=True)
+    if not rows:
+        return out
+    values = np.asarray([[float(v) for v in r[1:]] for r in rows], np.float32)
+    if (values < 0).any() or (values > 1).any():
+        row = int(np.flatnonzero(((values < 0) | (values > 1)).any(axis=1))[0])
+        raise DataError(f"{name}: line {row + 1} holds a value outside 0..1 (YOLO's coordinates are fractions).")
+    cx, cy, w, h = values.T
+    out.update(boxes=np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1).astype(np.float32),
+               categories=[int(r[0]) for r in rows], iscrowd=np.zeros(len(rows), np.uint8),
+               difficult=np.zeros(len(rows), np.uint8))  # fmt: skip
+    return out
+
+
+def _json(data: bytes, name: str) -> Boxes:
+    """Our JSON annotation: ``{"boxes": [[x1, y1, x2, y2], ...], "categories": [...], "iscrowd": [...]}``."""
+    try:
+        doc = json.loads(data)
+        boxes = np.asarray(doc.get("boxes", []), np.float32).reshape(-1, 4)
+    except (ValueError, TypeError, AttributeError) as err:
+        raise DataError(f"{name} is not a readable box annotation ({err}).") from None
+    out = _empty()
+    n = len(boxes)
+    out.update(boxes=boxes, categories=list(doc.get("categories", [])),
+               iscrowd=np.asarray(doc.get("iscrowd", [0] * n), np.uint8),
+               difficult=np.asarray(doc.get("difficult", [0] * n), np.uint8))  # fmt: skip
+    if len(out["categories"]) != n:
+        raise DataError(f"{name}: {n} boxes and {len(out['categories'])} categories.")
+    return out
+
+
+def decode_annotation(payload: Any, name: str) -> Boxes:
+    """An annotation as :data:`Boxes`: a decoded one as it is, else VOC XML, our JSON or YOLO text by its bytes.
+
+    Raises:
+        DataError: For an annotation it cannot read (named).
+    """
+    if isinstance(payload, dict):
+        return payload
+    data = bytes(payload)
+    head = data.lstrip()[:1]
+    if head == b"<":
+        return _voc(data, name)
+    if head == b"{":
+        return _json(data, name)
+    return _yolo(data, name)
+
+
+class BoxBatch(NamedTuple):
+    """A batch's boxes, packed to cross processes as three tensors: image ``k``'s are ``counts[k]`` rows in order.
+
+    ``sizes``: each image's ``(height, width)`` as rendered, at the padded batch's top left.
+    """
+
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    iscrowd: torch.Tensor
+    counts: torch.Tensor
+    sizes: torch.Tensor
+
+    def targets(self) -> list[dict[str, torch.Tensor]]:
+        """The detection targets torchvision takes: a dict per image (``boxes`` float32 XYXY, ``labels`` int64)."""
+        cuts = self.counts.tolist()
+        return [
+            {"boxes": b, "labels": lab, "iscrowd": c}
+            for b, lab, c in zip(self.boxes.split(cuts), self.labels.split(cuts), self.iscrowd.split(cuts))
+        ]
+
+
+class BoxTarget(TargetKind):
+    """Boxes with their classes (module docstring).
+
+    Args:
+        categories: Each raw category (a COCO id, a VOC class name, a YOLO index) -> its label (``0 ..
+            num_classes - 1``); one not in it is an error naming the file.
+        num_classes: The labels' count (default: the mapping's largest label + 1).
+        min_size: Boxes narrower or lower than this many pixels after a window are dropped (SanitizeBoundingBoxes').
+        keep_crowds: Keep ``iscrowd`` boxes (evaluation); ``False`` leaves them out (torchvision's training targets).
+    """
+
+    what: ClassVar[str] = "boxes"
+
+    def __init__(
+        self,
+        categories: Mapping[Any, int],
+        num_classes: int | None = None,
+        min_size: float = 1.0,
+        keep_crowds: bool = True,
+    ) -> None:
+        self.categories = dict(categories)
+        self.num_classes = num_classes if num_classes is not None else max(self.categories.values(), default=-1) + 1
+        self.min_size, self.keep_crowds = float(min_size), keep_crowds
+        #: Labels -> the loader's labels (``classes=``, a mix; ``-1``: dropped), or ``None``.
+        self.class_map: np.ndarray | None = None
+
+    def decode(self, payload: Any, name: str) -> dict[str, Any]:
+        """The annotation's boxes with labels (the data's classes), ``iscrowd`` and ``normalized``.
+
+        Raises:
+            DataError: For an unreadable annotation or a category not in ``categories`` (named).
+        """
+        raw = decode_annotation(payload, name)
+        try:
+            labels = np.asarray([self.categories[c] for c in raw["categories"]], np.int64)
+        except KeyError as err:
+            raise DataError(
+                f"{name}: category {err.args[0]!r} is not one of the module's categories "
+                f"({', '.join(map(repr, list(self.categories)[:8]))}{' ...' if len(self.categories) > 8 else ''})."
+            ) from None
+        keep = np.ones(len(labels), bool) if self.keep_crowds else raw["iscrowd"] == 0
+        return {"boxes": raw["boxes"][keep], "labels": labels[keep], "iscrowd": raw["iscrowd"][keep],
+                "normalized": raw["normalized"]}  # fmt: skip
+
+    def relabel(self, value: dict[str, Any]) -> dict[str, Any]:
+        """The boxes in the loader's classes; a box of a class left out is dropped."""
+        if self.class_map is None:
+            return value
+        labels = self.class_map[value["labels"]]
+        keep = labels >= 0
+        return {**value, "boxes": value["boxes"][keep], "labels": labels[keep], "iscrowd": value["iscrowd"][keep]}
+
+    def mapped(self, class_map: np.ndarray | None) -> Self:
+        """A copy relabelling class ``c`` to ``class_map[c]`` (``-1``: its boxes dropped)."""
+        twin = copy.copy(self)
+        twin.class_map = None if class_map is None else np.asarray(class_map, np.int64)
+        return twin
+
+    def sized(self, value: dict[str, Any], width: int, height: int, names: tuple[str, str]) -> dict[str, Any]:
+        """Boxes in pixels of the ``width x height`` image (YOLO's fractions scaled), checked to lie in it.
+
+        Raises:
+            DataError: For a box outside the image by more than a pixel (an annotation of another image, or an
+                EXIF-rotated photo: read as torchvision reads it, unrotated), naming both files.
+        """
+        boxes = value["boxes"]
+        if value["normalized"]:
+            boxes = boxes * np.asarray([width, height, width, height], np.float32)
+        bad = (boxes[:, 0] < -1) | (boxes[:, 1] < -1) | (boxes[:, 2] > width + 1) | (boxes[:, 3] > height + 1)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise DataError(
+                f"{names[1]}: box {k} {boxes[k].round(1).tolist()} lies outside its image {names[0]} ({width}x"
+                f"{height}). The annotation is of another image or size (an EXIF-rotated photo is read unrotated, as "
+                "torchvision reads it): fix the annotation."
+            )
+        return {**value, "boxes": boxes, "normalized": False}
+
+    def follow(self, value: dict[str, Any], window: Window) -> dict[str, torch.Tensor]:
+        """The boxes through the window's linear map and mirror, clamped to its place, the degenerate dropped."""
+        top, left, bh, bw = window.box
+        pt, pl, ph, pw = window.place
+        b = value["boxes"].astype(np.float64)
+        x = (b[:, [0, 2]] - left) * (pw / bw)
+        y = (b[:, [1, 3]] - top) * (ph / bh)
+        if window.flip:
+            x = pw - x[:, ::-1]
+        x = np.clip(x, 0, pw) + pl
+        y = np.clip(y, 0, ph) + pt
+        out = np.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], axis=1).astype(np.float32)
+        keep = ((out[:, 2] - out[:, 0]) >= self.min_size) & ((out[:, 3] - out[:, 1]) >= self.min_size)
+        return {
+            "boxes": torch.from_numpy(out[keep].copy()).reshape(-1, 4),
+            "labels": torch.from_numpy(value["labels"][keep].copy()),
+            "iscrowd": torch.from_numpy(value["iscrowd"][keep].copy()),
+        }
+
+    def collate(self, samples: Sequence[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, BoxBatch]:
+        """Images padded to the largest (0), their boxes packed (:class:`BoxBatch`)."""
+        images, _ = padded_batch([(image, None) for image, _ in samples], 0)
+        targets = [t for _, t in samples]
+        return images, BoxBatch(
+            torch.cat([t["boxes"] for t in targets]).reshape(-1, 4),
+            torch.cat([t["labels"] for t in targets]),
+            torch.cat([t["iscrowd"] for t in targets]),
+            torch.tensor([len(t["labels"]) for t in targets], dtype=torch.int64),
+            torch.tensor([tuple(image.shape[1:]) for image, _ in samples], dtype=torch.int64).reshape(-1, 2),
+        )
+
+    def present(self, value: dict[str, Any]) -> np.ndarray:
+        """Which classes the image's boxes hold (``num_classes`` 0/1)."""
+        row = np.zeros(self.num_classes, np.uint8)
+        row[value["labels"]] = 1
+        return row
+
+    def cache_key(self) -> bytes:
+        """The category map and what is kept: a cache of boxes depends on them."""
+        kept = sorted((str(k), v) for k, v in self.categories.items())
+        return json.dumps([kept, self.keep_crowds]).encode()
+
+    def on_device(self, targets: BoxBatch) -> list[dict[str, torch.Tensor]]:
+        """The list of target dicts torchvision takes."""
+        return targets.targets()

@@ -1,0 +1,131 @@
+"""Boxes follow their images exactly, from COCO, VOC and YOLO folders, through workers and every recipe.
+
+The demo scenes' rectangles are filled with their class's colour and never overlap, so after any window a box's
+interior (away from its edges, where a resize blends colours) is its class's colour, and every pixel of a class's
+colour lies in a box of that class: a box moved by another map than its pixels' fails both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_fastdata.detection.datamodule import DetectionDataModule
+from lightning_fastdata.detection.demos import DETECTION_CLASSES, make_detection_folder
+from lightning_fastdata.detection.target import BoxBatch
+from lightning_fastdata.errors import DataError
+from lightning_fastdata.loading.batch import Batch
+from lightning_fastdata.segmentation.demos import classes_of_colours
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("detection")
+    return {layout: make_detection_folder(tmp / layout, count=16, layout=layout, seed=3) for layout in
+            ("coco", "voc", "yolo")}  # fmt: skip
+
+
+def module(root: Path, **kw: object) -> DetectionDataModule:
+    args: dict = dict(batch_size=4, num_workers=2, seed=5)
+    if "voc" in root.name:
+        args["class_names"] = list(DETECTION_CLASSES)
+    args.update(kw)
+    return DetectionDataModule(str(root), **args)
+
+
+def check_boxes_frame_their_pixels(batch: Batch, margin: int = 2) -> int:
+    """Every box's interior is its class's colour; every coloured pixel lies in a box of its class. Boxes checked."""
+    assert isinstance(batch.labels, BoxBatch)
+    checked = 0
+    for image, target, (h, w) in zip(batch.images, batch.labels.targets(), batch.labels.sizes.tolist()):
+        classes = classes_of_colours(image[:, :h, :w].permute(1, 2, 0).numpy())  # 0: grey, k + 1: label k
+        covered = np.zeros((h, w), np.int64)
+        for box, label in zip(target["boxes"].tolist(), target["labels"].tolist()):
+            x1, y1, x2, y2 = box
+            inner = classes[int(np.ceil(y1)) + margin : int(y2) - margin, int(np.ceil(x1)) + margin : int(x2) - margin]
+            if inner.size:
+                assert (inner == label + 1).mean() > 0.98, (box, label)
+                checked += 1
+            covered[int(np.floor(y1)) : int(np.ceil(y2)), int(np.floor(x1)) : int(np.ceil(x2))] = label + 1
+        # a pixel of a class's colour, away from the colour's edges, lies in a box of that class
+        solid = classes.copy()
+        for dy in (-margin, margin):
+            for dx in (-margin, margin):
+                solid[np.roll(np.roll(classes, dy, 0), dx, 1) != classes] = 0
+        solid[:margin], solid[-margin:], solid[:, :margin], solid[:, -margin:] = 0, 0, 0, 0
+        assert (covered[solid > 0] == solid[solid > 0]).all()
+    return checked
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("layout", ["coco", "voc", "yolo"])
+def test_boxes_frame_their_pixels_through_workers_in_every_layout_and_recipe(
+    folders: dict[str, Path], layout: str
+) -> None:
+    checked = 0
+    for recipe in ("hflip", "multiscale"):
+        dm = module(folders[layout], data_augmentation=recipe)
+        dm.setup("fit")
+        assert dm.classes == DETECTION_CLASSES and dm.num_classes == 5
+        batches = list(dm.train_dataloader())
+        assert sum(len(b.images) for b in batches) == 12
+        for batch in batches + list(dm.val_dataloader()):
+            checked += check_boxes_frame_their_pixels(batch)
+        if recipe == "multiscale":  # the shorter side one of the reference's sizes (the longer within 1333)
+            sizes = torch.cat([b.labels.sizes for b in batches])
+            assert set(sizes.min(dim=1).values.tolist()) <= set(range(480, 801, 32))
+    assert checked > 60
+
+
+@pytest.mark.timeout(120)
+def test_flips_are_drawn_per_sample_and_the_same_after_a_restart(folders: dict[str, Path]) -> None:
+    """A sample's flip is a function of (seed, epoch, index): two modules give the same boxes, and some are flipped."""
+    first, again = module(folders["coco"], num_workers=0), module(folders["coco"], num_workers=2)
+    for dm in (first, again):
+        dm.setup("fit")
+    a, b = list(first.train_dataloader()), list(again.train_dataloader())
+    assert all(torch.equal(x.labels.boxes, y.labels.boxes) and torch.equal(x.images, y.images) for x, y in zip(a, b))
+    val = module(folders["coco"], num_workers=0)
+    val.setup("fit")
+    plain = {tuple(s) for batch in val.val_dataloader() for s in batch.labels.boxes.tolist()}
+    assert plain  # the validation boxes are the annotations' as they are (no window)
+
+
+def test_on_the_device_a_batch_is_what_torchvisions_detection_models_take(folders: dict[str, Path]) -> None:
+    dm = module(folders["yolo"], num_workers=0)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    images, targets = dm.on_after_batch_transfer(batch, 0)
+    assert len(images) == len(targets) == 4
+    for image, target, (h, w) in zip(images, targets, batch.labels.sizes.tolist()):
+        assert image.dtype == torch.float32 and tuple(image.shape) == (3, h, w)
+        assert target["boxes"].dtype == torch.float32 and target["labels"].dtype == torch.int64
+        assert target["boxes"].shape == (len(target["labels"]), 4)
+
+
+def test_cocos_sparse_ids_become_contiguous_labels_and_bad_annotations_are_named(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+
+    dm = module(folders["coco"], num_workers=0)
+    assert dm.categories() == {1: 0, 3: 1, 5: 2, 7: 3, 9: 4}  # COCO's ids as written, labels 0 .. 4
+    root = make_detection_folder(tmp_path / "bad", count=8, layout="coco", seed=1)
+    ann = root / "annotations" / "instances_train2017.json"
+    doc = json.loads(ann.read_text())
+    doc["annotations"][0]["bbox"] = [150.0, 10.0, 100.0, 20.0]  # past the image's right edge
+    ann.write_text(json.dumps(doc))
+    bad = module(root, num_workers=0, shuffle=False)
+    bad.setup("fit")
+    with pytest.raises(DataError, match=r"instances_train2017.json#image 1: box 0 .* lies outside its image"):
+        list(bad.train_dataloader())
+    doc["annotations"][0]["bbox"] = [1.0, 1.0, 5.0, 5.0]
+    doc["annotations"][0]["category_id"] = 4  # no such category
+    ann.write_text(json.dumps(doc))
+    unknown = module(root, num_workers=0, shuffle=False)
+    unknown.setup("fit")
+    with pytest.raises(DataError, match="category 4 is not one of the module's categories"):
+        list(unknown.train_dataloader())
