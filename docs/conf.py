@@ -47,7 +47,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(Any|Callable|Iterator|Iterable|Sequence|Mapping|Literal|Path|PathLike|Tensor|Generator)"),
     (r"py:class", r"(int|float|str|bool|bytes|dict|list|tuple|None|optional|callable|type|object)"),
     # type aliases and torch's Dataset as written in signatures; private helpers and type variables
-    (r"py:class", r"(Layout|HDF5Layout|BatchTransport|Dataset|Box|Source|SampleKey|ScoreKind|Limit|DeviceAugment)"),
+    (r"py:class", r"(Layout|HDF5Layout|BatchTransport|Dataset|Box|Source|SampleKey|ScoreKind|Limit|DeviceAugment|DetectionLayoutName|DetectionRecipe)"),
     (r"py:.*", r".*\._\w+.*|_\w+|.*\.T"),
     # a class's own attributes named in its docstring (not documented as separate entries)
     (r"py:attr", r"\w+"),

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from lightning_fastdata.datasets.folder import ImageFolderDataset
     from lightning_fastdata.datasets.hdf5 import HDF5Dataset
     from lightning_fastdata.datasets.hdf5_file import inspect_hdf5
+    from lightning_fastdata.detection.datamodule import DetectionDataModule
     from lightning_fastdata.diagnose import DoctorReport, doctor
     from lightning_fastdata.loading.index.files import FileIndex, scan_image_folder
     from lightning_fastdata.loading.sampler import EpochSampler
@@ -69,6 +70,7 @@ _EXPORTS = {
     "PrefetchingDataLoader": "lightning_fastdata.loading.transport.loaders",
     "PrefetchingStatefulDataLoader": "lightning_fastdata.loading.transport.loaders",
     "SegmentationDataModule": "lightning_fastdata.datamodules.segmentation",
+    "DetectionDataModule": "lightning_fastdata.detection.datamodule",
     "ShardDataModule": "lightning_fastdata.datamodules.shards",
     "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",
     "TensorCacheDataset": "lightning_fastdata.cache.dataset",
@@ -104,6 +106,7 @@ __all__ = [
     "PrefetchingDataLoader",
     "PrefetchingStatefulDataLoader",
     "SegmentationDataModule",
+    "DetectionDataModule",
     "ShardDataModule",
     "TensorCacheDataModule",
     "TensorCacheDataset",

@@ -58,8 +58,9 @@ class DetectionDataModule(FastDataModule):
         hflip_prob: The training flip's probability.
         storage_options: Object-store settings for a bucket root.
 
-    The loader and sampling arguments (``batch_size`` ... ``fraction``) are :class:`FastDataModule`'s, with its
-    defaults (``classes=`` keeps the images holding any of those classes, their other boxes dropped).
+    The loader and sampling arguments (``batch_size`` ... ``fraction``) are the base module's, with its defaults
+    (:class:`~lightning_fastdata.FastDataModule`; ``classes=`` keeps the images holding any of those classes, their
+    other boxes dropped).
     """
 
     test_argument = "test_split"

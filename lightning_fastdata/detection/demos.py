@@ -1,7 +1,7 @@
 """Detection demo data: scenes of coloured rectangles whose colour is their class, in COCO's, VOC's or YOLO's layout.
 
-Each scene is a grey photo-like background with 1-5 rectangles that do not overlap, each filled with its class's
-colour (the segmentation demo's colours: :data:`~lightning_fastdata.segmentation.demos.SEGMENTATION_COLOURS`), so a
+Each scene is a grey photo-like background with 1-5 rectangles, 6 pixels apart at least, each filled with its class's
+colour (the segmentation demo's colours), so a
 test can check that a box still frames its class's pixels after any window: inside a box, away from its edges, the
 pixels are its colour, and every pixel of a colour lies in a box of that class. COCO's categories get sparse ids
 (1, 3, 5, ...) as COCO's own do, so their mapping to contiguous labels is exercised.
@@ -22,7 +22,7 @@ from lightning_fastdata.segmentation.demos import SEGMENTATION_COLOURS
 
 __all__ = ["DETECTION_CLASSES", "coco_category_ids", "detection_scene", "make_detection_folder"]
 
-#: The demo's classes, in label order: a rectangle's colour.
+#: The demo's classes in label order (a rectangle's colour).
 DETECTION_CLASSES = ("red", "green", "blue", "yellow", "magenta")
 
 
@@ -39,10 +39,10 @@ def detection_scene(rng: np.random.Generator, width: int, height: int) -> tuple[
     boxes: list[list[int]] = []
     labels: list[int] = []
     for _ in range(int(rng.integers(1, 6))):
-        for _try in range(20):  # a place that overlaps no earlier box (with a pixel between)
+        for _try in range(20):  # a place at least 6 pixels from every earlier box (the JPEG's colours bleed a pixel)
             w, h = int(rng.uniform(0.12, 0.4) * width), int(rng.uniform(0.12, 0.4) * height)
             x, y = int(rng.integers(0, width - w)), int(rng.integers(0, height - h))
-            if all(x + w + 1 < b[0] or b[2] + 1 < x or y + h + 1 < b[1] or b[3] + 1 < y for b in boxes):
+            if all(x + w + 6 <= b[0] or b[2] + 6 <= x or y + h + 6 <= b[1] or b[3] + 6 <= y for b in boxes):
                 break
         else:
             continue

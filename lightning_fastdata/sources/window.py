@@ -52,8 +52,9 @@ class WindowRecipe(Protocol):
     """A recipe's geometry: each sample's numbers from its key, and its window from them and the image's size.
 
     What a task's recipes provide (detection's flip, multi-scale resize, SSD's zoom-out and IoU crop) where the
-    segmentation reference's window is not the one: :meth:`~lightning_fastdata.sources.windowed.WindowedDataset.
-    with_recipe`. ``value`` is the sample's target in the image's pixels (an IoU crop picks its box by the boxes).
+    segmentation reference's window is not the one
+    (:meth:`~lightning_fastdata.sources.windowed.WindowedDataset.with_recipe`). ``value`` is the sample's target in
+    the image's pixels (an IoU crop picks its box by the boxes).
     """
 
     def draws(self, seed: int, keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
