@@ -184,19 +184,21 @@ class DataWaitMonitor(Callback):
         self.device_utilization = DeviceUtilization()
         self._warned = False
         self._started = False
+        self._epoch_hook_s = 0.0
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start timing here: the time between epochs (validation, checkpoints) is not waiting for data."""
         self.meter.reset_reference()
         self._started = False
+        self._epoch_hook_s = _hook_s(trainer)  # the epoch's first hook runs before its first batch starts
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Mark the batch as ready."""
         if not self._started:
             self._started = True
-            self.usage.start(lambda: _worker_pids(trainer), _hook_s(trainer))
+            self.usage.start(lambda: _worker_pids(trainer), self._epoch_hook_s)
         self.meter.step_start(_batch_size(batch))
 
     @override

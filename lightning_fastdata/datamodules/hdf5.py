@@ -98,6 +98,7 @@ class HDF5DataModule(FastDataModule):
         )
         self._local_copies: dict[str, str] = {}
         self._multi_label: bool | None = None
+        self._inspected: Any = None
 
     @property
     def path(self) -> str:
@@ -145,7 +146,8 @@ class HDF5DataModule(FastDataModule):
             FileNotFoundError: If a file does not exist.
             ValueError: On a bad layout, or validation/test labels of another shape or out of range (named).
         """
-        return self._classes_of(inspect_hdf5(self.path, **self.file_kwargs))
+        self._inspected = inspect_hdf5(self.path, **self.file_kwargs)  # what the setup that asked builds from
+        return self._classes_of(self._inspected)
 
     def _classes_of(self, inspected: Any) -> tuple[str, ...]:
         """The classes of the training file as ``inspected``; the other files checked against it (find_classes)."""
@@ -192,8 +194,8 @@ class HDF5DataModule(FastDataModule):
         locking = self.file_kwargs["locking"]
         train_kw = {**self.split_kwargs(True), "entropy_index": self.entropy_index}
         val_kw = {**self.split_kwargs(False), "entropy_index": False}  # a central crop skips little
-        layout = inspect_hdf5(self.path, **self.file_kwargs)  # one inspection: the classes (if not read yet), the data
-        if self._data_classes is None:
+        layout, self._inspected = self._inspected or inspect_hdf5(self.path, **self.file_kwargs), None
+        if self._data_classes is None:  # one inspection: the classes (read by this setup) and the data
             self.classes = self._classes_of(layout)
         if self.val_path is not None:
             val_layout = inspect_hdf5(self.val_path, **self.file_kwargs)

@@ -123,7 +123,7 @@ def test_the_monitor_measures_a_real_fit_and_names_no_limit_it_did_not_see(image
     got = monitor.usage.facts(stats, workers=2, accelerator=False)
     assert stats.steps == 20 and got.main_thread_share is not None and 0 < got.main_thread_share <= 1.05
     assert got.busy_workers is not None and got.busy_workers >= 0 and got.hook_s and got.hook_s > 0
-    assert dm.transfer.train_hook_s == pytest.approx(got.hook_s, rel=0.5)
+    assert dm.transfer.train_hook_s == pytest.approx(got.hook_s)  # every step's hook, each epoch's first one too
     assert monitor.verdict(stats, monitor_trainer(dm)).limit != "training_thread"
 
 
