@@ -10,6 +10,7 @@ image as it left the loader, ``labels`` int64 in the module's classes, ``iscrowd
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from typing import Any, Literal
@@ -24,15 +25,26 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.detection.layouts import DetectionLayout, DetectionLayoutName
 from lightning_fastdata.detection.recipes import DetectionRecipe, WholeImage, detection_recipe
 from lightning_fastdata.detection.target import BoxBatch, BoxTarget
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.batch import Batch
+from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
+from lightning_fastdata.loading.storage.base import is_url, join_url
+from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport
 from lightning_fastdata.sources.folder import PairedFolderDataset
+from lightning_fastdata.sources.tar import PairedTarDataset, has_tar_shards, load_paired_shards
+from lightning_fastdata.sources.windowed import WindowedDataset
 
 __all__ = ["DetectionDataModule"]
 
 #: Each layout's split names where none is given (COCO's are its folders').
-_SPLITS = {"coco": ("train2017", "val2017"), "voc": ("train", "val"), "yolo": ("train", "val")}
+_SPLITS = {
+    "coco": ("train2017", "val2017"),
+    "voc": ("train", "val"),
+    "yolo": ("train", "val"),
+    "shards": ("train", "val"),
+}
 
 
 class DetectionDataModule(FastDataModule):
@@ -46,8 +58,10 @@ class DetectionDataModule(FastDataModule):
 
     Args:
         root: The data: a folder or bucket URL in COCO's, VOC's or YOLO's layout
-            (:mod:`~lightning_fastdata.detection.layouts`).
-        layout: ``"auto"`` (told by the root's folders), ``"coco"``, ``"voc"`` or ``"yolo"``.
+            (:mod:`~lightning_fastdata.detection.layouts`), or WebDataset tar shards of images and boxes
+            (``key.jpg`` + ``key.json``, a sub-folder per split: :mod:`~lightning_fastdata.detection.convert`).
+        layout: ``"auto"`` (told by the root's folders; local shards too), ``"coco"``, ``"voc"``, ``"yolo"`` or
+            ``"shards"`` (a bucket's shards).
         class_names: The classes in label order (VOC: its 20 by default; YOLO: ``data.yaml``'s; COCO: its file's
             categories, sorted by id, their sparse ids mapped to labels ``0 ..``).
         train_split: The split trained on (default: COCO's ``train2017``, else ``train``).
@@ -57,6 +71,7 @@ class DetectionDataModule(FastDataModule):
         data_augmentation: torchvision's detection reference's recipe: ``"hflip"`` or ``"multiscale"``.
         hflip_prob: The training flip's probability.
         storage_options: Object-store settings for a bucket root.
+        index_dir: Shards: where their indexes are kept (a folder of ours); ``None``: the user cache.
 
     The loader and sampling arguments (``batch_size`` ... ``fraction``) are the base module's, with its defaults
     (:class:`~lightning_fastdata.FastDataModule`; ``classes=`` keeps the images holding any of those classes, their
@@ -76,6 +91,7 @@ class DetectionDataModule(FastDataModule):
         data_augmentation: DetectionRecipe = "hflip",
         hflip_prob: float = 0.5,
         storage_options: dict[str, Any] | None = None,
+        index_dir: str | None = None,
         batch_size: int = 2,
         num_workers: int | Literal["auto"] = "auto",
         pin_memory: bool | None = None,
@@ -113,14 +129,26 @@ class DetectionDataModule(FastDataModule):
         self.root = os.fspath(root)
         self.folder_layout = DetectionLayout(layout, None, None if class_names is None else tuple(class_names))
         self.storage_options = storage_options
+        self.layout = layout
+        self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self._splits = (train_split, val_split, test_split)
         self._categories: dict[Any, int] | None = None
+
+    def found_layout(self) -> str:
+        """The layout of the data (``"auto"`` resolved: tar shards in the training split's folder, else the root's)."""
+        if self.layout == "shards":
+            return "shards"
+        if self.layout == "auto" and not is_url(self.root):
+            train = self._splits[0] or "train"
+            if has_tar_shards(join_url(self.root, train)):
+                return "shards"
+        return self.folder_layout.found(self.root, self.storage_options)
 
     def split_names(self) -> tuple[str, str | None, str | None]:
         """The training, validation and test splits (the layout's defaults where not given; the root looked at)."""
         train, val, test = self._splits
         if train is None or val == "":
-            found = self.folder_layout.found(self.root, self.storage_options)
+            found = self.found_layout()
             train = train if train is not None else _SPLITS[found][0]
             val = val if val != "" else _SPLITS[found][1]
         return train, val, test
@@ -128,8 +156,21 @@ class DetectionDataModule(FastDataModule):
     @override
     def find_classes(self) -> tuple[str, ...]:
         """The layout's categories (COCO's file, YOLO's ``data.yaml``, VOC's 20 or ``class_names``)."""
-        names, self._categories = self.folder_layout.categories(self.root, self.split_names()[0], self.storage_options)
-        return names
+        if self.found_layout() != "shards":
+            names, self._categories = self.folder_layout.categories(
+                self.root, self.split_names()[0], self.storage_options
+            )
+            return names
+        given = self.folder_layout.class_names
+        if given is None:
+            relpath = f"{self.split_names()[0]}/classes.json"
+            beside = join_url(self.root, relpath)
+            read = next(iter(open_storage(self.root, self.storage_options).read_many([relpath])))
+            if isinstance(read, OSError):
+                raise InvalidValueError(f"{beside} does not exist: give class_names= (the shards' labels, in order).")
+            given = tuple(str(n) for n in json.loads(read))
+        self._categories = {k: k for k in range(len(given))}
+        return tuple(given)
 
     @property
     def num_classes(self) -> int:
@@ -143,9 +184,15 @@ class DetectionDataModule(FastDataModule):
         assert self._categories is not None
         return self._categories
 
-    def _dataset(self, split: str, train: bool) -> PairedFolderDataset:
+    def _dataset(self, split: str, train: bool) -> WindowedDataset:
         target = BoxTarget(self.categories(), len(self.data_classes), keep_crowds=not train)
-        source = PairedFolderDataset(self.root, split, target, self.folder_layout, self.storage_options, seed=self.seed)
+        source: WindowedDataset
+        if self.found_layout() == "shards":
+            shards = load_paired_shards(join_url(self.root, split), self.index_dir, "json", self.storage_options)
+            source = PairedTarDataset(shards, target, self.storage_options, seed=self.seed)
+        else:
+            options = self.storage_options
+            source = PairedFolderDataset(self.root, split, target, self.folder_layout, options, seed=self.seed)
         source = source.with_recipe(self.recipe if train else WholeImage())
         wanted = self.sampling.classes
         positions = None if wanted is None else [self.data_classes.index(str(c)) for c in wanted]
@@ -183,5 +230,5 @@ class DetectionDataModule(FastDataModule):
     def box_counts(self) -> np.ndarray:
         """Each training image's box count (what a sampler that groups by objects reads)."""
         dataset = self.train_dataset
-        assert isinstance(dataset, PairedFolderDataset), "setup('fit') first"
+        assert isinstance(dataset, WindowedDataset), "setup('fit') first"
         return np.asarray([len(v["labels"]) for _, v in dataset.values()], np.int64)

@@ -21,12 +21,13 @@ from typing import Any, Literal
 import numpy as np
 
 from lightning_fastdata.errors import DataError, InvalidValueError, PathNotFoundError
+from lightning_fastdata.loading.storage.base import join_url
 from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.sources.folder import FolderPairs
 
 __all__ = ["DETECTION_LAYOUTS", "VOC_CLASSES", "DetectionLayout", "DetectionLayoutName", "detect_detection_layout"]
 
-DetectionLayoutName = Literal["auto", "coco", "voc", "yolo"]
+DetectionLayoutName = Literal["auto", "coco", "voc", "yolo", "shards"]
 #: The layouts ``layout=`` takes.
 DETECTION_LAYOUTS = ("auto", "coco", "voc", "yolo")
 #: Pascal VOC's 20 classes, in its order.
@@ -37,7 +38,7 @@ VOC_CLASSES = (
 
 
 def _join(root: str, *parts: str) -> str:
-    return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts if p.strip("/"))])
+    return join_url(root, "/".join(p.strip("/") for p in parts if p.strip("/")))
 
 
 def _read(root: str, rel: str, options: Mapping[str, Any] | None, what: str) -> bytes:

@@ -134,3 +134,30 @@ def test_cocos_sparse_ids_become_contiguous_labels_and_bad_annotations_are_named
     unknown.setup("fit")
     with pytest.raises(DataError, match="category 4 is not one of the module's categories"):
         list(unknown.train_dataloader())
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("layout", ["coco", "yolo"])
+def test_tar_shards_written_from_a_folder_give_its_batches(
+    folders: dict[str, Path], tmp_path: Path, layout: str
+) -> None:
+    """The same samples from another source (tar shards of key.jpg + key.json, no detection code in the source):
+    the same images and boxes, bit for bit, training (flips drawn from the keys) and validation."""
+    from lightning_fastdata.detection.convert import write_detection_shards
+
+    splits = {"coco": ("train2017", "val2017"), "yolo": ("train", "val")}[layout]
+    for split, name in zip(splits, ("train", "val")):
+        write_detection_shards(folders[layout], split, tmp_path / "shards" / name, shard_bytes=40_000)
+    assert len(list((tmp_path / "shards" / "train").glob("*.tar"))) > 1
+    folder = module(folders[layout], num_workers=2)
+    shards = module(tmp_path / "shards", num_workers=2, index_dir=str(tmp_path / "idx"))
+    for dm in (folder, shards):
+        dm.setup("fit")
+    assert shards.classes == folder.classes == DETECTION_CLASSES
+    for a, b in zip(
+        list(folder.train_dataloader()) + list(folder.val_dataloader()),
+        list(shards.train_dataloader()) + list(shards.val_dataloader()),
+        strict=True,
+    ):
+        assert torch.equal(a.images, b.images)
+        assert all(torch.equal(x, y) for x, y in zip(a.labels, b.labels))
