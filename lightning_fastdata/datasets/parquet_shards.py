@@ -23,7 +23,7 @@ from lightning_fastdata.datasets.group_reads import GroupReads
 from lightning_fastdata.datasets.shard_sources import UNLABELLED, ShardEntropy, shard_targets
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
-from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values
+from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, open_parquet
 from lightning_fastdata.loading.storage.ranged import RemoteShard, bucket_storage, read_remote_row_group
 
 __all__ = ["ParquetShardDataset", "common_classes"]
@@ -147,21 +147,12 @@ class ParquetShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         return DataIdentity.of(self.files[0].path, samples, "parquet|" + "/".join(self._classes) + "|" + sizes)
 
     def _file(self, k: int) -> Any:
-        import pyarrow.parquet as pq
 
         self._kept()
         assert self._files is not None
         pf = self._files.get(k)
         if pf is None:
-            f = self.files[k]
-            handle = open(f.path, "rb")  # noqa: SIM115 - kept open for the process's reads
-            try:
-                f.check_unchanged(os.fstat(handle.fileno()))
-                pf = pq.ParquetFile(handle)
-            except Exception:
-                handle.close()
-                raise
-            self._files[k] = pf
+            pf = self._files[k] = open_parquet(self.files[k])
         return pf
 
     def reset_groups(self) -> None:

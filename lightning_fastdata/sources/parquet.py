@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import glob
 import os
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,12 +20,12 @@ import torch
 
 from lightning_fastdata.datasets.group_reads import GroupReads
 from lightning_fastdata.errors import DataError, InvalidValueError
-from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, load_parquet_index
+from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, load_parquet_index, open_parquet
 from lightning_fastdata.loading.storage.ranged import (
-    RangedFile,
     RemoteShard,
     bucket_storage,
     index_remote_parquet,
+    remote_parquet_file,
     shard_indexes,
 )
 from lightning_fastdata.sources.target import TargetKind
@@ -55,21 +54,9 @@ def load_parquet_files(
     )  # fmt: skip
 
 
-#: This process's open remote Parquet files (footers read), by URL and version.
-_REMOTE: OrderedDict[tuple[str, int], Any] = OrderedDict()
-
-
 def read_remote_pair(store: Any, shard: RemoteShard, group: int, image_column: str, column: str) -> Any:
     """A row group's image and payload bytes of a Parquet file in a bucket (the two column chunks, by ranges)."""
-    import pyarrow.parquet as pq
-
-    key = (shard.url, shard.version)
-    pf = _REMOTE.get(key)
-    if pf is None:
-        pf = _REMOTE[key] = pq.ParquetFile(RangedFile(store, shard, block=1 << 16))
-        while len(_REMOTE) > 64:
-            _REMOTE.popitem(last=False)
-    table = pf.read_row_group(group, columns=[image_column, column])
+    table = remote_parquet_file(store, shard).read_row_group(group, columns=[image_column, column])
     return image_values(table.column(0), shard.url, image_column), image_values(table.column(1), shard.url, column)
 
 
@@ -163,15 +150,12 @@ class PairedParquetDataset(GroupReads, WindowedDataset):
     def read_group(self, index: int) -> Any:
         """Sample ``index``'s row group's image and payload bytes, from its local file (an ``OSError`` if it fails)."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         k = int(self._file_of[index])
         f = self.files[k]
         pf = self._files.get(k)
         if pf is None:
-            handle = open(f.path, "rb")  # noqa: SIM115 - kept open for the process's reads
-            f.check_unchanged(os.fstat(handle.fileno()))
-            pf = self._files[k] = pq.ParquetFile(handle)
+            pf = self._files[k] = open_parquet(f)
             if pf.schema_arrow.get_field_index(self.column) < 0:
                 raise DataError(
                     f"{f.path} has no {self.target.what} column {self.column!r}; its columns are "

@@ -327,3 +327,19 @@ def test_row_groups_larger_than_a_window_are_warned_about(image_folder: Path, tm
     kw: dict = dict(index_dir=str(tmp_path / "idx"), image_size=16, batch_size=8, val_fraction=0.0, shuffle_buffer=16)
     with pytest.warns(UserWarning, match=r"row groups of up to 39 rows .* than a window .* about 100 rows"):
         ShardDataModule(str(tmp_path / "whole"), **kw).setup("fit")
+
+
+def test_a_file_changed_since_indexed_is_refused_and_its_handle_closed(image_folder: Path, tmp_path: Path) -> None:
+    """The one local Parquet opener (every reader's): the file checked against its index, nothing left open when not."""
+    from lightning_fastdata.loading.index.parquet_index import open_parquet
+
+    path = write_parquet_shards(image_folder, tmp_path / "pq", shard_bytes=1 << 30, rows_per_group=8)[0]
+    index = index_parquet(path)
+    open_parquet(index).close()  # as indexed: opened
+    with open(path, "ab") as f:
+        f.write(b"appended")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(DataError, match="changed|indexed"):
+            open_parquet(index)
+    assert len(os.listdir("/proc/self/fd")) == before

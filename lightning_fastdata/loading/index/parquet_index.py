@@ -26,7 +26,7 @@ import numpy as np
 from lightning_fastdata.errors import DataError
 from lightning_fastdata.loading.index.kept import kept_index, refuse_changed, string_array
 
-__all__ = ["ParquetIndex", "image_values", "index_parquet", "index_parquet_file", "load_parquet_index"]
+__all__ = ["ParquetIndex", "open_parquet", "image_values", "index_parquet", "index_parquet_file", "load_parquet_index"]
 
 #: The version of the kept index files (another version is indexed again).
 _FORMAT = 2  # 2: the file's own key-value metadata kept
@@ -69,6 +69,25 @@ class ParquetIndex:
             DataError: Naming the file.
         """
         refuse_changed("Parquet file", self.path, self.size, self.mtime_ns, st)
+
+
+def open_parquet(index: ParquetIndex) -> Any:
+    """The indexed local file as a ``ParquetFile`` kept open for a process's reads, checked to be the one indexed.
+
+    The handle is closed if the check or the footer fails (nothing leaks).
+
+    Raises:
+        DataError: If the file changed since it was indexed (named); ``OSError`` if it cannot be opened.
+    """
+    import pyarrow.parquet as pq
+
+    handle = open(index.path, "rb")  # noqa: SIM115 - kept open with the ParquetFile
+    try:
+        index.check_unchanged(os.fstat(handle.fileno()))
+        return pq.ParquetFile(handle)
+    except BaseException:
+        handle.close()
+        raise
 
 
 def _class_label_names(schema: object, column: str) -> tuple[str, ...]:

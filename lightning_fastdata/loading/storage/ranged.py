@@ -48,6 +48,7 @@ __all__ = [
     "list_remote_shards",
     "read_remote_range",
     "read_remote_row_group",
+    "remote_parquet_file",
     "shard_indexes",
     "split_url",
 ]
@@ -191,8 +192,8 @@ _OPEN: OrderedDict[tuple[str, int], Any] = OrderedDict()
 _OPEN_MAX = 64
 
 
-def read_remote_row_group(store: Any, shard: RemoteShard, group: int, column: str) -> Any:
-    """The image bytes of one row group of a Parquet file in a bucket (its column chunk: one ranged request)."""
+def remote_parquet_file(store: Any, shard: RemoteShard) -> Any:
+    """This process's open ``ParquetFile`` of a file in a bucket (its footer read once), the last 64 used kept."""
     import pyarrow.parquet as pq
 
     key = (shard.url, shard.version)
@@ -202,7 +203,12 @@ def read_remote_row_group(store: Any, shard: RemoteShard, group: int, column: st
         while len(_OPEN) > _OPEN_MAX:
             _OPEN.popitem(last=False)
     _OPEN.move_to_end(key)
-    table = pf.read_row_group(group, columns=[column])
+    return pf
+
+
+def read_remote_row_group(store: Any, shard: RemoteShard, group: int, column: str) -> Any:
+    """The image bytes of one row group of a Parquet file in a bucket (its column chunk: one ranged request)."""
+    table = remote_parquet_file(store, shard).read_row_group(group, columns=[column])
     return image_values(table.column(0), shard.url, column)
 
 
