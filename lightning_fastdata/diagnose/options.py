@@ -113,7 +113,8 @@ def _finish_configs(
             continue
         init = option.config["init_args"]
         init.update(image_size=image_size, batch_size=batch_size, num_workers="auto", **recipe[1])
-        if (files >= INDEX_DIR_FILES or is_url(init.get("root", ""))) and "root" in init:
+        listed = "root" in init and not option.config["class_path"].endswith("HDF5DataModule")  # a folder, a bucket
+        if listed and (files >= INDEX_DIR_FILES or is_url(init["root"])):
             init["index_dir"] = "cache/index"  # every rank lists the folder (bucket) in setup(): once per node
             if option.key.startswith("cache-"):
                 init["verify_source"] = "folders"  # O(folders) per run instead of a stat of every file
