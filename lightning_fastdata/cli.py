@@ -212,6 +212,19 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(name, help=what, add_help=False)  # LightningCLI reads (and documents) the options
     sub.add_parser("bench", help="our loaders vs torchvision's (fastdata bench --suites folder)", add_help=False)
 
+    _add_demo(sub)
+    _add_config(sub)
+    _add_make_data(sub)
+    targets = _add_convert(sub)
+    _add_convert_hdf5(targets)
+    _add_convert_shards(targets)
+    _add_convert_segmentation(targets)
+    _add_doctor(sub)
+    return parser
+
+
+def _add_demo(sub: Any) -> None:
+    """``fastdata demo``."""
     demo = sub.add_parser(
         "demo",
         help="make demo JPEGs, time torchvision's loader vs ours, train briefly",
@@ -230,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=_demo, takes_rest=True)
 
+
+def _add_config(sub: Any) -> None:
+    """``fastdata config``."""
     config = sub.add_parser(
         "config",
         help="list or print the shipped configs",
@@ -239,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("name", nargs="?", help="a shipped config's name; none: list them")
     config.set_defaults(handler=_config)
 
+
+def _add_make_data(sub: Any) -> None:
+    """``fastdata make-data``."""
     make = sub.add_parser(
         "make-data",
         help="write a photo-like JPEG folder (or segmentation scenes with masks)",
@@ -260,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--processes", type=int, default=2)
     make.set_defaults(handler=_make_data)
 
+
+def _add_convert(sub: Any) -> Any:
+    """``fastdata convert``; returns its targets' subparsers."""
     convert = sub.add_parser(
         "convert",
         help="image folder -> one HDF5 file, or shards (WebDataset tars, Parquet); a segmentation dataset too",
@@ -274,7 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     targets = convert.add_subparsers(dest="target", required=True)
-    h5 = targets.add_parser("hdf5", help="write one HDF5 file (see HDF5Dataset for the layout)")
+    return targets
+
+
+def _add_convert_hdf5(sub: Any) -> None:
+    """``fastdata convert hdf5``."""
+    h5 = sub.add_parser("hdf5", help="write one HDF5 file (see HDF5Dataset for the layout)")
     h5.add_argument(
         "--src",
         required=True,
@@ -314,7 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
     h5.add_argument("--processes", type=int, default=None)
     h5.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
     h5.set_defaults(handler=_convert)
-    tars = targets.add_parser("shards", help="write WebDataset tar shards or the hubs' Parquet files")
+
+
+def _add_convert_shards(sub: Any) -> None:
+    """``fastdata convert shards``."""
+    tars = sub.add_parser("shards", help="write WebDataset tar shards or the hubs' Parquet files")
     tars.add_argument("--src", required=True, help="image folder SRC/<class>/<image>")
     tars.add_argument(
         "--dst", required=True, help="output folder (shard-000000.tar, ... and classes.json; or shard-000000.parquet)"
@@ -336,7 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tars.add_argument("--seed", type=int, default=0, help="with --shuffle: the order's seed")
     tars.set_defaults(handler=_convert_shards)
-    seg = targets.add_parser(
+
+
+def _add_convert_segmentation(sub: Any) -> None:
+    """``fastdata convert segmentation``."""
+    seg = sub.add_parser(
         "segmentation",
         help="a segmentation dataset's splits -> tar shards, Parquet or one HDF5 file (masks as classes)",
         description="Write a segmentation dataset (VOC, ADE20K, Cityscapes, paired folders; local or s3://) as tar "
@@ -369,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     seg.add_argument("--overwrite", action="store_true", help="replace shards or a file already at --dst")
     seg.set_defaults(handler=_convert_segmentation)
 
+
+def _add_doctor(sub: Any) -> None:
+    """``fastdata doctor``."""
     doctor = sub.add_parser(
         "doctor",
         help="measure your data, recommend a setup (fastdata doctor data/train --step-ms 120)",
@@ -377,7 +415,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_doctor_arguments(doctor)
     doctor.set_defaults(handler=_doctor)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
