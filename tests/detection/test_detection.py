@@ -36,6 +36,20 @@ def module(root: Path, **kw: object) -> DetectionDataModule:
     return DetectionDataModule(str(root), **args)
 
 
+def check_boxes_frame_their_pixels_of(batch: Batch, labels: dict[int, int]) -> int:
+    """Every box's interior is the colour of its data class ``labels[label]`` (a subset's renumbering)."""
+    checked = 0
+    for image, target, (h, w) in zip(batch.images, batch.labels.targets(), batch.labels.sizes.tolist()):
+        classes = classes_of_colours(image[:, :h, :w].permute(1, 2, 0).numpy())
+        for box, label in zip(target["boxes"].tolist(), target["labels"].tolist()):
+            x1, y1, x2, y2 = (int(v) for v in box)
+            inner = classes[y1 + 3 : y2 - 3, x1 + 3 : x2 - 3]
+            if inner.size:
+                assert (inner == labels[label] + 1).mean() > 0.98, (box, label)
+                checked += 1
+    return checked
+
+
 def check_boxes_frame_their_pixels(batch: Batch) -> int:
     """Every box's interior is its class's colour; every coloured pixel lies in a box of its class. Boxes checked.
 
@@ -161,3 +175,35 @@ def test_tar_shards_written_from_a_folder_give_its_batches(
     ):
         assert torch.equal(a.images, b.images)
         assert all(torch.equal(x, y) for x, y in zip(a.labels, b.labels))
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_restored_mid_epoch_gives_the_remaining_batches(folders: dict[str, Path]) -> None:
+    """torchdata's state after two batches, loaded into a new module's loader: the rest of the epoch, bit for bit."""
+    first = module(folders["voc"], num_workers=2, batch_size=2, data_augmentation="multiscale")
+    first.setup("fit")
+    loader = first.train_dataloader()
+    it = iter(loader)
+    seen = [next(it), next(it)]
+    state = loader.state_dict()
+    rest = list(it)
+    again = module(folders["voc"], num_workers=2, batch_size=2, data_augmentation="multiscale")
+    again.setup("fit")
+    resumed = again.train_dataloader()
+    resumed.load_state_dict(state)
+    got = list(resumed)
+    assert len(seen) + len(got) == 6 and len(got) == len(rest)
+    for a, b in zip(rest, got, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
+
+
+def test_classes_keep_the_images_holding_them_and_renumber_their_boxes(folders: dict[str, Path]) -> None:
+    dm = module(folders["coco"], num_workers=0, classes=["blue", "red"], shuffle=False)
+    dm.setup("fit")
+    assert dm.classes == ("blue", "red") and dm.num_classes == 2
+    batches = list(dm.train_dataloader())
+    labels = torch.cat([b.labels.labels for b in batches])
+    assert set(labels.tolist()) == {0, 1}  # blue 0, red 1; the other classes' boxes dropped
+    for batch in batches:  # every image kept holds one of them
+        assert all(n > 0 for n in batch.labels.counts.tolist())
+        assert check_boxes_frame_their_pixels_of(batch, {0: 2, 1: 0}) > 0
