@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Literal
 
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.workers import resolve_num_workers
 
-__all__ = ["check_loader_arguments", "entropy_index_setting", "refuse_old_names", "setting"]
+__all__ = ["base_arguments", "check_loader_arguments", "entropy_index_setting", "refuse_old_names", "setting"]
 
 
 def check_loader_arguments(
@@ -103,3 +104,13 @@ def refuse_old_names(module: str, kwargs: dict[str, Any]) -> None:
             f"{module}: {renames} now (one name for the same thing on every module: the data is root, val_root, "
             "test_root and predict_root; the class list class_names). Rename the argument."
         )
+
+
+def base_arguments(base: type, given: dict[str, Any], **fixed: Any) -> dict[str, Any]:
+    """The arguments of ``base.__init__`` among a subclass's own ``given`` (its ``locals()``), with ``fixed`` set.
+
+    For a DataModule that names each argument it takes (no ``**kwargs``: LightningCLI and ``help()`` show only what
+    works) and hands the base's on.
+    """
+    names = inspect.signature(base).parameters
+    return {**{k: v for k, v in given.items() if k in names and k != "self"}, **fixed}

@@ -20,7 +20,7 @@ from typing_extensions import override
 
 from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD
 from lightning_fastdata.augment.pipeline import as_transform_list
-from lightning_fastdata.datamodules.arguments import entropy_index_setting
+from lightning_fastdata.datamodules.arguments import base_arguments, entropy_index_setting
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
@@ -198,15 +198,9 @@ class SegmentationDataModule(FastDataModule):
                 "reference crop draws its own resize (0.5-2x base_size). Give train_crop='random_resized', or drop "
                 "them."
             )
-        super().__init__(
-            image_size=crop_size, scale=scale, ratio=ratio, val_fraction=0.0, batch_size=batch_size,
-            num_workers=num_workers, pin_memory=pin_memory, persistent_workers=persistent_workers,
-            prefetch_factor=prefetch_factor, shuffle=shuffle, drop_last=drop_last, seed=seed, mean=mean, std=std,
-            in_order=in_order, snapshot_every_n_steps=snapshot_every_n_steps, block_shuffle=block_shuffle,
-            batch_transport=batch_transport, repeated_augmentations=repeated_augmentations, predict_root=predict_root,
-            sample_weights=sample_weights, replacement=replacement, epoch_size=epoch_size, classes=classes,
-            max_per_class=max_per_class, fraction=fraction,
-        )  # fmt: skip
+        # the device policies are this module's own (they warp the masks too): not the base's
+        super().__init__(**base_arguments(FastDataModule, locals(), image_size=crop_size, val_fraction=0.0,
+                                          device_transforms=None))  # fmt: skip
         self.train_crop = train_crop
         policies = as_transform_list(device_transforms, "device_transforms")
         self.segmentation_augment = SegmentationDeviceAugment(policies, self.seed, ignore_index)

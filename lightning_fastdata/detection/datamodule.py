@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from typing_extensions import override
 
 from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD
+from lightning_fastdata.datamodules.arguments import base_arguments
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.detection.layouts import DetectionLayout, DetectionLayoutName
 from lightning_fastdata.detection.recipes import DetectionRecipe, WholeImage, detection_recipe
@@ -115,15 +116,7 @@ class DetectionDataModule(FastDataModule):
         max_per_class: int | None = None,
         fraction: float | None = None,
     ) -> None:
-        super().__init__(
-            val_fraction=0.0, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
-            persistent_workers=persistent_workers, prefetch_factor=prefetch_factor, shuffle=shuffle,
-            drop_last=drop_last, seed=seed, mean=mean, std=std, in_order=in_order,
-            snapshot_every_n_steps=snapshot_every_n_steps, block_shuffle=block_shuffle, batch_transport=batch_transport,
-            repeated_augmentations=repeated_augmentations, predict_root=predict_root, sample_weights=sample_weights,
-            replacement=replacement, epoch_size=epoch_size, classes=classes, max_per_class=max_per_class,
-            fraction=fraction,
-        )  # fmt: skip
+        super().__init__(**base_arguments(FastDataModule, locals(), val_fraction=0.0))
         save_init_hparams(self)
         self.recipe = detection_recipe(data_augmentation, hflip_prob)
         self.root = os.fspath(root)
