@@ -1,12 +1,14 @@
-"""A detection split (COCO, VOC or YOLO; local or in a bucket) as WebDataset tar shards of images and boxes.
+"""A detection split (COCO, VOC or YOLO; local or in a bucket) as WebDataset tar shards or Parquet files.
 
-Each sample is ``<key>.<ext>`` (the image's bytes as they are) and ``<key>.json``: ``{"boxes": [[x1, y1, x2, y2],
-...], "categories": [label, ...], "iscrowd": [...], "difficult": [...]}``, the boxes in the stored image's pixels
-(YOLO's fractions scaled, VOC's 1-based edges made 0-based, COCO's XYWH made XYXY) and the categories already the
-module's labels, with ``classes.json`` (the class names in label order) beside the shards. So the shards read with
-:class:`~lightning_fastdata.detection.datamodule.DetectionDataModule` (``layout="shards"``) give the batches the
-folder gives. Written by :func:`~lightning_fastdata.convert.shards.pack_shards`: each shard under a temporary name,
-renamed when whole; nothing written into the source.
+Tar: each sample is ``<key>.<ext>`` (the image's bytes as they are) and ``<key>.json``; Parquet (``fmt="parquet"``): an
+``image`` column (the hubs' ``{bytes, path}`` structs) and an ``objects`` column holding the same JSON. The JSON:
+``{"boxes": [[x1, y1, x2, y2], ...], "categories": [label, ...], "iscrowd": [...], "difficult": [...]}``, the boxes in
+the stored image's pixels (YOLO's fractions scaled, VOC's 1-based edges made 0-based, COCO's XYWH made XYXY) and the
+categories already the module's labels, with ``classes.json`` (the class names in label order) beside the files. So they
+read with :class:`~lightning_fastdata.detection.datamodule.DetectionDataModule` (found by ``layout="auto"`` locally;
+``"shards"``/``"parquet"`` for a bucket) give the batches the folder gives. Written by
+:func:`~lightning_fastdata.convert.shards.pack_shards`: each shard under a temporary name, renamed when whole; nothing
+written into the source.
 """
 
 from __future__ import annotations
@@ -41,8 +43,12 @@ def write_detection_shards(
     storage_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     progress: bool = False,
+    fmt: str = "tar",
+    rows_per_group: int = 100,
 ) -> list[Path]:
-    """Write ``split`` of a detection folder as tar shards into ``dst`` (module docstring); returns their paths.
+    """Write ``split`` of a detection folder as tar shards (or Parquet files) into ``dst``; returns their paths.
+
+    ``fmt``: ``"tar"`` or ``"parquet"`` (row groups of ``rows_per_group``); module docstring.
 
     Raises:
         FileNotFoundError: If the split's images or annotations are missing (named).
@@ -50,13 +56,16 @@ def write_detection_shards(
         ValueError: If ``shard_bytes`` is not positive or ``dst`` is inside ``root``; DataError: an annotation that
             cannot be read, a box outside its image, a category not in the classes (named).
     """
-    if shard_bytes <= 0:
-        raise InvalidValueError(f"shard_bytes should be a positive size in bytes, got {shard_bytes!r}.")
+    if shard_bytes <= 0 or rows_per_group <= 0 or fmt not in ("tar", "parquet"):
+        raise InvalidValueError(
+            f"shard_bytes and rows_per_group should be positive and fmt 'tar' or 'parquet', got {shard_bytes!r}, "
+            f"{rows_per_group!r}, {fmt!r}."
+        )
     root = os.fspath(root)
     folders = DetectionLayout(layout, None, None if class_names is None else tuple(class_names))
     names, categories = folders.categories(root, split, storage_options)
     data = PairedFolderDataset(root, split, BoxTarget(categories, len(names)), folders, storage_options)
-    name = "shard-%06d.tar"
+    name = "shard-%06d.tar" if fmt == "tar" else "part-%06d.parquet"
     shard_destination(dst, name, overwrite, None if is_url(root) else root)
 
     def read(start: int, stop: int) -> list[tuple[int, bytes, str, bytes]]:
@@ -83,9 +92,31 @@ def write_detection_shards(
     def open_tar(tmp: Path) -> tarfile.TarFile:
         return tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT)
 
+    opener, writer, step = (open_tar, write, 4) if fmt == "tar" else (*_parquet_writer(data), rows_per_group)
     written = pack_shards(
-        len(data), read, lambda row: len(row[1]) + len(row[3]) + 2048, dst, name, shard_bytes, 4, open_tar, write,
-        f"tar shards ({split})" if progress else None,
+        len(data), read, lambda row: len(row[1]) + len(row[3]) + 2048, dst, name, shard_bytes, step, opener, writer,
+        f"{fmt} shards ({split})" if progress else None,
     )  # fmt: skip
     atomic_write_text(Path(dst) / "classes.json", json.dumps(list(names)))
     return written
+
+
+def _parquet_writer(data: PairedFolderDataset) -> tuple[Any, Any]:
+    """The Parquet writer's opener and row writer: ``image`` ``{bytes, path}`` structs and ``objects`` JSON bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("image", kind), ("objects", pa.binary())])
+
+    def open_parquet(tmp: Path) -> Any:
+        return pq.ParquetWriter(tmp, schema)
+
+    def write(writer: Any, rows: list[tuple[int, bytes, str, bytes]]) -> None:
+        images = [{"bytes": image, "path": os.path.basename(data.pairs.images[i])} for i, image, _, _ in rows]
+        objects = [boxes for _, _, _, boxes in rows]
+        writer.write_table(
+            pa.Table.from_arrays([pa.array(images, kind), pa.array(objects, pa.binary())], schema=schema)
+        )
+
+    return open_parquet, write

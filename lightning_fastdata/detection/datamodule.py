@@ -34,6 +34,7 @@ from lightning_fastdata.loading.storage.base import is_url, join_url
 from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport
 from lightning_fastdata.sources.folder import PairedFolderDataset
+from lightning_fastdata.sources.parquet import PairedParquetDataset, has_parquet_files, load_parquet_files
 from lightning_fastdata.sources.tar import PairedTarDataset, has_tar_shards, load_paired_shards
 from lightning_fastdata.sources.windowed import WindowedDataset
 
@@ -45,6 +46,7 @@ _SPLITS = {
     "voc": ("train", "val"),
     "yolo": ("train", "val"),
     "shards": ("train", "val"),
+    "parquet": ("train", "val"),
 }
 
 
@@ -60,9 +62,11 @@ class DetectionDataModule(FastDataModule):
     Args:
         root: The data: a folder or bucket URL in COCO's, VOC's or YOLO's layout
             (:mod:`~lightning_fastdata.detection.layouts`), or WebDataset tar shards of images and boxes
-            (``key.jpg`` + ``key.json``, a sub-folder per split: :mod:`~lightning_fastdata.detection.convert`).
-        layout: ``"auto"`` (told by the root's folders; local shards too), ``"coco"``, ``"voc"``, ``"yolo"`` or
-            ``"shards"`` (a bucket's shards).
+            (``key.jpg`` + ``key.json``) or Parquet files (``image`` and ``objects`` columns), a sub-folder per
+            split (:mod:`~lightning_fastdata.detection.convert`).
+        layout: ``"auto"`` (told by the root's folders; local shards and Parquet too), ``"coco"``, ``"voc"``,
+            ``"yolo"``, ``"shards"`` or ``"parquet"`` (a bucket's).
+        objects_column: Parquet: the column of each row's boxes (our JSON).
         class_names: The classes in label order (VOC: its 20 by default; YOLO: ``data.yaml``'s; COCO: its file's
             categories, sorted by id, their sparse ids mapped to labels ``0 ..``).
         train_split: The split trained on (default: COCO's ``train2017``, else ``train``).
@@ -72,7 +76,7 @@ class DetectionDataModule(FastDataModule):
         data_augmentation: torchvision's detection reference's recipe: ``"hflip"`` or ``"multiscale"``.
         hflip_prob: The training flip's probability.
         storage_options: Object-store settings for a bucket root.
-        index_dir: Shards: where their indexes are kept (a folder of ours); ``None``: the user cache.
+        index_dir: Shards and Parquet: where their indexes are kept (a folder of ours); ``None``: the user cache.
 
     The loader and sampling arguments (``batch_size`` ... ``fraction``) are the base module's, with its defaults
     (:class:`~lightning_fastdata.FastDataModule`; ``classes=`` keeps the images holding any of those classes, their
@@ -93,6 +97,7 @@ class DetectionDataModule(FastDataModule):
         hflip_prob: float = 0.5,
         storage_options: dict[str, Any] | None = None,
         index_dir: str | None = None,
+        objects_column: str = "objects",
         batch_size: int = 2,
         num_workers: int | Literal["auto"] = "auto",
         pin_memory: bool | None = None,
@@ -122,19 +127,21 @@ class DetectionDataModule(FastDataModule):
         self.root = os.fspath(root)
         self.folder_layout = DetectionLayout(layout, None, None if class_names is None else tuple(class_names))
         self.storage_options = storage_options
-        self.layout = layout
+        self.layout, self.objects_column = layout, objects_column
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self._splits = (train_split, val_split, test_split)
         self._categories: dict[Any, int] | None = None
 
     def found_layout(self) -> str:
         """The layout of the data (``"auto"`` resolved: tar shards in the training split's folder, else the root's)."""
-        if self.layout == "shards":
-            return "shards"
+        if self.layout in ("shards", "parquet"):
+            return self.layout
         if self.layout == "auto" and not is_url(self.root):
-            train = self._splits[0] or "train"
-            if has_tar_shards(join_url(self.root, train)):
+            train = join_url(self.root, self._splits[0] or "train")
+            if has_tar_shards(train):
                 return "shards"
+            if has_parquet_files(train):
+                return "parquet"
         return self.folder_layout.found(self.root, self.storage_options)
 
     def split_names(self) -> tuple[str, str | None, str | None]:
@@ -149,7 +156,7 @@ class DetectionDataModule(FastDataModule):
     @override
     def find_classes(self) -> tuple[str, ...]:
         """The layout's categories (COCO's file, YOLO's ``data.yaml``, VOC's 20 or ``class_names``)."""
-        if self.found_layout() != "shards":
+        if self.found_layout() not in ("shards", "parquet"):
             names, self._categories = self.folder_layout.categories(
                 self.root, self.split_names()[0], self.storage_options
             )
@@ -180,9 +187,13 @@ class DetectionDataModule(FastDataModule):
     def _dataset(self, split: str, train: bool) -> WindowedDataset:
         target = BoxTarget(self.categories(), len(self.data_classes), keep_crowds=not train)
         source: WindowedDataset
-        if self.found_layout() == "shards":
-            shards = load_paired_shards(join_url(self.root, split), self.index_dir, "json", self.storage_options)
-            source = PairedTarDataset(shards, target, self.storage_options, seed=self.seed)
+        found, where, options = self.found_layout(), join_url(self.root, split), self.storage_options
+        if found == "shards":
+            shards = load_paired_shards(where, self.index_dir, "json", options)
+            source = PairedTarDataset(shards, target, options, seed=self.seed)
+        elif found == "parquet":
+            files = load_parquet_files(where, self.index_dir, "image", options)
+            source = PairedParquetDataset(files, target, self.objects_column, None, options, seed=self.seed)
         else:
             options = self.storage_options
             source = PairedFolderDataset(self.root, split, target, self.folder_layout, options, seed=self.seed)

@@ -27,7 +27,7 @@ from lightning_fastdata.sources.folder import FolderPairs
 
 __all__ = ["DETECTION_LAYOUTS", "VOC_CLASSES", "DetectionLayout", "DetectionLayoutName", "detect_detection_layout"]
 
-DetectionLayoutName = Literal["auto", "coco", "voc", "yolo", "shards"]
+DetectionLayoutName = Literal["auto", "coco", "voc", "yolo", "shards", "parquet"]
 #: The layouts ``layout=`` takes.
 DETECTION_LAYOUTS = ("auto", "coco", "voc", "yolo")
 #: Pascal VOC's 20 classes, in its order.

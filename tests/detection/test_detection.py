@@ -151,20 +151,24 @@ def test_cocos_sparse_ids_become_contiguous_labels_and_bad_annotations_are_named
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("layout", ["coco", "yolo"])
-def test_tar_shards_written_from_a_folder_give_its_batches(
-    folders: dict[str, Path], tmp_path: Path, layout: str
+@pytest.mark.parametrize(("layout", "fmt"), [("coco", "tar"), ("yolo", "tar"), ("voc", "parquet")])
+def test_shards_written_from_a_folder_give_its_batches(
+    folders: dict[str, Path], tmp_path: Path, layout: str, fmt: str
 ) -> None:
-    """The same samples from another source (tar shards of key.jpg + key.json, no detection code in the source):
-    the same images and boxes, bit for bit, training (flips drawn from the keys) and validation."""
+    """The same samples from other sources (tar shards of key.jpg + key.json, Parquet files of image and objects
+    columns; no detection code in either source): the same images and boxes, bit for bit, training (flips drawn
+    from the keys) and validation."""
     from lightning_fastdata.detection.convert import write_detection_shards
 
-    splits = {"coco": ("train2017", "val2017"), "yolo": ("train", "val")}[layout]
+    splits = {"coco": ("train2017", "val2017"), "yolo": ("train", "val"), "voc": ("train", "val")}[layout]
+    names = list(DETECTION_CLASSES) if layout == "voc" else None
     for split, name in zip(splits, ("train", "val")):
-        write_detection_shards(folders[layout], split, tmp_path / "shards" / name, shard_bytes=40_000)
-    assert len(list((tmp_path / "shards" / "train").glob("*.tar"))) > 1
+        write_detection_shards(folders[layout], split, tmp_path / "shards" / name, class_names=names,
+                               shard_bytes=40_000, fmt=fmt, rows_per_group=3)  # fmt: skip
+    assert len(list((tmp_path / "shards" / "train").glob(f"*.{fmt}"))) > 1
     folder = module(folders[layout], num_workers=2)
-    shards = module(tmp_path / "shards", num_workers=2, index_dir=str(tmp_path / "idx"))
+    shards = DetectionDataModule(str(tmp_path / "shards"), batch_size=4, num_workers=2, seed=5,
+                                 index_dir=str(tmp_path / "idx"))  # fmt: skip
     for dm in (folder, shards):
         dm.setup("fit")
     assert shards.classes == folder.classes == DETECTION_CLASSES
