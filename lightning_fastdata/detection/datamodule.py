@@ -15,7 +15,6 @@ import os
 from collections.abc import Callable
 from typing import Any, Literal
 
-import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
@@ -230,9 +229,3 @@ class DetectionDataModule(FastDataModule):
         sizes = out.labels.sizes.tolist()
         images = [image[:, :h, :w] for image, (h, w) in zip(out.images, sizes)]
         return images, out.labels.targets()
-
-    def box_counts(self) -> np.ndarray:
-        """Each training image's box count (what a sampler that groups by objects reads)."""
-        dataset = self.train_dataset
-        assert isinstance(dataset, WindowedDataset), "setup('fit') first"
-        return np.asarray([len(v["labels"]) for _, v in dataset.values()], np.int64)

@@ -30,7 +30,7 @@ __all__ = ["BoxBatch", "BoxTarget", "Boxes", "decode_annotation"]
 
 #: A decoded annotation: ``boxes`` (``n x 4`` float32 XYXY), ``categories`` (raw: COCO ids, VOC names, YOLO indices),
 #: ``iscrowd`` (``n`` uint8), ``difficult`` (``n`` uint8, VOC's), ``normalized`` (YOLO's 0-1 coordinates).
-Boxes = dict
+Boxes = dict[str, Any]
 
 
 def _empty(normalized: bool = False) -> Boxes:
