@@ -68,6 +68,7 @@ def test_the_gpu_checks_fit_and_correctness_parts_on_a_cpu(image_folder: Path, t
     assert all(v == {"batches": 3, "bit_identical": True} for k, v in checked.items() if k != "device")
 
 
+@pytest.mark.slow  # over 7 s on the 2-core VM (the project's rule: over ~4 s is the slow tier)
 @pytest.mark.timeout(300)
 def test_the_gpu_checks_recipe_part_on_a_cpu(image_folder: Path, tmp_path: Path) -> None:
     """The recipe part: the recipe's fed ratio, torchvision's reference loader's, the variants, the untimed diagnose

@@ -80,6 +80,7 @@ def test_a_nested_folder_is_predicted_in_path_order_through_workers(
         assert isinstance(batch, Batch) and batch.labels.dtype == torch.int64 and len(batch.labels) == 4
 
 
+@pytest.mark.slow  # over 7 s on the 2-core VM (the project's rule: over ~4 s is the slow tier)
 @pytest.mark.timeout(180)
 def test_a_text_file_of_paths_keeps_its_order_on_any_datamodule(
     image_folder: Path, unlabelled: Path, tmp_path: Path

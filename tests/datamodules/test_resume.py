@@ -149,6 +149,7 @@ def conformance(tmp_path: Path, kind: str, source: str, workers: int, k: int, de
         assert part == full, f"rank {rank}: resumed run differs from the uninterrupted one"
 
 
+@pytest.mark.slow  # over 7 s on the 2-core VM (the project's rule: over ~4 s is the slow tier)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_is_exact_from_tar_shards(tmp_path: Path, sources: dict[str, str], workers: int) -> None:

@@ -193,6 +193,7 @@ def test_shards_join_a_mix_and_a_corrupt_member_is_skipped_or_named(
     assert got.tolist() == [0] and images.shape[0] == 1 and skipping.skipped_count() == 1
 
 
+@pytest.mark.slow  # over 7 s on the 2-core VM (the project's rule: over ~4 s is the slow tier)
 def test_shards_written_by_webdatasets_own_writer_are_read_with_their_labels(
     image_folder: Path, tmp_path: Path
 ) -> None:

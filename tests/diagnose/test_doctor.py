@@ -383,6 +383,7 @@ def test_a_tie_within_the_noise_goes_to_the_option_with_fewer_steps() -> None:
     assert choose_option([clearly, cache], 1.0, 64.0, 500.0, 64, 500.0)[0] is cache
 
 
+@pytest.mark.slow  # over 7 s on the 2-core VM (the project's rule: over ~4 s is the slow tier)
 @pytest.mark.timeout(600)
 def test_doctor_measures_with_the_users_recipe_and_writes_it_into_the_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
