@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
@@ -130,18 +131,20 @@ class DetectionDataModule(FastDataModule):
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self._splits = (train_split, val_split, test_split)
         self._categories: dict[Any, int] | None = None
+        self._found: str | None = None
 
     def found_layout(self) -> str:
-        """The layout of the data (``"auto"`` resolved: tar shards in the training split's folder, else the root's)."""
-        if self.layout in ("shards", "parquet"):
-            return self.layout
-        if self.layout == "auto" and not is_url(self.root):
-            train = join_url(self.root, self._splits[0] or "train")
-            if has_tar_shards(train):
-                return "shards"
-            if has_parquet_files(train):
-                return "parquet"
-        return self.folder_layout.found(self.root, self.storage_options)
+        """The layout of the data (``"auto"`` resolved once: shards in the training split's folder, else the root's)."""
+        if self._found is None:
+            found: str = self.layout
+            if self.layout == "auto" and not is_url(self.root):
+                train = join_url(self.root, self._splits[0] or "train")
+                found = "shards" if has_tar_shards(train) else "parquet" if has_parquet_files(train) else "auto"
+            if found not in ("shards", "parquet"):  # the folder layout told once, not at each split's pairs
+                found = self.folder_layout.found(self.root, self.storage_options)
+                self.folder_layout = replace(self.folder_layout, layout=found)
+            self._found = found
+        return self._found
 
     def split_names(self) -> tuple[str, str | None, str | None]:
         """The training, validation and test splits (the layout's defaults where not given; the root looked at)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -94,6 +94,11 @@ class DetectionLayout:
     layout: str = "auto"
     annotation_file: str | None = None
     class_names: tuple[str, ...] | None = None
+    #: The COCO file :meth:`categories` read, kept for the pairs of the same split (read once, dropped once used).
+    _read_doc: dict[tuple[str, str], dict] = field(default_factory=dict, compare=False, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_read_doc": {}}  # a kept file never crosses a process
 
     def found(self, root: str, options: Mapping[str, Any] | None) -> str:
         """The layout read (``"auto"`` resolved)."""
@@ -120,6 +125,8 @@ class DetectionLayout:
         found = self.found(root, options)
         if found == "coco":
             doc = self._coco_file(root, split, options)
+            self._read_doc.clear()
+            self._read_doc[(root, split)] = doc  # the split's pairs come next: the file is not read again
             cats = sorted(doc.get("categories", []), key=lambda c: int(c["id"]))
             names = tuple(str(c["name"]) for c in cats)
             if self.class_names is not None and tuple(self.class_names) != names:
@@ -139,6 +146,9 @@ class DetectionLayout:
         return self.annotation_file or f"annotations/instances_{split}.json"
 
     def _coco_file(self, root: str, split: str, options: Mapping[str, Any] | None) -> dict:
+        kept = self._read_doc.pop((root, split), None)
+        if kept is not None:
+            return kept
         data = _read(root, self._coco_rel(split), options, "a COCO split's annotations (or give annotation_file=)")
         try:
             return json.loads(data)
