@@ -28,8 +28,8 @@ from lightning_fastdata.sources.windowed import padded_batch
 
 __all__ = ["BoxBatch", "BoxTarget", "Boxes", "decode_annotation"]
 
-#: A decoded annotation: ``boxes`` (``n x 4`` float32 XYXY), ``categories`` (raw: COCO ids, VOC names, YOLO indices),
-#: ``iscrowd`` (``n`` uint8), ``difficult`` (``n`` uint8, VOC's), ``normalized`` (YOLO's 0-1 coordinates).
+#: A decoded annotation, a dict of ``boxes`` (``n x 4`` float32 XYXY), ``categories`` (raw COCO ids, VOC names or YOLO
+#: indices), ``iscrowd`` (``n`` uint8), ``difficult`` (``n`` uint8, VOC's) and ``normalized`` (YOLO's 0-1 coordinates).
 Boxes = dict[str, Any]
 
 
