@@ -76,7 +76,9 @@ class SegmentationDataModule(FastDataModule):
         crop_size: The training crop (480).
         hflip_prob: The training flip's probability.
         train_split: The split trained on: VOC's list ``ImageSets/Segmentation/<train_split>.txt``, else the
-            split's sub-folder (ADE20K: ``training``; paired folders without splits: ``""``).
+            split's sub-folder (ADE20K: ``training``; paired folders without splits: ``""``); shards and Parquet:
+            the split's sub-folder, or a glob or brace pattern under the root (``train/shard-{000000..000099}.tar``),
+            as ``ShardDataModule``'s ``root`` reads them (likewise ``val_split`` and ``test_split``).
         val_split: The split validated on (ADE20K: ``validation``), or ``None``; a missing default ``"val"`` is
             skipped with a warning.
         test_split: The split ``trainer.test`` reads, or ``None``.

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +28,7 @@ from lightning_fastdata.loading.jpeg.entropy_index import (
 )
 from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index, start_background_build
 from lightning_fastdata.loading.sampler import window_mix
-from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.loading.storage.base import expand_braces, is_url, local_files
 from lightning_fastdata.loading.storage.ranged import (
     RemoteShard,
     index_remote_parquet,
@@ -43,22 +41,6 @@ __all__ = ["ShardDataModule", "expand_shards", "shard_format"]
 
 #: The shard formats, by file extension.
 _FORMATS = {".tar": "tar", ".parquet": "parquet"}
-_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
-
-
-def _braces(pattern: str) -> list[str]:
-    """WebDataset's brace notation: ``{000..009}`` (zero-padded ranges) and ``{a,b}`` (lists), each expanded."""
-    found = _RANGE.search(pattern)
-    if found:
-        lo, hi = found.groups()
-        width = len(lo) if lo.startswith("0") else 0
-        head, tail = pattern[: found.start()], pattern[found.end() :]
-        return [x for k in range(int(lo), int(hi) + 1) for x in _braces(f"{head}{k:0{width}d}{tail}")]
-    found = re.search(r"\{([^{}]*,[^{}]*)\}", pattern)
-    if found:
-        head, tail = pattern[: found.start()], pattern[found.end() :]
-        return [x for option in found.group(1).split(",") for x in _braces(head + option + tail)]
-    return [pattern]
 
 
 def expand_shards(spec: str | list[str], storage_options: Mapping[str, Any] | None = None) -> list[str]:
@@ -81,16 +63,10 @@ def _expand(spec: str | list[str], storage_options: Mapping[str, Any] | None) ->
     if any(urls):
         if not all(urls):
             raise InvalidValueError(f"{items!r}: give shards all local or all in a bucket, not both.")
-        return list_remote_shards([p for item in items for p in _braces(item)], storage_options)
+        return list_remote_shards([p for item in items for p in expand_braces(item)], storage_options)
     out: list[str] = []
     for item in items:
-        if os.path.isdir(item):
-            found = sorted(glob.glob(os.path.join(glob.escape(item), "*.tar")))
-            found = found or sorted(glob.glob(os.path.join(glob.escape(item), "*.parquet")))
-        else:
-            found = []
-            for path in _braces(item):
-                found += sorted(glob.glob(path)) if any(c in path for c in "*?[") else [path]
+        found = local_files(item, (".tar", ".parquet"))
         missing = [p for p in found if not os.path.isfile(p)]
         if missing:
             raise PathNotFoundError(f"The shard {missing[0]!r} (of {item!r}) does not exist.")

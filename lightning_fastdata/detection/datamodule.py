@@ -69,7 +69,9 @@ class DetectionDataModule(FastDataModule):
         objects_column: Parquet: the column of each row's boxes (our JSON).
         class_names: The classes in label order (VOC: its 20 by default; YOLO: ``data.yaml``'s; COCO: its file's
             categories, sorted by id, their sparse ids mapped to labels ``0 ..``).
-        train_split: The split trained on (default: COCO's ``train2017``, else ``train``).
+        train_split: The split trained on (default: COCO's ``train2017``, else ``train``). Shards and Parquet: the
+            split's sub-folder, or a glob or brace pattern under the root (``train/shard-{000000..000099}.tar``),
+            as ``ShardDataModule``'s ``root`` reads them; likewise ``val_split`` and ``test_split``.
         val_split: The split validated on (default: COCO's ``val2017``, else ``val``), skipped with a warning where
             the default is missing; ``None``: none.
         test_split: The split ``trainer.test`` reads, or ``None``.

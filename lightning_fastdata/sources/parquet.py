@@ -10,7 +10,6 @@ samples are. Files may be local or in a bucket (ranged requests, each answer che
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ import torch
 from lightning_fastdata.datasets.group_reads import GroupReads
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.parquet_index import ParquetIndex, image_values, load_parquet_index, open_parquet
+from lightning_fastdata.loading.storage.base import is_url, local_files
 from lightning_fastdata.loading.storage.ranged import (
     RemoteShard,
     bucket_storage,
@@ -34,9 +34,11 @@ from lightning_fastdata.sources.windowed import WindowedDataset
 __all__ = ["PairedParquetDataset", "has_parquet_files", "load_parquet_files"]
 
 
-def has_parquet_files(folder: str) -> bool:
-    """Whether the local ``folder`` holds ``.parquet`` files (what ``layout="auto"`` reads as Parquet)."""
-    return os.path.isdir(folder) and bool(glob.glob(os.path.join(glob.escape(folder), "*.parquet")))
+def has_parquet_files(spec: str) -> bool:
+    """Whether the local ``spec`` (a folder, glob or brace pattern) names ``.parquet`` files (Parquet to "auto")."""
+    return not is_url(spec) and any(
+        p.endswith(".parquet") and os.path.isfile(p) for p in local_files(spec, [".parquet"])
+    )
 
 
 def load_parquet_files(

@@ -10,7 +10,6 @@ so an epoch is a global shuffle of all of them, resumable at the exact sample.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import io
 import os
@@ -27,6 +26,7 @@ from lightning_fastdata.loading.index.tar_pairs import (
     load_paired_tar_index,
     member_bytes,
 )
+from lightning_fastdata.loading.storage.base import is_url, local_files
 from lightning_fastdata.loading.storage.ranged import (
     RangedFile,
     RemoteShard,
@@ -40,9 +40,9 @@ from lightning_fastdata.sources.windowed import WindowedDataset
 __all__ = ["PairedTarDataset", "has_tar_shards", "load_paired_shards"]
 
 
-def has_tar_shards(folder: str) -> bool:
-    """Whether the local ``folder`` holds ``.tar`` shards (what ``layout="auto"`` reads as shards)."""
-    return os.path.isdir(folder) and bool(glob.glob(os.path.join(glob.escape(folder), "*.tar")))
+def has_tar_shards(spec: str) -> bool:
+    """Whether the local ``spec`` (a folder, glob or brace pattern) names ``.tar`` files (read as shards by "auto")."""
+    return not is_url(spec) and any(p.endswith(".tar") and os.path.isfile(p) for p in local_files(spec, [".tar"]))
 
 
 def _index_remote(store: Any, shard: RemoteShard, payload_ext: str) -> PairedTarIndex:

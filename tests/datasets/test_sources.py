@@ -9,6 +9,8 @@ masks itself, the two would part.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -67,7 +69,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("sources")
     make_segmentation_folder(tmp / "voc", count=12, size=(96, 72), seed=6, fixed_size=True)
     write_segmentation_shards(tmp / "voc", "train", tmp / "tar", shard_bytes=30_000, num_classes=21)
-    write_segmentation_parquet(tmp / "voc", "train", tmp / "pq", rows_per_group=3, num_classes=21)
+    write_segmentation_parquet(tmp / "voc", "train", tmp / "pq", shard_bytes=30_000, rows_per_group=3, num_classes=21)
     write_segmentation_hdf5(tmp / "voc", ["train"], tmp / "seg.h5", num_classes=21)
     return tmp
 
@@ -102,3 +104,30 @@ def test_another_target_kind_reads_every_source_and_follows_the_same_windows(
     assert torch.equal(values[~padding | (values != 0)], classes[~padding | (values != 0)])
     assert raw.target is not masks.target and raw.targets.shape == (len(raw),)  # counts only unless sampling asks
     assert raw.kept(None, presence=True).targets.shape == (len(raw), 256)
+
+
+def test_every_shard_source_reads_a_folder_a_glob_and_a_brace_pattern_alike(files: Path) -> None:
+    """The patterns ``ShardDataModule`` reads name the shards of the paired sources (segmentation's and detection's
+    shard and Parquet layouts) too: one notation for every module."""
+    from lightning_fastdata.sources.parquet import has_parquet_files
+    from lightning_fastdata.sources.tar import has_tar_shards
+
+    index = str(files / "index")
+    for folder, suffix, load in (
+        ("tar", ".tar", lambda spec: load_paired_shards(spec, index, "seg.png")),
+        ("pq", ".parquet", lambda spec: load_parquet_files(spec, index)),
+    ):
+        paths = sorted(str(p) for p in (files / folder).glob(f"*{suffix}"))
+        assert len(paths) >= 2
+        stem, first = os.path.dirname(paths[0]), os.path.basename(paths[0])
+        digits = re.search(r"\d+", first)
+        assert digits is not None
+        width = len(digits.group())
+        braces = os.path.join(stem, first.replace(digits.group(), f"{{{1:0{width}d}..{len(paths) - 1:0{width}d}}}"))
+        assert [x.path for x in load(str(files / folder))] == paths
+        assert [x.path for x in load(braces)] == paths[1:]
+        assert [x.path for x in load(os.path.join(stem, f"*{suffix}"))] == paths
+        assert has_tar_shards(braces) == (suffix == ".tar") and has_parquet_files(braces) == (suffix == ".parquet")
+        missing = first.replace(digits.group(), f"{{{998:0{width}d}..{999:0{width}d}}}")
+        with pytest.raises(FileNotFoundError, match=r"998.* does not exist"):
+            load(os.path.join(stem, missing))

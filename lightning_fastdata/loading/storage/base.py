@@ -14,6 +14,7 @@ Backends: :class:`~lightning_fastdata.loading.storage.local.LocalStorage` (the f
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -23,12 +24,58 @@ from typing import Protocol, runtime_checkable
 from lightning_fastdata.loading.index.files import FileIndex
 from lightning_fastdata.loading.index.store import IndexLookup
 
-__all__ = ["OBJECT_STORE_SCHEMES", "ObjectStat", "Storage", "add_url_scheme", "is_url", "join_url", "url_scheme"]
+__all__ = [
+    "OBJECT_STORE_SCHEMES",
+    "ObjectStat",
+    "Storage",
+    "add_url_scheme",
+    "expand_braces",
+    "is_url",
+    "join_url",
+    "local_files",
+    "url_scheme",
+]
 
 #: URL schemes read through an object store (S3 and S3-compatible servers, Google Cloud Storage, Azure).
 OBJECT_STORE_SCHEMES: tuple[str, ...] = ("s3", "s3a", "gs", "az", "abfs", "abfss", "azure")
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _SCHEMES: set[str] = set(OBJECT_STORE_SCHEMES)  # every scheme a backend is registered for
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """WebDataset's brace notation: ``{000..009}`` (zero-padded ranges) and ``{a,b}`` (lists), each expanded."""
+    found = _RANGE.search(pattern)
+    if found:
+        lo, hi = found.groups()
+        width = len(lo) if lo.startswith("0") else 0
+        head, tail = pattern[: found.start()], pattern[found.end() :]
+        return [x for k in range(int(lo), int(hi) + 1) for x in expand_braces(f"{head}{k:0{width}d}{tail}")]
+    found = _CHOICE.search(pattern)
+    if found:
+        head, tail = pattern[: found.start()], pattern[found.end() :]
+        return [x for option in found.group(1).split(",") for x in expand_braces(head + option + tail)]
+    return [pattern]
+
+
+def local_files(spec: str, suffixes: Sequence[str]) -> list[str]:
+    """The local files ``spec`` names, in order (every module that reads shards reads its paths so).
+
+    A folder: its ``*suffix`` files, sorted (of the first suffix it holds any of); else a pattern: its brace parts
+    expanded (:func:`expand_braces`), each glob's matches sorted, and a name without a wildcard kept as it is (the
+    caller says whether it exists).
+    """
+    if os.path.isdir(spec):
+        for suffix in suffixes:
+            found = sorted(glob.glob(os.path.join(glob.escape(spec), f"*{suffix}")))
+            if found:
+                return found
+        return []
+    out: list[str] = []
+    for path in expand_braces(spec):
+        out += sorted(glob.glob(path)) if any(c in path for c in "*?[") else [path]
+    return out
 
 
 def add_url_scheme(scheme: str) -> None:

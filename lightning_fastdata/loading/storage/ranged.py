@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import glob
 import io
 import os
 from collections import OrderedDict
@@ -33,7 +32,7 @@ from lightning_fastdata.loading.index.parquet_index import (
     index_parquet_file,
 )
 from lightning_fastdata.loading.index.tar_index import TarIndex, index_tar_file
-from lightning_fastdata.loading.storage.base import is_url
+from lightning_fastdata.loading.storage.base import expand_braces, is_url, local_files
 from lightning_fastdata.loading.storage.bucket_index import object_version
 from lightning_fastdata.loading.storage.obstore_calls import get_object_range
 
@@ -265,9 +264,9 @@ def shard_indexes(
 ) -> list[T]:
     """The index of each shard ``spec`` names, in order.
 
-    ``spec``: a local folder of ``*suffix`` files or a glob; a bucket prefix or glob. ``load(path, remote)`` loads
-    or builds one index (``remote``: ``None`` for a local file, else the object's size, version and what builds its
-    index: ``remote_index(store, shard, *args)``, reading it by ranges).
+    ``spec``: a local folder of ``*suffix`` files, a glob or a brace pattern; a bucket prefix, glob or brace
+    pattern. ``load(path, remote)`` loads or builds one index (``remote``: ``None`` for a local file, else the
+    object's size, version and what builds its index: ``remote_index(store, shard, *args)``, reading it by ranges).
 
     Raises:
         FileNotFoundError: If nothing matches (named).
@@ -276,12 +275,14 @@ def shard_indexes(
         from lightning_fastdata.loading.storage.object_store import ObjectStorage
 
         out = []
-        for shard in list_remote_shards([spec], storage_options):
+        for shard in list_remote_shards(expand_braces(spec), storage_options):
             build = functools.partial(ObjectStorage(shard.root, storage_options).run_direct, remote_index, shard, *args)
             out.append(load(shard.url, (shard.size, shard.version, build)))
         return out
-    pattern = os.path.join(glob.escape(spec), f"*{suffix}") if os.path.isdir(spec) else spec
-    paths = sorted(glob.glob(pattern))
+    paths = local_files(spec, [suffix])
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise PathNotFoundError(f"The shard {missing[0]!r} (of {spec!r}) does not exist.")
     if not paths:
-        raise PathNotFoundError(f"{spec!r} names no {suffix} file (a folder of them, or a glob).")
+        raise PathNotFoundError(f"{spec!r} names no {suffix} file (a folder of them, a glob or a brace pattern).")
     return [load(os.path.abspath(p), None) for p in paths]
