@@ -10,6 +10,8 @@ flip), each format's ratio to its own baseline:
   (``load_dataset("parquet", ...)``, its Arrow cache built before timing) with ``with_transform`` applying the same
   torchvision transforms to its decoded PIL images, in a shuffled ``DataLoader``;
 - ``ShardDataModule (parquet)``: ours on the same Parquet files (row groups of 100 rows, windows of 1,000 rows);
+- ``ShardDataModule (parquet, full shuffle)``: the same files in a full shuffle (``shuffle_buffer=None``: each batch
+  from nearly every row group, each worker keeping the row groups it read up to its budget);
 - ``ShardDataModule (tar, entropy_index=True)``: the tar row with each crop entropy-decoded alone, from the shards'
   entropy index built before timing (where the compiled decoder is installed);
 - ``ImageFolderDataModule (same images)``: ours on the folder the shards were written from.
@@ -43,10 +45,19 @@ WDS = "webdataset + torchvision (shuffle buffer 1000)"
 HUB = "datasets + torchvision (with_transform)"
 OURS_TAR = "ShardDataModule (tar)"
 OURS_PARQUET = "ShardDataModule (parquet)"
+OURS_PARQUET_FULL = "ShardDataModule (parquet, full shuffle)"
 OURS_TAR_INDEXED = "ShardDataModule (tar, entropy_index=True)"
 FOLDER = "ImageFolderDataModule (same images)"
 #: Each row's baseline (the folder row is compared with the tar baseline, as before).
-BASELINE = {WDS: WDS, OURS_TAR: WDS, OURS_TAR_INDEXED: WDS, FOLDER: WDS, HUB: HUB, OURS_PARQUET: HUB}
+BASELINE = {
+    WDS: WDS,
+    OURS_TAR: WDS,
+    OURS_TAR_INDEXED: WDS,
+    FOLDER: WDS,
+    HUB: HUB,
+    OURS_PARQUET: HUB,
+    OURS_PARQUET_FULL: HUB,
+}
 
 
 def _transform(size: int) -> Any:
@@ -118,7 +129,8 @@ def shards_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
         )  # fmt: skip
         tar = ShardDataModule(tar_dir, entropy_index=False, **kw)
         parquet = ShardDataModule(parquet_dir, entropy_index=False, **kw)
-        modules = [tar, parquet]
+        full = ShardDataModule(parquet_dir, entropy_index=False, shuffle_buffer=None, **kw)
+        modules = [tar, parquet, full]
         indexed = None
         if entropy_index_available():
             indexed = ShardDataModule(tar_dir, entropy_index=True, **kw)  # built in prepare_data, before timing
@@ -139,6 +151,7 @@ def shards_suite(args: argparse.Namespace) -> list[dict[str, Any]]:
                                count_images))  # fmt: skip
         candidates += [
             (OURS_PARQUET, parquet.train_dataloader, count_images),
+            (OURS_PARQUET_FULL, full.train_dataloader, count_images),
             (FOLDER, folder.train_dataloader, count_images),
         ]
         rates = measure(candidates, args.repeats, args.min_seconds)

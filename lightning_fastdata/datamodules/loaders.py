@@ -21,6 +21,7 @@ from lightning_fastdata.datamodules.lightning_compat import checkpoint_step_inte
 from lightning_fastdata.datamodules.resume import ResumableLoader, quiet_torchdata_in_order
 from lightning_fastdata.datamodules.transfer import DeviceTransfer
 from lightning_fastdata.datasets.base import LoaderPlan
+from lightning_fastdata.datasets.group_reads import keep_for_random_reads
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
 from lightning_fastdata.loading.transport.collate import collate_prebatched
@@ -138,6 +139,8 @@ class LoaderFactory:
             # a dataset read in groups (Parquet row groups) shuffles in windows of them, unless told otherwise
             windows=getattr(dataset, "windows", None) if train and draws is None and not s.block_shuffle else None,
         )
+        if train and sampler.windows is None and not sampler.block_size and (sampler.shuffle or draws is not None):
+            keep_for_random_reads(dataset)  # group reads (Parquet row groups) in a random order: keep what fits
         if hasattr(dataset, "for_loader"):  # this package's datasets, and a mix of them
             # the next batch's reads start early (from a bucket)
             ahead = train and workers > 0 and s.in_order and getattr(dataset, "reads_ahead", False) and not draws

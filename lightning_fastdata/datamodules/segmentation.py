@@ -105,7 +105,9 @@ class SegmentationDataModule(FastDataModule):
         image_column: Parquet files: the images' column (bytes, or the hubs' ``{bytes, path}`` structs).
         mask_column: Parquet files: the masks' column (PNG bytes or structs; ADE20K on the hubs: ``annotation``).
         shuffle_buffer: Parquet files: the training order in windows of row groups holding about this many rows
-            (every row once an epoch); ``None``: a full shuffle, a row group's read per row.
+            (every row once an epoch); ``None``: a full shuffle (each process keeps up to
+            :data:`~lightning_fastdata.datasets.group_reads.FULL_SHUFFLE_CACHE_BYTES` of row groups; beyond them, a
+            row group's read per row).
         cache_dir: Decode each split once into a uint8 cache here (``prepare_data``; a folder per source and size,
             :mod:`~lightning_fastdata.segmentation.cache`), then train and evaluate from it with no decode;
             ``None``: decode every epoch.

@@ -3,10 +3,13 @@
 Where one read serves many samples (Parquet compresses a row group's column chunk as a whole; a bucket answers a
 ranged request with per-request costs, so a run of members is cheaper read at once), a dataset numbers groups of
 consecutive samples (:attr:`GroupReads._group_of`) and this mixin reads a batch's samples from their groups: the
-groups it keeps (the last :attr:`GroupReads.cache_groups` read by this process), those requested ahead while the
-previous batch decoded (a bucket), and the rest requested together. :meth:`GroupReads.group_windows` is the training
-order that makes that pay: the groups shuffled in windows
-(:class:`~lightning_fastdata.loading.sampler.ShuffleWindows`), each process keeping a window's groups.
+groups it keeps (the last :attr:`GroupReads.cache_groups` read by this process, or as many as
+:attr:`GroupReads.cache_bytes` holds), those requested ahead while the previous batch decoded (a bucket), and the rest
+requested together. :meth:`GroupReads.group_windows` is the training order that makes that pay: the groups shuffled
+in windows (:class:`~lightning_fastdata.loading.sampler.ShuffleWindows`), each process keeping a window's groups. A
+training order without windows (a full shuffle, sampling's draws, a mix) draws each batch from nearly every group:
+kept up to :data:`FULL_SHUFFLE_CACHE_BYTES` a process (:func:`keep_for_random_reads`), data that fits is read once a
+process and epoch (once a run with persistent workers), not a group per sample.
 
 A subclass gives the groups' reads (:meth:`GroupReads.group_calls` for a bucket, :meth:`GroupReads.read_group` for a
 local file) and how a sample's bytes are cut from its group's (:meth:`GroupReads.sample_bytes`).
@@ -23,20 +26,46 @@ import numpy as np
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.sampler import ShuffleWindows
 
-__all__ = ["GroupReads"]
+__all__ = ["FULL_SHUFFLE_CACHE_BYTES", "GroupReads", "keep_for_random_reads"]
+
+#: The bytes of groups a process keeps in a training order without windows (512 MiB).
+FULL_SHUFFLE_CACHE_BYTES = 512 * 2**20
+
+
+def keep_for_random_reads(dataset: Any) -> None:
+    """Give ``dataset`` (or each source of a mix) read in a random order the full shuffle's budget of kept groups.
+
+    Called by the loader that reads a training dataset without windows (a full shuffle, sampling draws, a mix): the
+    dataset is the DataModule's training one, so the budget stays with it (each worker's copy keeps its own groups).
+    """
+    for d in [dataset, *getattr(dataset, "sources", [])]:
+        if isinstance(d, GroupReads):
+            d.cache_bytes = max(d.cache_bytes, FULL_SHUFFLE_CACHE_BYTES)
+
+
+def _nbytes(values: Any) -> int:
+    """The bytes a kept group holds (Arrow arrays, bytes, or tuples of them)."""
+    if isinstance(values, tuple | list):
+        return sum(_nbytes(v) for v in values)
+    if isinstance(values, bytes | bytearray | memoryview):
+        return len(values)
+    return int(getattr(values, "nbytes", 0))
 
 
 class GroupReads:
     """The group reads of a dataset (module docstring); its ``_storage`` is an object store, or ``None`` (local).
 
     Attributes:
-        cache_groups: How many groups each process keeps.
+        cache_groups: How many groups each process keeps at least.
+        cache_bytes: How many bytes of groups each process keeps beyond ``cache_groups`` (0: none).
     """
 
     _group_of: np.ndarray
     _storage: Any
     cache_groups: int = 4
+    cache_bytes: int = 0
     _groups: OrderedDict[int, Any] | None = None
+    _kept_bytes: dict[int, int] | None = None
     _pending: dict[int, Any] | None = None
     #: A window's groups are requested this many batches ahead (the first batch of a window needs most of them).
     read_ahead_batches = 4
@@ -56,7 +85,7 @@ class GroupReads:
 
     def reset_groups(self) -> None:
         """Forget the kept and pending groups (a process of its own: after a fork, or when first used)."""
-        self._groups, self._pending = OrderedDict(), {}
+        self._groups, self._pending, self._kept_bytes = OrderedDict(), {}, {}
 
     # -- the reads ------------------------------------------------------------------------------------------
     def group_windows(self, samples: int) -> ShuffleWindows:
@@ -81,9 +110,13 @@ class GroupReads:
 
     def _keep(self, g: int, values: Any) -> None:
         groups = self._kept()
+        sizes = self._kept_bytes
+        assert sizes is not None
         groups[g] = values
-        while len(groups) > self.cache_groups:
-            groups.popitem(last=False)
+        sizes[g] = _nbytes(values) if self.cache_bytes else 0
+        total = sum(sizes.values())
+        while len(groups) > self.cache_groups and (not self.cache_bytes or total > self.cache_bytes):
+            total -= sizes.pop(groups.popitem(last=False)[0])
 
     def _missing(self, indices: np.ndarray) -> dict[int, int]:
         """The groups of ``indices`` neither kept nor requested ahead, each named by one of its samples."""

@@ -49,9 +49,12 @@ class ParquetShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         files: Each file's :class:`~lightning_fastdata.loading.index.parquet_index.ParquetIndex`.
         classes: The class names, in label order. A file with named labels is mapped onto them by name.
         indices: The rows (numbered file after file) this dataset holds, in order; ``None``: all (a split).
-        shuffle_buffer: The training order's window, in rows (:attr:`windows`); ``None``: no window (a full shuffle
-            reads a row group per row: slow).
+        shuffle_buffer: The training order's window, in rows (:attr:`windows`); ``None``: no window (a full shuffle,
+            or the files' order for evaluation).
         cache_groups: How many row groups each process keeps (at least what one window reads, plus two).
+        cache_bytes: The row groups each process keeps beyond ``cache_groups``, in bytes (a full shuffle's:
+            :func:`~lightning_fastdata.datasets.group_reads.keep_for_random_reads`; beyond it, a row group is read
+            for each of its rows drawn).
         entropy_indexes: The entropy indexes of every sample of these shards
             (:func:`~lightning_fastdata.datasets.shard_sources.shard_file_index`'s list), or ``None``.
         labelled: Whether every sample has a label in ``classes`` (``False``: samples to predict on, whose batches
@@ -63,7 +66,7 @@ class ParquetShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         ValueError: If there is no row, or a label is outside ``classes`` (naming the file and row).
     """
 
-    per_process_attrs = ("_files", "_groups", "_pending")
+    per_process_attrs = ("_files", "_groups", "_pending", "_kept_bytes")
 
     def __init__(
         self,
@@ -72,6 +75,7 @@ class ParquetShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         indices: np.ndarray | None = None,
         shuffle_buffer: int | None = 1000,
         cache_groups: int = 4,
+        cache_bytes: int = 0,
         storage_options: Mapping[str, Any] | None = None,
         labelled: bool = True,
         entropy_indexes: Any = None,
@@ -112,7 +116,7 @@ class ParquetShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         self._targets = shard_targets(np.concatenate(labels)[rows], self._classes, labelled, self.describe)
         if cache_groups < 1:
             raise InvalidValueError(f"cache_groups should be a positive number of row groups, got {cache_groups!r}.")
-        self.cache_groups = int(cache_groups)
+        self.cache_groups, self.cache_bytes = int(cache_groups), int(cache_bytes)
         #: The training order that reads whole row groups (the loader's sampler takes it), or ``None``.
         self.windows = None if shuffle_buffer is None else self.group_windows(shuffle_buffer)
         self._files: dict[int, Any] | None = None

@@ -50,7 +50,7 @@ class TarShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         ValueError: If there is no sample, or a label is outside ``classes`` (naming the shard and sample).
     """
 
-    per_process_attrs = ("_fds", "_groups", "_pending")
+    per_process_attrs = ("_fds", "_groups", "_pending", "_kept_bytes")
 
     def __init__(
         self,

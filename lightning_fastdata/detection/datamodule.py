@@ -67,6 +67,10 @@ class DetectionDataModule(FastDataModule):
         layout: ``"auto"`` (told by the root's folders; local shards and Parquet too), ``"coco"``, ``"voc"``,
             ``"yolo"``, ``"shards"`` or ``"parquet"`` (a bucket's).
         objects_column: Parquet: the column of each row's boxes (our JSON).
+        shuffle_buffer: Parquet: the training order in windows of row groups holding about this many rows (every row
+            once an epoch); ``None``: a full shuffle (each process keeps up to
+            :data:`~lightning_fastdata.datasets.group_reads.FULL_SHUFFLE_CACHE_BYTES` of row groups; beyond them, a
+            row group's read per row).
         class_names: The classes in label order (VOC: its 20 by default; YOLO: ``data.yaml``'s; COCO: its file's
             categories, sorted by id, their sparse ids mapped to labels ``0 ..``).
         train_split: The split trained on (default: COCO's ``train2017``, else ``train``). Shards and Parquet: the
@@ -100,6 +104,7 @@ class DetectionDataModule(FastDataModule):
         storage_options: dict[str, Any] | None = None,
         index_dir: str | None = None,
         objects_column: str = "objects",
+        shuffle_buffer: int | None = 1000,
         batch_size: int = 2,
         num_workers: int | Literal["auto"] = "auto",
         pin_memory: bool | None = None,
@@ -129,7 +134,7 @@ class DetectionDataModule(FastDataModule):
         self.root = os.fspath(root)
         self.folder_layout = DetectionLayout(layout, None, None if class_names is None else tuple(class_names))
         self.storage_options = storage_options
-        self.layout, self.objects_column = layout, objects_column
+        self.layout, self.objects_column, self.shuffle_buffer = layout, objects_column, shuffle_buffer
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self._splits = (train_split, val_split, test_split)
         self._categories: dict[Any, int] | None = None
@@ -197,7 +202,8 @@ class DetectionDataModule(FastDataModule):
             source = PairedTarDataset(shards, target, options, seed=self.seed)
         elif found == "parquet":
             files = load_parquet_files(where, self.index_dir, "image", options)
-            source = PairedParquetDataset(files, target, self.objects_column, None, options, seed=self.seed)
+            buffer = self.shuffle_buffer if train else None
+            source = PairedParquetDataset(files, target, self.objects_column, buffer, options, seed=self.seed)
         else:
             options = self.storage_options
             source = PairedFolderDataset(self.root, split, target, self.folder_layout, options, seed=self.seed)

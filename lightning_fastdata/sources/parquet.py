@@ -71,8 +71,10 @@ class PairedParquetDataset(GroupReads, WindowedDataset):
             first file's metadata (a local file's).
         column: The column of the target's payloads (bytes, or ``{bytes, path}`` structs).
         shuffle_buffer: The training order in windows of row groups holding about this many rows (``None``: a full
-            shuffle, a row group's read per row).
+            shuffle, or the files' order where ``train`` is false).
         storage_options: Object-store settings for files in a bucket.
+        cache_bytes: The row groups each process keeps beyond a window's, in bytes (a full shuffle's:
+            :func:`~lightning_fastdata.datasets.group_reads.keep_for_random_reads`).
         **kwargs: The window settings of :class:`~lightning_fastdata.sources.windowed.WindowedDataset`.
 
     Raises:
@@ -86,9 +88,10 @@ class PairedParquetDataset(GroupReads, WindowedDataset):
         column: str,
         shuffle_buffer: int | None = 1000,
         storage_options: Mapping[str, Any] | None = None,
+        cache_bytes: int = 0,
         **kwargs: Any,
     ) -> None:
-        self.files, self.column = list(files), column
+        self.files, self.column, self.cache_bytes = list(files), column, int(cache_bytes)
         counts = [len(f) for f in self.files]
         if not sum(counts):
             raise InvalidValueError(f"The Parquet files {[f.path for f in self.files][:3]} hold no row.")
@@ -116,7 +119,7 @@ class PairedParquetDataset(GroupReads, WindowedDataset):
         return dict(self.files[0].metadata)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_files": {}, "_groups": None, "_pending": None, "_pid": -1}
+        return {**self.__dict__, "_files": {}, "_groups": None, "_pending": None, "_kept_bytes": None, "_pid": -1}
 
     # -- per-process handles (GroupReads keeps its row groups per process) ---------------------------------
     def _handles_open(self) -> bool:

@@ -324,6 +324,7 @@ def test_the_shards_suite_times_the_peers_and_ours_on_the_same_shards(tmp_path: 
         "ShardDataModule (tar, entropy_index=True)",
         "datasets + torchvision (with_transform)",
         "ShardDataModule (parquet)",
+        "ShardDataModule (parquet, full shuffle)",
         "ImageFolderDataModule (same images)",
     ]
     assert all(row["images_per_s"] > 0 and row["num_workers"] == 2 for row in rows.values())

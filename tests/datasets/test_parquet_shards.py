@@ -129,6 +129,57 @@ def test_row_groups_are_read_once_per_window_in_one_process(parquet: list[Path],
     assert len(reads) == len(set(ds._group_of.tolist()))  # every row group read once in the epoch
 
 
+def count_row_group_reads(ds: ParquetShardDataset, order: np.ndarray, batch: int) -> list[int]:
+    """The row groups read (in one process) while ``ds`` serves ``order`` in batches of ``batch``."""
+    reads: list[int] = []
+    real = pq.ParquetFile.read_row_group
+
+    def counting(self: pq.ParquetFile, i: int, *args: object, **kw: object) -> pa.Table:
+        reads.append(i)
+        return real(self, i, *args, **kw)  # type: ignore[arg-type]
+
+    pq.ParquetFile.read_row_group = counting  # type: ignore[method-assign]
+    try:
+        for start in range(0, len(order), batch):
+            ds.__getitems__([(0, int(i)) for i in order[start : start + batch]])
+    finally:
+        pq.ParquetFile.read_row_group = real  # type: ignore[method-assign]
+    return reads
+
+
+def test_a_full_shuffle_reads_each_row_group_once_where_they_fit(parquet: list[Path], tmp_path: Path) -> None:
+    """A full shuffle (no window) draws each batch from nearly every row group: a process keeps them up to its
+    budget, so each is read once an epoch (it was read again for nearly every row: 0.54x the windowed order); a
+    budget smaller than the data keeps what fits, and the count-based minimum still holds."""
+    from lightning_fastdata import ShardDataModule
+    from lightning_fastdata.datasets.group_reads import FULL_SHUFFLE_CACHE_BYTES
+
+    def budget(**kw: object) -> tuple[int, int]:  # the training and validation datasets' once their loaders are made
+        dm = ShardDataModule(str(parquet[0].parent), index_dir=str(tmp_path / "idx"), num_workers=0, image_size=16,
+                             val_fraction=0.2, **kw)  # fmt: skip
+        dm.setup("fit")
+        dm.train_dataloader(), dm.val_dataloader()
+        return dm.train_dataset.cache_bytes, dm.val_dataset.cache_bytes  # type: ignore[union-attr]
+
+    assert budget(shuffle_buffer=None) == (FULL_SHUFFLE_CACHE_BYTES, 0)  # evaluation reads in file order
+    assert budget() == (0, 0)  # the windows read each row group once
+    assert budget(epoch_size=20) == (FULL_SHUFFLE_CACHE_BYTES, 0)  # sampling's draws leave the windows
+    whole = dataset(parquet, tmp_path, shuffle_buffer=None)
+    groups = len(set(whole._group_of.tolist()))
+    order = EpochSampler(len(whole), shuffle=True, seed=0).epoch_order().numpy()
+    kept = dataset(parquet, tmp_path, shuffle_buffer=None, cache_bytes=FULL_SHUFFLE_CACHE_BYTES)
+    assert len(count_row_group_reads(kept, order, 4)) == groups  # each once (numbered within their file)
+    assert len(kept._kept_bytes) == groups  # type: ignore[arg-type]
+    assert count_row_group_reads(kept, order, 4) == []  # a second epoch: nothing read (persistent workers)
+    plain = dataset(parquet, tmp_path, shuffle_buffer=None, cache_groups=1)
+    plain_reads = len(count_row_group_reads(plain, order, 4))
+    assert plain_reads > 2 * groups  # what the budget saves
+    one_group = max(kept._kept_bytes.values())  # type: ignore[union-attr]
+    small = dataset(parquet, tmp_path, shuffle_buffer=None, cache_groups=1, cache_bytes=3 * one_group)
+    assert groups < len(count_row_group_reads(small, order, 4)) < plain_reads
+    assert sum(small._kept_bytes.values()) <= 3 * one_group  # type: ignore[union-attr]
+
+
 def test_a_kept_index_is_reused_and_a_changed_file_is_refused(parquet: list[Path], tmp_path: Path) -> None:
     copy = tmp_path / "s.parquet"
     copy.write_bytes(parquet[0].read_bytes())
