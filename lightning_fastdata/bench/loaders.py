@@ -197,85 +197,9 @@ def _run(args: argparse.Namespace, lab: Mapping[str, LabSuite]) -> dict[str, Any
         result.update(_folder_data(args))
     else:
         print(f"Machine: {machine}")
-    ceiling: dict[str, float] = result.get("decode_ceiling_1core", {})
-    if "folder" in args.suites:
-        rows = folder_suite(args, max(ceiling.values()))
-        print("\nSuite folder: JPEG folder, RandomResizedCrop + flip\n")
-        print_table(rows)
-        result["suites"]["folder"] = rows
-    if "hdf5" in args.suites:
-        rows = hdf5_suite(args)
-        print("\nSuite hdf5: one HDF5 file (baseline: the seed-style float32 dataset, one read per sample)\n")
-        print_table(rows)
-        result["suites"]["hdf5"] = rows
-    if "cache" in args.suites:
-        rows, extra = cache_suite(args)
-        print(
-            f"\nSuite cache: uint8 tensor cache (256 px squares); memcpy ceiling (1 core, {args.image_size} px "
-            f"samples): {extra['memcpy_ceiling_1core']:.0f} img/s; "
-            f"build: {extra['build_s_per_1000']:.1f} s per 1,000 images (nan: cache was already built)\n"
-        )
-        print_table(rows)
-        result["suites"]["cache"] = rows
-        result["cache"] = extra
-    if "callback" in args.suites:
-        cb = callback_suite(args)
-        print(
-            "\nSuite callback: CPU step time of the same run (in-memory data, small CNN, batch 32, medians of 7 "
-            f"alternating runs): without FastDataCallback {cb['step_ms_without']:.2f} ms, "
-            f"with it {cb['step_ms_with']:.2f} ms "
-            f"({cb['overhead_pct']:+.1f}%; runs without {min(cb['runs'][0]):.2f}-{max(cb['runs'][0]):.2f} ms, "
-            f"with {min(cb['runs'][1]):.2f}-{max(cb['runs'][1]):.2f} ms); time inside the callback's per-step hooks: "
-            f"{cb['hook_us_per_step']:.0f} us per step"
-        )
-        result["suites"]["callback"] = cb
-        snap = snapshot_suite(args)
-        print("\nStatefulDataLoader snapshots (tensor cache loader, 2 workers, ms per batch of the loader itself):")
-        for name, value in snap["ms_per_batch"].items():
-            runs = snap["ms_per_batch_runs"][name]
-            print(
-                f"  {name}: median {value:.2f} ms ({snap['overhead_pct'][name]:+.1f}% vs no state; "
-                f"runs {min(runs):.1f}-{max(runs):.1f} ms)"
-            )
-        result["suites"]["snapshot"] = snap
-    if "recipe" in args.suites:
-        from lightning_fastdata.bench.recipe import recipe_suite
-        from lightning_fastdata.recipe import load_recipe
-
-        recipe, written = load_recipe(args.recipe)
-        workers = max(args.workers)
-        print(f"\nSuite recipe: {args.recipe} ({', '.join(f'{k}={v!r}' for k, v in written.items())})\n")
-        index_dir = os.path.join(args.scratch, "entropy-index")
-        out = recipe_suite(
-            args.root,
-            recipe,
-            args.batch_size,
-            workers,
-            args.repeats,
-            args.min_seconds,
-            ceiling["PIL"],
-            print,
-            index_dir,
-        )
-        print_table(out["rows"])
-        result["suites"]["recipe"] = {**out, "recipe": args.recipe}
-    if "predict" in args.suites:
-        from lightning_fastdata.bench.predict import predict_suite
-
-        rows = predict_suite(args)
-        print("\nSuite predict: trainer.predict's loader (Resize + CenterCrop, in order, no labels needed)\n")
-        print_table(rows)
-        result["suites"]["predict"] = rows
-    if "shards" in args.suites:
-        from lightning_fastdata.bench.shards import shards_suite
-
-        print("\nSuite shards: tar and Parquet shards of the folder, what users write vs ours (each to its baseline)\n")
-        result["suites"]["shards"] = shards_suite(args)
-    if "segmentation" in args.suites:
-        from lightning_fastdata.bench.segmentation import segmentation_suite
-
-        print("\nSuite segmentation: torchvision's segmentation reference loader vs ours (images and masks)\n")
-        result["suites"]["segmentation"] = segmentation_suite(args)
+    for name, run in _SUITE_RUNS.items():  # in this order, whatever the order asked
+        if name in args.suites:
+            run(args, result)
     for name, suite in lab.items():
         if name in args.suites:
             result["suites"][name] = suite.run(args)
@@ -286,6 +210,105 @@ def _run(args: argparse.Namespace, lab: Mapping[str, LabSuite]) -> dict[str, Any
         plot(result, args.plot)
         print(f"\nPlot written to {args.plot}")
     return result
+
+
+def _run_folder(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    rows = folder_suite(args, max(result["decode_ceiling_1core"].values()))
+    print("\nSuite folder: JPEG folder, RandomResizedCrop + flip\n")
+    print_table(rows)
+    result["suites"]["folder"] = rows
+
+
+def _run_hdf5(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    rows = hdf5_suite(args)
+    print("\nSuite hdf5: one HDF5 file (baseline: the seed-style float32 dataset, one read per sample)\n")
+    print_table(rows)
+    result["suites"]["hdf5"] = rows
+
+
+def _run_cache(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    rows, extra = cache_suite(args)
+    print(
+        f"\nSuite cache: uint8 tensor cache (256 px squares); memcpy ceiling (1 core, {args.image_size} px "
+        f"samples): {extra['memcpy_ceiling_1core']:.0f} img/s; "
+        f"build: {extra['build_s_per_1000']:.1f} s per 1,000 images (nan: cache was already built)\n"
+    )
+    print_table(rows)
+    result["suites"]["cache"] = rows
+    result["cache"] = extra
+
+
+def _run_callback(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    cb = callback_suite(args)
+    print(
+        "\nSuite callback: CPU step time of the same run (in-memory data, small CNN, batch 32, medians of 7 "
+        f"alternating runs): without FastDataCallback {cb['step_ms_without']:.2f} ms, "
+        f"with it {cb['step_ms_with']:.2f} ms "
+        f"({cb['overhead_pct']:+.1f}%; runs without {min(cb['runs'][0]):.2f}-{max(cb['runs'][0]):.2f} ms, "
+        f"with {min(cb['runs'][1]):.2f}-{max(cb['runs'][1]):.2f} ms); time inside the callback's per-step hooks: "
+        f"{cb['hook_us_per_step']:.0f} us per step"
+    )
+    result["suites"]["callback"] = cb
+    snap = snapshot_suite(args)
+    print("\nStatefulDataLoader snapshots (tensor cache loader, 2 workers, ms per batch of the loader itself):")
+    for name, value in snap["ms_per_batch"].items():
+        runs = snap["ms_per_batch_runs"][name]
+        print(
+            f"  {name}: median {value:.2f} ms ({snap['overhead_pct'][name]:+.1f}% vs no state; "
+            f"runs {min(runs):.1f}-{max(runs):.1f} ms)"
+        )
+    result["suites"]["snapshot"] = snap
+
+
+def _run_recipe(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    from lightning_fastdata.bench.recipe import recipe_suite
+    from lightning_fastdata.recipe import load_recipe
+
+    recipe, written = load_recipe(args.recipe)
+    print(f"\nSuite recipe: {args.recipe} ({', '.join(f'{k}={v!r}' for k, v in written.items())})\n")
+    index_dir = os.path.join(args.scratch, "entropy-index")
+    ceiling = result["decode_ceiling_1core"]["PIL"]
+    out = recipe_suite(
+        args.root, recipe, args.batch_size, max(args.workers), args.repeats, args.min_seconds, ceiling, print, index_dir
+    )
+    print_table(out["rows"])
+    result["suites"]["recipe"] = {**out, "recipe": args.recipe}
+
+
+def _run_predict(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    from lightning_fastdata.bench.predict import predict_suite
+
+    rows = predict_suite(args)
+    print("\nSuite predict: trainer.predict's loader (Resize + CenterCrop, in order, no labels needed)\n")
+    print_table(rows)
+    result["suites"]["predict"] = rows
+
+
+def _run_shards(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    from lightning_fastdata.bench.shards import shards_suite
+
+    print("\nSuite shards: tar and Parquet shards of the folder, what users write vs ours (each to its baseline)\n")
+    result["suites"]["shards"] = shards_suite(args)
+
+
+def _run_segmentation(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    from lightning_fastdata.bench.segmentation import segmentation_suite
+
+    print("\nSuite segmentation: torchvision's segmentation reference loader vs ours (images and masks)\n")
+    result["suites"]["segmentation"] = segmentation_suite(args)
+
+
+#: Each suite's run (it prints its table and puts its figures in the result), in the order they run.
+_SUITE_RUNS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], None]] = {
+    "folder": _run_folder,
+    "hdf5": _run_hdf5,
+    "cache": _run_cache,
+    "callback": _run_callback,
+    "recipe": _run_recipe,
+    "predict": _run_predict,
+    "shards": _run_shards,
+    "segmentation": _run_segmentation,
+}
 
 
 def _folder_data(args: argparse.Namespace) -> dict[str, Any]:

@@ -167,6 +167,77 @@ def _labels_of(path: str, key: str, labels_ds: Any) -> np.ndarray:
     return labels_ds[()].astype(np.int64).reshape(-1)
 
 
+def _layout_kind(path: str, images_key: str, images: Any, vlen_base: Any, has_offsets: bool, f: Any) -> str:
+    """``"encoded"``, ``"hwc"`` or ``"chw"``: the images' layout told from their dtype, shape and the file's marks."""
+    if vlen_base is not None or has_offsets or f.attrs.get("mode", None) == "encoded":
+        return "encoded"
+    if images.ndim == 4 and images.shape[-1] == 3:
+        return "hwc"
+    if images.ndim == 4 and images.shape[1] == 3:
+        return "chw"
+    raise InvalidValueError(
+        f"Cannot tell the layout of {path!r}[{images_key!r}] (shape {images.shape}, dtype {images.dtype}); "
+        "expected encoded bytes (vlen uint8, or a uint8 blob plus an offsets dataset) or a 4-D array "
+        "N x H x W x 3 or N x 3 x H x W. Pass layout= explicitly."
+    )
+
+
+def _image_count(
+    path: str, images_key: str, images: Any, kind: str, vlen_base: Any, offsets: tuple[str, bool], f: Any
+) -> tuple[int, str | None]:
+    """How many images the dataset holds in layout ``kind``, and its offsets dataset (a blob's), checked.
+
+    ``offsets``: the offsets dataset's name, and whether the file holds it beside a 1-D uint8 blob.
+    """
+    if kind != "encoded":
+        channel_axis = -1 if kind == "hwc" else 1
+        if images.ndim != 4 or images.shape[channel_axis] != 3:
+            raise InvalidValueError(
+                f"{path!r}[{images_key!r}] has shape {images.shape}; layout={kind!r} expects "
+                f"{'N x H x W x 3' if kind == 'hwc' else 'N x 3 x H x W'}."
+            )
+        if images.dtype not in (np.uint8, np.float32, np.float16, np.float64):
+            raise InvalidValueError(f"{path!r}[{images_key!r}] has dtype {images.dtype}; expected uint8 or float.")
+        return int(images.shape[0]), None
+    if vlen_base is not None:
+        if vlen_base != np.uint8 or images.ndim != 1:
+            raise InvalidValueError(f"{path!r}[{images_key!r}]: encoded images should be vlen uint8, got {vlen_base}.")
+        return int(images.shape[0]), None
+    offsets_key, has_offsets = offsets
+    if has_offsets:
+        found = f[offsets_key]
+        if found.ndim != 1 or found.shape[0] < 1:
+            raise InvalidValueError(f"{path!r}[{offsets_key!r}] should be a 1-D array of N + 1 byte offsets.")
+        return int(found.shape[0]) - 1, offsets_key
+    raise InvalidValueError(
+        f"{path!r}[{images_key!r}] (shape {images.shape}, dtype {images.dtype}) is not encoded bytes: "
+        f"expected vlen uint8, or a 1-D uint8 blob with an {offsets_key!r} dataset."
+    )
+
+
+def _checked_classes(
+    path: str, labels_key: str, labels: np.ndarray, classes_attr: Any
+) -> tuple[tuple[str, ...] | None, int]:
+    """The file's class names (its ``classes`` attribute, or ``None``) and their number, the labels checked in it."""
+    classes = tuple(json.loads(classes_attr)) if classes_attr is not None else None
+    if labels.ndim == 2:  # multi-hot rows: one column per class
+        num_classes = labels.shape[1]
+        if classes is not None and len(classes) != num_classes:
+            raise InvalidValueError(
+                f"{path!r}: {len(classes)} names in its classes attribute but {num_classes} columns in "
+                f"{labels_key!r}; they should match (one column per class)."
+            )
+    else:
+        num_classes = len(classes) if classes is not None else int(labels.max(initial=-1)) + 1
+    bad = np.flatnonzero((labels < 0) | (labels >= num_classes)) if labels.ndim == 1 else np.zeros(0, np.int64)
+    if bad.size:
+        raise InvalidValueError(
+            f"{path!r}[{labels_key!r}][{bad[0]}] = {labels[bad[0]]} is out of range [0, {num_classes}) "
+            f"({bad.size} such labels)."
+        )
+    return classes, int(num_classes)
+
+
 def inspect_hdf5(
     path: str,
     images_key: str = "images",
@@ -217,73 +288,14 @@ def inspect_hdf5(
         images, labels_ds = f[images_key], f[labels_key]
         labels = _labels_of(path, labels_key, labels_ds)
         vlen_base = h5py.check_vlen_dtype(images.dtype)
-        stored_kind = f.attrs.get("mode", None)
         has_offsets = offsets_key in f and images.ndim == 1 and images.dtype == np.uint8
-        if layout == "auto":
-            if vlen_base is not None or has_offsets or stored_kind == "encoded":
-                kind = "encoded"
-            elif images.ndim == 4 and images.shape[-1] == 3:
-                kind = "hwc"
-            elif images.ndim == 4 and images.shape[1] == 3:
-                kind = "chw"
-            else:
-                raise InvalidValueError(
-                    f"Cannot tell the layout of {path!r}[{images_key!r}] (shape {images.shape}, dtype {images.dtype}); "
-                    "expected encoded bytes (vlen uint8, or a uint8 blob plus an offsets dataset) or a 4-D array "
-                    "N x H x W x 3 or N x 3 x H x W. Pass layout= explicitly."
-                )
-        else:
-            kind = layout
-        offsets_name: str | None = None
-        if kind == "encoded":
-            if vlen_base is not None:
-                if vlen_base != np.uint8 or images.ndim != 1:
-                    raise InvalidValueError(
-                        f"{path!r}[{images_key!r}]: encoded images should be vlen uint8, got {vlen_base}."
-                    )
-                n = images.shape[0]
-            elif has_offsets:
-                offsets = f[offsets_key]
-                if offsets.ndim != 1 or offsets.shape[0] < 1:
-                    raise InvalidValueError(f"{path!r}[{offsets_key!r}] should be a 1-D array of N + 1 byte offsets.")
-                n = offsets.shape[0] - 1
-                offsets_name = offsets_key
-            else:
-                raise InvalidValueError(
-                    f"{path!r}[{images_key!r}] (shape {images.shape}, dtype {images.dtype}) is not encoded bytes: "
-                    f"expected vlen uint8, or a 1-D uint8 blob with an {offsets_key!r} dataset."
-                )
-        else:
-            channel_axis = -1 if kind == "hwc" else 1
-            if images.ndim != 4 or images.shape[channel_axis] != 3:
-                raise InvalidValueError(
-                    f"{path!r}[{images_key!r}] has shape {images.shape}; layout={kind!r} expects "
-                    f"{'N x H x W x 3' if kind == 'hwc' else 'N x 3 x H x W'}."
-                )
-            if images.dtype not in (np.uint8, np.float32, np.float16, np.float64):
-                raise InvalidValueError(f"{path!r}[{images_key!r}] has dtype {images.dtype}; expected uint8 or float.")
-            n = images.shape[0]
+        kind = layout if layout != "auto" else _layout_kind(path, images_key, images, vlen_base, has_offsets, f)
+        n, offsets_name = _image_count(path, images_key, images, kind, vlen_base, (offsets_key, has_offsets), f)
         if n != len(labels):
             raise InvalidValueError(
                 f"{path!r}: {n} images but {len(labels)} labels in {labels_key!r}; they must have the same length."
             )
-        classes_attr = f.attrs.get("classes", None)
-        classes = tuple(json.loads(classes_attr)) if classes_attr is not None else None
-        if labels.ndim == 2:  # multi-hot rows: one column per class
-            num_classes = labels.shape[1]
-            if classes is not None and len(classes) != num_classes:
-                raise InvalidValueError(
-                    f"{path!r}: {len(classes)} names in its classes attribute but {num_classes} columns in "
-                    f"{labels_key!r}; they should match (one column per class)."
-                )
-        else:
-            num_classes = len(classes) if classes is not None else int(labels.max(initial=-1)) + 1
-        bad = np.flatnonzero((labels < 0) | (labels >= num_classes)) if labels.ndim == 1 else np.zeros(0, np.int64)
-        if bad.size:
-            raise InvalidValueError(
-                f"{path!r}[{labels_key!r}][{bad[0]}] = {labels[bad[0]]} is out of range [0, {num_classes}) "
-                f"({bad.size} such labels)."
-            )
+        classes, num_classes = _checked_classes(path, labels_key, labels, f.attrs.get("classes", None))
         mmap_offset = None
         if vlen_base is None and images.chunks is None and images.compression is None:
             mmap_offset = images.id.get_offset()

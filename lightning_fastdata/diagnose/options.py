@@ -138,24 +138,16 @@ def folder_options(
     good = len(sample.paths)
     batch = max(1, min(batch_size, good // 4))
     kw: dict[str, Any] = dict(image_size=image_size, batch_size=batch, val_fraction=0.0, **recipe[0])
-    side = max(image_size, round(image_size * 256 / 224))  # what a 224 crop of a 256 resize keeps
     in_bucket = is_url(root)
-    name = root.rstrip("/").rsplit("/", 1)[-1] if in_bucket else os.path.basename(os.path.abspath(root))
     src = root if in_bucket else os.path.abspath(root)
+    if recipe[0]:
+        baseline = "torchvision reference loader of the recipe (baseline)"
+        make = lambda w: reference_loader(sample_root, {**recipe[0], "image_size": image_size}, batch, w)  # noqa: E731
+    else:
+        baseline = "torchvision ImageFolder (baseline)"
+        make = lambda w: baseline_loader(sample_root, image_size, batch, w)  # noqa: E731
     options = [
-        PreparedOption(
-            BASELINE,
-            "torchvision reference loader of the recipe (baseline)"
-            if recipe[0]
-            else "torchvision ImageFolder (baseline)",
-            0,
-            (lambda w: reference_loader(sample_root, {**recipe[0], "image_size": image_size}, batch, w))
-            if recipe[0]
-            else (lambda w: baseline_loader(sample_root, image_size, batch, w)),
-            probe.mean_kb,
-            0.0,
-            {},
-        ),
+        PreparedOption(BASELINE, baseline, 0, make, probe.mean_kb, 0.0, {}),
         PreparedOption(
             "folder",
             "ImageFolderDataModule (streamed from the bucket)" if in_bucket else "ImageFolderDataModule",
@@ -167,29 +159,61 @@ def folder_options(
         ),
     ]
     if entropy_index_available():
-        index_dir = scratch / "entropy-index"
-        entropy_kw = {**kw, "index_dir": str(index_dir), "entropy_index": True}
-        start = time.perf_counter()
-        ImageFolderDataModule(sample_root, num_workers=0, **entropy_kw).prepare_data()
-        built = time.perf_counter() - start
-        index_bytes = sum(f.stat().st_size for f in index_dir.glob("entropy-*/blob.bin"))
-        options.append(
-            PreparedOption(
-                "folder-entropy",
-                "ImageFolderDataModule(entropy_index=True)",
-                1,
-                functools.partial(_held, ImageFolderDataModule, sample_root, entropy_kw),
-                probe.mean_kb + index_bytes / good / 1e3,
-                built / good,
-                {
-                    "class_path": "lightning_fastdata.ImageFolderDataModule",
-                    # a local disk of ours: never inside the data folder
-                    "init_args": {"root": src, "index_dir": "cache/index", "entropy_index": True},
-                },
-            )
-        )
-    storages: tuple[str, ...] = ("jpeg", "raw")
-    for storage in storages:
+        options.append(_entropy_option(sample_root, src, kw, scratch, probe.mean_kb, good))
+    options += _cache_options(root, sample_root, src, kw, scratch, processes, probe, good)
+    options += _hdf5_options(root, sample_root, src, kw, scratch, processes, good)
+    _finish_configs(options, probe.files, image_size, batch_size, recipe)
+    return options
+
+
+def _data_name(root: str) -> str:
+    """The data folder's (or bucket prefix's) last name, for the files the options write."""
+    return root.rstrip("/").rsplit("/", 1)[-1] if is_url(root) else os.path.basename(os.path.abspath(root))
+
+
+def _cache_side(kw: dict[str, Any]) -> int:
+    """The stored shorter side of the caches and HDF5 files: what a 224 crop of a 256 resize keeps."""
+    return max(kw["image_size"], round(kw["image_size"] * 256 / 224))
+
+
+def _entropy_option(
+    sample_root: str, src: str, kw: dict[str, Any], scratch: Path, mean_kb: float, good: int
+) -> PreparedOption:
+    """The folder module with the entropy index, built on the sample (its time and size per image counted)."""
+    index_dir = scratch / "entropy-index"
+    entropy_kw = {**kw, "index_dir": str(index_dir), "entropy_index": True}
+    start = time.perf_counter()
+    ImageFolderDataModule(sample_root, num_workers=0, **entropy_kw).prepare_data()
+    built = time.perf_counter() - start
+    index_bytes = sum(f.stat().st_size for f in index_dir.glob("entropy-*/blob.bin"))
+    return PreparedOption(
+        "folder-entropy",
+        "ImageFolderDataModule(entropy_index=True)",
+        1,
+        functools.partial(_held, ImageFolderDataModule, sample_root, entropy_kw),
+        mean_kb + index_bytes / good / 1e3,
+        built / good,
+        {
+            "class_path": "lightning_fastdata.ImageFolderDataModule",
+            # a local disk of ours: never inside the data folder
+            "init_args": {"root": src, "index_dir": "cache/index", "entropy_index": True},
+        },
+    )
+
+
+def _cache_options(
+    root: str,
+    sample_root: str,
+    src: str,
+    kw: dict[str, Any],
+    scratch: Path,
+    processes: int,
+    probe: DataProbe,
+    good: int,
+) -> list[PreparedOption]:
+    """The tensor cache of the sample, JPEG and raw (the raw one's memcpy ceiling set on ``probe``)."""
+    side, name, options = _cache_side(kw), _data_name(root), []
+    for storage in ("jpeg", "raw"):
         cache_dir = scratch / f"cache-{storage}"
         args: dict[str, Any] = dict(cache_size=side, storage=storage, build_processes=processes)
         start = time.perf_counter()
@@ -219,7 +243,18 @@ def folder_options(
         )
         if storage == "raw":
             images = np.load(cache_dir / "train_images.npy", mmap_mode="r")
-            probe.memcpy_ceiling_1core = memcpy_ceiling(np.asarray(images), min(batch, len(images)), image_size, 1)
+            batch = kw["batch_size"]
+            probe.memcpy_ceiling_1core = memcpy_ceiling(
+                np.asarray(images), min(batch, len(images)), kw["image_size"], 1
+            )
+    return options
+
+
+def _hdf5_options(
+    root: str, sample_root: str, src: str, kw: dict[str, Any], scratch: Path, processes: int, good: int
+) -> list[PreparedOption]:
+    """The sample converted to HDF5: its original JPEG bytes, JPEGs of the cache's side, and raw pixels."""
+    side, name, options = _cache_side(kw), _data_name(root), []
     hdf5s: list[tuple[str, str, str, dict[str, Any]]] = [
         ("hdf5-original", "HDF5DataModule (original JPEG bytes)", f"{name}.h5", {"mode": "encoded"}),
         (
@@ -247,7 +282,6 @@ def folder_options(
                 prepare=f"fastdata convert hdf5 --src {src} --dst cache/{file} {flags}",
             )
         )
-    _finish_configs(options, probe.files, image_size, batch_size, recipe)
     return options
 
 

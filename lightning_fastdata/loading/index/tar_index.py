@@ -175,21 +175,8 @@ def index_tar_file(
         current.clear()  # the sample at the cut may lack members: never a whole one
     else:
         close()
-    whole = sum(1 for o, n in zip(offsets, sizes) if o + n <= size)  # samples are in member order
-    if cut or whole < len(keys):
-        if not keep_intact:
-            raise DataError(
-                f"{path} is cut short (no tar end after its last member; an interrupted copy?). Copy it again, or "
-                "pass on_corrupt='skip' to train on its whole samples."
-            )
-        if not whole:
-            raise DataError(f"{path} is cut short before its first whole sample: copy the shard again.")
-        warnings.warn(
-            f"{path} is cut short (an interrupted copy?): its first {whole} samples, whole, are read; the rest of it "
-            "is lost to this run (on_corrupt='skip'). Copy the shard again to train on all of it.",
-            stacklevel=2,
-        )
-        del keys[whole:], offsets[whole:], sizes[whole:], labels[whole:]
+    whole = _whole_samples(path, size, offsets, sizes, cut, keep_intact)
+    del keys[whole:], offsets[whole:], sizes[whole:], labels[whole:]
     return TarIndex(
         path,
         size,
@@ -199,6 +186,30 @@ def index_tar_file(
         np.asarray(sizes, dtype=np.int64),
         np.asarray(labels, dtype=np.int64),
     )
+
+
+def _whole_samples(path: str, size: int, offsets: list[int], sizes: list[int], cut: bool, keep_intact: bool) -> int:
+    """How many of a shard's samples (in member order) are whole: all, or those before the cut of a shard cut short.
+
+    Raises:
+        DataError: If the shard is cut short and ``keep_intact`` is false, or it holds no whole sample.
+    """
+    whole = sum(1 for o, n in zip(offsets, sizes) if o + n <= size)  # samples are in member order
+    if not cut and whole == len(offsets):
+        return whole
+    if not keep_intact:
+        raise DataError(
+            f"{path} is cut short (no tar end after its last member; an interrupted copy?). Copy it again, or "
+            "pass on_corrupt='skip' to train on its whole samples."
+        )
+    if not whole:
+        raise DataError(f"{path} is cut short before its first whole sample: copy the shard again.")
+    warnings.warn(
+        f"{path} is cut short (an interrupted copy?): its first {whole} samples, whole, are read; the rest of it "
+        "is lost to this run (on_corrupt='skip'). Copy the shard again to train on all of it.",
+        stacklevel=3,
+    )
+    return whole
 
 
 def _lacks_end(fileobj: IO[bytes], size: int) -> bool:
