@@ -207,19 +207,11 @@ VARIANTS = {
     "all-torch-threads": dict,  # the whole recipe; FastDataCallback(host_threads=None): torch's own thread count
     "policy-in-workers": _policy_in_workers,
     "static-policy": _static_policy,
-    "graphed": dict,  # the whole recipe; its device half captured as a CUDA graph (_MODULE)
+    "graphed": dict,  # the whole recipe; FastDataCallback(device_half="graphed"): captured as a CUDA graph
     # the policy in the workers with 13 and 14 workers a rank (the default leaves one CPU: 15 of 16; _MODULE)
     "policy-in-workers-13w": _policy_in_workers,
     "policy-in-workers-14w": _policy_in_workers,
 }
-
-
-def _graphed(dm: ImageFolderDataModule) -> None:
-    """The recipe's device half in static shapes, captured as a CUDA graph and replayed per batch."""
-    from lightning_fastdata.augment.graphed.captured import CapturedDeviceHalf
-    from lightning_fastdata.augment.graphed.half import StaticDeviceHalf
-
-    dm.transfer.device_augment = CapturedDeviceHalf(StaticDeviceHalf(dm.transfer.device_augment))  # type: ignore[assignment]
 
 
 def _workers(count: int) -> Any:
@@ -233,13 +225,13 @@ def _workers(count: int) -> Any:
 
 #: What a variant changes on the DataModule it trains from, once made.
 _MODULE: dict[str, Any] = {
-    "graphed": _graphed,
     "policy-in-workers-13w": _workers(13),
     "policy-in-workers-14w": _workers(14),
 }
 
 #: What a variant changes in FastDataCallback's arguments.
 _CALLBACK: dict[str, dict[str, Any]] = {
+    "graphed": {"device_half": "graphed"},
     "one-torch-thread": {"host_threads": 1},
     "all-torch-threads": {"host_threads": None},
 }

@@ -228,6 +228,28 @@ def test_the_captured_device_half_replays_the_eager_gpu_results_and_never_waits(
     assert captured.replays == 4 and captured.eager_calls == 0
 
 
+@pytest.mark.timeout(300)
+def test_the_callbacks_graphed_device_half_trains_on_the_eager_batches(image_folder: Path) -> None:
+    """``FastDataCallback(device_half="graphed")`` on a GPU: the DataModule's device half is captured once and
+    replayed for each training batch (an epoch's shorter last one padded), the model trains on the eager half's
+    images and targets bit for bit."""
+    from lightning_fastdata.augment.graphed.captured import CapturedDeviceHalf
+
+    def fit(half: str) -> tuple[list[Any], Any]:
+        dm = recipe_module(image_folder, batch_size=16, num_workers=2, seed=4)
+        spy = Spy()
+        t = pl.Trainer(accelerator="gpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
+                       enable_checkpointing=False, callbacks=[spy, FastDataCallback(device_half=half)])  # fmt: skip
+        t.fit(ImageClassifier(num_classes=3), dm)
+        return [tuple(x.cpu() for x in b) for b in spy.batches], dm.transfer.device_augment
+
+    (eager, _), (graphed, captured) = fit("eager"), fit("graphed")
+    assert isinstance(captured, CapturedDeviceHalf) and captured.replays == len(graphed)  # each batch a replay
+    assert len(eager) == len(graphed) > 2 and captured.eager_calls == 0
+    for a, b in zip(eager, graphed, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
 def run(cfg: dict[str, Any]) -> int:
     out = subprocess.run([sys.executable, str(HELPER), json.dumps(cfg)], capture_output=True, text=True, timeout=240)
     assert out.returncode in (0, -9), out.stderr[-3000:]

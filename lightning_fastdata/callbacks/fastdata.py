@@ -14,6 +14,7 @@ from typing_extensions import override
 from lightning_fastdata.callbacks.monitor import DataWaitMonitor
 from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datamodules.lightning_compat import step_progress_bar_values
+from lightning_fastdata.datamodules.transfer import DeviceHalf
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.transport.loaders import with_prefetch
 from lightning_fastdata.loading.workers import CpuBudget, resolve_num_workers
@@ -73,6 +74,14 @@ class FastDataCallback(Callback):
             split wakes them all, and they take CPU time from the workers and from the training loop's own
             thread: on one H100 with 16 CPUs and 15 workers, torchvision's reference recipe fed ResNet-50 about
             three times faster with one thread than with torch's 16 (the docs' Benchmarks page, GPU part).
+        device_half: How the package's DataModules run a recipe's device half (``device_transforms`` and
+            ``batch_transforms``): ``"eager"`` (default: torchvision's ops as drawn), ``"static"`` (every parameter
+            drawn on the host into one buffer, then one fixed sequence of ops: the same pixels and targets, bit for
+            bit), ``"graphed"`` (the static half captured once as a CUDA graph and replayed each batch, the training
+            thread's host time per batch cut to a few copies; CUDA only, eager elsewhere). The static forms take
+            ``TrivialAugmentWide``, ``RandAugment``, ``RandomErasing``, ``MixUp``, ``CutMix`` (others are refused
+            at setup, named). Eager stays the default until a GPU run measures the graphed half (the docs'
+            Benchmarks page, GPU part).
     """
 
     def __init__(
@@ -85,6 +94,7 @@ class FastDataCallback(Callback):
         warn_threshold: float = 0.2,
         print_summary: bool = True,
         host_threads: int | Literal["auto"] | None = "auto",
+        device_half: DeviceHalf = "eager",
     ) -> None:
         if num_workers is not None:
             resolve_num_workers(num_workers)  # validates (and raises) here, before training starts
@@ -95,6 +105,9 @@ class FastDataCallback(Callback):
         ):
             raise InvalidValueError(f"host_threads should be a positive int, 'auto' or None, got {host_threads!r}.")
         self.host_threads = host_threads
+        if device_half not in ("eager", "static", "graphed"):
+            raise InvalidValueError(f"device_half should be 'eager', 'static' or 'graphed', got {device_half!r}.")
+        self.device_half = device_half
         self._bar_checked = False  # the first training step on a GPU is looked at once for per-step waits
         self._threads_before: int | None = None  # torch's thread count before on_train_start capped it
         self.prefetch = prefetch
@@ -115,12 +128,13 @@ class FastDataCallback(Callback):
                 pin_memory=self.pin_memory,
                 num_workers=self.num_workers,
                 channels_last=self.channels_last,
+                device_half=self.device_half,
             )
             kept = [name for name, who in source.items() if who == "DataModule"]
             own = f"; the DataModule's own {' and '.join(kept)} kept" if kept else ""
             rank_zero_info(
                 f"lightning_fastdata: FastDataCallback on {type(dm).__name__}: prefetch={self.prefetch}, "
-                f"device={device}{own}."
+                f"device={device}, device_half={self.device_half}{own}."
             )
         elif dm is not None and stage == "fit" and self._restore is None:
             self._wrap_foreign(dm, device)

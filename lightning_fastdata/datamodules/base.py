@@ -27,7 +27,7 @@ from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datamodules.arguments import check_loader_arguments, setting
 from lightning_fastdata.datamodules.loaders import LoaderFactory, LoaderSettings, world_of
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader
-from lightning_fastdata.datamodules.transfer import DeviceTransfer
+from lightning_fastdata.datamodules.transfer import DeviceHalf, DeviceTransfer
 from lightning_fastdata.datasets.folder import ImageFolderDataset, prediction_index
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
@@ -462,13 +462,14 @@ class FastDataModule(LightningDataModule):
         num_workers: int | Literal["auto"] | None = None,
         channels_last: bool | None = None,
         prefetch_device: torch.device | str | None = None,
+        device_half: DeviceHalf | None = None,
     ) -> dict[str, str]:
         """Take the transfer settings a callback offers (``FastDataCallback`` calls this in its ``setup``).
 
         Call before the loaders are built; a value given to the DataModule always wins. The arguments and what it
         returns (whose value each setting uses): :meth:`~lightning_fastdata.datamodules.transfer.DeviceTransfer.offer`.
         """
-        return self.transfer.offer(prefetch, pin_memory, num_workers, channels_last, prefetch_device)
+        return self.transfer.offer(prefetch, pin_memory, num_workers, channels_last, prefetch_device, device_half)
 
     # -- loaders ----------------------------------------------------------------------------------------
     def _sampling_settings(self, dataset: Dataset, train: bool) -> SamplingSettings:

@@ -3,8 +3,9 @@
 :class:`DeviceTransfer` holds the transfer settings (the DataModule's own ``pin_memory``/``num_workers`` and what a
 callback offered through ``configure_transfer``: pinned memory, workers, prefetch, the memory format) and does the
 device side of a batch: uint8 batches cross to the device (a :class:`~lightning_fastdata.loading.batch.DeviceBatch`'s
-keys stay on the host), are augmented there when the DataModule has device or batch transforms, and become
-normalised float in the output memory format. :class:`~lightning_fastdata.FastDataModule`'s Lightning hooks
+keys stay on the host), are augmented there when the DataModule has device or batch transforms (eagerly, or in
+static shapes, or as a replayed CUDA graph: ``device_half``), and become normalised float in the output memory
+format. :class:`~lightning_fastdata.FastDataModule`'s Lightning hooks
 (``transfer_batch_to_device``, ``on_after_batch_transfer``) call it.
 """
 
@@ -17,10 +18,17 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_fastdata.augment.normalize import Normalizer
 from lightning_fastdata.augment.pipeline import DeviceAugment
+from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.batch import DeviceBatch
 from lightning_fastdata.loading.workers import resolve_num_workers
 
-__all__ = ["DeviceTransfer"]
+__all__ = ["DeviceHalf", "DeviceTransfer"]
+
+#: How the device half of a recipe runs (``FastDataCallback(device_half=...)``): ``"eager"`` (torchvision's ops as
+#: drawn, the default and the fallback), ``"static"`` (every parameter drawn on the host into one buffer, then one
+#: fixed sequence of ops: the same pixels), ``"graphed"`` (the static half captured once as a CUDA graph and replayed
+#: per batch; CUDA only, eager elsewhere).
+DeviceHalf = Literal["eager", "static", "graphed"]
 
 
 class DeviceTransfer:
@@ -53,6 +61,10 @@ class DeviceTransfer:
         self._resolved_workers: int | None = None
         #: Host seconds the training batches' device side took (``on_after_batch_transfer``), over the run.
         self.train_hook_s = 0.0
+        #: How the device half runs (:data:`DeviceHalf`): a callback's offer, applied at the first batch.
+        self.device_half: DeviceHalf = "eager"
+        self._eager = device_augment
+        self._half_on: str | None = None  # the device type the device half was set up for
 
     # -- the device side of a batch ---------------------------------------------------------------------------
     @staticmethod
@@ -64,6 +76,8 @@ class DeviceTransfer:
         self, images: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor, num_classes: int | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``device_transforms``, normalisation and ``batch_transforms`` of one training batch (uint8 in)."""
+        if self.device_half != "eager" and self._half_on != images.device.type:
+            self._set_up_half(images.device.type)
         images, targets = self.device_augment(images, labels, keys, self.normalizer, num_classes)
         return self.format_images(images), targets
 
@@ -76,6 +90,22 @@ class DeviceTransfer:
                 images = self.format_images(self.normalizer(batch[0]))
                 return type(batch)(images, *batch[1:]) if hasattr(batch, "_fields") else (images, *batch[1:])
         return batch
+
+    def _set_up_half(self, device_type: str) -> None:
+        """Put the device half :attr:`device_half` asks for in place, for batches on ``device_type``."""
+        from lightning_fastdata.augment.graphed.captured import CapturedDeviceHalf
+        from lightning_fastdata.augment.graphed.half import StaticDeviceHalf
+
+        self._half_on, kind = device_type, self.device_half
+        if kind == "graphed" and device_type != "cuda":
+            rank_zero_info(f"lightning_fastdata: device_half='graphed' captures CUDA graphs; on {device_type} eager.")
+            kind = "eager"
+        if kind == "eager" or not self._eager:
+            self.device_augment = self._eager
+            return
+        half = StaticDeviceHalf(self._eager)
+        self.device_augment = half if kind == "static" else CapturedDeviceHalf(half)  # type: ignore[assignment]
+        rank_zero_info(f"lightning_fastdata: the device half runs {kind} ({device_type}).")
 
     def format_images(self, images: torch.Tensor) -> torch.Tensor:
         """Apply the output memory format (``channels_last``, the default, or contiguous NCHW)."""
@@ -90,6 +120,7 @@ class DeviceTransfer:
         num_workers: int | Literal["auto"] | None = None,
         channels_last: bool | None = None,
         prefetch_device: torch.device | str | None = None,
+        device_half: DeviceHalf | None = None,
     ) -> dict[str, str]:
         """Take a callback's offer (``FastDataModule.configure_transfer``); returns whose value each setting uses.
 
@@ -102,6 +133,11 @@ class DeviceTransfer:
             num_workers: Worker processes (where the module's ``num_workers`` is ``"auto"``).
             channels_last: Output images in channels-last memory format after transfer.
             prefetch_device: Prefetch to this device instead of the Trainer's (e.g. without a Trainer).
+            device_half: How the device half of the recipe runs (:data:`DeviceHalf`).
+
+        Raises:
+            ValueError: If ``device_half`` is unknown, or ``"static"``/``"graphed"`` for transforms without a static
+                form (naming them).
 
         Returns:
             ``{"pin_memory": "DataModule" | "callback" | "default", "num_workers": ..., ...}``.
@@ -115,6 +151,10 @@ class DeviceTransfer:
             self.prefetch_to = prefetch_device
         if channels_last is not None:
             self.channels_last, source["channels_last"] = channels_last, "callback"
+        if device_half is not None:
+            self._check_half(device_half)
+            self.device_half, self._half_on, source["device_half"] = device_half, None, "callback"
+            self.device_augment = self._eager  # the other halves are put in place at the first batch
         self.offered_pin_memory = pin_memory
         source["pin_memory"] = (
             "DataModule" if self.pin_memory is not None else "callback" if pin_memory is not None else "default"
@@ -125,6 +165,18 @@ class DeviceTransfer:
             "DataModule" if self.num_workers != "auto" else "callback" if num_workers is not None else "default"
         )
         return source
+
+    def _check_half(self, kind: str) -> None:
+        from lightning_fastdata.augment.graphed.half import static_capable
+
+        if kind not in ("eager", "static", "graphed"):
+            raise InvalidValueError(f"device_half should be 'eager', 'static' or 'graphed', got {kind!r}.")
+        if kind != "eager" and self._eager and not static_capable(self._eager):
+            names = [type(t).__name__ for t in (*self._eager.device_transforms, *self._eager.batch_transforms)]
+            raise InvalidValueError(
+                f"device_half={kind!r} runs TrivialAugmentWide, RandAugment, RandomErasing, MixUp and CutMix in static "
+                f"shapes; these transforms are {names}: leave device_half='eager'."
+            )
 
     def workers(self, devices_per_node: int) -> int:
         """The loader workers per rank: the DataModule's count, else the callback's, else ``"auto"`` resolved once."""

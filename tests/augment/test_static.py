@@ -220,12 +220,16 @@ def test_a_captured_device_half_replays_the_eager_results_pads_the_last_batch_an
 
 @pytest.mark.timeout(120)
 def test_the_gpu_checks_graphed_variant_gives_the_datamodules_own_batches(image_folder: Path) -> None:
-    """``--recipe-variants graphed`` puts the captured device half where the DataModule's device half was: the
-    batches after transfer are the eager ones (on the CPU the stand-in graph replays)."""
-    from benchmarks.gpu_recipe import _MODULE
+    """``--recipe-variants graphed`` is ``FastDataCallback(device_half="graphed")``, which puts the captured device
+    half where the DataModule's device half was on a GPU: the batches after transfer are the eager ones (here with
+    the CPU's stand-in graph, put in place by hand, replaying)."""
+    from benchmarks.gpu_recipe import _CALLBACK
     from lightning_fastdata import ImageFolderDataModule
-    from lightning_fastdata.augment.graphed.captured import CapturedDeviceHalf
+    from lightning_fastdata.augment.graphed.captured import CapturedDeviceHalf, EagerGraph
+    from lightning_fastdata.augment.graphed.half import StaticDeviceHalf
     from lightning_fastdata.recipe import load_recipe
+
+    assert _CALLBACK["graphed"] == {"device_half": "graphed"}
 
     made, _ = load_recipe("recipe_torchvision")
     made["image_size"] = 32
@@ -236,7 +240,9 @@ def test_the_gpu_checks_graphed_variant_gives_the_datamodules_own_batches(image_
         return dm
 
     plain, graphed = module(), module()
-    _MODULE["graphed"](graphed)
+    graphed.transfer.device_augment = CapturedDeviceHalf(
+        StaticDeviceHalf(graphed.transfer.device_augment), EagerGraph()
+    )
     assert isinstance(graphed.transfer.device_augment, CapturedDeviceHalf)
     for a, b in zip(plain.train_dataloader(), graphed.train_dataloader()):
         want = plain.on_after_batch_transfer(plain.transfer_batch_to_device(a, torch.device("cpu"), 0), 0)

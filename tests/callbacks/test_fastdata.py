@@ -269,3 +269,39 @@ def test_host_threads_auto_gives_torch_the_cpus_the_workers_leave() -> None:
     for bad in (0, -1, 1.5, "all", True):
         with pytest.raises(ValueError, match="host_threads"):
             FastDataCallback(host_threads=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(240)
+def test_the_device_half_runs_static_with_the_eager_pixels_and_graphed_only_on_cuda(image_folder: Path) -> None:
+    """``FastDataCallback(device_half=...)`` puts the static device half where the DataModule's eager one stood:
+    trained on, it gives the eager half's images and soft targets bit for bit; ``"graphed"`` captures CUDA graphs,
+    so on the CPU the eager half runs; a transform without a static form is refused at setup, named."""
+    from torchvision.transforms import v2
+
+    from lightning_fastdata.augment import ColorJitter, RandomErasing, TrivialAugmentWide
+    from lightning_fastdata.augment.graphed.half import StaticDeviceHalf
+    from lightning_fastdata.augment.pipeline import DeviceAugment
+
+    def fit(half: Any, device_transforms: Any = None) -> tuple[list[Any], Any]:
+        dm = ImageFolderDataModule(
+            str(image_folder), image_size=16, batch_size=8, num_workers=0, val_fraction=0.0, seed=3,
+            device_transforms=device_transforms or TrivialAugmentWide(),
+            batch_transforms=[RandomErasing(0.5), v2.RandomChoice([v2.MixUp(alpha=0.2), v2.CutMix(alpha=1.0)])],
+        )  # fmt: skip
+        spy = Spy()
+        cpu_trainer(spy, FastDataCallback(device_half=half), epochs=-1, max_steps=4).fit(ImageClassifier(3), dm)
+        return spy.batches, dm.transfer.device_augment
+
+    (eager, eager_half), (static, static_half), (graphed, graphed_half) = (
+        fit(h) for h in ("eager", "static", "graphed")
+    )
+    assert type(eager_half) is DeviceAugment and type(graphed_half) is DeviceAugment  # CPU: eager
+    assert type(static_half) is StaticDeviceHalf
+    assert len(eager) == 4
+    for a, b, c in zip(eager, static, graphed, strict=True):
+        assert a[1].dtype == torch.float32 and a[1].ndim == 2  # soft targets: the mixing ran
+        assert all(torch.equal(x, y) and torch.equal(x, z) for x, y, z in zip(a, b, c, strict=True))
+    with pytest.raises(ValueError, match=r"device_half='static' .*ColorJitter.*leave device_half='eager'"):
+        fit("static", ColorJitter(0.4))
+    with pytest.raises(ValueError, match="device_half should be"):
+        FastDataCallback(device_half="captured")  # type: ignore[arg-type]

@@ -85,6 +85,9 @@ class StaticDeviceHalf:
             )
         self.augment = augment
 
+    def __bool__(self) -> bool:
+        return bool(self.augment)
+
     def plan(self, keys: torch.Tensor, n: int, h: int, w: int) -> tuple[torch.Tensor, static.Layout]:
         """Every parameter of a batch of ``n`` images ``h x w`` with ``keys`` (host), in one float64 buffer."""
         return static.pack(self.plan_parts(keys, n, h, w))
