@@ -79,7 +79,10 @@ class DetectionDataModule(FastDataModule):
         val_split: The split validated on (default: COCO's ``val2017``, else ``val``), skipped with a warning where
             the default is missing; ``None``: none.
         test_split: The split ``trainer.test`` reads, or ``None``.
-        data_augmentation: torchvision's detection reference's recipe: ``"hflip"`` or ``"multiscale"``.
+        data_augmentation: torchvision's detection reference's recipe: ``"hflip"``, ``"multiscale"``, ``"ssd"`` or
+            ``"ssdlite"`` (:mod:`~lightning_fastdata.detection.recipes`, :mod:`~lightning_fastdata.detection.ssd`).
+        image_size: The SSD recipes' output square (``None``: their models' 300 and 320); the others keep each
+            image's own size (or the multi-scale one), as the reference's models resize them.
         hflip_prob: The training flip's probability.
         storage_options: Object-store settings for a bucket root.
         index_dir: Shards and Parquet: where their indexes are kept (a folder of ours); ``None``: the user cache.
@@ -100,6 +103,7 @@ class DetectionDataModule(FastDataModule):
         val_split: str | None = "",
         test_split: str | None = None,
         data_augmentation: DetectionRecipe = "hflip",
+        image_size: int | None = None,
         hflip_prob: float = 0.5,
         storage_options: dict[str, Any] | None = None,
         index_dir: str | None = None,
@@ -128,9 +132,9 @@ class DetectionDataModule(FastDataModule):
         max_per_class: int | None = None,
         fraction: float | None = None,
     ) -> None:
-        super().__init__(**base_arguments(FastDataModule, locals(), val_fraction=0.0))
+        super().__init__(**base_arguments(FastDataModule, locals(), val_fraction=0.0, image_size=image_size or 300))
         save_init_hparams(self)
-        self.recipe = detection_recipe(data_augmentation, hflip_prob)
+        self.recipe = detection_recipe(data_augmentation, hflip_prob, image_size)
         self.root = os.fspath(root)
         self.folder_layout = DetectionLayout(layout, None, None if class_names is None else tuple(class_names))
         self.storage_options = storage_options

@@ -1,9 +1,11 @@
 """torchvision's detection recipes by their names, as windows an image and its boxes follow.
 
 ``"hflip"`` (the reference's default: a horizontal flip, the image at its own size; the model resizes it),
-``"multiscale"`` (``RandomShortestSize`` of 480-800 in steps of 32, at most 1333 on the longer side, then the flip)
-and the evaluation (the image as it is). Each sample's numbers come from its key (``(epoch, index, repeat)``), so an
-epoch is the same whatever the workers, and a resumed run draws what the uninterrupted one did.
+``"multiscale"`` (``RandomShortestSize`` of 480-800 in steps of 32, at most 1333 on the longer side, then the flip),
+``"ssd"`` and ``"ssdlite"`` (:mod:`~lightning_fastdata.detection.ssd`: the zoom-out, the IoU crop, the flip and the
+model's resize to a square as one window, the photometric distortion after it) and the evaluation (the image as it
+is). Each sample's numbers come from its key (``(epoch, index, repeat)``), so an epoch is the same whatever the
+workers, and a resumed run draws what the uninterrupted one did.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ import numpy as np
 import torch
 
 from lightning_fastdata.augment.keyed import uniforms
+from lightning_fastdata.detection.ssd import SSDRecipe
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.sources.window import Window
 
-__all__ = ["DETECTION_RECIPES", "DetectionRecipe", "FlipRecipe", "WholeImage", "detection_recipe"]
+__all__ = ["DETECTION_RECIPES", "DetectionRecipe", "FlipRecipe", "SSDRecipe", "WholeImage", "detection_recipe"]
 
-DetectionRecipe = Literal["hflip", "multiscale"]
+DetectionRecipe = Literal["hflip", "multiscale", "ssd", "ssdlite"]
 #: The recipes ``data_augmentation=`` takes (torchvision's reference's names).
-DETECTION_RECIPES = ("hflip", "multiscale")
+DETECTION_RECIPES = ("hflip", "multiscale", "ssd", "ssdlite")
 #: The keyed stream of a detection sample's numbers.
 _STREAM = 0xDE7
 #: The reference's multi-scale shorter sides (480, 512, ..., 800) and longest side.
@@ -76,8 +79,10 @@ class FlipRecipe:
         return Window((0, 0, height, width), (0, 0, out_h, out_w), (out_h, out_w), float(draws[0]) < self.hflip_prob)
 
 
-def detection_recipe(name: str, hflip_prob: float = 0.5) -> FlipRecipe:
+def detection_recipe(name: str, hflip_prob: float = 0.5, image_size: int | None = None) -> FlipRecipe | SSDRecipe:
     """The training recipe of torchvision's detection reference named ``name`` (module docstring).
+
+    ``image_size``: the output square of the SSD recipes (``None``: their models' 300 and 320).
 
     Raises:
         ValueError: For a name not in :data:`DETECTION_RECIPES`.
@@ -86,6 +91,10 @@ def detection_recipe(name: str, hflip_prob: float = 0.5) -> FlipRecipe:
         return FlipRecipe(hflip_prob)
     if name == "multiscale":
         return FlipRecipe(hflip_prob, MULTISCALE, MAX_SIZE)
+    if name == "ssd":
+        return SSDRecipe(image_size or 300, hflip_prob=hflip_prob)
+    if name == "ssdlite":
+        return SSDRecipe(image_size or 320, zoom_out=False, distort=False, hflip_prob=hflip_prob)
     raise InvalidValueError(
         f"data_augmentation should be one of {', '.join(map(repr, DETECTION_RECIPES))} (torchvision's detection "
         f"reference's names), got {name!r}."

@@ -215,7 +215,10 @@ class BoxTarget(TargetKind):
         return {**value, "boxes": boxes, "normalized": False}
 
     def follow(self, value: dict[str, Any], window: Window) -> dict[str, torch.Tensor]:
-        """The boxes through the window's linear map and mirror, clamped to its place, the degenerate dropped."""
+        """The boxes through the window's linear map and mirror, clamped to its place, the degenerate dropped.
+
+        An IoU crop's window (``window.centred``) also drops the boxes whose centre fell outside it.
+        """
         top, left, bh, bw = window.box
         pt, pl, ph, pw = window.place
         b = value["boxes"].astype(np.float64)
@@ -223,10 +226,14 @@ class BoxTarget(TargetKind):
         y = (b[:, [1, 3]] - top) * (ph / bh)
         if window.flip:
             x = pw - x[:, ::-1]
+        inside = np.ones(len(b), bool)
+        if window.centred:  # an IoU crop keeps the boxes whose centre lies strictly inside it
+            cx, cy = x.mean(axis=1), y.mean(axis=1)
+            inside = (cx > 0) & (cx < pw) & (cy > 0) & (cy < ph)
         x = np.clip(x, 0, pw) + pl
         y = np.clip(y, 0, ph) + pt
         out = np.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], axis=1).astype(np.float32)
-        keep = ((out[:, 2] - out[:, 0]) >= self.min_size) & ((out[:, 3] - out[:, 1]) >= self.min_size)
+        keep = inside & ((out[:, 2] - out[:, 0]) >= self.min_size) & ((out[:, 3] - out[:, 1]) >= self.min_size)
         return {
             "boxes": torch.from_numpy(out[keep].copy()).reshape(-1, 4),
             "labels": torch.from_numpy(value["labels"][keep].copy()),

@@ -40,12 +40,17 @@ class Window:
         place: Where it lands in the output, ``(top, left, height, width)``; the rest of the output is padding.
         size: The output's ``(height, width)``.
         flip: Whether the region is mirrored left to right.
+        fill: The image's padding colour (RGB).
+        centred: Objects whose centre falls outside the place are dropped (an IoU crop's rule), not only those
+            left with no area.
     """
 
     box: Box
     place: Box
     size: tuple[int, int]
     flip: bool
+    fill: tuple[int, int, int] = (0, 0, 0)
+    centred: bool = False
 
 
 class WindowRecipe(Protocol):
@@ -54,7 +59,9 @@ class WindowRecipe(Protocol):
     What a task's recipes provide (detection's flip, multi-scale resize, SSD's zoom-out and IoU crop) where the
     segmentation reference's window is not the one
     (:meth:`~lightning_fastdata.sources.windowed.WindowedDataset.with_recipe`). ``value`` is the sample's target in
-    the image's pixels (an IoU crop picks its box by the boxes).
+    the image's pixels (an IoU crop picks its box by the boxes). A recipe may also define ``paint(draws, pixels)``:
+    a step on the rendered image's pixels (``3 x h x w`` uint8, the placed region only, not the fill) returning them
+    changed (detection's photometric distortion).
     """
 
     def draws(self, seed: int, keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:

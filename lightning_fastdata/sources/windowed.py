@@ -296,8 +296,12 @@ class WindowedDataset(Dataset):
             return win.box
 
         value = self.target.sized(value, width, height, names)
+        if self.recipe is not None and draws is None:
+            draws = self.recipe.draws(self.seed, [full_key])[0]
         win = self.window(full_key, width, height, draws, value)
         out = torch.zeros(*win.size, 3, dtype=torch.uint8).permute(2, 0, 1)  # channels-last, as the resize writes
+        if any(win.fill):
+            out.copy_(torch.tensor(win.fill, dtype=torch.uint8).view(3, 1, 1))
         top, left, ph, pw = win.place
         place = out[:, top : top + ph, left : left + pw]
         if isinstance(image, torch.Tensor):
@@ -305,6 +309,9 @@ class WindowedDataset(Dataset):
             resize_crop_into(place, image[:, t : t + h, l_ : l_ + w], win.flip)
         else:
             decode_resized_crop(image, place, box, win.flip, names[0], entropy_index=entropy_index)
+        paint = getattr(self.recipe, "paint", None)
+        if paint is not None:  # a recipe's pixel step (detection's photometric distortion): the image, not the fill
+            place.copy_(paint(draws, place))
         return out, self.target.follow(value, win)
 
     def batch(self, samples: Sequence[tuple[torch.Tensor, Any]], keys: Any = None) -> Any:

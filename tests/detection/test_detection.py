@@ -7,6 +7,7 @@ colour lies in a box of that class: a box moved by another map than its pixels' 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -211,3 +212,63 @@ def test_classes_keep_the_images_holding_them_and_renumber_their_boxes(folders: 
     for batch in batches:  # every image kept holds one of them
         assert all(n > 0 for n in batch.labels.counts.tolist())
         assert check_boxes_frame_their_pixels_of(batch, {0: 2, 1: 0}) > 0
+
+
+@pytest.mark.timeout(180)
+def test_the_ssd_recipes_zoom_out_crop_and_resize_with_their_boxes(folders: dict[str, Path]) -> None:
+    """``"ssd"`` and ``"ssdlite"``: every image a square of the model's size, its boxes on their pixels after the
+    zoom-out (onto the mean colour), the IoU crop, the flip and the resize; the photometric distortion changes the
+    image's pixels, never the fill or a box; the draws are the key's, whatever the workers."""
+    from lightning_fastdata.detection.ssd import SSD_MEAN
+
+    def batches(recipe: str, workers: int = 2, distort: bool = False) -> list[Batch]:
+        dm = module(folders["coco"], data_augmentation=recipe, num_workers=workers)
+        dm.recipe = dataclasses.replace(dm.recipe, distort=distort)
+        dm.setup("fit")
+        return list(dm.train_dataloader())
+
+    mean = torch.tensor(SSD_MEAN, dtype=torch.uint8).view(3, 1, 1)
+    for recipe, side in (("ssd", 300), ("ssdlite", 320)):
+        plain, checked, filled = batches(recipe), 0, 0
+        for batch in plain:
+            assert batch.images.shape[1:] == (3, side, side)
+            assert ((batch.labels.boxes >= 0) & (batch.labels.boxes <= side)).all()
+            checked += check_boxes_frame_their_pixels_of(batch, dict(enumerate(range(5))))
+            filled += int((batch.images == mean).all(dim=1).sum())
+        assert checked > 10
+        assert (filled > 0) == (recipe == "ssd")  # only ssd zooms out onto the mean colour
+    painted, again = batches("ssd", distort=True), batches("ssd", workers=0, distort=True)
+    plain = batches("ssd")
+    changed = 0
+    for p, a, q in zip(painted, again, plain, strict=True):
+        assert torch.equal(p.images, a.images) and torch.equal(p.labels.boxes, a.labels.boxes)  # keyed draws
+        assert torch.equal(p.labels.boxes, q.labels.boxes)  # the distortion moves no box
+        fill = (q.images == mean).all(dim=1, keepdim=True).expand_as(q.images)
+        assert torch.equal(p.images[fill], q.images[fill])  # nor the fill
+        changed += int((p.images != q.images).any(dim=(1, 2, 3)).sum())
+    assert changed >= 6  # of 12 images: each step half the time, so nearly every image is distorted
+
+
+def test_the_iou_crop_keeps_a_box_centre_and_drops_the_boxes_whose_centre_it_leaves_out() -> None:
+    """``RandomIoUCrop``'s rules: a crop of 0.3-1 of each side, aspect 0.5-2, holding a box's centre (an image
+    without boxes is left as it is); the boxes whose centre falls outside the crop are dropped, the others clamped."""
+    from lightning_fastdata.detection.ssd import iou_crop
+    from lightning_fastdata.detection.target import BoxTarget
+    from lightning_fastdata.sources.window import Window
+
+    boxes = np.array([[10, 10, 60, 40], [100, 80, 180, 150], [150, 20, 190, 60]], np.float64)
+    crops = [iou_crop(boxes, 200, 160, np.random.default_rng(k)) for k in range(200)]
+    made = [c for c in crops if c is not None]
+    assert 100 < len(made) < 200  # "as it is" is one option in seven
+    for left, top, w, h in made:
+        assert 0.3 * 200 - 1 <= w <= 200 and 0.3 * 160 - 1 <= h <= 160 and 0.5 <= w / h <= 2
+        cx, cy = boxes[:, [0, 2]].mean(1), boxes[:, [1, 3]].mean(1)
+        assert ((left < cx) & (cx < left + w) & (top < cy) & (cy < top + h)).any()
+    assert iou_crop(np.zeros((0, 4)), 200, 160, np.random.default_rng(0)) is None
+    target = BoxTarget({0: 0}, 1)
+    value = {"boxes": boxes.astype(np.float32), "labels": np.zeros(3, np.int64), "iscrowd": np.zeros(3, np.uint8)}
+    crop = Window((0, 0, 100, 120), (0, 0, 100, 120), (100, 120), False)  # the top-left 120 x 100 pixels
+    kept = target.follow(value, crop)
+    centred = target.follow(value, dataclasses.replace(crop, centred=True))
+    assert kept["boxes"].tolist() == [[10, 10, 60, 40], [100, 80, 120, 100]]  # clamped
+    assert centred["boxes"].tolist() == [[10, 10, 60, 40]]  # the second's centre (140, 115) is outside
