@@ -62,6 +62,7 @@ from typing import Any
 
 from lightning_fastdata.bench.cache import cache_suite
 from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
+from lightning_fastdata.bench.detection import add_detection_arguments
 from lightning_fastdata.bench.hdf5 import hdf5_suite
 from lightning_fastdata.bench.segmentation import add_segmentation_arguments
 from lightning_fastdata.demos import ensure_demo_data
@@ -125,9 +126,9 @@ class LabSuite:
 
 
 #: The suites installed with the package: what a user measures on their own data and recipe.
-SUITES = ("folder", "hdf5", "cache", "callback", "recipe", "predict", "shards", "segmentation")
+SUITES = ("folder", "hdf5", "cache", "callback", "recipe", "predict", "shards", "segmentation", "detection")
 #: The suites run when ``--suites`` is not given (segmentation reads other data: name it to run it).
-DEFAULT_SUITES = SUITES[:-1]
+DEFAULT_SUITES = SUITES[:-2]
 
 
 def main(
@@ -152,7 +153,8 @@ def main(
         default=list(DEFAULT_SUITES),
         help="recipe: a training recipe (--recipe) through torchvision's reference loader and ours, at the largest "
         "--workers; segmentation (not run by default): torchvision's segmentation reference loader and ours on "
-        "VOC-style scenes (--seg-root: your own)"
+        "VOC-style scenes (--seg-root: your own); detection (not run by default): torchvision's detection reference "
+        "loader and ours, recipes ssd and hflip, on the bench photos with random boxes (--det-root: your COCO folder)"
         + "".join(f"; {name} (not run by default): {suite.help}" for name, suite in lab.items()),
     )
     parser.add_argument(
@@ -175,6 +177,7 @@ def main(
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--plot", default=None, help="write a bar chart (PNG) of images/s per loader here")
     add_segmentation_arguments(parser)
+    add_detection_arguments(parser)
     for suite in lab.values():
         suite.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -298,6 +301,13 @@ def _run_segmentation(args: argparse.Namespace, result: dict[str, Any]) -> None:
     result["suites"]["segmentation"] = segmentation_suite(args)
 
 
+def _run_detection(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    from lightning_fastdata.bench.detection import detection_suite
+
+    print("\nSuite detection: torchvision's detection reference loader vs ours (images and boxes)\n")
+    result["suites"]["detection"] = detection_suite(args)
+
+
 #: Each suite's run (it prints its table and puts its figures in the result), in the order they run.
 _SUITE_RUNS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], None]] = {
     "folder": _run_folder,
@@ -308,6 +318,7 @@ _SUITE_RUNS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], None]] = {
     "predict": _run_predict,
     "shards": _run_shards,
     "segmentation": _run_segmentation,
+    "detection": _run_detection,
 }
 
 

@@ -43,40 +43,39 @@ MAX_ROUNDS = 1000
 _PERMUTATIONS = ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
 
 
-def _iou(boxes: np.ndarray, crop: tuple[int, int, int, int]) -> np.ndarray:
-    """Each XYXY box's IoU with the crop ``(left, top, right, bottom)``."""
-    x1, y1 = np.maximum(boxes[:, 0], crop[0]), np.maximum(boxes[:, 1], crop[1])
-    x2, y2 = np.minimum(boxes[:, 2], crop[2]), np.minimum(boxes[:, 3], crop[3])
-    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
-    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    return inter / (areas + (crop[2] - crop[0]) * (crop[3] - crop[1]) - inter)
-
-
 def iou_crop(boxes: np.ndarray, width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int] | None:
     """``RandomIoUCrop``'s crop ``(left, top, width, height)`` of a ``width x height`` image, or ``None`` (as it is).
 
-    ``boxes``: XYXY in the image's pixels. An image without boxes is left as it is (the reference draws options
+    ``boxes``: XYXY in the image's pixels. An option's 40 trials are drawn together and the first that holds its
+    rules is taken (the reference's order). An image without boxes is left as it is (the reference draws options
     until "as it is" comes up: the same result); after ``MAX_ROUNDS`` options, likewise.
     """
     if not len(boxes):
         return None
     cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     for _ in range(MAX_ROUNDS):
         least = IOU_OPTIONS[int(rng.integers(len(IOU_OPTIONS)))]
         if least >= 1.0:
             return None
-        for _ in range(TRIALS):
-            r = 0.3 + 0.7 * rng.random(2)
-            new_w, new_h = int(width * r[0]), int(height * r[1])
-            if new_h == 0 or not 0.5 <= new_w / new_h <= 2.0:
-                continue
-            r = rng.random(2)
-            left, top = int((width - new_w) * r[0]), int((height - new_h) * r[1])
-            if new_w == 0:
-                continue
-            within = (left < cx) & (cx < left + new_w) & (top < cy) & (cy < top + new_h)
-            if within.any() and _iou(boxes[within], (left, top, left + new_w, top + new_h)).max() >= least:
-                return left, top, new_w, new_h
+        u = rng.random((TRIALS, 4))
+        new_w = (width * (0.3 + 0.7 * u[:, 0])).astype(np.int64)
+        new_h = (height * (0.3 + 0.7 * u[:, 1])).astype(np.int64)
+        left = ((width - new_w) * u[:, 2]).astype(np.int64)
+        top = ((height - new_h) * u[:, 3]).astype(np.int64)
+        shaped = (new_w > 0) & (new_h > 0)
+        aspect = new_w / np.maximum(new_h, 1)
+        shaped &= (aspect >= 0.5) & (aspect <= 2.0)
+        right, bottom = (left + new_w)[:, None], (top + new_h)[:, None]
+        within = (left[:, None] < cx) & (cx < right) & (top[:, None] < cy) & (cy < bottom)  # trials x boxes
+        inter = np.clip(np.minimum(boxes[:, 2], right) - np.maximum(boxes[:, 0], left[:, None]), 0, None) * np.clip(
+            np.minimum(boxes[:, 3], bottom) - np.maximum(boxes[:, 1], top[:, None]), 0, None
+        )
+        iou = inter / (areas + (new_w * new_h)[:, None] - inter)
+        good = shaped & within.any(axis=1) & (np.where(within, iou, -1.0).max(axis=1) >= least)
+        if good.any():
+            k = int(np.argmax(good))
+            return int(left[k]), int(top[k]), int(new_w[k]), int(new_h[k])
     return None
 
 

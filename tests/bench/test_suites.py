@@ -358,3 +358,34 @@ def test_the_segmentation_suite_times_the_reference_and_ours_on_the_same_scenes(
     assert suite["decode_ceiling_1core"] > 0 and suite["data"]["images"] == 12
     assert list((tmp_path / "scratch" / "segmentation-index").glob("entropy-*/*"))  # built before the timing
     assert (tmp_path / "s.json").is_file() and not (tmp_path / "never").exists()
+
+
+@pytest.mark.timeout(180)
+def test_the_detection_suite_times_the_reference_and_ours_on_the_same_images_and_boxes(tmp_path: Path) -> None:
+    """``fastdata bench --suites detection``: torchvision's detection reference loader (``CocoDetection`` wrapped for
+    transforms v2, its ssd and hflip presets) and ours, each recipe against its own, on the bench photos copied into a
+    COCO layout with random boxes inside each image."""
+    import json
+
+    from lightning_fastdata.bench.loaders import main
+
+    result = main(
+        ["--suites", "detection", "--root", str(tmp_path / "bench"), "--num-classes", "2", "--per-class", "8",
+         "--det-images", "12", "--det-batch-size", "2", "--workers", "0", "--repeats", "1", "--min-seconds", "0",
+         "--scratch", str(tmp_path / "scratch")]
+    )  # fmt: skip
+    suite = result["suites"]["detection"]
+    rows = {r["loader"]: r for r in suite["rows"]}
+    assert list(rows) == [
+        "torchvision reference (ssd)", "DetectionDataModule (ssd)",
+        "torchvision reference (hflip)", "DetectionDataModule (hflip)",
+    ]  # fmt: skip
+    assert all(r["images_per_s"] > 0 for r in rows.values()) and suite["data"]["images"] == 12
+    assert rows["DetectionDataModule (ssd)"]["vs_baseline"] == pytest.approx(
+        rows["DetectionDataModule (ssd)"]["images_per_s"] / rows["torchvision reference (ssd)"]["images_per_s"]
+    )
+    doc = json.loads((tmp_path / "scratch" / "coco-12" / "annotations" / "instances_train2017.json").read_text())
+    sizes = {im["id"]: (im["width"], im["height"]) for im in doc["images"]}
+    for a in doc["annotations"]:
+        x, y, w, h = a["bbox"]
+        assert 0 <= x and x + w <= sizes[a["image_id"]][0] and 0 <= y and y + h <= sizes[a["image_id"]][1]
