@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from lightning_fastdata.datasets.hdf5 import HDF5Dataset
     from lightning_fastdata.datasets.hdf5_file import inspect_hdf5
     from lightning_fastdata.detection.datamodule import DetectionDataModule
+    from lightning_fastdata.detection.detector import ObjectDetector
     from lightning_fastdata.diagnose import DoctorReport, doctor
     from lightning_fastdata.loading.index.files import FileIndex, scan_image_folder
     from lightning_fastdata.loading.sampler import EpochSampler
@@ -71,6 +72,7 @@ _EXPORTS = {
     "PrefetchingStatefulDataLoader": "lightning_fastdata.loading.transport.loaders",
     "SegmentationDataModule": "lightning_fastdata.datamodules.segmentation",
     "DetectionDataModule": "lightning_fastdata.detection.datamodule",
+    "ObjectDetector": "lightning_fastdata.detection.detector",
     "ShardDataModule": "lightning_fastdata.datamodules.shards",
     "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",
     "TensorCacheDataset": "lightning_fastdata.cache.dataset",
@@ -107,6 +109,7 @@ __all__ = [
     "PrefetchingStatefulDataLoader",
     "SegmentationDataModule",
     "DetectionDataModule",
+    "ObjectDetector",
     "ShardDataModule",
     "TensorCacheDataModule",
     "TensorCacheDataset",

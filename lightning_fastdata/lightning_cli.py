@@ -41,11 +41,11 @@ def _with_configs_found(argv: list[str]) -> list[str]:
     return out
 
 
-def _segmentation_data(argv: list[str]) -> bool:
-    """Whether the DataModule ``argv`` asks for (in a ``--config`` file or ``--data``) is a ``SegmentationDataModule``.
+def _data_class_name(argv: list[str]) -> str | None:
+    """The class name of the DataModule ``argv`` asks for (in a ``--config`` file or ``--data``), if it names one.
 
-    Its model is then :class:`~lightning_fastdata.ImageSegmenter` (a segmentation config's ``model:`` section holds
-    that model's arguments).
+    A ``SegmentationDataModule``'s model is :class:`~lightning_fastdata.ImageSegmenter`, a ``DetectionDataModule``'s
+    :class:`~lightning_fastdata.ObjectDetector` (their configs' ``model:`` sections hold those models' arguments).
     """
     import yaml
 
@@ -59,9 +59,21 @@ def _segmentation_data(argv: list[str]) -> bool:
             with open(argv[i + 1], encoding="utf-8") as f:
                 data = (yaml.safe_load(f) or {}).get("data")
             value = data.get("class_path") if isinstance(data, dict) else None
-        if isinstance(value, str) and value.rsplit(".", 1)[-1] == "SegmentationDataModule":
-            return True
-    return False
+        if isinstance(value, str):
+            return value.rsplit(".", 1)[-1]
+    return None
+
+
+def _model_class(argv: list[str]) -> type:
+    """The model class of the DataModule ``argv`` asks for (:func:`_data_class_name`): its task's."""
+    name = _data_class_name(argv)
+    if name == "SegmentationDataModule":
+        return ImageSegmenter
+    if name == "DetectionDataModule":
+        from lightning_fastdata.detection.detector import ObjectDetector
+
+        return ObjectDetector
+    return ImageClassifier
 
 
 def _usage_error(err: BaseException) -> UsageError | None:
@@ -109,7 +121,7 @@ class FastDataCLI(LightningCLI):
         parser.link_arguments("data.classes", "model.class_names", compute_fn=list, apply_on="instantiate")
         if isinstance(self.model_class, type) and issubclass(self.model_class, ImageSegmenter):
             parser.link_arguments("data.ignore_index", "model.ignore_index", apply_on="instantiate")
-        else:
+        elif isinstance(self.model_class, type) and issubclass(self.model_class, ImageClassifier):
             parser.link_arguments("data.multi_label", "model.multi_label", apply_on="instantiate")
 
     @override
@@ -166,7 +178,8 @@ class FastDataCLI(LightningCLI):
 def run_cli(args: list[str] | None = None) -> FastDataCLI:
     """Run LightningCLI over :class:`ImageClassifier` and any :class:`FastDataModule` subclass.
 
-    With a ``SegmentationDataModule`` (``data.class_path``), the model is :class:`~lightning_fastdata.ImageSegmenter`.
+    With a ``SegmentationDataModule`` (``data.class_path``), the model is :class:`~lightning_fastdata.ImageSegmenter`;
+    with a ``DetectionDataModule``, :class:`~lightning_fastdata.ObjectDetector`.
 
     ``args``: ``[subcommand, options...]`` (default: the command line after the program name). ``--config`` may
     name a shipped config (``--config imagefolder``). ``sys.argv`` is never changed (a DDP launcher that
@@ -181,7 +194,7 @@ def run_cli(args: list[str] | None = None) -> FastDataCLI:
         # deprecates: not the user's code nor ours, and nothing they could change. Only in our command.
         warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated", category=FutureWarning)
         return FastDataCLI(
-            ImageSegmenter if _segmentation_data(argv) else ImageClassifier,
+            _model_class(argv),
             FastDataModule,
             subclass_mode_data=True,
             save_config_callback=SecretFreeSaveConfigCallback,

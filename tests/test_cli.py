@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -51,6 +52,11 @@ def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[s
 
         write_parquet_shards(image_folder, tmp_path / "parquet", shard_bytes=20_000, rows_per_group=8)
         return ["--data.init_args.root", str(tmp_path / "parquet"), "--data.init_args.index_dir", str(tmp_path)]
+    if "DetectionDataModule" in config.read_text():  # COCO scenes of 5 classes, 3 of them kept
+        from lightning_fastdata.detection.demos import make_detection_folder
+
+        root = make_detection_folder(tmp_path / "boxes", count=8, layout="coco")
+        return ["--data.init_args.root", str(root), "--data.init_args.classes", "[red, green, blue]"]
     if config.name == "imagefolder.yaml":  # its commented options, switched on from the command line
         idx = ["--data.init_args.index_dir", str(tmp_path / "idx"), "--data.init_args.entropy_index", "true"]
         return ["--data.init_args.root", str(image_folder), *idx]
@@ -70,6 +76,7 @@ def test_config_parses_and_smoke_runs(
             str(config),
             *data_source_args(config, image_folder, tmp_path),
             *([] if "SegmentationDataModule" in config.read_text() else ["--data.init_args.image_size", "32"]),
+            *(["--data.init_args.image_size", "96"] if "DetectionDataModule" in config.read_text() else []),
             "--data.init_args.num_workers",
             "0",
             "--trainer.fast_dev_run",
@@ -79,7 +86,11 @@ def test_config_parses_and_smoke_runs(
             "--trainer.devices",
             "1",
             "--model.arch",
-            "lraspp_mobilenet_v3_large" if "Segmentation" in config.read_text() else "resnet18",
+            "lraspp_mobilenet_v3_large"
+            if "SegmentationDataModule" in config.read_text()
+            else "ssdlite320_mobilenet_v3_large"
+            if "DetectionDataModule" in config.read_text()
+            else "resnet18",
             "--trainer.default_root_dir",
             str(tmp_path),
         ]
@@ -150,7 +161,7 @@ def test_config_names_resolve_from_any_directory(tmp_path: Path, monkeypatch: py
     assert find_config("hdf5.yaml") == CONFIG_DIR / "hdf5.yaml"
     (tmp_path / "imagefolder").write_text("trainer: {}\n")  # a file of the user's wins over a shipped name
     assert find_config("imagefolder") == Path("imagefolder")
-    with pytest.raises(ConfigNotFoundError, match="callback_resume, demo, hdf5"):
+    with pytest.raises(ConfigNotFoundError, match="callback_resume, demo, detection, hdf5"):
         find_config("nope")
     with pytest.raises(ConfigNotFoundError):
         find_config("some/dir/demo.yaml")  # a path that does not exist is not silently a shipped config
@@ -470,3 +481,26 @@ def test_the_segmentation_config_fits_validates_tests_and_predicts_masks(
     with Image.open(tmp_path / "run" / "masks" / "scene_000000.png") as mask:
         with Image.open(root / "JPEGImages" / "scene_000000.jpg") as image:
             assert mask.size == image.size and mask.mode == "P"
+
+
+@pytest.mark.timeout(300)
+def test_the_detection_config_fits_and_tests_an_object_detector_on_made_scenes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``fastdata make-data --task detection`` then ``--config detection``: ObjectDetector with the DataModule's
+    classes linked trains on the scenes (every loss finite) and its checkpoint tests (``test_map`` in 0..1)."""
+    monkeypatch.chdir(tmp_path)
+    main(["make-data", str(tmp_path / "boxes"), "--task", "detection", "--count", "8"])
+    assert "wrote 8 scenes and their boxes in COCO's layout" in capsys.readouterr().out
+    data = ["--config", "detection", "--data.init_args.root", str(tmp_path / "boxes"), "--trainer.accelerator", "cpu"]
+    data += ["--data.init_args.num_workers", "0", "--data.init_args.batch_size", "3", "--trainer.logger", "false"]
+    data += ["--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.enable_progress_bar", "false"]
+    data += ["--data.init_args.image_size", "96"]
+    cli = run_cli(["fit", *data, "--trainer.max_epochs", "1"])
+    assert type(cli.model).__name__ == "ObjectDetector" and cli.model.hparams["num_classes"] == 5
+    assert cli.model.hparams["class_names"] == ["red", "green", "blue", "yellow", "magenta"]
+    metrics = cli.trainer.callback_metrics
+    assert math.isfinite(float(metrics["train_loss"])) and 0 <= float(metrics["val_map"]) <= 1
+    ckpt = str(next((tmp_path / "run").rglob("last.ckpt")))
+    tested = run_cli(["test", *data, "--data.init_args.test_split", "val2017", "--ckpt_path", ckpt])
+    assert 0 <= float(tested.trainer.callback_metrics["test_map"]) <= 1

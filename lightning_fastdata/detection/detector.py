@@ -1,0 +1,151 @@
+"""``ObjectDetector``: a LightningModule that trains torchvision's detection models on ``DetectionDataModule``.
+
+A batch on the device is ``(images, targets)``: a list of normalised float images (each at its own size) and a list
+of torchvision's target dicts (``boxes`` float32 XYXY in the image's pixels, ``labels`` int64 ``0 ..
+num_classes - 1``, ``iscrowd``), what :class:`~lightning_fastdata.DetectionDataModule` gives. torchvision's detection
+models keep label 0 for the background: the module builds them with ``num_classes + 1`` outputs and shifts the
+labels by one on the way in and back on the way out, so the data's labels and the predictions' are the module's
+classes.
+
+Evaluation logs COCO's mean average precision (``{stage}_map``, ``{stage}_map_50``, ``{stage}_map_75``) over the whole
+epoch with torchmetrics' ``MeanAveragePrecision`` (the ``pycocotools`` backend: ``pip install pycocotools``); crowd
+boxes are the evaluation's ``iscrowd`` (matched, never counted as missed), as COCO's evaluation does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torchvision
+from lightning.pytorch import LightningModule
+from torch import nn
+from typing_extensions import override
+
+from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.hparams import save_init_hparams
+from lightning_fastdata.models import _EPOCH_VALUE, fused_adamw
+
+__all__ = ["DETECTION_ARCHS", "ObjectDetector"]
+
+#: The builders of ``torchvision.models.detection`` that ``ObjectDetector(arch=...)`` takes.
+DETECTION_ARCHS: tuple[str, ...] = tuple(torchvision.models.list_models(module=torchvision.models.detection))
+
+Targets = list[dict[str, torch.Tensor]]
+
+
+def _shifted(targets: Targets, by: int) -> Targets:
+    return [{**t, "labels": t["labels"] + by} for t in targets]
+
+
+class ObjectDetector(LightningModule):
+    """Object detection with a torchvision detection model, from scratch (module docstring).
+
+    Args:
+        num_classes: Number of classes (the background not counted); LightningCLI links it from the DataModule.
+        arch: A ``torchvision.models.detection`` builder name, built without weight
+            downloads (``DETECTION_ARCHS``); unused when ``model`` is given.
+        model: A module that behaves as torchvision's detection models (training: ``model(images, targets)`` gives
+            a dict of losses; evaluation: ``model(images)`` a list of ``boxes``/``labels``/``scores`` dicts), its
+            labels ``1 .. num_classes`` (0: the background); ``None``: ``arch``.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        class_names: Each class's name, kept in the checkpoint; LightningCLI links it from the DataModule.
+
+    Raises:
+        ValueError: If ``num_classes`` is not positive or ``arch`` is not a torchvision detection model.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        arch: str = "fasterrcnn_mobilenet_v3_large_320_fpn",
+        model: nn.Module | None = None,
+        lr: float = 1e-4,
+        weight_decay: float = 1e-4,
+        class_names: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        if num_classes <= 0:
+            raise InvalidValueError(f"num_classes should be a positive int, got {num_classes!r}.")
+        if class_names is not None and len(class_names) != num_classes:
+            raise InvalidValueError(f"class_names has {len(class_names)} names for num_classes={num_classes}.")
+        if model is None and arch not in DETECTION_ARCHS:
+            raise InvalidValueError(
+                f"arch {arch!r} is not a torchvision detection model; one of {', '.join(DETECTION_ARCHS)}, or pass "
+                "model= (a module that behaves as torchvision's detection models)."
+            )
+        save_init_hparams(self)
+        if model is None:
+            model = torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=num_classes + 1)
+        self.model: nn.Module = model
+        self.num_classes = num_classes
+        self._metrics: dict[str, Any] = {}
+
+    @override
+    def forward(self, images: list[torch.Tensor]) -> Targets:
+        """The detections of each image (eval mode): ``boxes``, ``labels`` (``0 .. num_classes - 1``), ``scores``."""
+        return _shifted(self.model(images), -1)
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """The sum of the model's losses (each logged as ``train_<name>``)."""
+        images, targets = batch
+        losses = self.model(images, _shifted(targets, 1))
+        loss = sum(losses.values())
+        for name, value in losses.items():
+            self.log(f"train_{name}", value.detach(), batch_size=len(images))
+        self.log("train_loss", loss.detach(), prog_bar=True, batch_size=len(images))
+        return loss
+
+    def _metric(self, stage: str) -> Any:
+        if stage not in self._metrics:
+            try:
+                from torchmetrics.detection import MeanAveragePrecision
+            except ImportError as err:  # pragma: no cover - torchmetrics comes with lightning
+                raise ImportError("COCO mAP needs torchmetrics: pip install torchmetrics") from err
+            try:
+                self._metrics[stage] = MeanAveragePrecision(box_format="xyxy", backend="pycocotools").to(self.device)
+            except ModuleNotFoundError as err:
+                raise ModuleNotFoundError(
+                    "ObjectDetector's COCO mAP needs pycocotools: pip install pycocotools"
+                ) from err
+        return self._metrics[stage]
+
+    def _evaluate(self, batch: Any, stage: str) -> None:
+        images, targets = batch
+        detections = self(images)
+        kept = [{"boxes": t["boxes"], "labels": t["labels"], "iscrowd": t["iscrowd"].long()} for t in targets]
+        self._metric(stage).update([{k: v.detach() for k, v in d.items()} for d in detections], kept)
+
+    def _log_evaluation(self, stage: str) -> None:
+        metric = self._metrics.pop(stage, None)
+        if metric is None:
+            metric = self._metric(stage)  # no batch on this rank: it still takes part in the reduction
+            self._metrics.pop(stage)
+        scores = metric.compute()
+        for name in ("map", "map_50", "map_75"):
+            self.log(f"{stage}_{name}", scores[name].float(), prog_bar=name == "map", **_EPOCH_VALUE)
+
+    @override
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        """Adds the batch's detections and targets to the epoch's mAP."""
+        self._evaluate(batch, "val")
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        self._log_evaluation("val")
+
+    @override
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        """As validation: ``test_map``, ``test_map_50``, ``test_map_75``."""
+        self._evaluate(batch, "test")
+
+    @override
+    def on_test_epoch_end(self) -> None:
+        self._log_evaluation("test")
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """AdamW over all parameters (fused where torch has the kernel)."""
+        return fused_adamw(self, self.hparams["lr"], self.hparams["weight_decay"])

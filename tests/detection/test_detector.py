@@ -1,0 +1,55 @@
+"""``ObjectDetector``: the data's labels reach torchvision's models shifted past the background and come back; COCO
+mAP over an epoch, with crowds counted as COCO counts them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_fastdata import ObjectDetector
+
+TARGETS = [
+    {"boxes": torch.tensor([[10.0, 10.0, 50.0, 40.0], [60.0, 20.0, 90.0, 70.0]]), "labels": torch.tensor([0, 2]),
+     "iscrowd": torch.tensor([0, 0], dtype=torch.uint8)},
+    {"boxes": torch.tensor([[5.0, 5.0, 30.0, 30.0], [40.0, 40.0, 80.0, 90.0]]), "labels": torch.tensor([1, 1]),
+     "iscrowd": torch.tensor([0, 1], dtype=torch.uint8)},
+]  # fmt: skip
+
+
+class Oracle(nn.Module):
+    """Behaves as torchvision's detection models: training gives losses (and keeps the labels it was given);
+    evaluation returns ``answers`` (labels in the model's space: 0 the background)."""
+
+    def __init__(self, answers: list[dict[str, torch.Tensor]]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(()))
+        self.answers = answers
+        self.seen: list[Any] = []
+
+    def forward(self, images: list[torch.Tensor], targets: Any = None) -> Any:
+        if self.training:
+            self.seen = [t["labels"].clone() for t in targets]
+            return {"classification": self.weight * 2.0, "bbox_regression": self.weight * 0.5}
+        return [{**a, "scores": torch.ones(len(a["labels"]))} for a in self.answers]
+
+
+def val_map(answers: list[dict[str, torch.Tensor]]) -> float:
+    det = ObjectDetector(num_classes=3, model=Oracle(answers))
+    det.eval()
+    det._evaluate(([torch.zeros(3, 100, 100)] * 2, TARGETS), "val")
+    return float(det._metrics["val"].compute()["map"])
+
+
+def test_labels_cross_the_background_both_ways_and_a_perfect_detector_scores_one() -> None:
+    det = ObjectDetector(num_classes=3, model=Oracle([]), class_names=["a", "b", "c"])
+    loss = det.training_step(([torch.zeros(3, 100, 100)] * 2, TARGETS), 0)
+    assert float(loss) == 2.5 and [t.tolist() for t in det.model.seen] == [[1, 3], [2, 2]]  # 0 is the background
+    right = [{"boxes": t["boxes"][t["iscrowd"] == 0], "labels": t["labels"][t["iscrowd"] == 0] + 1} for t in TARGETS]
+    assert val_map(right) == pytest.approx(1.0)  # the crowd box is neither missed nor a false positive's match
+    unshifted = [{"boxes": t["boxes"], "labels": t["labels"] - 1} for t in right]
+    assert val_map(unshifted) < 0.5  # labels read back without the shift: wrong classes
+    with pytest.raises(ValueError, match="not a torchvision detection model"):
+        ObjectDetector(num_classes=3, arch="resnet50")
