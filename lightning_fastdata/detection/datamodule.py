@@ -79,10 +79,11 @@ class DetectionDataModule(FastDataModule):
         val_split: The split validated on (default: COCO's ``val2017``, else ``val``), skipped with a warning where
             the default is missing; ``None``: none.
         test_split: The split ``trainer.test`` reads, or ``None``.
-        data_augmentation: torchvision's detection reference's recipe: ``"hflip"``, ``"multiscale"``, ``"ssd"`` or
-            ``"ssdlite"`` (:mod:`~lightning_fastdata.detection.recipes`, :mod:`~lightning_fastdata.detection.ssd`).
-        image_size: The SSD recipes' output square (``None``: their models' 300 and 320); the others keep each
-            image's own size (or the multi-scale one), as the reference's models resize them.
+        data_augmentation: torchvision's detection reference's recipe: ``"hflip"``, ``"multiscale"``, ``"lsj"``,
+            ``"ssd"`` or ``"ssdlite"`` (:mod:`~lightning_fastdata.detection.recipes`,
+            :mod:`~lightning_fastdata.detection.ssd`).
+        image_size: The square recipes' output side (``None``: lsj's 1024, the SSD models' 300 and 320); the others
+            keep each image's own size (or the multi-scale one), as the reference's models resize them.
         hflip_prob: The training flip's probability.
         storage_options: Object-store settings for a bucket root.
         index_dir: Shards and Parquet: where their indexes are kept (a folder of ours); ``None``: the user cache.

@@ -2,10 +2,12 @@
 
 ``"hflip"`` (the reference's default: a horizontal flip, the image at its own size; the model resizes it),
 ``"multiscale"`` (``RandomShortestSize`` of 480-800 in steps of 32, at most 1333 on the longer side, then the flip),
-``"ssd"`` and ``"ssdlite"`` (:mod:`~lightning_fastdata.detection.ssd`: the zoom-out, the IoU crop, the flip and the
-model's resize to a square as one window, the photometric distortion after it) and the evaluation (the image as it
-is). Each sample's numbers come from its key (``(epoch, index, repeat)``), so an epoch is the same whatever the
-workers, and a resumed run draws what the uninterrupted one did.
+``"lsj"`` (large-scale jitter: ``ScaleJitter`` to 0.1-2 times a ``1024 x 1024`` fit, the reference's
+``FixedSizeCrop`` of ``1024 x 1024`` padded with the mean colour, then the flip), ``"ssd"`` and ``"ssdlite"``
+(:mod:`~lightning_fastdata.detection.ssd`: the zoom-out, the IoU crop, the flip and the model's resize to a square as
+one window, the photometric distortion after it) and the evaluation (the image as it is). Each sample's numbers come
+from its key (``(epoch, index, repeat)``), so an epoch is the same whatever the workers, and a resumed run draws what
+the uninterrupted one did.
 """
 
 from __future__ import annotations
@@ -18,15 +20,23 @@ import numpy as np
 import torch
 
 from lightning_fastdata.augment.keyed import uniforms
-from lightning_fastdata.detection.ssd import SSDRecipe
+from lightning_fastdata.detection.ssd import SSD_MEAN, SSDRecipe
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.sources.window import Window
 
-__all__ = ["DETECTION_RECIPES", "DetectionRecipe", "FlipRecipe", "SSDRecipe", "WholeImage", "detection_recipe"]
+__all__ = [
+    "DETECTION_RECIPES",
+    "DetectionRecipe",
+    "FlipRecipe",
+    "SSDRecipe",
+    "ScaleJitterRecipe",
+    "WholeImage",
+    "detection_recipe",
+]
 
-DetectionRecipe = Literal["hflip", "multiscale", "ssd", "ssdlite"]
+DetectionRecipe = Literal["hflip", "multiscale", "lsj", "ssd", "ssdlite"]
 #: The recipes ``data_augmentation=`` takes (torchvision's reference's names).
-DETECTION_RECIPES = ("hflip", "multiscale", "ssd", "ssdlite")
+DETECTION_RECIPES = ("hflip", "multiscale", "lsj", "ssd", "ssdlite")
 #: The keyed stream of a detection sample's numbers.
 _STREAM = 0xDE7
 #: The reference's multi-scale shorter sides (480, 512, ..., 800) and longest side.
@@ -79,10 +89,56 @@ class FlipRecipe:
         return Window((0, 0, height, width), (0, 0, out_h, out_w), (out_h, out_w), float(draws[0]) < self.hflip_prob)
 
 
-def detection_recipe(name: str, hflip_prob: float = 0.5, image_size: int | None = None) -> FlipRecipe | SSDRecipe:
+@dataclass(frozen=True)
+class ScaleJitterRecipe:
+    """Large-scale jitter (the reference's ``"lsj"``): the scale, the fixed-size crop and its padding, the flip.
+
+    ``ScaleJitter(target_size=(size, size), scale_range)``: the image resized by ``min(size / h, size / w)`` times a
+    scale drawn in ``scale_range`` (``int`` of the scaled sides); ``FixedSizeCrop(size, fill)``: a ``size x size``
+    part of it where it is larger (one random number places both offsets, as the reference's does), padded on the
+    right and bottom with ``fill`` where it is smaller; then the flip of the whole square. The crop's edges are
+    rounded to the source's pixels (the boxes follow the window as the pixels do).
+
+    Attributes:
+        size: The square's side (the reference's 1024).
+        scale_range: The scale's range.
+        hflip_prob: The flip's probability.
+        fill: The padding's colour (the reference's mean).
+    """
+
+    size: int = 1024
+    scale_range: tuple[float, float] = (0.1, 2.0)
+    hflip_prob: float = 0.5
+    fill: tuple[int, int, int] = SSD_MEAN
+
+    def draws(self, seed: int, keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:
+        """Three numbers a sample: the scale's, the crop's, the flip's."""
+        k = torch.tensor([tuple(key) for key in keys], dtype=torch.int64).view(-1, 3)
+        return list(uniforms(seed, k, _STREAM + 1, 3).numpy())
+
+    def window(self, draws: np.ndarray | None, width: int, height: int, value: Any) -> Window:
+        """The scaled image's ``size x size`` part, padded, maybe mirrored, as one window."""
+        assert draws is not None
+        lo, hi = self.scale_range
+        r = min(self.size / height, self.size / width) * (lo + float(draws[0]) * (hi - lo))
+        new_w, new_h = max(1, int(width * r)), max(1, int(height * r))
+        out_w, out_h = min(new_w, self.size), min(new_h, self.size)
+        u = float(draws[1])
+        top, left = int(max(new_h - self.size, 0) * u), int(max(new_w - self.size, 0) * u)
+        ry, rx = new_h / height, new_w / width
+        sy, sx = min(height - 1, round(top / ry)), min(width - 1, round(left / rx))
+        bh, bw = max(1, min(height - sy, round(out_h / ry))), max(1, min(width - sx, round(out_w / rx)))
+        flip = float(draws[2]) < self.hflip_prob
+        px = self.size - out_w if flip else 0
+        return Window((sy, sx, bh, bw), (0, px, out_h, out_w), (self.size, self.size), flip, self.fill)
+
+
+def detection_recipe(
+    name: str, hflip_prob: float = 0.5, image_size: int | None = None
+) -> FlipRecipe | SSDRecipe | ScaleJitterRecipe:
     """The training recipe of torchvision's detection reference named ``name`` (module docstring).
 
-    ``image_size``: the output square of the SSD recipes (``None``: their models' 300 and 320).
+    ``image_size``: the output square of the square recipes (``None``: lsj's 1024, the SSD models' 300 and 320).
 
     Raises:
         ValueError: For a name not in :data:`DETECTION_RECIPES`.
@@ -91,6 +147,8 @@ def detection_recipe(name: str, hflip_prob: float = 0.5, image_size: int | None 
         return FlipRecipe(hflip_prob)
     if name == "multiscale":
         return FlipRecipe(hflip_prob, MULTISCALE, MAX_SIZE)
+    if name == "lsj":
+        return ScaleJitterRecipe(image_size or 1024, hflip_prob=hflip_prob)
     if name == "ssd":
         return SSDRecipe(image_size or 300, hflip_prob=hflip_prob)
     if name == "ssdlite":

@@ -44,7 +44,7 @@ def check_boxes_frame_their_pixels_of(batch: Batch, labels: dict[int, int]) -> i
         classes = classes_of_colours(image[:, :h, :w].permute(1, 2, 0).numpy())
         for box, label in zip(target["boxes"].tolist(), target["labels"].tolist()):
             x1, y1, x2, y2 = (int(v) for v in box)
-            inner = classes[y1 + 3 : y2 - 3, x1 + 3 : x2 - 3]
+            inner = classes[y1 + 3 : max(0, y2 - 3), x1 + 3 : max(0, x2 - 3)]
             if inner.size:
                 assert (inner == labels[label] + 1).mean() > 0.98, (box, label)
                 checked += 1
@@ -65,7 +65,9 @@ def check_boxes_frame_their_pixels(batch: Batch) -> int:
         covered = np.zeros((h, w), np.int64)
         for box, label in zip(target["boxes"].tolist(), target["labels"].tolist()):
             x1, y1, x2, y2 = box
-            inner = classes[int(np.ceil(y1)) + margin : int(y2) - margin, int(np.ceil(x1)) + margin : int(x2) - margin]
+            # (an end below 0 would count from the other side: a box thinner than its margins has no interior)
+            inner = classes[int(np.ceil(y1)) + margin : max(0, int(y2) - margin),
+                            int(np.ceil(x1)) + margin : max(0, int(x2) - margin)]  # fmt: skip
             if inner.size:
                 assert (inner == label + 1).mean() > 0.98, (box, label)
                 checked += 1
@@ -215,10 +217,11 @@ def test_classes_keep_the_images_holding_them_and_renumber_their_boxes(folders: 
 
 
 @pytest.mark.timeout(180)
-def test_the_ssd_recipes_zoom_out_crop_and_resize_with_their_boxes(folders: dict[str, Path]) -> None:
+def test_the_square_recipes_zoom_out_crop_and_resize_with_their_boxes(folders: dict[str, Path]) -> None:
     """``"ssd"`` and ``"ssdlite"``: every image a square of the model's size, its boxes on their pixels after the
-    zoom-out (onto the mean colour), the IoU crop, the flip and the resize; the photometric distortion changes the
-    image's pixels, never the fill or a box; the draws are the key's, whatever the workers."""
+    zoom-out (onto the mean colour), the IoU crop, the flip and the resize; ``"lsj"``: the scale jitter, the
+    fixed-size crop padded with the mean colour and the flip; the photometric distortion changes the image's pixels,
+    never the fill or a box; the draws are the key's, whatever the workers."""
     from lightning_fastdata.detection.ssd import SSD_MEAN
 
     def batches(recipe: str, workers: int = 2, distort: bool = False) -> list[Batch]:
@@ -237,6 +240,12 @@ def test_the_ssd_recipes_zoom_out_crop_and_resize_with_their_boxes(folders: dict
             filled += int((batch.images == mean).all(dim=1).sum())
         assert checked > 10
         assert (filled > 0) == (recipe == "ssd")  # only ssd zooms out onto the mean colour
+    lsj = module(folders["coco"], data_augmentation="lsj", image_size=160)  # the reference's 1024, scaled down
+    lsj.setup("fit")
+    jittered = list(lsj.train_dataloader())
+    assert all(b.images.shape[1:] == (3, 160, 160) for b in jittered)
+    assert sum(check_boxes_frame_their_pixels(b) for b in jittered) > 10  # every box, every coloured pixel
+    assert int(sum((b.images == mean).all(dim=1).sum() for b in jittered)) > 0  # the padding: the mean colour
     painted, again = batches("ssd", distort=True), batches("ssd", workers=0, distort=True)
     plain = batches("ssd")
     changed = 0
