@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
+import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import Dataset
 from typing_extensions import override
@@ -30,6 +31,7 @@ from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.batch import Batch
 from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
+from lightning_fastdata.loading.sampling import SamplingSettings
 from lightning_fastdata.loading.storage.base import is_url, join_url
 from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport
@@ -67,6 +69,9 @@ class DetectionDataModule(FastDataModule):
         layout: ``"auto"`` (told by the root's folders; local shards and Parquet too), ``"coco"``, ``"voc"``,
             ``"yolo"``, ``"shards"`` or ``"parquet"`` (a bucket's).
         objects_column: Parquet: the column of each row's boxes (our JSON).
+        keep_empty: Train on the images without a box too (their targets ``(0, 4)``); ``False`` (torchvision's
+            reference): training leaves them out (an image whose boxes are all crowds is empty then), read from
+            every annotation at setup. Evaluation always keeps every image.
         shuffle_buffer: Parquet: the training order in windows of row groups holding about this many rows (every row
             once an epoch); ``None``: a full shuffle (each process keeps up to
             :data:`~lightning_fastdata.datasets.group_reads.FULL_SHUFFLE_CACHE_BYTES` of row groups; beyond them, a
@@ -110,6 +115,7 @@ class DetectionDataModule(FastDataModule):
         index_dir: str | None = None,
         objects_column: str = "objects",
         shuffle_buffer: int | None = 1000,
+        keep_empty: bool = False,
         batch_size: int = 2,
         num_workers: int | Literal["auto"] = "auto",
         pin_memory: bool | None = None,
@@ -140,6 +146,7 @@ class DetectionDataModule(FastDataModule):
         self.folder_layout = DetectionLayout(layout, None, None if class_names is None else tuple(class_names))
         self.storage_options = storage_options
         self.layout, self.objects_column, self.shuffle_buffer = layout, objects_column, shuffle_buffer
+        self.keep_empty = keep_empty
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self._splits = (train_split, val_split, test_split)
         self._categories: dict[Any, int] | None = None
@@ -215,7 +222,21 @@ class DetectionDataModule(FastDataModule):
         source = source.with_recipe(self.recipe if train else WholeImage())
         wanted = self.sampling.classes
         positions = None if wanted is None else [self.data_classes.index(str(c)) for c in wanted]
-        return source.kept(positions, wanted is not None or self.sampling.sample_weights is not None)
+        presence = wanted is not None or self.sampling.sample_weights is not None or train and not self.keep_empty
+        return source.kept(positions, presence)
+
+    @override
+    def _sampling_settings(self, dataset: Dataset, train: bool) -> SamplingSettings:
+        """The module's settings; training without ``keep_empty`` keeps the images holding a box (of any class).
+
+        Where every image holds one, the epoch stays the plain one (Parquet's windowed order kept); where some do
+        not, the others are drawn as ``classes=`` draws them (each once an epoch).
+        """
+        if train and not self.keep_empty and self.sampling.classes is None:
+            present = np.asarray(dataset.targets)  # type: ignore[attr-defined]
+            if present.ndim == 2 and not present.any(axis=1).all():
+                return replace(self.sampling, classes=list(self.data_classes))
+        return self.sampling
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """The training split, and the validation split (the default one only if it exists)."""

@@ -281,3 +281,35 @@ def test_the_iou_crop_keeps_a_box_centre_and_drops_the_boxes_whose_centre_it_lea
     centred = target.follow(value, dataclasses.replace(crop, centred=True))
     assert kept["boxes"].tolist() == [[10, 10, 60, 40], [100, 80, 120, 100]]  # clamped
     assert centred["boxes"].tolist() == [[10, 10, 60, 40]]  # the second's centre (140, 115) is outside
+
+
+@pytest.mark.timeout(120)
+def test_images_without_a_box_are_left_out_of_training_unless_kept_and_always_evaluated(tmp_path: Path) -> None:
+    """As torchvision's reference: training leaves out the images without a box (one whose boxes are all crowds is
+    empty there); ``keep_empty=True`` trains on them with ``(0, 4)`` targets; evaluation keeps every image."""
+    import json
+    import shutil
+
+    root = make_detection_folder(tmp_path / "coco", count=16, layout="coco", seed=3)
+    shutil.copytree(root / "train2017", root / "val_all")
+    doc = json.loads((root / "annotations" / "instances_train2017.json").read_text())
+    ids = [im["id"] for im in doc["images"]]
+    empty, crowded = set(ids[:3]), ids[3]
+    doc["annotations"] = [a for a in doc["annotations"] if a["image_id"] not in empty]
+    for a in doc["annotations"]:
+        a["iscrowd"] = int(a["image_id"] == crowded)
+    for name in ("instances_train2017.json", "instances_val_all.json"):
+        (root / "annotations" / name).write_text(json.dumps(doc))
+
+    def counts(**kw: object) -> tuple[list[int], list[int]]:
+        dm = module(root, val_split="val_all", num_workers=2, **kw)
+        dm.setup("fit")
+        train = [n for b in dm.train_dataloader() for n in b.labels.counts.tolist()]
+        val = [n for b in dm.val_dataloader() for n in b.labels.counts.tolist()]
+        return train, val
+
+    train, val = counts()
+    assert len(train) == len(ids) - 4 and 0 not in train  # three without annotations, one of crowds only
+    assert len(val) == len(ids) and val.count(0) == 3  # the crowds are the evaluation's
+    kept, _ = counts(keep_empty=True)
+    assert len(kept) == len(ids) and kept.count(0) == 4
