@@ -9,7 +9,9 @@ classes.
 
 Evaluation logs COCO's mean average precision (``{stage}_map``, ``{stage}_map_50``, ``{stage}_map_75``) over the whole
 epoch with torchmetrics' ``MeanAveragePrecision`` (the ``pycocotools`` backend: ``pip install pycocotools``); crowd
-boxes are the evaluation's ``iscrowd`` (matched, never counted as missed), as COCO's evaluation does.
+boxes are the evaluation's ``iscrowd`` (matched, never counted as missed), as COCO's evaluation does. Each image's
+detections and targets are kept on the host and gathered from every rank at the epoch's end, in one order whatever
+the ranks: N ranks give one rank's figures exactly (the package's evaluation loaders give each image to one rank).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class ObjectDetector(LightningModule):
             model = torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=num_classes + 1)
         self.model: nn.Module = model
         self.num_classes = num_classes
-        self._metrics: dict[str, Any] = {}
+        self._records: dict[str, list[dict[str, torch.Tensor]]] = {}
 
     @override
     def forward(self, images: list[torch.Tensor]) -> Targets:
@@ -98,32 +100,43 @@ class ObjectDetector(LightningModule):
         self.log("train_loss", loss.detach(), prog_bar=True, batch_size=len(images))
         return loss
 
-    def _metric(self, stage: str) -> Any:
-        if stage not in self._metrics:
-            try:
-                from torchmetrics.detection import MeanAveragePrecision
-            except ImportError as err:  # pragma: no cover - torchmetrics comes with lightning
-                raise ImportError("COCO mAP needs torchmetrics: pip install torchmetrics") from err
-            try:
-                self._metrics[stage] = MeanAveragePrecision(box_format="xyxy", backend="pycocotools").to(self.device)
-            except ModuleNotFoundError as err:
-                raise ModuleNotFoundError(
-                    "ObjectDetector's COCO mAP needs pycocotools: pip install pycocotools"
-                ) from err
-        return self._metrics[stage]
-
     def _evaluate(self, batch: Any, stage: str) -> None:
         images, targets = batch
-        detections = self(images)
-        kept = [{"boxes": t["boxes"], "labels": t["labels"], "iscrowd": t["iscrowd"].long()} for t in targets]
-        self._metric(stage).update([{k: v.detach() for k, v in d.items()} for d in detections], kept)
+        for d, t in zip(self(images), targets):  # kept on the host: gathered from every rank at the epoch's end
+            record = {f"d_{k}": d[k].detach().cpu() for k in ("boxes", "scores", "labels")}
+            record.update({f"t_{k}": t[k].detach().cpu() for k in ("boxes", "labels", "iscrowd")})
+            self._records.setdefault(stage, []).append(record)
+
+    def _gathered(self, stage: str) -> list[dict[str, torch.Tensor]]:
+        """Every rank's images' records, in one order whatever the ranks (sorted by their content)."""
+        records = self._records.pop(stage, [])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            parts: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(parts, records)
+            records = [r for part in parts for r in part]
+        return sorted(records, key=lambda r: b"".join(r[k].numpy().tobytes() for k in sorted(r)))
+
+    def evaluation_scores(self, stage: str) -> dict[str, torch.Tensor]:
+        """COCO's figures of the ``stage`` epoch's images on every rank (torchmetrics' names: ``map``, ``map_50``, ...).
+
+        Raises:
+            ModuleNotFoundError: Without ``pycocotools`` (named).
+        """
+        try:
+            from torchmetrics.detection import MeanAveragePrecision
+
+            metric = MeanAveragePrecision(box_format="xyxy", backend="pycocotools", sync_on_compute=False)
+        except ModuleNotFoundError as err:
+            raise ModuleNotFoundError("ObjectDetector's COCO mAP needs pycocotools: pip install pycocotools") from err
+        records = self._gathered(stage)  # every rank computes the same figures from the same images, each once
+        metric.update(
+            [{"boxes": r["d_boxes"], "scores": r["d_scores"], "labels": r["d_labels"]} for r in records],
+            [{"boxes": r["t_boxes"], "labels": r["t_labels"], "iscrowd": r["t_iscrowd"].long()} for r in records],
+        )
+        return metric.compute()
 
     def _log_evaluation(self, stage: str) -> None:
-        metric = self._metrics.pop(stage, None)
-        if metric is None:
-            metric = self._metric(stage)  # no batch on this rank: it still takes part in the reduction
-            self._metrics.pop(stage)
-        scores = metric.compute()
+        scores = self.evaluation_scores(stage)
         for name in ("map", "map_50", "map_75"):
             self.log(f"{stage}_{name}", scores[name].float(), prog_bar=name == "map", **_EPOCH_VALUE)
 

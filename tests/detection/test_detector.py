@@ -3,6 +3,7 @@ mAP over an epoch, with crowds counted as COCO counts them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,7 +41,7 @@ def val_map(answers: list[dict[str, torch.Tensor]]) -> float:
     det = ObjectDetector(num_classes=3, model=Oracle(answers))
     det.eval()
     det._evaluate(([torch.zeros(3, 100, 100)] * 2, TARGETS), "val")
-    return float(det._metrics["val"].compute()["map"])
+    return float(det.evaluation_scores("val")["map"])
 
 
 def test_labels_cross_the_background_both_ways_and_a_perfect_detector_scores_one() -> None:
@@ -53,3 +54,34 @@ def test_labels_cross_the_background_both_ways_and_a_perfect_detector_scores_one
     assert val_map(unshifted) < 0.5  # labels read back without the shift: wrong classes
     with pytest.raises(ValueError, match="not a torchvision detection model"):
         ObjectDetector(num_classes=3, arch="resnet50")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_map_on_two_ranks_equals_one_rank_and_counts_every_image_once(tmp_path: Path) -> None:
+    """13 validation scenes, 2 CPU ranks (gloo), batch 2 (neither divides them): the colour oracle's COCO mAP
+    (neither 0 nor 1: merged boxes of a class seen twice) is one rank's exactly, each image on one rank."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.s3_server import free_ports
+    from lightning_fastdata.detection.demos import make_detection_folder
+
+    root = make_detection_folder(tmp_path / "coco", count=26, layout="coco", seed=4, val_fraction=0.5)
+    script = Path(__file__).parents[1] / "helpers" / "ddp_detect.py"
+    for devices in ("1", "2"):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0])}
+        try:
+            out = subprocess.run([sys.executable, str(script), str(tmp_path), devices, str(root)],
+                                 capture_output=True, text=True, timeout=280, cwd=tmp_path, env=env)  # fmt: skip
+        except subprocess.TimeoutExpired as err:
+            raise AssertionError(f"{devices} rank(s) ran past 280 s:\n{(err.stderr or b'')[-6000:]!r}") from None
+        assert out.returncode == 0, out.stderr[-4000:]
+    one = json.loads((tmp_path / "detect-1-rank0.json").read_text())
+    two = [json.loads((tmp_path / f"detect-2-rank{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(two[0]["served"]["validate"] + two[1]["served"]["validate"]) == list(range(13))
+    assert 0.1 < one["validate"]["val_map"] < 0.9
+    for r in two:
+        assert r["validate"] == one["validate"] and r["test"] == one["test"]
