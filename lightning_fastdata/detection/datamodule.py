@@ -183,6 +183,8 @@ class DetectionDataModule(FastDataModule):
             )
             return names
         given = self.folder_layout.class_names
+        if given is None and self.found_layout() == "parquet":
+            given = self._hub_class_names()
         if given is None:
             relpath = f"{self.split_names()[0]}/classes.json"
             beside = join_url(self.root, relpath)
@@ -192,6 +194,31 @@ class DetectionDataModule(FastDataModule):
             given = tuple(str(n) for n in json.loads(read))
         self._categories = {k: k for k in range(len(given))}
         return tuple(given)
+
+    def _hub_class_names(self) -> tuple[str, ...] | None:
+        """The class names the hubs keep in a local Parquet file's schema (its objects' ``category`` ClassLabel)."""
+        import pyarrow.parquet as pq
+
+        where = join_url(self.root, self.split_names()[0])
+        if is_url(where):
+            return None
+        path = load_parquet_files(where, self.index_dir, "image", self.storage_options)[0].path
+        try:
+            meta = (pq.read_schema(path).metadata or {}).get(b"huggingface", b"{}")
+            features = json.loads(meta).get("info", {}).get("features", {})
+        except (OSError, ValueError):
+            return None
+        todo = [features.get(self.objects_column)]
+        while todo:  # a Sequence of dicts ({"feature": {...}}) or a dict of Sequences: the names are under category
+            node = todo.pop()
+            if isinstance(node, dict):
+                names = (node.get("category") or {}).get("names") or (node.get("category") or {}).get(
+                    "feature", {}
+                ).get("names")
+                if names:
+                    return tuple(str(n) for n in names)
+                todo += [v for v in node.values() if isinstance(v, dict)]
+        return None
 
     @property
     def num_classes(self) -> int:

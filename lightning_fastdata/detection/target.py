@@ -98,14 +98,36 @@ def _json(data: bytes, name: str) -> Boxes:
     return out
 
 
+def _hub_objects(objects: dict[str, Any], name: str) -> Boxes:
+    """The hubs' ``objects`` column's row, as their detection sets and object-detection guide lay it out.
+
+    ``bbox``: COCO's ``[x, y, width, height]`` each; ``category``: each box's class.
+    """
+    try:
+        xywh = np.asarray(objects.get("bbox") or [], np.float32).reshape(-1, 4)
+    except (ValueError, TypeError) as err:
+        raise DataError(f"{name}: its objects' bbox is not a list of [x, y, width, height] ({err}).") from None
+    categories = list(objects.get("category") or [])
+    if len(categories) != len(xywh):
+        raise DataError(f"{name}: {len(xywh)} boxes and {len(categories)} categories in its objects.")
+    out = _empty()
+    crowd = objects.get("iscrowd") or [0] * len(xywh)
+    out.update(boxes=np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1), categories=categories,
+               iscrowd=np.asarray(crowd, np.uint8), difficult=np.zeros(len(xywh), np.uint8))  # fmt: skip
+    return out
+
+
 def decode_annotation(payload: Any, name: str) -> Boxes:
-    """An annotation as :data:`Boxes`: a decoded one as it is, else VOC XML, our JSON or YOLO text by its bytes.
+    """An annotation as :data:`Boxes`, from whatever form it came in.
+
+    A decoded one as it is, the hubs' ``objects`` row (a dict with ``bbox`` and ``category``), else VOC XML, our
+    JSON or YOLO text by its bytes.
 
     Raises:
         DataError: For an annotation it cannot read (named).
     """
     if isinstance(payload, dict):
-        return payload
+        return _hub_objects(payload, name) if "bbox" in payload else payload
     data = bytes(payload)
     head = data.lstrip()[:1]
     if head == b"<":

@@ -56,10 +56,23 @@ def load_parquet_files(
     )  # fmt: skip
 
 
+def payload_values(column: Any) -> Any:
+    """A payload column's values: binary ones (or a ``{bytes, path}`` struct's ``bytes``) as bytes, others as they are.
+
+    Any other column (the hubs' ``objects`` struct of lists) reaches the target as each row's Python value.
+    """
+    import pyarrow as pa
+
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_struct(arr.type) and arr.type.get_field_index("bytes") >= 0:
+        return arr.field("bytes")
+    return arr
+
+
 def read_remote_pair(store: Any, shard: RemoteShard, group: int, image_column: str, column: str) -> Any:
     """A row group's image and payload bytes of a Parquet file in a bucket (the two column chunks, by ranges)."""
     table = remote_parquet_file(store, shard).read_row_group(group, columns=[image_column, column])
-    return image_values(table.column(0), shard.url, image_column), image_values(table.column(1), shard.url, column)
+    return image_values(table.column(0), shard.url, image_column), payload_values(table.column(1))
 
 
 class PairedParquetDataset(GroupReads, WindowedDataset):
@@ -170,8 +183,7 @@ class PairedParquetDataset(GroupReads, WindowedDataset):
             table = pf.read_row_group(int(self._group_local[index]), columns=[f.image_column, self.column])
         except (pa.ArrowException, OSError) as err:
             return OSError(f"{f.path}: row group {int(self._group_local[index])} cannot be read ({err})")
-        return image_values(table.column(0), f.path, f.image_column), image_values(table.column(1), f.path,
-                                                                                 self.column)  # fmt: skip
+        return image_values(table.column(0), f.path, f.image_column), payload_values(table.column(1))
 
     def sample_bytes(self, group: Any, index: int) -> Any:
         """The row's image and payload bytes (a null one is an error naming the row)."""

@@ -313,3 +313,46 @@ def test_images_without_a_box_are_left_out_of_training_unless_kept_and_always_ev
     assert len(val) == len(ids) and val.count(0) == 3  # the crowds are the evaluation's
     kept, _ = counts(keep_empty=True)
     assert len(kept) == len(ids) and kept.count(0) == 4
+
+
+@pytest.mark.timeout(120)
+def test_the_hubs_parquet_objects_column_reads_as_the_folder_it_came_from(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """Parquet files as the hubs ship detection sets (``image`` structs, an ``objects`` struct of COCO ``bbox`` lists
+    and ``category`` ClassLabels named in the schema's metadata): the folder's images and boxes, its class names."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = folders["coco"]
+    names = ["red", "green", "blue", "yellow", "magenta"]
+    for split, name in (("train2017", "train"), ("val2017", "val")):
+        doc = json.loads((root / "annotations" / f"instances_{split}.json").read_text())
+        label = {c["id"]: k for k, c in enumerate(sorted(doc["categories"], key=lambda c: c["id"]))}
+        rows = []
+        for im in sorted(doc["images"], key=lambda im: im["file_name"]):
+            anns = [a for a in doc["annotations"] if a["image_id"] == im["id"]]
+            rows.append({"image": {"bytes": (root / split / im["file_name"]).read_bytes(), "path": im["file_name"]},
+                         "objects": {"bbox": [a["bbox"] for a in anns],
+                                     "category": [label[a["category_id"]] for a in anns]}})  # fmt: skip
+        features = {"objects": {"feature": {"bbox": {"feature": {"dtype": "float32", "_type": "Value"},
+                                                     "_type": "Sequence"},
+                                            "category": {"names": names, "_type": "ClassLabel"}},
+                                "_type": "Sequence"}}  # fmt: skip
+        table = pa.Table.from_pylist(rows).replace_schema_metadata(
+            {"huggingface": json.dumps({"info": {"features": features}})}
+        )
+        (tmp_path / "hub" / name).mkdir(parents=True)
+        pq.write_table(table, tmp_path / "hub" / name / "part-0.parquet", row_group_size=4)
+    folder = module(root, num_workers=0)
+    hub = DetectionDataModule(str(tmp_path / "hub"), batch_size=4, num_workers=2, seed=5, shuffle_buffer=None,
+                              index_dir=str(tmp_path / "idx"))  # fmt: skip
+    for dm in (folder, hub):
+        dm.setup("fit")
+    assert hub.classes == folder.classes == DETECTION_CLASSES
+    for a, b in zip(list(folder.val_dataloader()), list(hub.val_dataloader()), strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels.labels, b.labels.labels)
+        assert torch.allclose(a.labels.boxes, b.labels.boxes, atol=1e-3)
+    assert sum(check_boxes_frame_their_pixels(b) for b in hub.train_dataloader()) > 10
