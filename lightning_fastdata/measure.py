@@ -39,6 +39,7 @@ __all__ = [
     "count_normalised",
     "decode_ceiling",
     "measure",
+    "measure_one_thread",
     "memcpy_ceiling",
     "ours_module",
     "print_table",
@@ -242,6 +243,22 @@ def measure(candidates: list[Candidate], repeats: int, min_seconds: float) -> di
         for name, make, consume in candidates:
             rates[name].append(time_loader(make, consume, min_seconds=min_seconds))
     return rates
+
+
+def measure_one_thread(candidates: list[Candidate], repeats: int, min_seconds: float) -> dict[str, list[float]]:
+    """:func:`measure` with the main process on one intra-op thread (restored after).
+
+    On a machine with as many CPUs as workers, torch's other threads spin between operations on the CPUs the workers
+    decode on (``FastDataCallback`` caps them so while training on an accelerator).
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure(candidates, repeats, min_seconds)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def rows_for(rates: dict[str, list[float]], workers: int, ceiling: float | None) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing_extensions import override
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 
-__all__ = ["ImageClassifier", "average_precision", "evaluation_loaders", "fused_adamw"]
+__all__ = ["ImageClassifier", "average_precision", "check_task_model", "evaluation_loaders", "fused_adamw"]
 
 #: How an evaluation epoch's values are logged: the same on every rank already (``sync_dist`` averages equal values,
 #: and keeps Lightning from warning of an unsynced epoch value), named by the model (``/dataloader_idx_k`` added by
@@ -285,6 +285,26 @@ class _ProgressValues:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_pending": deque()}  # a copy of the model (pickled, deep-copied) starts without copies in flight
+
+
+def check_task_model(
+    num_classes: int, class_names: list[str] | None, arch: str | None, archs: tuple[str, ...], task: str, model: str
+) -> None:
+    """A task model's arguments checked: a positive class count, as many names, an ``arch`` among ``archs``.
+
+    ``arch``: ``None`` where a ``model`` is given (``task``: torchvision's family, ``model``: what else it takes).
+
+    Raises:
+        ValueError: Naming the argument and what it takes.
+    """
+    if num_classes <= 0:
+        raise InvalidValueError(f"num_classes should be a positive int, got {num_classes!r}.")
+    if class_names is not None and len(class_names) != num_classes:
+        raise InvalidValueError(f"class_names has {len(class_names)} names for num_classes={num_classes}.")
+    if arch is not None and arch not in archs:
+        raise InvalidValueError(
+            f"arch {arch!r} is not a torchvision {task} model; one of {', '.join(archs)}, or pass model= ({model})."
+        )
 
 
 def fused_adamw(module: LightningModule, lr: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -13,7 +13,13 @@ from typing_extensions import override
 
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
-from lightning_fastdata.models import _EPOCH_VALUE, _ProgressValues, evaluation_loaders, fused_adamw
+from lightning_fastdata.models import (
+    _EPOCH_VALUE,
+    _ProgressValues,
+    check_task_model,
+    evaluation_loaders,
+    fused_adamw,
+)
 from lightning_fastdata.segmentation.target import IGNORE_INDEX
 
 __all__ = ["SEGMENTATION_ARCHS", "ImageSegmenter", "confusion_matrix", "segmentation_scores"]
@@ -106,15 +112,8 @@ class ImageSegmenter(LightningModule):
         log_class_iou: bool = False,
     ) -> None:
         super().__init__()
-        if num_classes <= 0:
-            raise InvalidValueError(f"num_classes should be a positive int, got {num_classes!r}.")
-        if class_names is not None and len(class_names) != num_classes:
-            raise InvalidValueError(f"class_names has {len(class_names)} names for num_classes={num_classes}.")
-        if model is None and arch not in SEGMENTATION_ARCHS:
-            raise InvalidValueError(
-                f"arch {arch!r} is not a torchvision segmentation model; one of {', '.join(SEGMENTATION_ARCHS)}, or "
-                "pass model= (any module returning N x C x H x W logits)."
-            )
+        check_task_model(num_classes, class_names, arch if model is None else None, SEGMENTATION_ARCHS,
+                         "segmentation", "any module returning N x C x H x W logits")  # fmt: skip
         save_init_hparams(self)
         if model is None:
             extra = {"aux_loss": True} if aux_loss else {}

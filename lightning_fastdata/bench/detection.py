@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 
 from lightning_fastdata.detection.datamodule import DetectionDataModule
-from lightning_fastdata.measure import Candidate, measure, print_table, rows_for
+from lightning_fastdata.measure import Candidate, measure_one_thread, print_table, rows_for
 
 __all__ = ["add_detection_arguments", "detection_suite", "reference_loader", "write_bench_coco"]
 
@@ -147,12 +147,7 @@ def detection_suite(args: argparse.Namespace) -> dict[str, Any]:
                  functools.partial(reference_loader, root, recipe, args.det_batch_size, workers), _count),
                 (f"DetectionDataModule ({recipe})", dm.train_dataloader, _count),
             ]  # fmt: skip
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                rates = measure(candidates, args.repeats, args.min_seconds)
-            finally:
-                torch.set_num_threads(threads)
+            rates = measure_one_thread(candidates, args.repeats, args.min_seconds)
             rows += rows_for(rates, workers, ceiling)
     print_table(rows)
     return {"data": {"root": root, "images": len(files), "mean_kb": mean_kb}, "decode_ceiling_1core": ceiling,

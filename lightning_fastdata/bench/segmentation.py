@@ -40,7 +40,7 @@ import torch
 from PIL import Image
 
 from lightning_fastdata.datamodules.segmentation import SegmentationDataModule
-from lightning_fastdata.measure import Candidate, measure, print_table, rows_for
+from lightning_fastdata.measure import Candidate, measure_one_thread, print_table, rows_for
 from lightning_fastdata.segmentation.convert import write_segmentation_hdf5
 from lightning_fastdata.segmentation.demos import make_segmentation_folder
 from lightning_fastdata.segmentation.layouts import find_pairs
@@ -178,12 +178,7 @@ def segmentation_suite(args: argparse.Namespace) -> dict[str, Any]:
         index = os.path.join(args.scratch, "segmentation-index")  # built by prepare_data, before the timing
         indexed = _module(root, args, workers, num_classes, entropy_index=True, index_dir=index)
         candidates.append((OURS_INDEXED, indexed.train_dataloader, _count))
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            rates = measure(candidates, args.repeats, args.min_seconds)
-        finally:
-            torch.set_num_threads(threads)
+        rates = measure_one_thread(candidates, args.repeats, args.min_seconds)
         rows += rows_for(rates, workers, ceiling)
     print_table(rows)
     return {"data": {"root": root, "images": len(files), "mean_kb": mean_kb}, "decode_ceiling_1core": ceiling,

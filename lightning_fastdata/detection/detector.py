@@ -24,9 +24,8 @@ from lightning.pytorch import LightningModule
 from torch import nn
 from typing_extensions import override
 
-from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
-from lightning_fastdata.models import _EPOCH_VALUE, fused_adamw
+from lightning_fastdata.models import _EPOCH_VALUE, check_task_model, fused_adamw
 
 __all__ = ["DETECTION_ARCHS", "ObjectDetector"]
 
@@ -68,15 +67,8 @@ class ObjectDetector(LightningModule):
         class_names: list[str] | None = None,
     ) -> None:
         super().__init__()
-        if num_classes <= 0:
-            raise InvalidValueError(f"num_classes should be a positive int, got {num_classes!r}.")
-        if class_names is not None and len(class_names) != num_classes:
-            raise InvalidValueError(f"class_names has {len(class_names)} names for num_classes={num_classes}.")
-        if model is None and arch not in DETECTION_ARCHS:
-            raise InvalidValueError(
-                f"arch {arch!r} is not a torchvision detection model; one of {', '.join(DETECTION_ARCHS)}, or pass "
-                "model= (a module that behaves as torchvision's detection models)."
-            )
+        check_task_model(num_classes, class_names, arch if model is None else None, DETECTION_ARCHS, "detection",
+                         "a module that behaves as torchvision's detection models")  # fmt: skip
         save_init_hparams(self)
         if model is None:
             model = torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=num_classes + 1)

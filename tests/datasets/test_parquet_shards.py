@@ -112,20 +112,8 @@ def test_an_epoch_through_workers_reads_each_row_group_once_per_window(parquet: 
 
 def test_row_groups_are_read_once_per_window_in_one_process(parquet: list[Path], tmp_path: Path) -> None:
     ds = dataset(parquet, tmp_path, shuffle_buffer=10)
-    reads: list[int] = []
-    real = pq.ParquetFile.read_row_group
-
-    def counting(self: pq.ParquetFile, i: int, *args: object, **kw: object) -> pa.Table:
-        reads.append(i)
-        return real(self, i, *args, **kw)  # type: ignore[arg-type]
-
-    pq.ParquetFile.read_row_group = counting  # type: ignore[method-assign]
-    try:
-        order = EpochSampler(len(ds), shuffle=True, seed=0, windows=ds.windows).epoch_order().numpy()
-        for start in range(0, len(order), 4):
-            ds.__getitems__([(0, int(i)) for i in order[start : start + 4]])
-    finally:
-        pq.ParquetFile.read_row_group = real  # type: ignore[method-assign]
+    order = EpochSampler(len(ds), shuffle=True, seed=0, windows=ds.windows).epoch_order().numpy()
+    reads = count_row_group_reads(ds, order, 4)
     assert len(reads) == len(set(ds._group_of.tolist()))  # every row group read once in the epoch
 
 
