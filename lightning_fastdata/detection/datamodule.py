@@ -27,6 +27,7 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.detection.layouts import DetectionLayout, DetectionLayoutName
 from lightning_fastdata.detection.recipes import DetectionRecipe, WholeImage, detection_recipe
 from lightning_fastdata.detection.target import BoxBatch, BoxTarget
+from lightning_fastdata.detection.transforms import BoxTransform, TransformedRecipe
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
 from lightning_fastdata.loading.batch import Batch
@@ -90,6 +91,10 @@ class DetectionDataModule(FastDataModule):
         image_size: The square recipes' output side (``None``: lsj's 1024, the SSD models' 300 and 320); the others
             keep each image's own size (or the multi-scale one), as the reference's models resize them.
         hflip_prob: The training flip's probability.
+        train_transforms: A user's ``torchvision.transforms.v2`` transform (or ``Compose``) run on each training
+            sample after the recipe, in the workers: ``(tv_tensors.Image, {"boxes": BoundingBoxes, "labels",
+            "iscrowd"})`` in and out, the boxes following by torchvision's dispatch, its randomness seeded from the
+            sample's key (:mod:`~lightning_fastdata.detection.transforms`).
         storage_options: Object-store settings for a bucket root.
         index_dir: Shards and Parquet: where their indexes are kept (a folder of ours); ``None``: the user cache.
 
@@ -111,6 +116,7 @@ class DetectionDataModule(FastDataModule):
         data_augmentation: DetectionRecipe = "hflip",
         image_size: int | None = None,
         hflip_prob: float = 0.5,
+        train_transforms: Callable[..., Any] | None = None,
         storage_options: dict[str, Any] | None = None,
         index_dir: str | None = None,
         objects_column: str = "objects",
@@ -139,9 +145,15 @@ class DetectionDataModule(FastDataModule):
         max_per_class: int | None = None,
         fraction: float | None = None,
     ) -> None:
-        super().__init__(**base_arguments(FastDataModule, locals(), val_fraction=0.0, image_size=image_size or 300))
+        super().__init__(
+            **base_arguments(
+                FastDataModule, locals(), val_fraction=0.0, image_size=image_size or 300, train_transforms=None
+            )  # fmt: skip
+        )
         save_init_hparams(self)
-        self.recipe = detection_recipe(data_augmentation, hflip_prob, image_size)
+        self.recipe: Any = detection_recipe(data_augmentation, hflip_prob, image_size)
+        if train_transforms is not None:
+            self.recipe = TransformedRecipe(self.recipe, BoxTransform(train_transforms, seed))
         self.root = os.fspath(root)
         self.folder_layout = DetectionLayout(layout, None, None if class_names is None else tuple(class_names))
         self.storage_options = storage_options

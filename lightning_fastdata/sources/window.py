@@ -61,7 +61,8 @@ class WindowRecipe(Protocol):
     (:meth:`~lightning_fastdata.sources.windowed.WindowedDataset.with_recipe`). ``value`` is the sample's target in
     the image's pixels (an IoU crop picks its box by the boxes). A recipe may also define ``paint(draws, pixels)``:
     a step on the rendered image's pixels (``3 x h x w`` uint8, the placed region only, not the fill) returning them
-    changed (detection's photometric distortion).
+    changed (detection's photometric distortion), and ``after(key, image, target)``: a step on the rendered image
+    and its followed target together, returning both (a user's per-sample transform).
     """
 
     def draws(self, seed: int, keys: Sequence[tuple[int, int, int]]) -> list[np.ndarray | None]:

@@ -312,7 +312,11 @@ class WindowedDataset(Dataset):
         paint = getattr(self.recipe, "paint", None)
         if paint is not None:  # a recipe's pixel step (detection's photometric distortion): the image, not the fill
             place.copy_(paint(draws, place))
-        return out, self.target.follow(value, win)
+        followed = self.target.follow(value, win)
+        after = getattr(self.recipe, "after", None)
+        if after is not None:  # a recipe's step on the image and its target together (a user's transform)
+            return after(full_key, out, followed)
+        return out, followed
 
     def batch(self, samples: Sequence[tuple[torch.Tensor, Any]], keys: Any = None) -> Any:
         """Rendered samples as one batch (images padded to the largest, the target kind's batch beside them).

@@ -356,3 +356,27 @@ def test_the_hubs_parquet_objects_column_reads_as_the_folder_it_came_from(
         assert torch.equal(a.images, b.images) and torch.equal(a.labels.labels, b.labels.labels)
         assert torch.allclose(a.labels.boxes, b.labels.boxes, atol=1e-3)
     assert sum(check_boxes_frame_their_pixels(b) for b in hub.train_dataloader()) > 10
+
+
+@pytest.mark.timeout(120)
+def test_a_users_v2_transform_moves_the_boxes_with_the_pixels_seeded_by_the_key(folders: dict[str, Path]) -> None:
+    """``train_transforms=`` a torchvision v2 ``Compose`` (an affine move and scale, a resize): every box still frames
+    its class's pixels through workers, the draws are the sample's key's (the same batches with 0 and 2 workers), and
+    a transform that returns float images is named."""
+    from torchvision.transforms import v2
+
+    def batches(workers: int, transform: object) -> list[Batch]:
+        dm = module(folders["coco"], num_workers=workers, train_transforms=transform)
+        dm.setup("fit")
+        return list(dm.train_dataloader())
+
+    moved = v2.Compose([v2.RandomAffine(degrees=0, translate=(0.15, 0.15), scale=(0.7, 1.3)),
+                        v2.RandomResize(100, 180)])  # fmt: skip
+    two, zero = batches(2, moved), batches(0, moved)
+    assert sum(check_boxes_frame_their_pixels(b) for b in two) > 10
+    for a, b in zip(two, zero, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
+    plain = batches(0, None)
+    assert any(a.images.shape != b.images.shape or not torch.equal(a.images, b.images) for a, b in zip(two, plain))
+    with pytest.raises(TypeError, match=r"train_transforms \(Compose\) should return \(uint8"):
+        batches(0, v2.Compose([v2.ToDtype(torch.float32, scale=True)]))
