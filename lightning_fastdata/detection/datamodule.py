@@ -48,6 +48,7 @@ _SPLITS = {
     "coco": ("train2017", "val2017"),
     "voc": ("train", "val"),
     "yolo": ("train", "val"),
+    "csv": ("train", "val"),
     "shards": ("train", "val"),
     "parquet": ("train", "val"),
 }
@@ -63,12 +64,13 @@ class DetectionDataModule(FastDataModule):
     lists torchvision's detection models take.
 
     Args:
-        root: The data: a folder or bucket URL in COCO's, VOC's or YOLO's layout
+        root: The data: a folder or bucket URL in COCO's, VOC's or YOLO's layout or with a CSV of boxes per split
             (:mod:`~lightning_fastdata.detection.layouts`), or WebDataset tar shards of images and boxes
             (``key.jpg`` + ``key.json``) or Parquet files (``image`` and ``objects`` columns), a sub-folder per
             split (:mod:`~lightning_fastdata.detection.convert`).
         layout: ``"auto"`` (told by the root's folders; local shards and Parquet too), ``"coco"``, ``"voc"``,
-            ``"yolo"``, ``"shards"`` or ``"parquet"`` (a bucket's).
+            ``"yolo"``, ``"csv"`` (``<split>.csv`` of ``image,xmin,ymin,xmax,ymax,label`` rows), ``"shards"`` or
+            ``"parquet"`` (a bucket's).
         objects_column: Parquet: the column of each row's boxes (our JSON).
         keep_empty: Train on the images without a box too (their targets ``(0, 4)``); ``False`` (torchvision's
             reference): training leaves them out (an image whose boxes are all crowds is empty then), read from

@@ -7,8 +7,12 @@
   the 20 VOC classes unless ``class_names=``.
 - ``yolo``: ``images/<split>/**``, ``labels/<split>/**/<stem>.txt`` (read once per split; an image without one is a
   background), ``data.yaml``'s ``names`` (else ``class_names=``, else numbers).
+- ``csv``: ``<split>.csv`` of boxes, a row each, ``image,xmin,ymin,xmax,ymax,label`` (the image's path under the
+  root, the box in its pixels, the class's name; a row with empty box fields lists an image without a box); the
+  classes are the training CSV's labels, sorted (else ``class_names=``).
 
-``"auto"`` tells them by the root's top folders. A folder or a bucket (the package's storage) alike.
+``"auto"`` tells them by the root's top folders (a ``train.csv`` beside them: ``csv``). A folder or a bucket (the
+package's storage) alike.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from lightning_fastdata.sources.folder import FolderPairs
 
 __all__ = ["DETECTION_LAYOUTS", "VOC_CLASSES", "DetectionLayout", "DetectionLayoutName", "detect_detection_layout"]
 
-DetectionLayoutName = Literal["auto", "coco", "voc", "yolo", "shards", "parquet"]
+DetectionLayoutName = Literal["auto", "coco", "voc", "yolo", "csv", "shards", "parquet"]
 #: The layouts ``layout=`` takes.
-DETECTION_LAYOUTS = ("auto", "coco", "voc", "yolo")
+DETECTION_LAYOUTS = ("auto", "coco", "voc", "yolo", "csv")
+#: A CSV of boxes' columns, in order.
+CSV_COLUMNS = ("image", "xmin", "ymin", "xmax", "ymax", "label")
 #: Pascal VOC's 20 classes, in its order.
 VOC_CLASSES = (
     "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable", "dog",
@@ -72,10 +78,13 @@ def detect_detection_layout(root: str, storage_options: Mapping[str, Any] | None
         return "yolo"
     if "annotations" in top:
         return "coco"
+    if not isinstance(next(iter(open_storage(root, storage_options).read_many(["train.csv"]))), OSError):
+        return "csv"
     raise PathNotFoundError(
         f"{root} is not a detection layout this package knows (its folders: {sorted(top) or 'none'}): COCO "
-        "(annotations/instances_<split>.json beside <split>/), VOC (JPEGImages, Annotations, ImageSets/Main) or YOLO "
-        "(images/<split>, labels/<split>, data.yaml). Give layout=."
+        "(annotations/instances_<split>.json beside <split>/), VOC (JPEGImages, Annotations, ImageSets/Main), YOLO "
+        "(images/<split>, labels/<split>, data.yaml) or a CSV of boxes (train.csv: image,xmin,ymin,xmax,ymax,label). "
+        "Give layout=."
     )
 
 
@@ -114,6 +123,8 @@ class DetectionLayout:
             return self._coco(root, split, storage_options)
         if found == "voc":
             return self._voc(root, split, storage_options)
+        if found == "csv":
+            return self._csv(root, split, storage_options)
         return self._yolo(root, split, storage_options)
 
     def categories(self, root: str, split: str, options: Mapping[str, Any] | None) -> tuple[tuple[str, ...], dict]:
@@ -138,6 +149,9 @@ class DetectionLayout:
         if found == "voc":
             names = tuple(self.class_names or VOC_CLASSES)
             return names, {n: k for k, n in enumerate(names)}
+        if found == "csv":
+            names = self.class_names or tuple(sorted({str(r[5]) for r in self._csv_rows(root, split, options) if r[5]}))
+            return tuple(names), {n: k for k, n in enumerate(names)}
         names = tuple(self.class_names) if self.class_names is not None else self._yolo_names(root, options)
         return names, dict(enumerate(range(len(names))))
 
@@ -196,6 +210,48 @@ class DetectionLayout:
             raise PathNotFoundError(f"{_join(root, listing)} names {missing[0]!r}, whose image "
                                     f"{_join(root, 'JPEGImages', missing[0] + '.jpg')} does not exist.")  # fmt: skip
         return FolderPairs("voc", tuple(f"JPEGImages/{i}.jpg" for i in ids), tuple(f"Annotations/{i}.xml" for i in ids))
+
+    # -- CSV ----------------------------------------------------------------------------------------------
+    def _csv_rows(self, root: str, split: str, options: Mapping[str, Any] | None) -> list[list[str]]:
+        """The split's CSV rows (its header checked: :data:`CSV_COLUMNS`)."""
+        import csv
+        import io
+
+        rel = f"{split}.csv"
+        text = _read(root, rel, options, "a CSV of boxes per split (image,xmin,ymin,xmax,ymax,label)")
+        rows = list(csv.reader(io.StringIO(text.decode("utf-8-sig"))))
+        if not rows or tuple(c.strip() for c in rows[0]) != CSV_COLUMNS:
+            raise DataError(f"{_join(root, rel)}: its header should be {','.join(CSV_COLUMNS)}, got "
+                            f"{','.join(rows[0]) if rows else 'nothing'}.")  # fmt: skip
+        bad = next((k for k, r in enumerate(rows[1:], 2) if len(r) != len(CSV_COLUMNS)), None)
+        if bad is not None:
+            raise DataError(f"{_join(root, rel)}: line {bad} has {len(rows[bad - 1])} fields, not 6.")
+        return [[c.strip() for c in r] for r in rows[1:]]
+
+    def _csv(self, root: str, split: str, options: Mapping[str, Any] | None) -> FolderPairs:
+        rel = f"{split}.csv"
+        per_image: dict[str, list[list[str]]] = {}
+        for line, row in enumerate(self._csv_rows(root, split, options), 2):
+            boxes = per_image.setdefault(row[0], [])
+            if any(row[1:]):
+                try:
+                    [float(v) for v in row[1:5]]
+                except ValueError:
+                    raise DataError(f"{_join(root, rel)}: line {line} has a box that is not four numbers: "
+                                    f"{row[1:5]}.") from None  # fmt: skip
+                boxes.append(row)
+        have = set(_images(root, options))
+        missing = [name for name in per_image if name not in have]
+        if missing:
+            raise PathNotFoundError(f"{_join(root, rel)} names {missing[0]!r}, which {root} does not hold.")
+        inline = []
+        for rows in per_image.values():
+            n = len(rows)
+            inline.append({"boxes": np.asarray([[float(v) for v in r[1:5]] for r in rows], np.float32).reshape(-1, 4),
+                           "categories": [r[5] for r in rows], "iscrowd": np.zeros(n, np.uint8),
+                           "difficult": np.zeros(n, np.uint8), "normalized": False})  # fmt: skip
+        files = tuple(per_image)
+        return FolderPairs("csv", files, tuple(f"{rel}#{name}" for name in files), tuple(inline), (rel,))
 
     # -- YOLO ---------------------------------------------------------------------------------------------
     def _yolo_names(self, root: str, options: Mapping[str, Any] | None) -> tuple[str, ...]:

@@ -380,3 +380,48 @@ def test_a_users_v2_transform_moves_the_boxes_with_the_pixels_seeded_by_the_key(
     assert any(a.images.shape != b.images.shape or not torch.equal(a.images, b.images) for a, b in zip(two, plain))
     with pytest.raises(TypeError, match=r"train_transforms \(Compose\) should return \(uint8"):
         batches(0, v2.Compose([v2.ToDtype(torch.float32, scale=True)]))
+
+
+@pytest.mark.timeout(120)
+def test_a_csv_of_boxes_reads_as_the_folder_it_came_from(folders: dict[str, Path], tmp_path: Path) -> None:
+    """``layout="csv"`` (told by ``train.csv``): a row a box, ``image,xmin,ymin,xmax,ymax,label``, an empty box for
+    an image without one; the COCO folder's images and boxes, its classes sorted by name unless given; a bad header
+    and a missing image are named."""
+    import csv
+    import json
+    import shutil
+
+    root, out = folders["coco"], tmp_path / "csv"
+    (out / "images").mkdir(parents=True)
+    names = dict(zip((1, 3, 5, 7, 9), DETECTION_CLASSES))
+    for split, name in (("train2017", "train"), ("val2017", "val")):
+        doc = json.loads((root / "annotations" / f"instances_{split}.json").read_text())
+        with open(out / f"{name}.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["image", "xmin", "ymin", "xmax", "ymax", "label"])
+            for im in sorted(doc["images"], key=lambda im: im["id"]):
+                shutil.copy(root / split / im["file_name"], out / "images" / im["file_name"])
+                anns = [a for a in doc["annotations"] if a["image_id"] == im["id"]]
+                for a in anns:
+                    x, y, w, h = a["bbox"]
+                    writer.writerow([f"images/{im['file_name']}", x, y, x + w, y + h, names[a["category_id"]]])
+                if not anns:
+                    writer.writerow([f"images/{im['file_name']}", "", "", "", "", ""])
+    folder = module(root, num_workers=0)
+    table = DetectionDataModule(str(out), class_names=list(DETECTION_CLASSES), batch_size=4, num_workers=2, seed=5)
+    for dm in (folder, table):
+        dm.setup("fit")
+    assert table.found_layout() == "csv" and table.classes == DETECTION_CLASSES
+    for a, b in zip(list(folder.val_dataloader()), list(table.val_dataloader()), strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels.labels, b.labels.labels)
+        assert torch.allclose(a.labels.boxes, b.labels.boxes, atol=1e-3)
+    assert sum(check_boxes_frame_their_pixels(b) for b in table.train_dataloader()) > 10
+    by_name = DetectionDataModule(str(out), batch_size=4, num_workers=0)
+    by_name.setup("fit")
+    assert by_name.classes == tuple(sorted(DETECTION_CLASSES))
+    (out / "val.csv").write_text("file,x1,y1,x2,y2,class\n")
+    with pytest.raises(DataError, match=r"val\.csv: its header should be image,xmin,ymin,xmax,ymax,label"):
+        DetectionDataModule(str(out), batch_size=4, num_workers=0).setup("fit")
+    (out / "val.csv").write_text("image,xmin,ymin,xmax,ymax,label\nimages/nope.jpg,1,1,5,5,red\n")
+    with pytest.raises(FileNotFoundError, match=r"val\.csv names 'images/nope\.jpg'"):
+        DetectionDataModule(str(out), val_split="val", batch_size=4, num_workers=0).setup("fit")
