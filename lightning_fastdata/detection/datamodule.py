@@ -287,10 +287,24 @@ class DetectionDataModule(FastDataModule):
             try:
                 val = self._dataset(val_split, False)
             except FileNotFoundError as err:
-                if self._splits[1] != "":
-                    raise
+                if self._splits[1] != "" or self._split_marker_exists(val_split):
+                    raise  # a split that is there but cannot be read (an image it names is missing) is an error
                 rank_zero_warn(f"No validation: {err} Pass val_split= the split to validate on, or None.")
         return train, val
+
+    def _split_marker_exists(self, split: str) -> bool:
+        """Whether the file that makes ``split`` a split in the folder's layout is there.
+
+        COCO's annotations, VOC's list, the CSV; YOLO's and the shards' folders are told by their listing, which fails
+        where they are absent.
+        """
+        found = self.found_layout()
+        marker = {"coco": self.folder_layout.annotation_file or f"annotations/instances_{split}.json",
+                  "voc": f"ImageSets/Main/{split}.txt", "csv": f"{split}.csv"}.get(found)  # fmt: skip
+        if marker is None:
+            return False
+        read = next(iter(open_storage(self.root, self.storage_options).read_many([marker])))
+        return not isinstance(read, OSError)
 
     @override
     def build_test_dataset(self) -> Dataset | None:

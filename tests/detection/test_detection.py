@@ -423,5 +423,8 @@ def test_a_csv_of_boxes_reads_as_the_folder_it_came_from(folders: dict[str, Path
     with pytest.raises(DataError, match=r"val\.csv: its header should be image,xmin,ymin,xmax,ymax,label"):
         DetectionDataModule(str(out), batch_size=4, num_workers=0).setup("fit")
     (out / "val.csv").write_text("image,xmin,ymin,xmax,ymax,label\nimages/nope.jpg,1,1,5,5,red\n")
-    with pytest.raises(FileNotFoundError, match=r"val\.csv names 'images/nope\.jpg'"):
-        DetectionDataModule(str(out), val_split="val", batch_size=4, num_workers=0).setup("fit")
+    with pytest.raises(FileNotFoundError, match=r"val\.csv names 'images/nope\.jpg'"):  # the default split too
+        DetectionDataModule(str(out), batch_size=4, num_workers=0).setup("fit")
+    (out / "val.csv").unlink()  # no validation split at all: said, and training goes on
+    with pytest.warns(UserWarning, match="No validation"):
+        DetectionDataModule(str(out), batch_size=4, num_workers=0).setup("fit")
