@@ -68,6 +68,7 @@ def test_batches_do_not_depend_on_worker_count(image_folder: Path, workers: int)
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # 8 s on the 2-core VM (a spawned worker imports torch): the full run keeps it
 def test_dataset_pickles_small_and_works_under_spawn(image_folder: Path) -> None:
     ds = ImageFolderDataset(str(image_folder), image_size=32)
     assert len(pickle.dumps(ds)) < 20_000

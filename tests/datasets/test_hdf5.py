@@ -99,7 +99,8 @@ def test_workers_give_exactly_the_expected_samples(kind: str, workers: int, enco
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+# spawn: 7 s on the 2-core VM (its workers import torch), so in the full run only
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_opened_before_workers_start_is_handled(raw: Path, context: str) -> None:
     """The naive pattern: the file is read (opened) in the main process before the workers start."""
     ds = HDF5Dataset(str(raw), image_size=24)

@@ -219,6 +219,7 @@ def test_shards_written_by_webdatasets_own_writer_are_read_with_their_labels(
     assert torch.equal(folder.__getitems__(keys)[0], ours.__getitems__(keys)[0])
 
 
+@pytest.mark.slow  # 10 s on the 2-core VM: the project's rule sends tests over 7 s to the full run
 def test_numbered_classes_come_from_every_shard_not_the_first(image_folder: Path, tmp_path: Path) -> None:
     """webdataset's ShardWriter shards sorted so that the first holds labels 0-1 and the second 0-2 (no names, no
     classes.json): every shard's labels are in the index, so the classes are 0-2 (before: '2, outside the 2 classes'
