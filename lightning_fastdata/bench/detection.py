@@ -14,7 +14,8 @@ Rows, interleaved in one measurement, the same COCO-layout folder, workers and b
 ``--det-root`` measures a COCO-layout folder of the user's (its ``train2017`` split); by default the suite copies
 the bench photos (``--root``'s first ``--det-images``) into the scratch folder as ``train2017/`` with 2-6 random
 boxes each of three sparse categories: photo-like JPEGs, where the decode is the work. The ceiling beside them: one
-core reading and fully decoding each image (PIL). The main process measures with one intra-op thread.
+core reading and fully decoding each image (the faster of PIL and ``decode_jpeg``, as every suite's,
+:func:`~lightning_fastdata.measure.ceiling_img_s`). The main process measures with one intra-op thread.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 from PIL import Image
 
 from lightning_fastdata.detection.datamodule import DetectionDataModule
-from lightning_fastdata.measure import Candidate, measure_one_thread, print_table, rows_for
+from lightning_fastdata.measure import Candidate, ceiling_img_s, measure_one_thread, print_table, rows_for
 
 __all__ = ["add_detection_arguments", "detection_suite", "reference_loader", "write_bench_coco"]
 
@@ -103,19 +104,6 @@ def _count(batch: Any) -> int:
     return len(batch[0])
 
 
-def decode_ceiling(files: list[str], seconds: float = 2.0) -> float:
-    """One core: images/s reading and fully decoding ``files`` with PIL, for at least ``seconds``."""
-    import time
-
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for path in files:
-            with Image.open(path) as im:
-                im.convert("RGB").load()
-            n += 1
-    return n / (time.perf_counter() - start)
-
-
 def add_detection_arguments(parser: argparse.ArgumentParser) -> None:
     """The suite's own options (``fastdata bench --suites detection``)."""
     group = parser.add_argument_group("detection suite")
@@ -133,9 +121,9 @@ def detection_suite(args: argparse.Namespace) -> dict[str, Any]:
         root = write_bench_coco(photos, os.path.join(args.scratch, f"coco-{args.det_images}"))
     files = sorted(glob.glob(os.path.join(root, "train2017", "*.jpg")))
     mean_kb = statistics.mean(os.path.getsize(f) for f in files) / 1e3
-    ceiling = statistics.median(decode_ceiling(files, args.min_seconds) for _ in range(args.repeats))
+    ceiling = ceiling_img_s(files, args.repeats, 1)
     print(f"Data: {len(files)} images in {root}, mean {mean_kb:.0f} KB; batch {args.det_batch_size}")
-    print(f"Decode ceiling (1 core, read + full decode): {ceiling:.0f} img/s")
+    print(f"Decode ceiling (1 core, read + full decode, the faster of PIL and decode_jpeg): {ceiling:.0f} img/s")
     rows: list[dict[str, Any]] = []
     for workers in args.workers:
         for recipe in args.det_recipes:
