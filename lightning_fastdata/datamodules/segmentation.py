@@ -29,7 +29,6 @@ from lightning_fastdata.loading.jpeg.entropy_index import PendingEntropyIndex, d
 from lightning_fastdata.loading.jpeg.entropy_index_build import build_entropy_index, start_background_build
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport
-from lightning_fastdata.segmentation.cache import SegmentationCacheDataset, build_segmentation_cache
 from lightning_fastdata.segmentation.layouts import (
     CITYSCAPES_CLASSES,
     LAYOUTS,
@@ -42,6 +41,7 @@ from lightning_fastdata.segmentation.layouts import (
 from lightning_fastdata.segmentation.policy import SegmentationDeviceAugment
 from lightning_fastdata.segmentation.predict import SegmentationPredictDataset
 from lightning_fastdata.segmentation.target import IGNORE_INDEX, MaskTarget
+from lightning_fastdata.sources.cache import CacheDataset, build_cache
 from lightning_fastdata.sources.folder import PairedFolderDataset
 from lightning_fastdata.sources.hdf5 import HDF5_SUFFIXES, PairedHDF5Dataset, hdf5_split_group
 from lightning_fastdata.sources.parquet import PairedParquetDataset, has_parquet_files, load_parquet_files
@@ -109,7 +109,7 @@ class SegmentationDataModule(FastDataModule):
             :data:`~lightning_fastdata.datasets.group_reads.FULL_SHUFFLE_CACHE_BYTES` of row groups; beyond them, a
             row group's read per row).
         cache_dir: Decode each split once into a uint8 cache here (``prepare_data``; a folder per source and size,
-            :mod:`~lightning_fastdata.segmentation.cache`), then train and evaluate from it with no decode;
+            :mod:`~lightning_fastdata.sources.cache`), then train and evaluate from it with no decode;
             ``None``: decode every epoch.
         cache_size: The cache's shorter side (default ``base_size``: evaluation reads the cache as it is).
         device_transforms: Per-sample policies on the training device (``TrivialAugmentWide``, ``RandAugment``:
@@ -308,8 +308,8 @@ class SegmentationDataModule(FastDataModule):
         if train and self.segmentation_augment:
             source = source.keyed()  # the device policies draw from the samples' keys
         if self.cache_dir is not None:
-            folder = build_segmentation_cache(source, self.cache_dir, self.cache_size or self.base_size)
-            cached = SegmentationCacheDataset(folder, self.mask_target, train=train, seed=self.seed,
+            folder = build_cache(source, self.cache_dir, self.cache_size or self.base_size)
+            cached = CacheDataset(folder, self.mask_target, train=train, seed=self.seed,
                                               **self.settings_of_windows)  # fmt: skip
             if source.random_resized_crop is not None:
                 cached = cached.random_resized(*source.random_resized_crop)
@@ -348,7 +348,7 @@ class SegmentationDataModule(FastDataModule):
                 source = self._source(split, False)
             except FileNotFoundError:
                 continue  # a missing validation split is said (and skipped) by setup
-            build_segmentation_cache(source, self.cache_dir, self.cache_size or self.base_size)
+            build_cache(source, self.cache_dir, self.cache_size or self.base_size)
 
     def _source(self, split: str, train: bool) -> WindowedDataset:
         """``split`` of the folder, bucket, shards or HDF5 file (a split may name another HDF5 file), with masks."""

@@ -36,6 +36,7 @@ from lightning_fastdata.loading.sampling import SamplingSettings
 from lightning_fastdata.loading.storage.base import is_url, join_url
 from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport
+from lightning_fastdata.sources.cache import CacheDataset, build_cache
 from lightning_fastdata.sources.folder import PairedFolderDataset
 from lightning_fastdata.sources.parquet import PairedParquetDataset, has_parquet_files, load_parquet_files
 from lightning_fastdata.sources.tar import PairedTarDataset, has_tar_shards, load_paired_shards
@@ -97,6 +98,11 @@ class DetectionDataModule(FastDataModule):
             sample after the recipe, in the workers: ``(tv_tensors.Image, {"boxes": BoundingBoxes, "labels",
             "iscrowd"})`` in and out, the boxes following by torchvision's dispatch, its randomness seeded from the
             sample's key (:mod:`~lightning_fastdata.detection.transforms`).
+        cache_dir: Decode each split once into a uint8 cache here (``prepare_data``; a folder per split and size,
+            :mod:`~lightning_fastdata.sources.cache`), then train and evaluate from it with no decode, the recipe's
+            windows drawn on the cached images.
+        cache_size: The cached images' shorter side, their boxes scaled with them (``None``: each image as it is,
+            the batches the source's own where nothing is resized).
         storage_options: Object-store settings for a bucket root.
         index_dir: Shards and Parquet: where their indexes are kept (a folder of ours); ``None``: the user cache.
 
@@ -124,6 +130,8 @@ class DetectionDataModule(FastDataModule):
         objects_column: str = "objects",
         shuffle_buffer: int | None = 1000,
         keep_empty: bool = False,
+        cache_dir: str | None = None,
+        cache_size: int | None = None,
         batch_size: int = 2,
         num_workers: int | Literal["auto"] = "auto",
         pin_memory: bool | None = None,
@@ -161,6 +169,7 @@ class DetectionDataModule(FastDataModule):
         self.storage_options = storage_options
         self.layout, self.objects_column, self.shuffle_buffer = layout, objects_column, shuffle_buffer
         self.keep_empty = keep_empty
+        self.cache_dir, self.cache_size = None if cache_dir is None else os.fspath(cache_dir), cache_size
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self._splits = (train_split, val_split, test_split)
         self._categories: dict[Any, int] | None = None
@@ -246,7 +255,8 @@ class DetectionDataModule(FastDataModule):
         assert self._categories is not None
         return self._categories
 
-    def _dataset(self, split: str, train: bool) -> WindowedDataset:
+    def _source(self, split: str, train: bool) -> WindowedDataset:
+        """``split``'s samples as the source holds them (no recipe yet): a folder, a bucket, shards or Parquet."""
         target = BoxTarget(self.categories(), len(self.data_classes), keep_crowds=not train)
         source: WindowedDataset
         found, where, options = self.found_layout(), join_url(self.root, split), self.storage_options
@@ -260,11 +270,33 @@ class DetectionDataModule(FastDataModule):
         else:
             options = self.storage_options
             source = PairedFolderDataset(self.root, split, target, self.folder_layout, options, seed=self.seed)
+        return source
+
+    def _dataset(self, split: str, train: bool) -> WindowedDataset:
+        """``split`` through the recipe (training) or whole (evaluation), from the cache where there is one."""
+        source = self._source(split, train)
+        if self.cache_dir is not None:
+            folder = build_cache(source, self.cache_dir, self.cache_size)
+            source = CacheDataset(folder, source.target, seed=self.seed)
         source = source.with_recipe(self.recipe if train else WholeImage())
         wanted = self.sampling.classes
         positions = None if wanted is None else [self.data_classes.index(str(c)) for c in wanted]
         presence = wanted is not None or self.sampling.sample_weights is not None or train and not self.keep_empty
         return source.kept(positions, presence)
+
+    @override
+    def prepare_data(self) -> None:
+        """Build the splits' caches once, before the ranks read them (nothing without ``cache_dir``)."""
+        if self.cache_dir is None:
+            return
+        for split in self.split_names():
+            if split is None:
+                continue
+            try:
+                source = self._source(split, False)
+            except FileNotFoundError:
+                continue  # a missing validation split is said (and skipped) by setup
+            build_cache(source, self.cache_dir, self.cache_size)
 
     @override
     def _sampling_settings(self, dataset: Dataset, train: bool) -> SamplingSettings:

@@ -32,6 +32,9 @@ __all__ = ["BoxBatch", "BoxTarget", "Boxes", "decode_annotation"]
 #: indices), ``iscrowd`` (``n`` uint8), ``difficult`` (``n`` uint8, VOC's) and ``normalized`` (YOLO's 0-1 coordinates).
 Boxes = dict[str, Any]
 
+#: A box as the decoded cache keeps it.
+_STORED = np.dtype([("box", "<f4", (4,)), ("label", "<i4"), ("crowd", "u1")])
+
 
 def _empty(normalized: bool = False) -> Boxes:
     return {
@@ -281,9 +284,28 @@ class BoxTarget(TargetKind):
         return row
 
     def cache_key(self) -> bytes:
-        """The category map and what is kept: a cache of boxes depends on them."""
-        kept = sorted((str(k), v) for k, v in self.categories.items())
-        return json.dumps([kept, self.keep_crowds]).encode()
+        """The category map: a cache of boxes (every box, crowds too) depends on it."""
+        return json.dumps(sorted((str(k), v) for k, v in self.categories.items())).encode()
+
+    def evaluating(self) -> Self:
+        """A copy keeping the crowds (what evaluation and a cache read)."""
+        twin = copy.copy(self)
+        twin.keep_crowds = True
+        return twin
+
+    def stored(self, value: dict[str, torch.Tensor]) -> np.ndarray:
+        """Each box as a 21-byte row: its edges (float32), label (int32) and crowd flag."""
+        rows = np.zeros(len(value["labels"]), _STORED)
+        rows["box"], rows["label"], rows["crowd"] = value["boxes"].numpy(), value["labels"].numpy(), value["iscrowd"]
+        return rows.view(np.uint8).ravel()
+
+    def restored(self, data: np.ndarray, height: int, width: int) -> dict[str, Any]:
+        """The stored boxes in the cached image's pixels, in the data's classes (crowds out unless kept)."""
+        rows = np.ascontiguousarray(data).view(_STORED)
+        if not self.keep_crowds:
+            rows = rows[rows["crowd"] == 0]
+        return {"boxes": rows["box"].copy(), "labels": rows["label"].astype(np.int64),
+                "iscrowd": rows["crowd"].copy(), "normalized": False}  # fmt: skip
 
     def on_device(self, targets: BoxBatch) -> list[dict[str, torch.Tensor]]:
         """The list of target dicts torchvision takes."""

@@ -219,6 +219,14 @@ class MaskTarget(TargetKind):
         """The table: a cache holds the data's classes."""
         return self.table.tobytes()
 
+    def stored(self, value: torch.Tensor) -> np.ndarray:
+        """The mask's classes, row by row."""
+        return value.numpy().astype(np.uint8, copy=False).ravel()
+
+    def restored(self, data: np.ndarray, height: int, width: int) -> np.ndarray:
+        """The mask as it was stored (the data's classes)."""
+        return data.reshape(height, width)
+
     def on_device(self, targets: torch.Tensor) -> torch.Tensor:
         """``int64`` masks, as ``cross_entropy`` takes them."""
         return targets.long()

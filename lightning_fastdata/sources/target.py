@@ -4,9 +4,10 @@ A sample of a windowed source (:class:`~lightning_fastdata.sources.windowed.Wind
 *payload*: the encoded bytes (a PNG mask, an annotation file, a caption) or the stored array (an HDF5 row) of what
 rides with it. The source reads both and never looks inside the payload; a :class:`TargetKind` turns the payload into
 a value (:meth:`~TargetKind.decode`), moves it with the image's window exactly (:meth:`~TargetKind.follow`), batches
-it with the images (:meth:`~TargetKind.collate`), says what sampling counts (:meth:`~TargetKind.present`) and what a
-cache of it depends on (:meth:`~TargetKind.cache_key`). A new target (boxes) is one class of this contract in its own
-room; a new source (a format) is one subclass of ``WindowedDataset``: neither touches the other.
+it with the images (:meth:`~TargetKind.collate`), says what sampling counts (:meth:`~TargetKind.present`), what a
+cache of it depends on (:meth:`~TargetKind.cache_key`) and how the cache keeps it (:meth:`~TargetKind.stored`). A new
+target (boxes) is one class of this contract in its own room; a new source (a format) is one subclass of
+``WindowedDataset``: neither touches the other.
 """
 
 from __future__ import annotations
@@ -119,6 +120,26 @@ class TargetKind(ABC):
     @abstractmethod
     def cache_key(self) -> bytes:
         """What a decoded value depends on besides the source (a cache of values is named after it)."""
+
+    def stored(self, value: Any) -> np.ndarray:
+        """A followed value as the decoded cache keeps it: 1-D uint8 (:mod:`~lightning_fastdata.sources.cache`).
+
+        Raises:
+            NotImplementedError: For a target kind no cache holds (by default).
+        """
+        raise NotImplementedError(f"{type(self).__name__}'s values cannot be cached.")
+
+    def restored(self, data: np.ndarray, height: int, width: int) -> Any:
+        """A value the cache kept (:meth:`stored`) for its ``height x width`` image, as :meth:`decode` gives one.
+
+        Raises:
+            NotImplementedError: For a target kind no cache holds (by default).
+        """
+        raise NotImplementedError(f"{type(self).__name__}'s values cannot be cached.")
+
+    def evaluating(self) -> Self:
+        """This target as evaluation (and a cache) reads it: by default itself (boxes: their crowds kept)."""
+        return self
 
     def on_device(self, targets: Any) -> Any:
         """A batch's targets as a model takes them, once on the device (by default as they are)."""

@@ -114,8 +114,10 @@ def train_window(
     return Window((top, left, box_h, box_w), (0, 0, out_h, out_w), (crop_size, crop_size), flip)
 
 
-def eval_window(width: int, height: int, base_size: int) -> Window:
-    """The reference's evaluation: the whole image, its shorter side resized to ``base_size``."""
+def eval_window(width: int, height: int, base_size: int | None) -> Window:
+    """The reference's evaluation: the whole image, its shorter side resized to ``base_size`` (``None``: as it is)."""
+    if base_size is None:
+        return Window((0, 0, height, width), (0, 0, height, width), (height, width), False)
     s = base_size / min(width, height)
     out = (max(1, round(height * s)), max(1, round(width * s)))
     return Window((0, 0, height, width), (0, 0, *out), out, False)

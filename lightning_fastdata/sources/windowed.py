@@ -2,7 +2,7 @@
 
 The base of the windowed sources (a folder or bucket: :mod:`~lightning_fastdata.sources.folder`;
 :mod:`~lightning_fastdata.sources.hdf5`, :mod:`~lightning_fastdata.sources.tar`,
-:mod:`~lightning_fastdata.sources.parquet`; the decoded cache of :mod:`~lightning_fastdata.segmentation.cache`). A
+:mod:`~lightning_fastdata.sources.parquet`; the decoded cache of :mod:`~lightning_fastdata.sources.cache`). A
 source lists its samples and reads a group of them (:meth:`WindowedDataset.read_fields`: each image, encoded bytes or a
 decoded ``3 x H x W`` uint8 tensor, and its target's payload, the reads in flight together), names them, and says what
 identifies its data (:meth:`WindowedDataset.fingerprint`). What the payload is, this class leaves to its
@@ -186,10 +186,15 @@ class WindowedDataset(Dataset):
         twin.target = self.target.mapped(class_map)
         return twin
 
-    def evaluated(self, base_size: int) -> Self:
-        """A copy reading each sample whole at the evaluation size ``base_size``, in the data's classes."""
+    def evaluated(self, base_size: int | None) -> Self:
+        """A copy reading each sample whole at the evaluation size ``base_size`` (``None``: as it is), data's classes.
+
+        No recipe's window; the target as evaluation reads it
+        (:meth:`~lightning_fastdata.sources.target.TargetKind.evaluating`).
+        """
         twin = self.renumbered(None)
-        twin.train, twin.base_size = False, base_size
+        twin.train, twin.base_size, twin.recipe = False, base_size, None  # type: ignore[assignment]
+        twin.target = twin.target.evaluating()
         return twin
 
     def with_recipe(self, recipe: WindowRecipe | None) -> Self:
@@ -333,8 +338,8 @@ class WindowedDataset(Dataset):
         """Sample ``index``'s image's entropy index, where the source has one (a folder of files)."""
         return None
 
-    def __getitems__(self, keys: Sequence[Any]) -> Any:
-        """A batch of ``keys``' samples: each read, its target decoded and relabelled, both through its window."""
+    def rendered(self, keys: Sequence[Any]) -> list[tuple[torch.Tensor, Any]]:
+        """``keys``' samples, each read, its target decoded and relabelled, both through its window (not batched)."""
         full = [sample_key(k, len(self)) for k in keys]
         fields = self.read_fields([f[1] for f in full])
         samples = []
@@ -342,12 +347,15 @@ class WindowedDataset(Dataset):
             names = (self.name(f[1]), self.name(f[1], 1))
             value = self.target.relabel(self.decode_payload(payload, names[1]))
             samples.append(self.render(f, image, value, names, draws, self.entropy_index_of(f[1])))
-        return self.batch(samples, full)
+        return samples
+
+    def __getitems__(self, keys: Sequence[Any]) -> Any:
+        """A batch of ``keys``' samples (:meth:`rendered`)."""
+        return self.batch(self.rendered(keys), [sample_key(k, len(self)) for k in keys])
 
     def __getitem__(self, key: Any) -> tuple[torch.Tensor, Any]:
-        """``(image, target)`` of one sample."""
-        images, targets = self.__getitems__([key])
-        return images[0], targets[0]
+        """``(image, target)`` of one sample, as its window renders them (the target kind's followed value)."""
+        return self.rendered([key])[0]
 
 
 def _image_size(image: bytes | torch.Tensor, name: str) -> tuple[int, int]:

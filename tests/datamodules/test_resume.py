@@ -209,7 +209,7 @@ def test_resume_is_exact_with_a_segmentation_device_policy(tmp_path: Path, sourc
 def test_resume_is_exact_from_a_segmentation_cache(tmp_path: Path, sources: dict) -> None:
     """Scenes decoded once into a cache (prepare_data) resume mid-epoch at the exact crop and mask, 2 workers."""
     conformance(tmp_path, "segmentation_cache", sources["segmentation"], 2, 7)
-    assert len(list((tmp_path / "c").glob("segmentation-*"))) == 1  # built once, by the first run
+    assert len(list((tmp_path / "c").glob("mask-*"))) == 1  # built once, by the first run
 
 
 @pytest.mark.timeout(600)

@@ -194,4 +194,4 @@ def test_a_cache_is_named_after_the_mask_column_it_holds(data: tuple[Path, Path]
     second.prepare_data()
     masks = torch.cat([b[1].flatten() for b in batches(second)])
     assert not ((masks > 0) & (masks < 255)).any()  # background and padding only: the blank column's own masks
-    assert len(list(Path(cache).glob("segmentation-*"))) == 4  # two splits, two columns
+    assert len(list(Path(cache).glob("mask-*"))) == 4  # two splits, two columns

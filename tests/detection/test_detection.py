@@ -313,6 +313,8 @@ def test_images_without_a_box_are_left_out_of_training_unless_kept_and_always_ev
     assert len(val) == len(ids) and val.count(0) == 3  # the crowds are the evaluation's
     kept, _ = counts(keep_empty=True)
     assert len(kept) == len(ids) and kept.count(0) == 4
+    # the decoded cache keeps every box, crowds too: training from it leaves them out as the annotations' reader does
+    assert counts(cache_dir=str(tmp_path / "cache")) == (train, val)
 
 
 @pytest.mark.timeout(120)
@@ -428,3 +430,61 @@ def test_a_csv_of_boxes_reads_as_the_folder_it_came_from(folders: dict[str, Path
     (out / "val.csv").unlink()  # no validation split at all: said, and training goes on
     with pytest.warns(UserWarning, match="No validation"):
         DetectionDataModule(str(out), batch_size=4, num_workers=0).setup("fit")
+
+
+@pytest.mark.timeout(180)
+def test_the_decoded_cache_gives_the_sources_batches_and_its_boxes_follow_every_recipe(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """Cached as they are, the images give the folder's batches bit for bit (training and evaluation, workers); cached
+    smaller, the boxes are scaled with them and follow the square recipes' windows; the Parquet source caches too;
+    a loader restored mid-epoch from the cache gives the rest of it."""
+
+    def batches(dm: DetectionDataModule) -> list[Batch]:
+        dm.prepare_data()
+        dm.setup("fit")
+        return list(dm.train_dataloader()) + list(dm.val_dataloader())
+
+    cache = str(tmp_path / "cache")
+    plain = batches(module(folders["coco"]))
+    cached = batches(module(folders["coco"], cache_dir=cache))
+    assert len(cached) == len(plain) == 4
+    for a, b in zip(plain, cached, strict=True):
+        assert torch.equal(a.images, b.images)
+        assert all(torch.equal(x, y) for x, y in zip(a.labels, b.labels, strict=True))
+    assert len(list((tmp_path / "cache").iterdir())) == 2  # a folder per split, built once by prepare_data
+
+    for recipe in ("ssd", "lsj"):
+        dm = module(folders["coco"], cache_dir=cache, cache_size=96, data_augmentation=recipe, num_workers=0)
+        if recipe == "ssd":
+            dm.recipe = dataclasses.replace(dm.recipe, distort=False)  # its colours are what the check reads
+        small = batches(dm)
+        assert small[0].images.shape[2:] == ((300, 300) if recipe == "ssd" else (1024, 1024))
+        assert min(small[-1].labels.sizes.min(dim=1).values.tolist()) == 96  # evaluation: the cached images
+        assert sum(check_boxes_frame_their_pixels(b) for b in small[-1:]) > 5  # every box, every coloured pixel
+        # the IoU crop drops the boxes whose centre it leaves out (their pixels stay): the boxes' interiors checked
+        assert sum(check_boxes_frame_their_pixels_of(b, dict(enumerate(range(5)))) for b in small[:-1]) > 10
+
+    from lightning_fastdata.detection.convert import write_detection_shards
+
+    for split, name in (("train2017", "train"), ("val2017", "val")):
+        write_detection_shards(folders["coco"], split, tmp_path / "parquet" / name, fmt="parquet")
+    parquet = module(tmp_path / "parquet", cache_dir=cache, index_dir=str(tmp_path / "index"), num_workers=0)
+    from_parquet = batches(parquet)
+    for a, b in zip(plain, from_parquet, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
+
+    first = module(folders["coco"], cache_dir=cache, batch_size=2, data_augmentation="multiscale")
+    first.setup("fit")
+    loader = first.train_dataloader()
+    it = iter(loader)
+    next(it)
+    state, rest = loader.state_dict(), list(it)
+    again = module(folders["coco"], cache_dir=cache, batch_size=2, data_augmentation="multiscale")
+    again.setup("fit")
+    resumed = again.train_dataloader()
+    resumed.load_state_dict(state)
+    got = list(resumed)
+    assert len(got) == len(rest) == 5
+    for a, b in zip(rest, got, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
