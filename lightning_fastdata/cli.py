@@ -196,6 +196,16 @@ def _convert_segmentation(args: argparse.Namespace, rest: list[str]) -> None:
     print(f"fastdata convert: train from it with SegmentationDataModule(root={args.dst!r}, num_classes=...)")
 
 
+def _convert_detection(args: argparse.Namespace, rest: list[str]) -> None:
+    from lightning_fastdata.detection.convert import convert_detection
+
+    written = convert_detection(args.src, args.dst, args.format, args.splits, args.layout, args.class_names,
+                                args.shard_size, args.rows_per_group, args.overwrite)  # fmt: skip
+    for split, files in written.items():
+        print(f"fastdata convert: {split}: {len(files)} {args.format} file(s) in {files[0].parent}")
+    print(f"fastdata convert: train from it with DetectionDataModule(root={args.dst!r})")
+
+
 #: Subcommands whose options another parser reads: LightningCLI's, and the benchmark's.
 _PASS_THROUGH = ("fit", "validate", "test", "predict", "bench")
 
@@ -224,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert_hdf5(targets)
     _add_convert_shards(targets)
     _add_convert_segmentation(targets)
+    _add_convert_detection(targets)
     _add_doctor(sub)
     return parser
 
@@ -410,6 +421,29 @@ def _add_convert_segmentation(sub: Any) -> None:
     seg.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
     seg.add_argument("--overwrite", action="store_true", help="replace shards or a file already at --dst")
     seg.set_defaults(handler=_convert_segmentation)
+
+
+def _add_convert_detection(sub: Any) -> None:
+    """``fastdata convert detection``."""
+    det = sub.add_parser(
+        "detection",
+        help="a detection dataset's splits -> tar shards, Parquet or one HDF5 file (boxes as JSON)",
+        description="Write a detection dataset (COCO, VOC, YOLO, a CSV of boxes; local or s3://) as tar shards "
+        "(DST/<split>/shard-*.tar: key.jpg + key.json), Parquet (DST/<split>/part-*.parquet) or one HDF5 file (a "
+        "group per split), the boxes in the images' pixels and the classes' labels, so DetectionDataModule(root=DST) "
+        "reads them as the folder.",
+    )
+    det.add_argument("--src", required=True, help="the dataset's root (a folder or s3://bucket/prefix)")
+    det.add_argument("--dst", required=True, help="output folder (tar, parquet) or .h5 file (hdf5)")
+    det.add_argument("--format", choices=["tar", "parquet", "hdf5"], default="tar")
+    det.add_argument("--splits", nargs="+", default=None, help="splits (default: the layout's train and val)")
+    det.add_argument("--layout", choices=["auto", "coco", "voc", "yolo", "csv"], default="auto")
+    det.add_argument("--class-names", nargs="+", default=None, help="the classes in label order (VOC: its 20)")
+    det.add_argument("--shard-size", type=_size_bytes, default=None, help="about this much a file (tar 64MB, "
+                     "parquet 256MB)")  # fmt: skip
+    det.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
+    det.add_argument("--overwrite", action="store_true", help="replace shards or a file already at --dst")
+    det.set_defaults(handler=_convert_detection)
 
 
 def _add_doctor(sub: Any) -> None:

@@ -39,6 +39,15 @@ def lookup(
     rows: int,
     /,
 ) -> None: ...
+def hue(
+    src: object,
+    src_strides: tuple[int, ...],
+    dst: object,
+    dst_strides: tuple[int, ...],
+    shape: tuple[int, ...],
+    factor: float,
+    /,
+) -> None: ...
 def histogram(src: object, src_strides: tuple[int, ...], shape: tuple[int, ...], counts: object, /) -> None: ...
 def sharpen(
     src: object,

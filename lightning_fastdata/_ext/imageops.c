@@ -474,3 +474,81 @@ PyObject *transpose(PyObject *self, PyObject *args) {
     Py_buffer *buffers[] = {&src, &dst};
     return finish(ok, "transpose: buffers smaller than rows x cols", buffers, 2);
 }
+
+/* A row of pixels through torchvision's adjust_hue of a uint8 image (planar rows r, g, b of n pixels, in place): to
+ * float32 (x * (1/255)), _rgb_to_hsv, the hue shifted and taken modulo 1, _hsv_to_rgb, back to uint8 (x * 255.999,
+ * truncated): the same float32 operations in the same order as its elementwise tensor ops (a multiply by a bool
+ * mask is a select here: x * 1 = x, x * 0 = +-0, and a signed zero is lost when 1.0 is added after). Branch-free,
+ * so that the compiler vectorises the loop (every lane the same IEEE operations). */
+static void hue_row(uint8_t *restrict r8, uint8_t *restrict g8, uint8_t *restrict b8, Py_ssize_t n, float factor) {
+    const float k = (float)(1.0 / 255.0), sixth = (float)(1.0 / 6.0), scale = (float)(255.0 + 1.0 - 1e-3);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        const float r = (float)r8[j] * k, g = (float)g8[j] * k, b = (float)b8[j] * k;
+        const float mx = r > g ? r : g, mn = r < g ? r : g;
+        const float maxc = mx > b ? mx : b, minc = mn < b ? mn : b;
+        const int eqc = maxc == minc;
+        const float range = maxc - minc;
+        const float s = range / (eqc ? 1.0f : maxc);
+        const float divisor = eqc ? 1.0f : range;
+        const float rc = (maxc - r) / divisor, gc = (maxc - g) / divisor, bc = (maxc - b) / divisor;
+        const int neq_r = maxc != r, eq_g = maxc == g;
+        const float hg = (eq_g & neq_r) ? (rc + 2.0f) - bc : 0.0f;
+        const float hr = !neq_r ? bc - gc : 0.0f;
+        const float hb = (neq_r & !eq_g) ? (gc + 4.0f) - rc : 0.0f;
+        float h = ((hr + hg) + hb) * sixth + 1.0f; /* in (0, 2): fmod(h, 1) is h - 1 from 1 on, exactly (Sterbenz) */
+        h = h >= 1.0f ? h - 1.0f : h;
+        h = h + factor; /* in [-0.5, 1.5): torch's remainder(h, 1) exactly, as above */
+        h = h < 0.0f ? h + 1.0f : h >= 1.0f ? h - 1.0f : h;
+        const float h6 = h * 6.0f;
+        int i = (int)h6; /* h6 >= 0: truncation is floor (a -0.0 fraction below changes no output) */
+        const float f = h6 - (float)i;
+        i = i >= 6 ? i - 6 : i; /* a rounding up to 6.0 wraps as torch's remainder does */
+        const float v = maxc, sxf = s * f, one_minus_s = 1.0f - s;
+        float q = (1.0f - sxf) * v, t = (sxf + one_minus_s) * v, p = one_minus_s * v;
+        q = q < 0.0f ? 0.0f : q > 1.0f ? 1.0f : q;
+        t = t < 0.0f ? 0.0f : t > 1.0f ? 1.0f : t;
+        p = p < 0.0f ? 0.0f : p > 1.0f ? 1.0f : p;
+        /* torchvision's select table: r = v q p p t v, g = t v v q p p, b = p p t v v q (for i = 0 .. 5) */
+        const float ro = (i == 0 || i == 5) ? v : i == 1 ? q : i == 4 ? t : p;
+        const float go = (i == 1 || i == 2) ? v : i == 0 ? t : i == 3 ? q : p;
+        const float bo = (i == 3 || i == 4) ? v : i == 2 ? t : i == 5 ? q : p;
+        r8[j] = (uint8_t)(ro * scale), g8[j] = (uint8_t)(go * scale), b8[j] = (uint8_t)(bo * scale);
+    }
+}
+
+/* hue(src, src_strides, dst, dst_strides, (3, h, w), factor): torchvision's adjust_hue of a uint8 RGB image. */
+PyObject *hue(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    shape4 sh = {1, 0, 0, 0};
+    strides4 ss = {0, 0, 0, 0}, ds = {0, 0, 0, 0};
+    float factor;
+    if (!PyArg_ParseTuple(args, "y*(nnn)w*(nnn)(nnn)f", &src, &ss.c, &ss.h, &ss.w, &dst, &ds.c, &ds.h, &ds.w, &sh.c,
+                          &sh.h, &sh.w, &factor))
+        return NULL;
+    const Py_ssize_t src_extent = extent(sh, ss), dst_extent = extent(sh, ds);
+    const int ok = sh.c == 3 && src_extent >= 0 && dst_extent >= 0 && src.len >= src_extent && dst.len >= dst_extent;
+    if (ok) {
+        const uint8_t *in = src.buf;
+        uint8_t *out = dst.buf;
+        uint8_t *rows = malloc(3 * (size_t)(sh.w > 0 ? sh.w : 1));
+        if (rows == NULL) {
+            Py_buffer *buffers[] = {&src, &dst};
+            return finish(-1, "", buffers, 2);
+        }
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < sh.h; i++) { /* a row copied planar, computed, copied back where it lies */
+            uint8_t *r = rows, *g = rows + sh.w, *b = rows + 2 * sh.w;
+            const uint8_t *a = in + i * ss.h;
+            for (Py_ssize_t j = 0; j < sh.w; j++)
+                r[j] = a[j * ss.w], g[j] = a[ss.c + j * ss.w], b[j] = a[2 * ss.c + j * ss.w];
+            hue_row(r, g, b, sh.w, factor);
+            uint8_t *o = out + i * ds.h;
+            for (Py_ssize_t j = 0; j < sh.w; j++)
+                o[j * ds.w] = r[j], o[ds.c + j * ds.w] = g[j], o[2 * ds.c + j * ds.w] = b[j];
+        }
+        Py_END_ALLOW_THREADS
+        free(rows);
+    }
+    Py_buffer *buffers[] = {&src, &dst};
+    return finish(ok, "hue: three channels, buffers at least the shape and strides given", buffers, 2);
+}

@@ -9,5 +9,6 @@ PyObject *lookup(PyObject *self, PyObject *args);
 PyObject *histogram(PyObject *self, PyObject *args);
 PyObject *sharpen(PyObject *self, PyObject *args);
 PyObject *transpose(PyObject *self, PyObject *args);
+PyObject *hue(PyObject *self, PyObject *args);
 
 #endif

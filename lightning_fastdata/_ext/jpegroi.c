@@ -181,6 +181,9 @@ static PyMethodDef methods[] = {
      "alpha = 1 - factor (imageops.c)"},
     {"transpose", transpose, METH_VARARGS,
      "transpose(src, dst, rows, cols) -> None: dst = the transpose of the bytes src (imageops.c)"},
+    {"hue", hue, METH_VARARGS,
+     "hue(src, src_strides, dst, dst_strides, (3, h, w), factor) -> None: torchvision's adjust_hue of uint8 RGB "
+     "(imageops.c)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpegroi", "ROI JPEG decode (libjpeg-turbo).", -1, methods};

@@ -1,6 +1,6 @@
 """The compiled image kernels (``_ext/imageops.c``) as functions of uint8 CPU tensors.
 
-Warp, level lookup, histogram, planar/interleaved copy: what both halves of the room call, the worker policies
+Warp, level lookup, histogram, hue, planar/interleaved copy: what both halves of the room call, the worker policies
 (:mod:`.worker`) and the batched ops on a CPU (:mod:`.ops`). Each falls back to numpy/torch where the extension is
 not built, except :func:`warp_images`, which its callers use only when
 :func:`~lightning_fastdata._ext.native.imageops_available`.
@@ -15,7 +15,7 @@ import torch
 
 from lightning_fastdata._ext import native
 
-__all__ = ["base_grid", "copy_image", "histograms", "lookup", "memory_of", "warp_images"]
+__all__ = ["adjust_hue", "base_grid", "copy_image", "histograms", "lookup", "memory_of", "warp_images"]
 
 
 @lru_cache(maxsize=64)
@@ -64,6 +64,25 @@ def warp_images(images: torch.Tensor, scaled: torch.Tensor, fill: int | None, bi
         fill or 0,
         bilinear,
     )
+    return out
+
+
+def adjust_hue(image: torch.Tensor, factor: float) -> torch.Tensor:
+    """Torchvision's ``F.adjust_hue`` of a uint8 RGB ``3 x H x W`` image (any layout, returned in it), bit for bit.
+
+    One pass of the same float32 arithmetic per pixel (``_ext/imageops.c``) instead of torchvision's ~40 tensor ops;
+    torchvision's own where the extension is not built (or the image is not RGB).
+    """
+    if image.shape[0] != 3 or not native.imageops_available() or not hasattr(native.jpegroi, "hue"):
+        from torchvision.transforms.v2 import functional as F
+
+        return F.adjust_hue(image, factor)
+    if not -0.5 <= factor <= 0.5:
+        raise ValueError(f"hue_factor ({factor}) is not in [-0.5, 0.5].")
+    assert native.jpegroi is not None
+    src, src_memory, src_strides = memory_of(image)
+    out, out_memory, out_strides = memory_of(torch.empty_like(src))
+    native.jpegroi.hue(src_memory, src_strides, out_memory, out_strides, tuple(src.shape), float(factor))
     return out
 
 

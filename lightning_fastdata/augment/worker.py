@@ -41,6 +41,8 @@ from lightning_fastdata._ext import native
 from lightning_fastdata.augment.kernels import base_grid, copy_image, histograms, lookup, memory_of, warp_images
 
 __all__ = [
+    "adjust_brightness",
+    "adjust_contrast",
     "WorkerAugMix",
     "WorkerAutoAugment",
     "WorkerRandAugment",
@@ -130,16 +132,28 @@ def _sharpen(image: torch.Tensor, factor: float) -> torch.Tensor | None:
     return out
 
 
+def adjust_brightness(image: torch.Tensor, factor: float) -> torch.Tensor:
+    """Torchvision's ``F.adjust_brightness`` of a uint8 image, bit for bit: its op on the 256 levels, then a lookup."""
+    return lookup(image, F.adjust_brightness(_LEVELS, factor))
+
+
+def adjust_contrast(image: torch.Tensor, factor: float) -> torch.Tensor:
+    """Torchvision's ``F.adjust_contrast`` of a uint8 RGB image, bit for bit: its grey mean, its blend on the levels."""
+    if image.shape[0] != 3:
+        return F.adjust_contrast(image, factor)
+    gray = tv.rgb_to_grayscale_image(image, num_output_channels=1, preserve_dtype=False).floor_()
+    mean = torch.mean(gray, dim=(-3, -2, -1), keepdim=True)
+    return lookup(image, tv.blend(_LEVELS, mean, factor))
+
+
 def _fast_op(image: torch.Tensor, name: str, magnitude: float, interpolation: Any, fill: Any) -> torch.Tensor | None:
     """The op's result by a faster kernel, or ``None`` where torchvision's own code should run."""
     # the ops that map each level of a channel to one level: torchvision's own op applied to the 256 levels is the
     # table (the same float32 arithmetic per pixel), then one lookup per pixel (3-6x faster than the op on the image)
     if name == "Brightness":
-        return lookup(image, F.adjust_brightness(_LEVELS, 1.0 + magnitude))
+        return adjust_brightness(image, 1.0 + magnitude)
     if name == "Contrast" and image.shape[0] == 3:
-        gray = tv.rgb_to_grayscale_image(image, num_output_channels=1, preserve_dtype=False).floor_()
-        mean = torch.mean(gray, dim=(-3, -2, -1), keepdim=True)
-        return lookup(image, tv.blend(_LEVELS, mean, 1.0 + magnitude))
+        return adjust_contrast(image, 1.0 + magnitude)
     if name == "Solarize":
         threshold = float(np.float32(255.0 * magnitude))  # torchvision compares uint8 with a float32 threshold
         if threshold > 255:

@@ -9,7 +9,9 @@ Rows, interleaved in one measurement, the same COCO-layout folder, workers and b
   ``"hflip"``: the flip), ``PILToTensor``, ``ConvertBoundingBoxFormat(XYXY)``, ``SanitizeBoundingBoxes``; for
   ``"ssd"`` the model's ``Resize((300, 300))`` added, as ours outputs; uint8 images (normalisation is the
   device's in both), its ``collate_fn`` (lists of images and targets) and a shuffled ``DataLoader``;
-- ``DetectionDataModule (<recipe>)``: ours (uint8 batches, the boxes packed; the device makes the lists).
+- ``DetectionDataModule (<recipe>)``: ours (uint8 batches, the boxes packed; the device makes the lists);
+- ``DetectionDataModule (<recipe>, cache)``: ours from the decoded cache (``cache_dir``, built before the timing;
+  ``--det-cache-size`` its shorter side, by default each image as it is): no decode, the same recipe.
 
 ``--det-root`` measures a COCO-layout folder of the user's (its ``train2017`` split); by default the suite copies
 the bench photos (``--root``'s first ``--det-images``) into the scratch folder as ``train2017/`` with 2-6 random
@@ -111,6 +113,7 @@ def add_detection_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--det-images", type=int, default=256, help="bench photos to copy with random boxes")
     group.add_argument("--det-batch-size", type=int, default=16)
     group.add_argument("--det-recipes", nargs="+", default=["ssd", "hflip"], choices=["ssd", "hflip"])
+    group.add_argument("--det-cache-size", type=int, default=None, help="the cache's shorter side (default: as is)")
 
 
 def detection_suite(args: argparse.Namespace) -> dict[str, Any]:
@@ -127,13 +130,19 @@ def detection_suite(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for workers in args.workers:
         for recipe in args.det_recipes:
-            dm = DetectionDataModule(root, data_augmentation=recipe, val_split=None, batch_size=args.det_batch_size,
-                                     num_workers=workers)  # fmt: skip
+            settings: dict[str, Any] = dict(data_augmentation=recipe, val_split=None, batch_size=args.det_batch_size,
+                            num_workers=workers)  # fmt: skip
+            dm = DetectionDataModule(root, **settings)
             dm.setup("fit")
+            cache = os.path.join(args.scratch, "detection-cache")
+            cached = DetectionDataModule(root, cache_dir=cache, cache_size=args.det_cache_size, **settings)
+            cached.prepare_data()  # built before the timing
+            cached.setup("fit")
             candidates: list[Candidate] = [
                 (f"torchvision reference ({recipe})",
                  functools.partial(reference_loader, root, recipe, args.det_batch_size, workers), _count),
                 (f"DetectionDataModule ({recipe})", dm.train_dataloader, _count),
+                (f"DetectionDataModule ({recipe}, cache)", cached.train_dataloader, _count),
             ]  # fmt: skip
             rates = measure_one_thread(candidates, args.repeats, args.min_seconds)
             rows += rows_for(rates, workers, ceiling)

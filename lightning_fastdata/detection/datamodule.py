@@ -24,6 +24,7 @@ from typing_extensions import override
 from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD
 from lightning_fastdata.datamodules.arguments import base_arguments
 from lightning_fastdata.datamodules.base import FastDataModule
+from lightning_fastdata.datasets.hdf5_file import open_hdf5
 from lightning_fastdata.detection.layouts import DetectionLayout, DetectionLayoutName
 from lightning_fastdata.detection.recipes import DetectionRecipe, WholeImage, detection_recipe
 from lightning_fastdata.detection.target import BoxBatch, BoxTarget
@@ -38,11 +39,15 @@ from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport
 from lightning_fastdata.sources.cache import CacheDataset, build_cache
 from lightning_fastdata.sources.folder import PairedFolderDataset
+from lightning_fastdata.sources.hdf5 import HDF5_SUFFIXES, PairedHDF5Dataset, hdf5_split_group
 from lightning_fastdata.sources.parquet import PairedParquetDataset, has_parquet_files, load_parquet_files
 from lightning_fastdata.sources.tar import PairedTarDataset, has_tar_shards, load_paired_shards
 from lightning_fastdata.sources.windowed import WindowedDataset
 
 __all__ = ["DetectionDataModule"]
+
+#: The layouts of converted data (their classes in the data, or given).
+_CONVERTED = ("shards", "parquet", "hdf5")
 
 #: Each layout's split names where none is given (COCO's are its folders').
 _SPLITS = {
@@ -52,6 +57,7 @@ _SPLITS = {
     "csv": ("train", "val"),
     "shards": ("train", "val"),
     "parquet": ("train", "val"),
+    "hdf5": ("train", "val"),
 }
 
 
@@ -68,10 +74,11 @@ class DetectionDataModule(FastDataModule):
         root: The data: a folder or bucket URL in COCO's, VOC's or YOLO's layout or with a CSV of boxes per split
             (:mod:`~lightning_fastdata.detection.layouts`), or WebDataset tar shards of images and boxes
             (``key.jpg`` + ``key.json``) or Parquet files (``image`` and ``objects`` columns), a sub-folder per
-            split (:mod:`~lightning_fastdata.detection.convert`).
-        layout: ``"auto"`` (told by the root's folders; local shards and Parquet too), ``"coco"``, ``"voc"``,
-            ``"yolo"``, ``"csv"`` (``<split>.csv`` of ``image,xmin,ymin,xmax,ymax,label`` rows), ``"shards"`` or
-            ``"parquet"`` (a bucket's).
+            split, or one HDF5 file (``.h5``: a group per split of ``images`` and ``boxes``, the class names in its
+            ``classes`` attribute) (:mod:`~lightning_fastdata.detection.convert`).
+        layout: ``"auto"`` (told by the root's folders; local shards and Parquet too; an HDF5 file by its name),
+            ``"coco"``, ``"voc"``, ``"yolo"``, ``"csv"`` (``<split>.csv`` of ``image,xmin,ymin,xmax,ymax,label``
+            rows), ``"shards"`` or ``"parquet"`` (a bucket's), ``"hdf5"``.
         objects_column: Parquet: the column of each row's boxes (our JSON).
         keep_empty: Train on the images without a box too (their targets ``(0, 4)``); ``False`` (torchvision's
             reference): training leaves them out (an image whose boxes are all crowds is empty then), read from
@@ -179,10 +186,12 @@ class DetectionDataModule(FastDataModule):
         """The layout of the data (``"auto"`` resolved once: shards in the training split's folder, else the root's)."""
         if self._found is None:
             found: str = self.layout
-            if self.layout == "auto" and not is_url(self.root):
+            if self.layout == "auto" and self.root.lower().endswith(HDF5_SUFFIXES):
+                found = "hdf5"
+            elif self.layout == "auto" and not is_url(self.root):
                 train = join_url(self.root, self._splits[0] or "train")
                 found = "shards" if has_tar_shards(train) else "parquet" if has_parquet_files(train) else "auto"
-            if found not in ("shards", "parquet"):  # the folder layout told once, not at each split's pairs
+            if found not in _CONVERTED:  # the folder layout told once, not at each split's pairs
                 found = self.folder_layout.found(self.root, self.storage_options)
                 self.folder_layout = replace(self.folder_layout, layout=found)
             self._found = found
@@ -200,7 +209,7 @@ class DetectionDataModule(FastDataModule):
     @override
     def find_classes(self) -> tuple[str, ...]:
         """The layout's categories (COCO's file, YOLO's ``data.yaml``, VOC's 20 or ``class_names``)."""
-        if self.found_layout() not in ("shards", "parquet"):
+        if self.found_layout() not in _CONVERTED:
             names, self._categories = self.folder_layout.categories(
                 self.root, self.split_names()[0], self.storage_options
             )
@@ -208,6 +217,12 @@ class DetectionDataModule(FastDataModule):
         given = self.folder_layout.class_names
         if given is None and self.found_layout() == "parquet":
             given = self._hub_class_names()
+        if given is None and self.found_layout() == "hdf5":
+            with open_hdf5(self.root) as f:
+                stored = f.attrs.get("classes")
+            if stored is None:
+                raise InvalidValueError(f"{self.root} has no 'classes' attribute: give class_names= (in label order).")
+            given = tuple(str(n) for n in json.loads(stored))
         if given is None:
             relpath = f"{self.split_names()[0]}/classes.json"
             beside = join_url(self.root, relpath)
@@ -263,6 +278,9 @@ class DetectionDataModule(FastDataModule):
         if found == "shards":
             shards = load_paired_shards(where, self.index_dir, "json", options)
             source = PairedTarDataset(shards, target, options, seed=self.seed)
+        elif found == "hdf5":
+            group = hdf5_split_group(self.root, split, "images", self.split_names()[0])
+            source = PairedHDF5Dataset(self.root, group, target, "images", "boxes", seed=self.seed)
         elif found == "parquet":
             files = load_parquet_files(where, self.index_dir, "image", options)
             buffer = self.shuffle_buffer if train else None

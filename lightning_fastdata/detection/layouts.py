@@ -31,7 +31,7 @@ from lightning_fastdata.sources.folder import FolderPairs
 
 __all__ = ["DETECTION_LAYOUTS", "VOC_CLASSES", "DetectionLayout", "DetectionLayoutName", "detect_detection_layout"]
 
-DetectionLayoutName = Literal["auto", "coco", "voc", "yolo", "csv", "shards", "parquet"]
+DetectionLayoutName = Literal["auto", "coco", "voc", "yolo", "csv", "shards", "parquet", "hdf5"]
 #: The layouts ``layout=`` takes.
 DETECTION_LAYOUTS = ("auto", "coco", "voc", "yolo", "csv")
 #: A CSV of boxes' columns, in order.

@@ -26,7 +26,9 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
+from lightning_fastdata.augment.kernels import adjust_hue
 from lightning_fastdata.augment.keyed import uniforms
+from lightning_fastdata.augment.worker import adjust_brightness, adjust_contrast
 from lightning_fastdata.sources.window import Window
 
 __all__ = ["SSD_MEAN", "SSDRecipe", "iou_crop", "photometric_distort"]
@@ -84,21 +86,23 @@ def photometric_distort(draws: np.ndarray, pixels: torch.Tensor) -> torch.Tensor
 
     ``draws``: ten numbers in ``[0, 1)``: brightness (apply, factor in 0.875-1.125), contrast (apply, factor in
     0.5-1.5, before or after saturation and hue), saturation (apply, 0.5-1.5), hue (apply, -0.05-0.05), the channels'
-    permutation (apply, which).
+    permutation (apply, which). torchvision's pixels bit for bit, brightness and contrast by a lookup of its own
+    arithmetic on the 256 levels, hue by a compiled kernel of its float32 arithmetic
+    (:func:`~lightning_fastdata.augment.kernels.adjust_hue`).
     """
     u = [float(v) for v in draws]
     out = pixels
     if u[0] < 0.5:
-        out = F.adjust_brightness(out, 0.875 + 0.25 * u[1])
+        out = adjust_brightness(out, 0.875 + 0.25 * u[1])
     contrast, before = (0.5 + u[3]) if u[2] < 0.5 else None, u[4] < 0.5
     if contrast is not None and before:
-        out = F.adjust_contrast(out, contrast)
+        out = adjust_contrast(out, contrast)
     if u[5] < 0.5:
         out = F.adjust_saturation(out, 0.5 + u[6])
     if u[7] < 0.5:
-        out = F.adjust_hue(out, -0.05 + 0.1 * u[8])
+        out = adjust_hue(out, -0.05 + 0.1 * u[8])
     if contrast is not None and not before:
-        out = F.adjust_contrast(out, contrast)
+        out = adjust_contrast(out, contrast)
     if u[9] < 0.5:
         out = F.permute_channels(out, list(_PERMUTATIONS[min(int(u[10] * 6), 5)]))
     return out

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, NamedTuple, Self
 import numpy as np
 import torch
 
-from lightning_fastdata.errors import DataError
+from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.sources.target import TargetKind
 from lightning_fastdata.sources.window import Window
 from lightning_fastdata.sources.windowed import padded_batch
@@ -131,7 +131,7 @@ def decode_annotation(payload: Any, name: str) -> Boxes:
     """
     if isinstance(payload, dict):
         return _hub_objects(payload, name) if "bbox" in payload else payload
-    data = bytes(payload)
+    data = payload.encode() if isinstance(payload, str) else bytes(payload)  # an HDF5 string, bytes, a uint8 array
     head = data.lstrip()[:1]
     if head == b"<":
         return _voc(data, name)
@@ -186,6 +186,25 @@ class BoxTarget(TargetKind):
         self.min_size, self.keep_crowds = float(min_size), keep_crowds
         #: Labels -> the loader's labels (``classes=``, a mix; ``-1``: dropped), or ``None``.
         self.class_map: np.ndarray | None = None
+
+    def check_arrays(
+        self,
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+        image_size: tuple[int, int] | None,
+        path: str,
+        keys: tuple[str, str],
+    ) -> None:
+        """An annotation per image: a 1-D dataset of variable-length bytes or strings (our JSON, VOC XML, YOLO text).
+
+        Raises:
+            ValueError: Otherwise (named).
+        """
+        if len(shape) != 1 or dtype.kind not in "OSU":
+            raise InvalidValueError(
+                f"{path}:{keys[1]} is {dtype} of shape {shape}: boxes are stored one annotation per image, a 1-D "
+                "dataset of variable-length bytes (our JSON, as write_detection_hdf5 writes it)."
+            )
 
     def decode(self, payload: Any, name: str) -> dict[str, Any]:
         """The annotation's boxes with labels (the data's classes), ``iscrowd`` and ``normalized``.

@@ -427,6 +427,8 @@ def test_the_image_kernels_refuse_buffers_smaller_than_the_shape_they_are_given(
         jpegroi.transpose(small, big, 3, 64)
     with pytest.raises(ValueError, match="sharpen"):
         jpegroi.sharpen(big, (64, 8, 1), small, (64, 8, 1), (3, 8, 8), 0.5)
+    with pytest.raises(ValueError, match="hue"):
+        jpegroi.hue(big, (64, 8, 1), small, (64, 8, 1), (3, 8, 8), 0.1)
 
 
 def test_the_sharpness_kernel_gives_torchvisions_bytes_and_leaves_it_the_blends_it_cannot_promise(
@@ -454,3 +456,39 @@ def test_the_sharpness_kernel_gives_torchvisions_bytes_and_leaves_it_the_blends_
     assert ran >= 0.8 * 62 * len(images)  # most factors run in C
     assert not fast._blend_is_exact(float(np.float32(-0.55)))  # one that does not: 147 of its pairs differ
     assert fast._sharpen(photo, 1.55) is None and fast._sharpen(photo[:, :2], 1.5) is None  # 2-pixel rows too
+
+
+def _hue_kernel_equals_torchvision(step: int) -> None:
+    """The C hue against torchvision's on every ``step``-th level of each channel (1: all 2^24 colours)."""
+    from lightning_fastdata._ext.native import imageops_available
+    from lightning_fastdata.augment.kernels import adjust_hue
+
+    if not imageops_available():
+        pytest.skip("the compiled extension is not built")
+    levels = torch.cat([torch.arange(0, 255, step), torch.tensor([255])]).unique().to(torch.uint8)
+    r, g, b = torch.meshgrid(levels, levels, levels, indexing="ij")
+    colours = torch.stack([r, g, b]).reshape(3, len(levels), -1)
+    for shift in (-0.5, -0.0371, 0.0, 1e-7, 0.05, 0.5):
+        assert torch.equal(adjust_hue(colours, shift), F.adjust_hue(colours, shift)), shift
+
+
+@pytest.mark.slow
+def test_the_hue_kernel_gives_torchvisions_bytes_for_all_two_to_the_24_colours() -> None:
+    _hue_kernel_equals_torchvision(1)
+
+
+def test_the_hue_kernel_gives_torchvisions_bytes_on_photos_and_a_grid_of_colours(batch: torch.Tensor) -> None:
+    """C hue (torchvision's float32 HSV round trip in one pass): a grid of colours at shifts across -0.5..0.5, and
+    photos planar and channels-last, against torchvision's ``adjust_hue`` (every colour: the full run); a grey image
+    is left to torchvision."""
+    from lightning_fastdata.augment.kernels import adjust_hue
+
+    _hue_kernel_equals_torchvision(3)
+    for image, shift in zip(batch, torch.linspace(-0.5, 0.5, len(batch)).tolist()):
+        last = image.permute(1, 2, 0).contiguous().permute(2, 0, 1)
+        assert torch.equal(adjust_hue(last, shift), F.adjust_hue(image, shift))
+        assert adjust_hue(last, shift).stride() == last.stride()
+    grey = batch[0, :1]
+    assert torch.equal(adjust_hue(grey, 0.2), grey)
+    with pytest.raises(ValueError, match="hue_factor"):
+        adjust_hue(batch[0], 0.7)

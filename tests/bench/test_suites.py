@@ -363,8 +363,8 @@ def test_the_segmentation_suite_times_the_reference_and_ours_on_the_same_scenes(
 @pytest.mark.timeout(180)
 def test_the_detection_suite_times_the_reference_and_ours_on_the_same_images_and_boxes(tmp_path: Path) -> None:
     """``fastdata bench --suites detection``: torchvision's detection reference loader (``CocoDetection`` wrapped for
-    transforms v2, its ssd and hflip presets) and ours, each recipe against its own, on the bench photos copied into a
-    COCO layout with random boxes inside each image."""
+    transforms v2, its ssd and hflip presets) and ours, from the images and from the decoded cache, each recipe
+    against its own, on the bench photos copied into a COCO layout with random boxes inside each image."""
     import json
 
     from lightning_fastdata.bench.loaders import main
@@ -377,9 +377,10 @@ def test_the_detection_suite_times_the_reference_and_ours_on_the_same_images_and
     suite = result["suites"]["detection"]
     rows = {r["loader"]: r for r in suite["rows"]}
     assert list(rows) == [
-        "torchvision reference (ssd)", "DetectionDataModule (ssd)",
-        "torchvision reference (hflip)", "DetectionDataModule (hflip)",
+        "torchvision reference (ssd)", "DetectionDataModule (ssd)", "DetectionDataModule (ssd, cache)",
+        "torchvision reference (hflip)", "DetectionDataModule (hflip)", "DetectionDataModule (hflip, cache)",
     ]  # fmt: skip
+    assert len(list((tmp_path / "scratch" / "detection-cache").glob("boxes-*/manifest.json"))) == 1  # one cache
     assert all(r["images_per_s"] > 0 for r in rows.values()) and suite["data"]["images"] == 12
     assert rows["DetectionDataModule (ssd)"]["vs_baseline"] == pytest.approx(
         rows["DetectionDataModule (ssd)"]["images_per_s"] / rows["torchvision reference (ssd)"]["images_per_s"]

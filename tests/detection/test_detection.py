@@ -488,3 +488,77 @@ def test_the_decoded_cache_gives_the_sources_batches_and_its_boxes_follow_every_
     assert len(got) == len(rest) == 5
     for a, b in zip(rest, got, strict=True):
         assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout", ["voc", "yolo"])
+def test_an_hdf5_file_converted_from_the_cli_gives_the_folders_batches(
+    folders: dict[str, Path], tmp_path: Path, layout: str
+) -> None:
+    """``fastdata convert detection --format hdf5``: one file, a group per split of encoded images and box JSON, the
+    classes in its attribute; read through workers, the folder's batches bit for bit (training and validation), and
+    from its cache; a boxes dataset of another kind is named."""
+    import h5py
+
+    from lightning_fastdata.cli import main
+
+    dst = tmp_path / "boxes.h5"
+    args = ["--class-names", *DETECTION_CLASSES] if layout == "voc" else []
+    main(["convert", "detection", "--src", str(folders[layout]), "--dst", str(dst), "--format", "hdf5", *args])
+    with h5py.File(dst) as f:
+        assert sorted(f) == ["train", "val"] and len(f["train/images"]) == 12 and len(f["val/boxes"]) == 4
+    folder = module(folders[layout])
+    stored = DetectionDataModule(str(dst), batch_size=4, num_workers=2, seed=5)
+    cached = DetectionDataModule(str(dst), batch_size=4, num_workers=0, seed=5, cache_dir=str(tmp_path / "cache"))
+    for dm in (folder, stored, cached):
+        dm.prepare_data()
+        dm.setup("fit")
+    assert stored.classes == cached.classes == DETECTION_CLASSES
+    expected = list(folder.train_dataloader()) + list(folder.val_dataloader())
+    for dm in (stored, cached):
+        for a, b in zip(expected, list(dm.train_dataloader()) + list(dm.val_dataloader()), strict=True):
+            assert torch.equal(a.images, b.images)
+            assert all(torch.equal(x, y) for x, y in zip(a.labels, b.labels, strict=True))
+    import shutil
+
+    bad = shutil.copyfile(dst, tmp_path / "bad.h5")  # (this process holds the converted file open)
+    with h5py.File(bad, "a") as f:
+        del f["val/boxes"]
+        f["val/boxes"] = np.zeros((4, 4), np.float32)
+    with pytest.raises(ValueError, match=r"val/boxes.*one annotation per image"):
+        DetectionDataModule(str(bad), batch_size=4, num_workers=0).setup("fit")
+
+
+def test_the_photometric_distortion_gives_torchvisions_pixels(image_folder: Path) -> None:
+    """``RandomPhotometricDistort``'s steps as the reference chains them (brightness, contrast before or after
+    saturation and hue, the channels' order), on photos at SSD's size, channels-last as the loader renders them:
+    torchvision's bytes whatever steps a sample draws (ours: lookups and the compiled hue)."""
+    from torchvision.io import decode_jpeg, read_file
+    from torchvision.transforms.v2 import functional as F
+
+    from lightning_fastdata.detection.ssd import _PERMUTATIONS, photometric_distort
+
+    def reference(u: list[float], out: torch.Tensor) -> torch.Tensor:
+        if u[0] < 0.5:
+            out = F.adjust_brightness(out, 0.875 + 0.25 * u[1])
+        contrast, before = (0.5 + u[3]) if u[2] < 0.5 else None, u[4] < 0.5
+        if contrast is not None and before:
+            out = F.adjust_contrast(out, contrast)
+        if u[5] < 0.5:
+            out = F.adjust_saturation(out, 0.5 + u[6])
+        if u[7] < 0.5:
+            out = F.adjust_hue(out, -0.05 + 0.1 * u[8])
+        if contrast is not None and not before:
+            out = F.adjust_contrast(out, contrast)
+        if u[9] < 0.5:
+            out = F.permute_channels(out, list(_PERMUTATIONS[min(int(u[10] * 6), 5)]))
+        return out
+
+    rng = np.random.default_rng(0)
+    files = sorted(image_folder.glob("*/*.jpg"))[:8]
+    for k, path in enumerate(files * 3):
+        image = F.resize(decode_jpeg(read_file(str(path))), [300, 300])
+        image = image.permute(1, 2, 0).contiguous().permute(2, 0, 1)
+        draws = rng.random(11)
+        draws[[0, 2, 5, 7]] = [(k >> bit) & 1 for bit in range(4)]  # every combination of the four colour steps
+        assert torch.equal(photometric_distort(draws, image), reference(draws.tolist(), image)), k
