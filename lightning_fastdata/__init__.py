@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from lightning_fastdata._ext.native import decoder_summary
     from lightning_fastdata.augment.normalize import Normalizer
     from lightning_fastdata.cache.dataset import TensorCacheDataset, build_tensor_cache, open_tensor_cache
+    from lightning_fastdata.callbacks.box_writer import BoxWriter
     from lightning_fastdata.callbacks.fastdata import FastDataCallback
     from lightning_fastdata.callbacks.mask_writer import MaskWriter
     from lightning_fastdata.callbacks.monitor import DataWaitMonitor
@@ -57,6 +58,7 @@ _EXPORTS = {
     "EpochSampler": "lightning_fastdata.loading.sampler",
     "FastDataCallback": "lightning_fastdata.callbacks.fastdata",
     "FastDataModule": "lightning_fastdata.datamodules.base",
+    "BoxWriter": "lightning_fastdata.callbacks.box_writer",
     "FileIndex": "lightning_fastdata.loading.index.files",
     "HDF5DataModule": "lightning_fastdata.datamodules.hdf5",
     "HDF5Dataset": "lightning_fastdata.datasets.hdf5",
@@ -92,6 +94,7 @@ __all__ = [
     "DevicePrefetcher",
     "DoctorReport",
     "EpochSampler",
+    "BoxWriter",
     "FastDataCallback",
     "FastDataModule",
     "FileIndex",

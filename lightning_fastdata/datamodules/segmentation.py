@@ -4,7 +4,7 @@ A composition of a source (:mod:`~lightning_fastdata.sources`: a folder or bucke
 decoded cache) and the mask target (:class:`~lightning_fastdata.segmentation.target.MaskTarget`); it goes through this
 package's loaders (stateful, sharded, resumable, workers, pinned memory); its batches are normalised on the device with
 their masks made ``int64`` there. ``trainer.predict`` reads ``predict_root``'s images at the base size
-(:class:`~lightning_fastdata.segmentation.predict.SegmentationPredictDataset`).
+(:class:`~lightning_fastdata.sources.predict.PredictDataset`).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from lightning_fastdata.segmentation.layouts import (
     join_url,
 )
 from lightning_fastdata.segmentation.policy import SegmentationDeviceAugment
-from lightning_fastdata.segmentation.predict import SegmentationPredictDataset
 from lightning_fastdata.segmentation.target import IGNORE_INDEX, MaskTarget
 from lightning_fastdata.sources.cache import CacheDataset, build_cache
 from lightning_fastdata.sources.folder import PairedFolderDataset
 from lightning_fastdata.sources.hdf5 import HDF5_SUFFIXES, PairedHDF5Dataset, hdf5_split_group
 from lightning_fastdata.sources.parquet import PairedParquetDataset, has_parquet_files, load_parquet_files
+from lightning_fastdata.sources.predict import PredictDataset, predict_input_path, predict_input_relpath
 from lightning_fastdata.sources.tar import PairedTarDataset, has_tar_shards, load_paired_shards
 from lightning_fastdata.sources.windowed import WindowedDataset
 
@@ -139,6 +139,9 @@ class SegmentationDataModule(FastDataModule):
     """
 
     test_argument = "test_split"
+    #: ``predict_root``'s inputs by index: their paths, and their names under it (what a writer names its files).
+    predict_path = predict_input_path
+    predict_relpath = predict_input_relpath
 
     def __init__(
         self,
@@ -396,23 +399,10 @@ class SegmentationDataModule(FastDataModule):
         """
         if self.predict_root is None:
             return None
-        return SegmentationPredictDataset(
+        return PredictDataset(
             self.predict_root, self.base_size, self.storage_options, self.images_key, self.image_column,
             self.index_dir, self.layout if self.layout in ("shards", "parquet") else "auto",
         )  # fmt: skip
-
-    @override
-    def predict_path(self, index: int) -> str:
-        """The path, URL or ``file:sample`` name of prediction input ``index``."""
-        if self.predict_dataset is None:
-            raise RuntimeError(f"{type(self).__name__}.predict_path() needs setup('predict') with predict_root=.")
-        return self.predict_dataset.path(index)  # type: ignore[attr-defined]
-
-    def predict_relpath(self, index: int) -> str:
-        """Prediction input ``index``'s name under ``predict_root`` (what a mask file is named after)."""
-        if self.predict_dataset is None:
-            raise RuntimeError(f"{type(self).__name__}.predict_relpath() needs setup('predict') with predict_root=.")
-        return self.predict_dataset.relpath(index)  # type: ignore[attr-defined]
 
     @override
     def _after_transfer(self, batch: Any) -> Any:

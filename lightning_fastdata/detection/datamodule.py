@@ -41,6 +41,7 @@ from lightning_fastdata.sources.cache import CacheDataset, build_cache
 from lightning_fastdata.sources.folder import PairedFolderDataset
 from lightning_fastdata.sources.hdf5 import HDF5_SUFFIXES, PairedHDF5Dataset, hdf5_split_group
 from lightning_fastdata.sources.parquet import PairedParquetDataset, has_parquet_files, load_parquet_files
+from lightning_fastdata.sources.predict import PredictBatch, PredictDataset, predict_input_path, predict_input_relpath
 from lightning_fastdata.sources.tar import PairedTarDataset, has_tar_shards, load_paired_shards
 from lightning_fastdata.sources.windowed import WindowedDataset
 
@@ -119,6 +120,9 @@ class DetectionDataModule(FastDataModule):
     """
 
     test_argument = "test_split"
+    #: ``predict_root``'s inputs by index: their paths, and their names under it (what a writer names its files).
+    predict_path = predict_input_path
+    predict_relpath = predict_input_relpath
 
     def __init__(
         self,
@@ -180,6 +184,8 @@ class DetectionDataModule(FastDataModule):
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self._splits = (train_split, val_split, test_split)
         self._categories: dict[Any, int] | None = None
+        self._labels_to_categories: dict[int, Any] | None = None
+        self._coco_ids: dict[str, Any] | None = None
         self._found: str | None = None
 
     def found_layout(self) -> str:
@@ -363,9 +369,58 @@ class DetectionDataModule(FastDataModule):
         return None if test is None else self._dataset(test, False)
 
     @override
+    def build_predict_dataset(self) -> Any:
+        """``predict_root``'s images as they are (the model resizes), each batch carrying their sizes and indices.
+
+        A folder of images, a bucket prefix or a ``.txt`` list; an HDF5 file (its ``images``); tar shards or Parquet
+        files (a folder, or a bucket prefix with ``layout="shards"``/``"parquet"``).
+        """
+        if self.predict_root is None:
+            return None
+        layout = self.layout if self.layout in ("shards", "parquet") else "auto"
+        return PredictDataset(self.predict_root, None, self.storage_options, "images", "image", self.index_dir, layout)
+
+    def category_of(self, label: int) -> Any:
+        """The raw category of a label (a COCO id, a VOC name, a YOLO index): what a results file names."""
+        if self._labels_to_categories is None:
+            self._labels_to_categories = {v: k for k, v in self.categories().items()}
+        return self._labels_to_categories[int(label)]
+
+    def predict_image_id(self, index: int) -> Any:
+        """Prediction input ``index``'s image id in a results file.
+
+        COCO's id where the data is in COCO's layout and the input is one of its images (by file name), else the
+        input's name under ``predict_root``.
+        """
+        relpath = self.predict_relpath(index)
+        if self._coco_ids is None:
+            self._coco_ids = self._read_coco_ids()
+        return self._coco_ids.get(relpath.rsplit("/", 1)[-1], relpath)
+
+    def _read_coco_ids(self) -> dict[str, Any]:
+        """Each COCO image's file name -> its id, from the splits' annotation files (none outside COCO's layout)."""
+        if self.found_layout() != "coco":
+            return {}
+        ids: dict[str, Any] = {}
+        storage = open_storage(self.root, self.storage_options)
+        for split in self.split_names():
+            marker = self.folder_layout.annotation_file or f"annotations/instances_{split}.json"
+            read = next(iter(storage.read_many([marker]))) if split is not None else None
+            if read is not None and not isinstance(read, OSError):
+                ids.update({str(im["file_name"]).rsplit("/", 1)[-1]: im["id"] for im in json.loads(read)["images"]})
+        return ids
+
+    @override
     def _after_transfer(self, batch: Any) -> Any:
-        """Normalised images, each cut to its own size, and torchvision's target dicts: ``(images, targets)``."""
+        """Normalised images, each cut to its own size, and torchvision's target dicts: ``(images, targets)``.
+
+        A predict batch stays a :class:`~lightning_fastdata.sources.predict.PredictBatch` (what a writer reads), its
+        images the list of normalised images at their sizes.
+        """
         out = self.transfer.after_transfer(batch, None)
+        if isinstance(out, PredictBatch):
+            cut = [image[:, :h, :w] for image, (_, _, h, w) in zip(out.images, out.sizes.tolist())]
+            return out._replace(images=cut)  # type: ignore[arg-type]
         if not (isinstance(out, Batch) and isinstance(out.labels, BoxBatch)):
             return out
         sizes = out.labels.sizes.tolist()

@@ -151,6 +151,21 @@ class ObjectDetector(LightningModule):
         self._log_evaluation("test")
 
     @override
+    def predict_step(self, batch: Any, batch_idx: int) -> Targets:
+        """Each image's detections (``boxes``, ``labels`` in the data's classes, ``scores``) in its own pixels.
+
+        ``batch``: the module's predict batch (the images, their indices and sizes: boxes on a resized image are
+        scaled back to the original's), or ``(images, ...)``.
+        """
+        images = batch.images if hasattr(batch, "images") else batch[0]
+        detections = self(images)
+        sizes = getattr(batch, "sizes", None)
+        if sizes is not None:
+            for d, (h, w, placed_h, placed_w) in zip(detections, sizes.tolist()):
+                d["boxes"] = d["boxes"] * d["boxes"].new_tensor([w / placed_w, h / placed_h] * 2)
+        return detections
+
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """AdamW over all parameters (fused where torch has the kernel)."""
         return fused_adamw(self, self.hparams["lr"], self.hparams["weight_decay"])

@@ -88,7 +88,7 @@ def photometric_distort(draws: np.ndarray, pixels: torch.Tensor) -> torch.Tensor
     0.5-1.5, before or after saturation and hue), saturation (apply, 0.5-1.5), hue (apply, -0.05-0.05), the channels'
     permutation (apply, which). torchvision's pixels bit for bit, brightness and contrast by a lookup of its own
     arithmetic on the 256 levels, hue by a compiled kernel of its float32 arithmetic
-    (:func:`~lightning_fastdata.augment.kernels.adjust_hue`).
+    (``augment/kernels.py``' ``adjust_hue``).
     """
     u = [float(v) for v in draws]
     out = pixels

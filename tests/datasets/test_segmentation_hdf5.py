@@ -91,10 +91,10 @@ def test_bad_files_are_named(files: dict[str, Path], tmp_path: Path) -> None:
 def test_float_pixels_are_refused_for_prediction_as_for_training(tmp_path: Path) -> None:
     """An HDF5 file of float images (0-1): training refused it, while trainer.predict cast its pixels to 0 or 1 and
     predicted on black images; now both name the file and say what to give."""
-    from lightning_fastdata.segmentation.predict import SegmentationPredictDataset
+    from lightning_fastdata.sources.predict import PredictDataset
 
     path = tmp_path / "float.h5"
     with h5py.File(path, "w") as f:
         f["images"] = np.random.default_rng(0).random((4, 24, 32, 3), dtype=np.float32)
     with pytest.raises(ValueError, match=r"float\.h5:images holds float32 pixels: give uint8 images"):
-        SegmentationPredictDataset(str(path), base_size=16)
+        PredictDataset(str(path), base_size=16)

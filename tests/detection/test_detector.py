@@ -85,3 +85,48 @@ def test_map_on_two_ranks_equals_one_rank_and_counts_every_image_once(tmp_path: 
     assert 0.1 < one["validate"]["val_map"] < 0.9
     for r in two:
         assert r["validate"] == one["validate"] and r["test"] == one["test"]
+
+
+@pytest.mark.timeout(180)
+def test_predictions_are_written_in_cocos_ids_and_pixels_and_score_as_validation_does(tmp_path: Path) -> None:
+    """``trainer.predict`` on COCO's validation images with ``BoxWriter``: each image once (two workers, batches of
+    three of five), its COCO id, the sparse category ids, the image's pixels: pycocotools' evaluation of the results
+    file against the annotation file is exactly the ``val_map`` the module logs for the same detector and images;
+    the CSV holds the same boxes with class names."""
+    import csv
+    import json
+
+    from helpers.colour_oracle import ColourOracle
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from lightning_fastdata import BoxWriter, DetectionDataModule
+    from lightning_fastdata.detection.demos import make_detection_folder
+    from lightning_fastdata.testing import cpu_trainer
+
+    root = make_detection_folder(tmp_path / "coco", count=20, layout="coco", seed=4)
+    dm = DetectionDataModule(str(root), predict_root=str(root / "val2017"), batch_size=3, num_workers=2)
+    model = ObjectDetector(num_classes=5, model=ColourOracle())
+    writer = BoxWriter(str(tmp_path / "out"), min_score=0.0)
+    cpu_trainer(writer).predict(model, datamodule=dm, return_predictions=False)
+    logged = cpu_trainer().validate(model, datamodule=DetectionDataModule(str(root), batch_size=3, num_workers=0),
+                                    verbose=False)[0]["val_map"]  # fmt: skip
+
+    results = json.loads((tmp_path / "out" / "detections.json").read_text())
+    truth = COCO(str(root / "annotations" / "instances_val2017.json"))
+    assert {r["image_id"] for r in results} == set(truth.getImgIds()) and len(truth.getImgIds()) == 5
+    assert {r["category_id"] for r in results} <= set(truth.getCatIds()) and max(truth.getCatIds()) > 5  # sparse
+    evaluation = COCOeval(truth, truth.loadRes(str(tmp_path / "out" / "detections.json")), "bbox")
+    evaluation.evaluate()
+    evaluation.accumulate()
+    evaluation.summarize()
+    assert 0.1 < evaluation.stats[0] < 1 and evaluation.stats[0] == pytest.approx(logged, abs=1e-6)
+
+    with open(tmp_path / "out" / "detections.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(results) and {r["label"] for r in rows} <= set(dm.classes)
+    by_name = {im["file_name"]: im["id"] for im in truth.loadImgs(truth.getImgIds())}
+    for row, result in zip(rows, results, strict=True):
+        assert by_name[Path(row["path"]).name] == result["image_id"]
+        x1, y1, x2, y2 = (float(row[k]) for k in ("xmin", "ymin", "xmax", "ymax"))
+        assert result["bbox"] == pytest.approx([x1, y1, x2 - x1, y2 - y1], abs=0.02)

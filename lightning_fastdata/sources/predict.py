@@ -1,10 +1,11 @@
-"""``SegmentationPredictDataset``: the images ``trainer.predict`` segments, from any source the module trains from.
+"""``PredictDataset``: the images ``trainer.predict`` reads for a target room, from any source the module trains from.
 
 ``predict_root`` is a folder of images (flat or nested), a bucket prefix or a ``.txt`` list of image paths (as every
 module's), an HDF5 file (its ``images_key`` dataset: decoded arrays or encoded files), a folder or bucket prefix of
 WebDataset tar shards (each sample's image member), or of Parquet files (the image column). Each image is read at the
-evaluation size (its shorter side ``base_size``), batches padded; a batch carries each image's own size, so that
-:class:`~lightning_fastdata.MaskWriter` writes a mask of that size, named after the input (``relpath``).
+evaluation size (its shorter side ``base_size``; ``None``: as it is), batches padded; a batch carries each image's own
+size, so that a writer puts each prediction back in its image's pixels (:class:`~lightning_fastdata.MaskWriter` a
+mask of that size, :class:`~lightning_fastdata.BoxWriter` boxes), named after the input (``relpath``).
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ from lightning_fastdata.sources.tar import has_tar_shards
 from lightning_fastdata.sources.window import eval_window
 from lightning_fastdata.sources.windowed import padded_batch, sample_key
 
-__all__ = ["SegmentationPredictBatch", "SegmentationPredictDataset"]
+__all__ = ["PredictBatch", "PredictDataset", "predict_input_path", "predict_input_relpath"]
 
 
-class SegmentationPredictBatch(NamedTuple):
-    """A segmentation ``trainer.predict`` batch: uint8 ``images``, their ``indices``, and ``sizes``.
+class PredictBatch(NamedTuple):
+    """A ``trainer.predict`` batch of a target room: uint8 ``images``, their ``indices``, and ``sizes``.
 
     ``sizes`` (``N x 4`` int64): each image's own height and width, then the height and width it was resized to
     (at the batch's top left; the rest is padding): what a prediction is cut to and resized back from.
@@ -238,12 +239,12 @@ def _whole(box: tuple[int, int, int, int]) -> Callable[[int, int], tuple[int, in
     return lambda width, height: box
 
 
-class SegmentationPredictDataset(Dataset):
-    """Images to segment, each at the evaluation size (its shorter side ``base_size``), batches padded.
+class PredictDataset(Dataset):
+    """Images to predict on, each at the evaluation size (its shorter side ``base_size``), batches padded.
 
     Args:
         source: What ``predict_root`` may be (module docstring).
-        base_size: The evaluation size of the shorter side.
+        base_size: The evaluation size of the shorter side (``None``: each image as it is).
         storage_options: Object-store settings for a bucket ``source``.
         images_key: An HDF5 ``source``: its images dataset.
         image_column: Parquet files: the image column.
@@ -257,14 +258,14 @@ class SegmentationPredictDataset(Dataset):
     def __init__(
         self,
         source: str,
-        base_size: int = 520,
+        base_size: int | None = 520,
         storage_options: Mapping[str, Any] | None = None,
         images_key: str = "images",
         image_column: str = "image",
         index_dir: str | None = None,
         layout: str = "auto",
     ) -> None:
-        if base_size < 1:
+        if base_size is not None and base_size < 1:
             raise InvalidValueError(f"base_size should be positive, got {base_size!r}.")
         local = not is_url(source)
         if source.lower().endswith(HDF5_SUFFIXES):
@@ -288,8 +289,8 @@ class SegmentationPredictDataset(Dataset):
         """Input ``index``'s name under ``predict_root`` (what its mask file is named after)."""
         return str(self.reader.relpath(index))
 
-    def __getitems__(self, keys: Sequence[Any]) -> SegmentationPredictBatch:
-        """The images at the base size, their indices and sizes (:class:`SegmentationPredictBatch`)."""
+    def __getitems__(self, keys: Sequence[Any]) -> PredictBatch:
+        """The images at the base size, their indices and sizes (:class:`PredictBatch`)."""
         indices = [sample_key(k, len(self))[1] for k in keys]
         samples: list[tuple[torch.Tensor, None]] = []
         sizes = []
@@ -313,8 +314,27 @@ class SegmentationPredictDataset(Dataset):
             samples.append((image, None))
             sizes.append((height, width, *win.size))
         batch, _ = padded_batch(samples, 0)  # the training batches' padding, without masks
-        return SegmentationPredictBatch(batch, torch.tensor(indices), torch.tensor(sizes, dtype=torch.int64))
+        return PredictBatch(batch, torch.tensor(indices), torch.tensor(sizes, dtype=torch.int64))
 
-    def __getitem__(self, key: Any) -> SegmentationPredictBatch:
+    def __getitem__(self, key: Any) -> PredictBatch:
         """A batch of one."""
         return self.__getitems__([key])
+
+
+def _predicting(module: Any, what: str) -> PredictDataset:
+    if not isinstance(module.predict_dataset, PredictDataset):
+        raise RuntimeError(f"{type(module).__name__}.{what}() needs setup('predict') with predict_root=.")
+    return module.predict_dataset
+
+
+def predict_input_path(module: Any, index: int) -> str:
+    """The path, URL or ``file:sample`` name of prediction input ``index`` (a DataModule's ``predict_path``)."""
+    return _predicting(module, "predict_path").path(index)
+
+
+def predict_input_relpath(module: Any, index: int) -> str:
+    """Prediction input ``index``'s name under ``predict_root`` (a DataModule's ``predict_relpath``).
+
+    What a written prediction is named after.
+    """
+    return _predicting(module, "predict_relpath").relpath(index)
