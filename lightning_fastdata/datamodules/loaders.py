@@ -138,6 +138,9 @@ class LoaderFactory:
             draws=draws,
             # a dataset read in groups (Parquet row groups) shuffles in windows of them, unless told otherwise
             windows=getattr(dataset, "windows", None) if train and draws is None and not s.block_shuffle else None,
+            # batches of one aspect-ratio group each (detection's grouping), where the dataset has them
+            groups=getattr(dataset, "aspect_groups", None) if train else None,
+            group_size=s.batch_size,
         )
         if train and sampler.windows is None and not sampler.block_size and (sampler.shuffle or draws is not None):
             keep_for_random_reads(dataset)  # group reads (Parquet row groups) in a random order: keep what fits

@@ -111,6 +111,11 @@ class DetectionDataModule(FastDataModule):
             windows drawn on the cached images.
         cache_size: The cached images' shorter side, their boxes scaled with them (``None``: each image as it is,
             the batches the source's own where nothing is resized).
+        aspect_ratio_group_factor: Batch training images of one aspect-ratio group together, as the reference's
+            ``--aspect-ratio-group-factor`` (its default 3; ``0``: portrait and landscape): less padding in a batch
+            of images at their own sizes. Each rank's share is grouped, every rank the same number of batches,
+            every image once (the unfilled batches close the epoch), resumed exactly. Reads each training image's size
+            at setup (the cache's without a read). ``-1``: off.
         storage_options: Object-store settings for a bucket root.
         index_dir: Shards and Parquet: where their indexes are kept (a folder of ours); ``None``: the user cache.
 
@@ -143,6 +148,7 @@ class DetectionDataModule(FastDataModule):
         keep_empty: bool = False,
         cache_dir: str | None = None,
         cache_size: int | None = None,
+        aspect_ratio_group_factor: int = -1,
         batch_size: int = 2,
         num_workers: int | Literal["auto"] = "auto",
         pin_memory: bool | None = None,
@@ -181,6 +187,7 @@ class DetectionDataModule(FastDataModule):
         self.layout, self.objects_column, self.shuffle_buffer = layout, objects_column, shuffle_buffer
         self.keep_empty = keep_empty
         self.cache_dir, self.cache_size = None if cache_dir is None else os.fspath(cache_dir), cache_size
+        self.aspect_ratio_group_factor = aspect_ratio_group_factor
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self._splits = (train_split, val_split, test_split)
         self._categories: dict[Any, int] | None = None
@@ -302,6 +309,8 @@ class DetectionDataModule(FastDataModule):
         if self.cache_dir is not None:
             folder = build_cache(source, self.cache_dir, self.cache_size)
             source = CacheDataset(folder, source.target, seed=self.seed)
+        if train and self.aspect_ratio_group_factor >= 0:
+            source = source.grouped_by_aspect(self.aspect_ratio_group_factor)
         source = source.with_recipe(self.recipe if train else WholeImage())
         wanted = self.sampling.classes
         positions = None if wanted is None else [self.data_classes.index(str(c)) for c in wanted]

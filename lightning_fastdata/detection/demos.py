@@ -65,12 +65,14 @@ def make_detection_folder(
     layout: Literal["coco", "voc", "yolo"] = "coco",
     seed: int = 0,
     val_fraction: float = 0.25,
+    portrait: float = 0.0,
 ) -> Path:
     """Write ``count`` scenes in ``layout``'s folders, the last ``val_fraction`` the validation split.
 
     COCO: ``train2017/``, ``val2017/``, ``annotations/instances_<split>.json``; VOC: ``JPEGImages``,
     ``Annotations``, ``ImageSets/Main/{train,val}.txt`` (class names: :data:`DETECTION_CLASSES`); YOLO:
-    ``images/{train,val}``, ``labels/{train,val}``, ``data.yaml``. Sizes vary between 85% and 100% of ``size``.
+    ``images/{train,val}``, ``labels/{train,val}``, ``data.yaml``. Sizes vary between 85% and 100% of ``size``;
+    a ``portrait`` fraction of the scenes (drawn at random) is ``size`` turned (height x width).
     """
     root = Path(root)
     rng = np.random.default_rng(seed)
@@ -83,6 +85,8 @@ def make_detection_folder(
         listed = []
         for i in ids:
             w, h = (int(s * rng.uniform(0.85, 1.0)) for s in size)
+            if portrait and rng.random() < portrait:
+                w, h = h, w
             image, boxes, labels = detection_scene(rng, w, h)
             name = f"scene_{i:06d}"
             if layout == "coco":

@@ -123,6 +123,13 @@ class EpochSampler(DistributedSampler):
             (:class:`~lightning_fastdata.loading.sampler.ShuffleWindows`) instead of fully, each rank taking a
             contiguous run of the order (its own windows); ``None``: a full shuffle. Like ``block_size``, it shapes a
             training epoch only and is part of the state a resume checks.
+        groups: A group per dataset sample (an image's aspect-ratio bin, torchvision's ``GroupedBatchSampler``):
+            each rank's share of a shuffled epoch is reordered so that every run of ``group_size`` keys (a batch) is
+            of one group, taken in the order a group's samples fill up (the first ``group_size`` of a group in the
+            share make its first batch); the samples left in groups' unfilled batches close the epoch, in the share's
+            order (at most one mixed batch per group). Every sample stays exactly once and every rank its equal
+            count; part of the state a resume checks. ``None``: off.
+        group_size: The batch size the groups fill.
 
     Raises:
         ValueError: On an impossible argument (named), e.g. ``even=False`` with ``drop_last`` or ``repeats``.
@@ -141,7 +148,12 @@ class EpochSampler(DistributedSampler):
         even: bool = True,
         draws: EpochDraws | None = None,
         windows: ShuffleWindows | None = None,
+        groups: np.ndarray | None = None,
+        group_size: int = 1,
     ) -> None:
+        if groups is not None and (len(groups) != length or group_size < 1):
+            raise ValueError(f"groups should give each of {length} samples a group and group_size be positive, got "
+                             f"{len(groups)} groups and group_size={group_size!r}.")  # fmt: skip
         if windows is not None and (block_size is not None or draws is not None or not even):
             raise ValueError("windows shapes a plain training epoch: it takes no block_size, draws or even=False.")
         if draws is not None and block_size is not None:
@@ -179,6 +191,8 @@ class EpochSampler(DistributedSampler):
         self.length = length
         self.block_size = block_size
         self.windows = windows if shuffle else None
+        self.groups = np.asarray(groups, dtype=np.int64) if groups is not None and shuffle and even else None
+        self.group_size = group_size
         self.repeats = repeats
         #: How many entries one epoch's order has (each sample ``repeats`` times, as ``index * repeats + repeat``).
         self.slots = length * repeats
@@ -241,7 +255,26 @@ class EpochSampler(DistributedSampler):
             total = max(0, self.length - (int(self._consumed.sum()) if continued else 0))  # type: ignore[union-attr]
             per_rank = total // self.num_replicas if self.drop_last else -(-total // self.num_replicas)
             share = share[:per_rank]
-        return share
+        return share if self.groups is None else self._grouped(share)
+
+    def _grouped(self, share: torch.Tensor) -> torch.Tensor:
+        """``share`` reordered into batches of one group each (``groups``), the unfilled ones' samples last."""
+        slots = share.numpy()
+        index = slots // self.repeats
+        if self.draws is not None:
+            index = self.drawn()[index]
+        assert self.groups is not None
+        pending: dict[int, list[int]] = {}
+        batched, placed = [], np.zeros(len(slots), dtype=bool)
+        for k, group in enumerate(self.groups[index].tolist()):
+            run = pending.setdefault(group, [])
+            run.append(k)
+            if len(run) == self.group_size:
+                batched += run
+                placed[run] = True
+                run.clear()
+        positions = np.concatenate([np.asarray(batched, dtype=np.int64), np.flatnonzero(~placed)])
+        return share[torch.from_numpy(positions)]
 
     def _shard(self, left: torch.Tensor, order: torch.Tensor, replicas: int, rank: int) -> torch.Tensor:
         """``rank``'s share of ``left``, cut or padded to a multiple of ``replicas``.
@@ -351,9 +384,13 @@ class EpochSampler(DistributedSampler):
         """How an epoch's order is drawn, beyond the seed: ``shuffle`` (full), blocks, windows, or in order."""
         if not self.shuffle:
             return "in order"
+        grouped = ""
+        if self.groups is not None:
+            digest = hashlib.sha256(self.groups.tobytes()).hexdigest()[:12]
+            grouped = f"+groups:{digest}:{self.group_size}"
         if self.block_size:
-            return f"blocks:{self.block_size}"
-        return "shuffle" if self.windows is None else self.windows.identity
+            return f"blocks:{self.block_size}{grouped}"
+        return ("shuffle" if self.windows is None else self.windows.identity) + grouped
 
     def check_compatible(self, state: dict[str, Any]) -> None:
         """Raise if ``state`` describes another permutation: saved with another seed, order or dataset length.

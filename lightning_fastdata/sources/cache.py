@@ -122,6 +122,10 @@ class CacheDataset(WindowedDataset):
     def __len__(self) -> int:
         return len(self.sizes)
 
+    def image_sizes(self) -> np.ndarray:
+        """Each cached image's ``(width, height)`` (the cache's sizes; nothing read)."""
+        return self.sizes[:, ::-1].copy()
+
     def fingerprint(self) -> str:
         """The cache folder's name (what it holds)."""
         return self.folder.name

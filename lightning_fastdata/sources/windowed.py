@@ -128,6 +128,8 @@ class WindowedDataset(Dataset):
         self.random_resized_crop: tuple[tuple[float, float], tuple[float, float]] | None = None
         #: A task's own geometry (:meth:`with_recipe`), in place of the settings above; ``None``: theirs.
         self.recipe: WindowRecipe | None = None
+        #: Each sample's aspect-ratio group (:meth:`grouped_by_aspect`): the training loader batches by it; or ``None``.
+        self.aspect_groups: np.ndarray | None = None
         self._presence: np.ndarray | None = None
 
     # -- what a source provides --------------------------------------------------------------------------
@@ -201,6 +203,32 @@ class WindowedDataset(Dataset):
         """A copy whose windows are ``recipe``'s (a detection recipe's flip, resize, zoom-out, crop), train or not."""
         twin = copy.copy(self)
         twin.recipe = recipe
+        return twin
+
+    def image_sizes(self) -> np.ndarray:
+        """Each sample's image ``(width, height)`` as stored, ``N x 2``: every image read once for its header.
+
+        Raises:
+            DataError: If an image cannot be read (named).
+        """
+        sizes = np.zeros((len(self), 2), dtype=np.int64)
+        for first in range(0, len(self), 64):
+            indices = list(range(first, min(first + 64, len(self))))
+            for i, (image, _) in zip(indices, self.read_fields(indices)):
+                sizes[i] = _image_size(image, self.name(i))
+        return sizes
+
+    def grouped_by_aspect(self, factor: int) -> Self:
+        """A copy whose training batches are each of one aspect-ratio group (torchvision's ``GroupedBatchSampler``).
+
+        The groups are torchvision's ``create_aspect_ratio_groups(k=factor)``: width / height binned at ``2 **
+        linspace(-1, 1, 2 * factor + 1)`` (``factor=0``: portrait and landscape). Reads each image's size
+        (:meth:`image_sizes`).
+        """
+        sizes = self.image_sizes().astype(np.float64)
+        bins = sorted((2 ** np.linspace(-1, 1, 2 * factor + 1)).tolist()) if factor > 0 else [1.0]
+        twin = copy.copy(self)
+        twin.aspect_groups = np.searchsorted(np.asarray(bins), sizes[:, 0] / sizes[:, 1], side="right")
         return twin
 
     def keyed(self) -> Self:

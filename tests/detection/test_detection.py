@@ -562,3 +562,50 @@ def test_the_photometric_distortion_gives_torchvisions_pixels(image_folder: Path
         draws = rng.random(11)
         draws[[0, 2, 5, 7]] = [(k >> bit) & 1 for bit in range(4)]  # every combination of the four colour steps
         assert torch.equal(photometric_distort(draws, image), reference(draws.tolist(), image)), k
+
+
+@pytest.mark.timeout(120)
+def test_aspect_ratio_groups_batch_alike_images_through_workers_and_resume_exactly(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """``aspect_ratio_group_factor=3`` (the reference's): each training batch's images in one of torchvision's
+    aspect-ratio bins until the unfilled ones close the epoch, every image once; the same batches with 0 and 2
+    workers and from the cache (its sizes, nothing read); a loader restored mid-epoch gives the rest. Half the scenes
+    are portrait."""
+    import bisect
+
+    bins = (2 ** np.linspace(-1, 1, 7)).tolist()
+
+    def groups(batch: Batch) -> set[int]:
+        sizes = batch.labels.sizes.tolist()  # hflip keeps each image's own size, so its aspect
+        return {bisect.bisect_right(bins, w / h) for h, w in sizes}
+
+    root = make_detection_folder(tmp_path / "voc", count=32, layout="voc", seed=3, portrait=0.5)
+
+    def epoch(factor: int = 3, **kw: object) -> list[Batch]:
+        dm = module(root, aspect_ratio_group_factor=factor, batch_size=3, **kw)
+        dm.prepare_data()
+        dm.setup("fit")
+        return list(dm.train_dataloader())
+
+    two, none, cached = epoch(), epoch(num_workers=0), epoch(cache_dir=str(tmp_path / "cache"))
+    assert len({g for b in two for g in groups(b)}) >= 3  # the scenes fall in several bins, portrait and landscape
+    purity = [len(groups(b)) == 1 for b in two]
+    assert purity[:5] == [True] * 5 and purity.count(False) <= 3  # at most one unfilled batch per group, at the end
+    assert [len(groups(b)) == 1 for b in epoch(-1)].count(False) > 3  # (the plain order mixes them)
+    assert sum(len(b.images) for b in two) == 24
+    for a, b, c in zip(two, none, cached, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.images, c.images)
+        assert torch.equal(a.labels.boxes, b.labels.boxes) and torch.equal(a.labels.boxes, c.labels.boxes)
+    dm = module(root, aspect_ratio_group_factor=3, batch_size=3)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    again = module(root, aspect_ratio_group_factor=3, batch_size=3)
+    again.setup("fit")
+    resumed = again.train_dataloader()
+    resumed.load_state_dict(state)
+    for a, b in zip(two[1:], resumed, strict=True):
+        assert torch.equal(a.images, b.images)

@@ -24,15 +24,30 @@ def _keys(sampler: EpochSampler) -> list[int]:
     return [i for _, i in sampler]
 
 
+#: Aspect-ratio groups of the 39 samples of the tests below (three groups of unequal sizes).
+GROUPS = np.random.default_rng(5).integers(0, 3, 39)
+
+
+def _grouped_batches(keys: list[int], size: int) -> tuple[int, int]:
+    """How many of ``keys``' batches of ``size`` are of one group, and how many mix groups (all of them after)."""
+    purity = [len(set(GROUPS[keys[k : k + size]].tolist())) == 1 for k in range(0, len(keys), size)]
+    pure = purity.index(False) if False in purity else len(purity)
+    return pure, len(purity) - pure
+
+
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("block_size", [None, 4])
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize(("old", "new"), [(2, 1), (1, 2), (2, 3), (3, 2), (2, 2)])
 def test_an_epoch_continued_on_another_world_size_trains_every_sample_once(
-    old: int, new: int, drop_last: bool, block_size: int | None
+    old: int, new: int, drop_last: bool, block_size: int | None, grouped: bool
 ) -> None:
-    """The old ranks consumed a prefix of their shards; the new ranks split the rest equally, nothing twice."""
+    """The old ranks consumed a prefix of their shards; the new ranks split the rest equally, nothing twice. With
+    aspect-ratio groups, every rank's batches are of one group but for at most one per group closing the epoch."""
     n, epoch = 39, 3
     kw = dict(shuffle=True, seed=7, drop_last=drop_last, block_size=block_size)
+    if grouped:
+        kw.update(groups=GROUPS, group_size=3)
     olds = [EpochSampler(n, num_replicas=old, rank=r, **kw) for r in range(old)]
     for s in olds:
         s.set_epoch(epoch)
@@ -51,9 +66,13 @@ def test_an_epoch_continued_on_another_world_size_trains_every_sample_once(
         assert len(set(trained)) == len(trained) and n - len(trained) < new + max(0, -padded)
     else:  # every sample; only the padding repeats some, fewer than one per rank
         assert set(trained) == set(range(n)) and len(trained) - n < new + max(0, padded)
-    if old == new:  # the same world: each rank continues its own shard, as an uninterrupted run does
+    if old == new and not grouped:  # the same world: each rank continues its own shard, as an uninterrupted run does
         assert rest == [s.indices()[t:].tolist() for s, t in zip(olds, taken)]
-    if block_size and not drop_last:  # block shuffle stays sequential: runs of consecutive indices
+    if grouped:  # (an interrupted world's resume is its position: exact; a continued share is grouped again)
+        for keys in [_keys(s) for s in olds] + rest:
+            _, mixed = _grouped_batches(keys, 3)
+            assert mixed <= 3  # at most one unfilled batch per group, closing the epoch
+    if block_size and not drop_last and not grouped:  # block shuffle stays sequential: runs of consecutive indices
         runs = sum(1 for r in rest for a, b in zip(r, r[1:]) if b != a + 1)
         assert runs <= sum(len(r) for r in rest) // block_size + 2 * new
     # the next epoch is whole again: what a run started on the new world size sees
@@ -119,3 +138,21 @@ def test_repeats_reach_different_ranks_with_windows_and_blocks(shape: str) -> No
     assert [len(keys) for keys in ranks] == [20, 20]  # an epoch keeps its length: 20 samples, twice each
     assert sorted(k[1] for k in ranks[0]) == sorted(k[1] for k in ranks[1])  # each sample on both ranks, once
     assert [{k[2] for k in keys} for keys in ranks] == [{0}, {1}]  # repeat r on rank r
+
+
+def test_aspect_ratio_groups_batch_each_ranks_share_and_the_plain_order_would_not() -> None:
+    """Each rank's share in batches of one group until the unfilled ones close it; every sample once over the ranks
+    (padded as torch pads); the groups are part of the order a resume checks."""
+    ranks = [EpochSampler(39, num_replicas=2, rank=r, seed=3, groups=GROUPS, group_size=4) for r in range(2)]
+    plain = [EpochSampler(39, num_replicas=2, rank=r, seed=3) for r in range(2)]
+    keys = [_keys(s) for s in ranks]
+    assert [sorted(k) for k in keys] == [sorted(_keys(s)) for s in plain]  # the same shares, reordered
+    assert set(keys[0] + keys[1]) == set(range(39)) and len(keys[0]) == len(keys[1]) == 20
+    for k in keys:
+        pure, mixed = _grouped_batches(k, 4)
+        assert pure >= 2 and mixed <= 3
+    assert sum(_grouped_batches(_keys(s), 4)[0] for s in plain) < sum(_grouped_batches(k, 4)[0] for k in keys)
+    with pytest.raises(ValueError, match="another order"):
+        plain[0].load_state_dict(ranks[0].state_dict())
+    with pytest.raises(ValueError, match="groups should give each"):
+        EpochSampler(39, groups=GROUPS[:10])
