@@ -27,7 +27,7 @@ from lightning_fastdata.datamodules.base import FastDataModule
 from lightning_fastdata.datasets.hdf5_file import open_hdf5
 from lightning_fastdata.detection.layouts import DetectionLayout, DetectionLayoutName
 from lightning_fastdata.detection.recipes import DetectionRecipe, WholeImage, detection_recipe
-from lightning_fastdata.detection.target import BoxBatch, BoxTarget
+from lightning_fastdata.detection.target import BoxBatch, BoxTarget, PaddedBoxes
 from lightning_fastdata.detection.transforms import BoxTransform, TransformedRecipe
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.hparams import save_init_hparams
@@ -116,6 +116,11 @@ class DetectionDataModule(FastDataModule):
             of images at their own sizes. Each rank's share is grouped, every rank the same number of batches,
             every image once (the unfilled batches close the epoch), resumed exactly. Reads each training image's size
             at setup (the cache's without a read). ``-1``: off.
+        batch_format: What a batch is on the device: ``"lists"`` (torchvision's detection models' list of images at
+            their sizes and list of target dicts) or ``"padded"``
+            (:class:`~lightning_fastdata.detection.target.PaddedBoxes`: one ``N x 3 x H x W`` tensor padded with 0
+            after normalisation, the target dicts, and ``image_sizes`` ``N x 2``, each image's height and width), for
+            models of a fixed input size or that batch themselves.
         storage_options: Object-store settings for a bucket root.
         index_dir: Shards and Parquet: where their indexes are kept (a folder of ours); ``None``: the user cache.
 
@@ -149,6 +154,7 @@ class DetectionDataModule(FastDataModule):
         cache_dir: str | None = None,
         cache_size: int | None = None,
         aspect_ratio_group_factor: int = -1,
+        batch_format: Literal["lists", "padded"] = "lists",
         batch_size: int = 2,
         num_workers: int | Literal["auto"] = "auto",
         pin_memory: bool | None = None,
@@ -188,6 +194,9 @@ class DetectionDataModule(FastDataModule):
         self.keep_empty = keep_empty
         self.cache_dir, self.cache_size = None if cache_dir is None else os.fspath(cache_dir), cache_size
         self.aspect_ratio_group_factor = aspect_ratio_group_factor
+        if batch_format not in ("lists", "padded"):
+            raise InvalidValueError(f"batch_format should be 'lists' or 'padded', got {batch_format!r}.")
+        self.batch_format = batch_format
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self._splits = (train_split, val_split, test_split)
         self._categories: dict[Any, int] | None = None
@@ -433,5 +442,11 @@ class DetectionDataModule(FastDataModule):
         if not (isinstance(out, Batch) and isinstance(out.labels, BoxBatch)):
             return out
         sizes = out.labels.sizes.tolist()
+        if self.batch_format == "padded":  # one tensor, the padding 0 after normalisation, and each image's size
+            images = out.images
+            for image, (h, w) in zip(images, sizes):
+                image[:, h:, :] = 0
+                image[:, :h, w:] = 0
+            return PaddedBoxes(images, out.labels.targets(), out.labels.sizes.to(images.device))
         images = [image[:, :h, :w] for image, (h, w) in zip(out.images, sizes)]
         return images, out.labels.targets()

@@ -84,7 +84,7 @@ class ObjectDetector(LightningModule):
     @override
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """The sum of the model's losses (each logged as ``train_<name>``)."""
-        images, targets = batch
+        images, targets = batch[0], batch[1]  # (images, targets), or a padded batch (its image_sizes third)
         losses = self.model(images, _shifted(targets, 1))
         loss = sum(losses.values())
         for name, value in losses.items():
@@ -93,7 +93,7 @@ class ObjectDetector(LightningModule):
         return loss
 
     def _evaluate(self, batch: Any, stage: str) -> None:
-        images, targets = batch
+        images, targets = batch[0], batch[1]
         for d, t in zip(self(images), targets):  # kept on the host: gathered from every rank at the epoch's end
             record = {f"d_{k}": d[k].detach().cpu() for k in ("boxes", "scores", "labels")}
             record.update({f"t_{k}": t[k].detach().cpu() for k in ("boxes", "labels", "iscrowd")})

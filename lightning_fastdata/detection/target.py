@@ -26,7 +26,7 @@ from lightning_fastdata.sources.target import TargetKind
 from lightning_fastdata.sources.window import Window
 from lightning_fastdata.sources.windowed import padded_batch
 
-__all__ = ["BoxBatch", "BoxTarget", "Boxes", "decode_annotation"]
+__all__ = ["BoxBatch", "BoxTarget", "Boxes", "PaddedBoxes", "decode_annotation"]
 
 #: A decoded annotation, a dict of ``boxes`` (``n x 4`` float32 XYXY), ``categories`` (raw COCO ids, VOC names or YOLO
 #: indices), ``iscrowd`` (``n`` uint8), ``difficult`` (``n`` uint8, VOC's) and ``normalized`` (YOLO's 0-1 coordinates).
@@ -159,6 +159,18 @@ class BoxBatch(NamedTuple):
             {"boxes": b, "labels": lab, "iscrowd": c}
             for b, lab, c in zip(self.boxes.split(cuts), self.labels.split(cuts), self.iscrowd.split(cuts))
         ]
+
+
+class PaddedBoxes(NamedTuple):
+    """A detection batch on the device in one tensor (``DetectionDataModule(batch_format="padded")``).
+
+    ``images``: ``N x 3 x H x W`` normalised, each image at the top left, the rest 0; ``targets``: torchvision's
+    target dicts; ``image_sizes``: ``N x 2`` int64, each image's height and width. ``images, targets = batch[:2]``.
+    """
+
+    images: torch.Tensor
+    targets: list[dict[str, torch.Tensor]]
+    image_sizes: torch.Tensor
 
 
 class BoxTarget(TargetKind):

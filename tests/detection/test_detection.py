@@ -609,3 +609,32 @@ def test_aspect_ratio_groups_batch_alike_images_through_workers_and_resume_exact
     resumed.load_state_dict(state)
     for a, b in zip(two[1:], resumed, strict=True):
         assert torch.equal(a.images, b.images)
+
+
+@pytest.mark.timeout(120)
+def test_a_padded_batch_holds_the_lists_images_and_trains_a_fixed_size_model(folders: dict[str, Path]) -> None:
+    """``batch_format="padded"``: one tensor whose images are the lists' at the top left (0 around them, after
+    normalisation), the same target dicts, each image's size; torchvision's SSDlite takes it as it is."""
+    from lightning_fastdata import ObjectDetector
+    from lightning_fastdata.detection.target import PaddedBoxes
+
+    def first(fmt: str, recipe: str = "hflip") -> object:
+        dm = module(folders["coco"], batch_format=fmt, num_workers=0, data_augmentation=recipe)
+        dm.setup("fit")
+        return dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+
+    images, targets = first("lists")  # type: ignore[misc]
+    padded = first("padded")
+    assert isinstance(padded, PaddedBoxes) and padded.images.shape[0] == len(images)
+    for k, image in enumerate(images):
+        h, w = image.shape[1:]
+        assert padded.image_sizes[k].tolist() == [h, w]
+        assert torch.equal(padded.images[k, :, :h, :w], image)
+        assert padded.images[k, :, h:].abs().sum() == 0 and padded.images[k, :, :, w:].abs().sum() == 0
+        assert torch.equal(padded.targets[k]["boxes"], targets[k]["boxes"])
+    square = first("padded", "ssdlite")
+    model = ObjectDetector(num_classes=5, arch="ssdlite320_mobilenet_v3_large")
+    loss = model.training_step(square, 0)
+    assert torch.isfinite(loss) and square.images.shape[1:] == (3, 320, 320)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="batch_format"):
+        module(folders["coco"], batch_format="tensor")
