@@ -13,10 +13,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Self
+import pickle
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Self, overload
 
+import numpy as np
 import torch
 
 from lightning_fastdata.errors import InvalidValueError
@@ -27,7 +29,39 @@ from lightning_fastdata.loading.storage.registry import open_storage
 from lightning_fastdata.sources.target import TargetKind
 from lightning_fastdata.sources.windowed import WindowedDataset, checked_read
 
-__all__ = ["FolderLayout", "FolderPairs", "PairedFolderDataset"]
+__all__ = ["FolderLayout", "FolderPairs", "PairedFolderDataset", "Serialized"]
+
+
+class Serialized(Sequence[Any]):
+    """Items held pickled in one uint8 array, unpickled on access: a list the loader's workers read without copying.
+
+    A forked worker that reads a Python object writes its reference count, which copies the object's memory page into
+    the worker; over an epoch, every page of a split's per-image objects (file names, COCO's annotations). One array
+    and its offsets are two objects, whatever the count (detectron2's ``DatasetFromList(serialize=True)``).
+    """
+
+    def __init__(self, items: Iterable[Any]) -> None:
+        blobs = [pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL) for item in items]
+        self._offsets = np.cumsum([0, *(len(b) for b in blobs)], dtype=np.int64)
+        self._data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} is out of range for {len(self)} items.")
+        index %= len(self)
+        return pickle.loads(self._data[self._offsets[index] : self._offsets[index + 1]].tobytes())
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self[i] for i in range(len(self)))
 
 
 @dataclass(frozen=True)
@@ -45,9 +79,9 @@ class FolderPairs:
     """
 
     layout: str
-    images: tuple[str, ...]
-    payloads: tuple[str, ...]
-    inline: tuple[Any, ...] | None = None
+    images: Sequence[str]
+    payloads: Sequence[str]
+    inline: Sequence[Any] | None = None
     annotations: tuple[str, ...] = ()
 
 
@@ -84,7 +118,10 @@ class PairedFolderDataset(WindowedDataset):
     ) -> None:
         self.root = os.fspath(root)
         options = None if storage_options is None else dict(storage_options)
-        self.pairs = layout(self.root, split, options)
+        pairs = layout(self.root, split, options)
+        # held serialized: the loader's workers read them without copying them (Serialized)
+        inline = None if pairs.inline is None else Serialized(pairs.inline)
+        self.pairs = replace(pairs, images=Serialized(pairs.images), payloads=Serialized(pairs.payloads), inline=inline)
         if not self.pairs.images:
             raise InvalidValueError(f"The split {split!r} of {self.root} holds no image.")
         self.storage = open_storage(self.root, options)

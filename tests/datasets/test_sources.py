@@ -131,3 +131,22 @@ def test_every_shard_source_reads_a_folder_a_glob_and_a_brace_pattern_alike(file
         missing = first.replace(digits.group(), f"{{{998:0{width}d}..{999:0{width}d}}}")
         with pytest.raises(FileNotFoundError, match=r"998.* does not exist"):
             load(os.path.join(stem, missing))
+
+
+def test_serialized_items_read_back_as_they_were_from_one_array() -> None:
+    """The folder source's pairs and COCO's inline annotations are held pickled in one array (what forked workers
+    read without copying: ``benchmarks/detection_memory.py``); each reads back equal, by index, slice or iteration."""
+    import pickle
+
+    from lightning_fastdata.sources.folder import Serialized
+
+    items = ["train2017/a.jpg", {"boxes": np.arange(8, dtype=np.float32).reshape(2, 4), "categories": [1, 3]}, "", 7]
+    held = Serialized(items)
+    assert len(held) == 4 and held[0] == items[0] and held[-1] == 7 and held[2] == ""
+    assert np.array_equal(held[1]["boxes"], items[1]["boxes"]) and held[1]["categories"] == [1, 3]
+    assert held[2:] == ["", 7] and list(held)[0] == items[0]
+    assert len(held.__dict__) == 2  # an array and its offsets, whatever the count
+    again = pickle.loads(pickle.dumps(held))  # to a spawned worker
+    assert [again[i] for i in (0, 2, 3)] == [items[0], "", 7]
+    with pytest.raises(IndexError):
+        held[4]
