@@ -51,6 +51,13 @@ def _split(
     return names, PairedFolderDataset(root, split, BoxTarget(categories, len(names)), folders, storage_options)
 
 
+def _plain(segmentation: Any) -> Any:
+    """A segmentation as JSON holds it (a compressed RLE's counts as text)."""
+    if isinstance(segmentation, dict) and isinstance(segmentation.get("counts"), bytes):
+        return {**segmentation, "counts": segmentation["counts"].decode()}
+    return segmentation
+
+
 def _rows(data: PairedFolderDataset, start: int, stop: int) -> list[_Row]:
     """Samples ``start .. stop`` with their boxes in the stored image's pixels, as our JSON (module docstring)."""
     rows = []
@@ -62,6 +69,9 @@ def _rows(data: PairedFolderDataset, start: int, stop: int) -> list[_Row]:
         value = data.target.sized(data.target.decode(payload, names_i[1]), width, height, names_i)
         boxes = {"boxes": value["boxes"].tolist(), "categories": value["labels"].tolist(),
                  "iscrowd": value["iscrowd"].tolist()}  # fmt: skip
+        raw = payload.get("segmentation") if isinstance(payload, dict) else None
+        if raw is not None and all(seg is not None for seg in raw):  # COCO's polygons and RLE, as they are
+            boxes["segmentation"] = [_plain(seg) for seg in raw]
         ext = data.pairs.images[i].rsplit(".", 1)[-1].lower()
         rows.append((i, image, ext, json.dumps(boxes).encode()))
     return rows

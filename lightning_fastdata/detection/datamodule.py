@@ -121,6 +121,9 @@ class DetectionDataModule(FastDataModule):
             (:class:`~lightning_fastdata.detection.target.PaddedBoxes`: one ``N x 3 x H x W`` tensor padded with 0
             after normalisation, the target dicts, and ``image_sizes`` ``N x 2``, each image's height and width), for
             models of a fixed input size or that batch themselves.
+        masks: Each box's instance mask too (``masks`` in the target dicts, uint8 ``n x h x w``: what Mask R-CNN
+            trains on), from COCO's segmentation (polygons or RLE; pycocotools decodes them), through the same
+            windows as the pixels and boxes; other layouts have none (an error naming the annotation).
         storage_options: Object-store settings for a bucket root.
         index_dir: Shards and Parquet: where their indexes are kept (a folder of ours); ``None``: the user cache.
 
@@ -155,6 +158,7 @@ class DetectionDataModule(FastDataModule):
         cache_size: int | None = None,
         aspect_ratio_group_factor: int = -1,
         batch_format: Literal["lists", "padded"] = "lists",
+        masks: bool = False,
         batch_size: int = 2,
         num_workers: int | Literal["auto"] = "auto",
         pin_memory: bool | None = None,
@@ -197,6 +201,7 @@ class DetectionDataModule(FastDataModule):
         if batch_format not in ("lists", "padded"):
             raise InvalidValueError(f"batch_format should be 'lists' or 'padded', got {batch_format!r}.")
         self.batch_format = batch_format
+        self.masks = masks
         self.index_dir = os.fspath(index_dir) if index_dir is not None else os.fspath(default_index_dir().parent)
         self._splits = (train_split, val_split, test_split)
         self._categories: dict[Any, int] | None = None
@@ -294,7 +299,7 @@ class DetectionDataModule(FastDataModule):
 
     def _source(self, split: str, train: bool) -> WindowedDataset:
         """``split``'s samples as the source holds them (no recipe yet): a folder, a bucket, shards or Parquet."""
-        target = BoxTarget(self.categories(), len(self.data_classes), keep_crowds=not train)
+        target = BoxTarget(self.categories(), len(self.data_classes), keep_crowds=not train, masks=self.masks)
         source: WindowedDataset
         found, where, options = self.found_layout(), join_url(self.root, split), self.storage_options
         if found == "shards":

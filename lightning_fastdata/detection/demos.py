@@ -97,6 +97,7 @@ def make_detection_folder(
                         "id": len(coco["annotations"]) + 1 + 10_000 * i, "image_id": i + 1, "iscrowd": 0,
                         "category_id": coco_category_ids()[lab], "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]],
                         "area": (b[2] - b[0]) * (b[3] - b[1]),
+                        "segmentation": [[b[0], b[1], b[2], b[1], b[2], b[3], b[0], b[3]]],
                     })  # fmt: skip
             elif layout == "voc":
                 path = root / "JPEGImages" / f"{name}.jpg"

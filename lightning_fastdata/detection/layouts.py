@@ -193,6 +193,7 @@ class DetectionLayout:
                 "categories": [int(a["category_id"]) for a in anns],
                 "iscrowd": np.asarray([int(a.get("iscrowd", 0)) for a in anns], np.uint8),
                 "difficult": np.zeros(len(anns), np.uint8), "normalized": False, "image_id": image_id,
+                "segmentation": [a.get("segmentation") for a in anns],
             })  # fmt: skip
             files.append(f"{split}/{name}")
             payloads.append(f"{rel}#image {image_id}")

@@ -23,7 +23,7 @@ import torch
 
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.sources.target import TargetKind
-from lightning_fastdata.sources.window import Window
+from lightning_fastdata.sources.window import Window, pixel_centres
 from lightning_fastdata.sources.windowed import padded_batch
 
 __all__ = ["BoxBatch", "BoxTarget", "Boxes", "PaddedBoxes", "decode_annotation"]
@@ -95,7 +95,8 @@ def _json(data: bytes, name: str) -> Boxes:
     n = len(boxes)
     out.update(boxes=boxes, categories=list(doc.get("categories", [])),
                iscrowd=np.asarray(doc.get("iscrowd", [0] * n), np.uint8),
-               difficult=np.asarray(doc.get("difficult", [0] * n), np.uint8))  # fmt: skip
+               difficult=np.asarray(doc.get("difficult", [0] * n), np.uint8),
+               segmentation=doc.get("segmentation"))  # fmt: skip
     if len(out["categories"]) != n:
         raise DataError(f"{name}: {n} boxes and {len(out['categories'])} categories.")
     return out
@@ -140,10 +141,47 @@ def decode_annotation(payload: Any, name: str) -> Boxes:
     return _yolo(data, name)
 
 
-class BoxBatch(NamedTuple):
-    """A batch's boxes, packed to cross processes as three tensors: image ``k``'s are ``counts[k]`` rows in order.
+def _rasterized(segmentation: Sequence[Any], height: int, width: int, name: str) -> np.ndarray:
+    """Each box's COCO segmentation (polygons, or RLE compressed or not) as a ``height x width`` 0/1 mask.
 
-    ``sizes``: each image's ``(height, width)`` as rendered, at the padded batch's top left.
+    As torchvision's detection reference (``ConvertCocoPolysToMask``): pycocotools' ``frPyObjects`` and ``decode``,
+    a mask of several polygons their union.
+
+    Raises:
+        DataError: For a segmentation that is none of those, or an RLE of another size (named).
+        ModuleNotFoundError: Without pycocotools (named).
+    """
+    try:
+        from pycocotools import mask as coco_mask
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError("masks=True decodes COCO's polygons and RLE with pycocotools: pip install "
+                                  "pycocotools") from err  # fmt: skip
+    out = np.zeros((len(segmentation), height, width), np.uint8)
+    for k, seg in enumerate(segmentation):
+        if isinstance(seg, dict) and isinstance(seg.get("counts"), str):
+            seg = {**seg, "counts": seg["counts"].encode()}
+        try:
+            if isinstance(seg, dict) and isinstance(seg.get("counts"), bytes):
+                decoded = coco_mask.decode(seg)
+            elif isinstance(seg, (list, dict)) and seg:
+                decoded = coco_mask.decode(coco_mask.frPyObjects(seg, height, width))
+            else:
+                raise TypeError("no polygon or RLE")
+        except (TypeError, ValueError, KeyError, IndexError) as err:
+            raise DataError(f"{name}: box {k}'s segmentation is not COCO's polygons or RLE ({err}).") from None
+        decoded = decoded.reshape(decoded.shape[0], decoded.shape[1], -1)
+        if decoded.shape[:2] != (height, width):
+            raise DataError(f"{name}: box {k}'s RLE is {decoded.shape[1]}x{decoded.shape[0]}, its image "
+                            f"{width}x{height}.")  # fmt: skip
+        out[k] = decoded.any(axis=2)
+    return out
+
+
+class BoxBatch(NamedTuple):
+    """A batch's boxes, packed to cross processes as tensors: image ``k``'s are ``counts[k]`` rows in order.
+
+    ``sizes``: each image's ``(height, width)`` as rendered, at the padded batch's top left; ``masks``: each box's
+    instance mask (``masks=True``: ``total x H x W`` uint8 at the padded batch's size; else ``0 x 0 x 0``).
     """
 
     boxes: torch.Tensor
@@ -151,14 +189,38 @@ class BoxBatch(NamedTuple):
     iscrowd: torch.Tensor
     counts: torch.Tensor
     sizes: torch.Tensor
+    masks: torch.Tensor
 
     def targets(self) -> list[dict[str, torch.Tensor]]:
-        """The detection targets torchvision takes: a dict per image (``boxes`` float32 XYXY, ``labels`` int64)."""
+        """The detection targets torchvision takes: a dict per image.
+
+        ``boxes`` float32 XYXY, ``labels`` int64, ``iscrowd``; with masks, ``masks`` uint8 ``n x h x w`` at the image's
+        size.
+        """
         cuts = self.counts.tolist()
-        return [
+        out = [
             {"boxes": b, "labels": lab, "iscrowd": c}
             for b, lab, c in zip(self.boxes.split(cuts), self.labels.split(cuts), self.iscrowd.split(cuts))
         ]
+        if self.masks.ndim == 3 and self.masks.shape[1] > 0:
+            for target, masks, (h, w) in zip(out, self.masks.split(cuts), self.sizes.tolist()):
+                target["masks"] = masks[:, :h, :w]
+        return out
+
+
+def _masks_through(masks: np.ndarray, window: Window) -> torch.Tensor:
+    """Each ``H x W`` mask through ``window`` (nearest sampling at pixel centres, as a segmentation mask), 0 around."""
+    out = torch.zeros(len(masks), *window.size, dtype=torch.uint8)
+    if not len(masks):
+        return out
+    top, left, box_h, box_w = window.box
+    pt, pl, ph, pw = window.place
+    rows = pixel_centres(top, box_h, ph)
+    cols = pixel_centres(left, box_w, pw)
+    if window.flip:
+        cols = cols[::-1]
+    out[:, pt : pt + ph, pl : pl + pw] = torch.from_numpy(np.take(np.take(masks, rows, axis=1), cols, axis=2))
+    return out
 
 
 class PaddedBoxes(NamedTuple):
@@ -182,6 +244,8 @@ class BoxTarget(TargetKind):
         num_classes: The labels' count (default: the mapping's largest label + 1).
         min_size: Boxes narrower or lower than this many pixels after a window are dropped (SanitizeBoundingBoxes').
         keep_crowds: Keep ``iscrowd`` boxes (evaluation); ``False`` leaves them out (torchvision's training targets).
+        masks: Each box's instance mask too, from its COCO segmentation (polygons or RLE), through the same window
+            (nearest sampling at pixel centres, as the masks of segmentation).
     """
 
     what: ClassVar[str] = "boxes"
@@ -192,8 +256,10 @@ class BoxTarget(TargetKind):
         num_classes: int | None = None,
         min_size: float = 1.0,
         keep_crowds: bool = True,
+        masks: bool = False,
     ) -> None:
         self.categories = dict(categories)
+        self.masks = masks
         self.num_classes = num_classes if num_classes is not None else max(self.categories.values(), default=-1) + 1
         self.min_size, self.keep_crowds = float(min_size), keep_crowds
         #: Labels -> the loader's labels (``classes=``, a mix; ``-1``: dropped), or ``None``.
@@ -233,8 +299,17 @@ class BoxTarget(TargetKind):
                 f"({', '.join(map(repr, list(self.categories)[:8]))}{' ...' if len(self.categories) > 8 else ''})."
             ) from None
         keep = np.ones(len(labels), bool) if self.keep_crowds else raw["iscrowd"] == 0
-        return {"boxes": raw["boxes"][keep], "labels": labels[keep], "iscrowd": raw["iscrowd"][keep],
-                "normalized": raw["normalized"]}  # fmt: skip
+        value = {"boxes": raw["boxes"][keep], "labels": labels[keep], "iscrowd": raw["iscrowd"][keep],
+                 "normalized": raw["normalized"]}  # fmt: skip
+        if self.masks:
+            segmentation = raw.get("segmentation")
+            if segmentation is None or len(segmentation) != len(labels) or any(s is None for s in segmentation):
+                raise DataError(
+                    f"{name}: masks=True reads each box's segmentation (COCO's polygons or RLE), and this annotation "
+                    "has none for some box: give COCO's annotations with segmentation, or masks=False."
+                )
+            value["segmentation"] = [seg for seg, k in zip(segmentation, keep.tolist()) if k]
+        return value
 
     def relabel(self, value: dict[str, Any]) -> dict[str, Any]:
         """The boxes in the loader's classes; a box of a class left out is dropped."""
@@ -242,7 +317,12 @@ class BoxTarget(TargetKind):
             return value
         labels = self.class_map[value["labels"]]
         keep = labels >= 0
-        return {**value, "boxes": value["boxes"][keep], "labels": labels[keep], "iscrowd": value["iscrowd"][keep]}
+        out = {**value, "boxes": value["boxes"][keep], "labels": labels[keep], "iscrowd": value["iscrowd"][keep]}
+        if "masks" in value:
+            out["masks"] = value["masks"][keep]
+        if "segmentation" in value:
+            out["segmentation"] = [seg for seg, k in zip(value["segmentation"], keep.tolist()) if k]
+        return out
 
     def mapped(self, class_map: np.ndarray | None) -> Self:
         """A copy relabelling class ``c`` to ``class_map[c]`` (``-1``: its boxes dropped)."""
@@ -268,7 +348,10 @@ class BoxTarget(TargetKind):
                 f"{height}). The annotation is of another image or size (an EXIF-rotated photo is read unrotated, as "
                 "torchvision reads it): fix the annotation."
             )
-        return {**value, "boxes": boxes, "normalized": False}
+        out = {**value, "boxes": boxes, "normalized": False}
+        if self.masks and "masks" not in value:
+            out["masks"] = _rasterized(value.get("segmentation") or [], height, width, names[1])
+        return out
 
     def follow(self, value: dict[str, Any], window: Window) -> dict[str, torch.Tensor]:
         """The boxes through the window's linear map and mirror, clamped to its place, the degenerate dropped.
@@ -290,22 +373,34 @@ class BoxTarget(TargetKind):
         y = np.clip(y, 0, ph) + pt
         out = np.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], axis=1).astype(np.float32)
         keep = inside & ((out[:, 2] - out[:, 0]) >= self.min_size) & ((out[:, 3] - out[:, 1]) >= self.min_size)
-        return {
+        followed = {
             "boxes": torch.from_numpy(out[keep].copy()).reshape(-1, 4),
             "labels": torch.from_numpy(value["labels"][keep].copy()),
             "iscrowd": torch.from_numpy(value["iscrowd"][keep].copy()),
         }
+        if "masks" in value:
+            followed["masks"] = _masks_through(value["masks"][keep], window)
+        return followed
 
     def collate(self, samples: Sequence[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, BoxBatch]:
         """Images padded to the largest (0), their boxes packed (:class:`BoxBatch`)."""
         images, _ = padded_batch([(image, None) for image, _ in samples], 0)
         targets = [t for _, t in samples]
+        masks = torch.zeros(0, 0, 0, dtype=torch.uint8)
+        if targets and all("masks" in t for t in targets):  # each image's masks at the padded batch's top left
+            masks = torch.zeros(sum(len(t["labels"]) for t in targets), *images.shape[2:], dtype=torch.uint8)
+            start = 0
+            for t in targets:
+                n, h, w = t["masks"].shape
+                masks[start : start + n, :h, :w] = t["masks"]
+                start += n
         return images, BoxBatch(
             torch.cat([t["boxes"] for t in targets]).reshape(-1, 4),
             torch.cat([t["labels"] for t in targets]),
             torch.cat([t["iscrowd"] for t in targets]),
             torch.tensor([len(t["labels"]) for t in targets], dtype=torch.int64),
             torch.tensor([tuple(image.shape[1:]) for image, _ in samples], dtype=torch.int64).reshape(-1, 2),
+            masks,
         )
 
     def present(self, value: dict[str, Any]) -> np.ndarray:
@@ -315,8 +410,8 @@ class BoxTarget(TargetKind):
         return row
 
     def cache_key(self) -> bytes:
-        """The category map: a cache of boxes (every box, crowds too) depends on it."""
-        return json.dumps(sorted((str(k), v) for k, v in self.categories.items())).encode()
+        """The category map and whether masks are kept: a cache of boxes (every box, crowds too) depends on them."""
+        return json.dumps([sorted((str(k), v) for k, v in self.categories.items()), self.masks]).encode()
 
     def evaluating(self) -> Self:
         """A copy keeping the crowds (what evaluation and a cache read)."""
@@ -325,18 +420,35 @@ class BoxTarget(TargetKind):
         return twin
 
     def stored(self, value: dict[str, torch.Tensor]) -> np.ndarray:
-        """Each box as a 21-byte row: its edges (float32), label (int32) and crowd flag."""
+        """Each box as a 21-byte row: its edges (float32), label (int32) and crowd flag.
+
+        With masks: their count first (int32), then the rows, then each mask's pixels.
+        """
         rows = np.zeros(len(value["labels"]), _STORED)
         rows["box"], rows["label"], rows["crowd"] = value["boxes"].numpy(), value["labels"].numpy(), value["iscrowd"]
-        return rows.view(np.uint8).ravel()
+        if not self.masks:
+            return rows.view(np.uint8).ravel()
+        count = np.asarray([len(rows)], "<i4").view(np.uint8)
+        return np.concatenate([count, rows.view(np.uint8).ravel(), value["masks"].numpy().ravel()])
 
     def restored(self, data: np.ndarray, height: int, width: int) -> dict[str, Any]:
-        """The stored boxes in the cached image's pixels, in the data's classes (crowds out unless kept)."""
-        rows = np.ascontiguousarray(data).view(_STORED)
-        if not self.keep_crowds:
-            rows = rows[rows["crowd"] == 0]
-        return {"boxes": rows["box"].copy(), "labels": rows["label"].astype(np.int64),
-                "iscrowd": rows["crowd"].copy(), "normalized": False}  # fmt: skip
+        """The stored boxes (and masks) in the cached image's pixels, in the data's classes.
+
+        Crowds left out unless kept.
+        """
+        data = np.ascontiguousarray(data)
+        masks = None
+        if self.masks:
+            n = int(data[:4].view("<i4")[0])
+            masks = data[4 + n * _STORED.itemsize :].reshape(n, height, width)
+            data = data[4 : 4 + n * _STORED.itemsize]
+        rows = data.view(_STORED)
+        keep = np.ones(len(rows), bool) if self.keep_crowds else rows["crowd"] == 0
+        value = {"boxes": rows["box"][keep].copy(), "labels": rows["label"][keep].astype(np.int64),
+                 "iscrowd": rows["crowd"][keep].copy(), "normalized": False}  # fmt: skip
+        if masks is not None:
+            value["masks"] = masks[keep]
+        return value
 
     def on_device(self, targets: BoxBatch) -> list[dict[str, torch.Tensor]]:
         """The list of target dicts torchvision takes."""

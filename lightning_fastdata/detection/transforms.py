@@ -59,6 +59,8 @@ class BoxTransform:
         sample = (tv_tensors.Image(image.contiguous()),
                   {"boxes": tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=(h, w)),
                    "labels": target["labels"], "iscrowd": target["iscrowd"]})  # fmt: skip
+        if "masks" in target:  # instance masks follow the geometric steps as tv_tensors.Mask
+            sample[1]["masks"] = tv_tensors.Mask(target["masks"])
         generator = torch.default_generator
         state = generator.get_state()
         generator.manual_seed(sample_seed(self.seed, key, _STREAM))
@@ -91,7 +93,10 @@ class BoxTransform:
                 "does, with labels_getter finding 'labels')."
             )
         picture = picture.as_subclass(torch.Tensor).contiguous()
-        return picture, {"boxes": boxes[keep].contiguous(), "labels": labels[keep], "iscrowd": crowds[keep]}
+        kept = {"boxes": boxes[keep].contiguous(), "labels": labels[keep], "iscrowd": crowds[keep]}
+        if "masks" in target:
+            kept["masks"] = target["masks"].as_subclass(torch.Tensor)[keep].to(torch.uint8).contiguous()
+        return picture, kept
 
 
 @dataclass(frozen=True)

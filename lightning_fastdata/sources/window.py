@@ -23,7 +23,16 @@ import torch
 from lightning_fastdata.augment.geometry import Box
 from lightning_fastdata.augment.keyed import uniforms
 
-__all__ = ["WINDOW_DRAWS", "WindowRecipe", "Window", "eval_window", "render_mask", "train_window", "window_draws"]
+__all__ = [
+    "WINDOW_DRAWS",
+    "WindowRecipe",
+    "Window",
+    "eval_window",
+    "pixel_centres",
+    "render_mask",
+    "train_window",
+    "window_draws",
+]
 
 #: The keyed stream of a segmentation sample's resize, flip and crop.
 WINDOW_STREAM = 0x5E6
@@ -123,7 +132,7 @@ def eval_window(width: int, height: int, base_size: int | None) -> Window:
     return Window((0, 0, height, width), (0, 0, *out), out, False)
 
 
-def _centres(start: int, extent: int, count: int) -> np.ndarray:
+def pixel_centres(start: int, extent: int, count: int) -> np.ndarray:
     """Nearest source index of each of ``count`` output pixels spanning ``extent`` source pixels from ``start``."""
     return start + np.minimum(((np.arange(count) + 0.5) * extent / count).astype(np.int64), extent - 1)
 
@@ -138,8 +147,8 @@ def render_mask(mask: np.ndarray, window: Window, out: torch.Tensor | None = Non
     out.fill_(fill)
     top, left, box_h, box_w = window.box
     pt, pl, ph, pw = window.place
-    rows = _centres(top, box_h, ph)
-    cols = _centres(left, box_w, pw)
+    rows = pixel_centres(top, box_h, ph)
+    cols = pixel_centres(left, box_w, pw)
     if window.flip:
         cols = cols[::-1]
     # two single-axis gathers: 3x faster than one np.ix_ gather (measured on 1000x750 -> 480x480)

@@ -638,3 +638,101 @@ def test_a_padded_batch_holds_the_lists_images_and_trains_a_fixed_size_model(fol
     assert torch.isfinite(loss) and square.images.shape[1:] == (3, 320, 320)  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="batch_format"):
         module(folders["coco"], batch_format="tensor")
+
+
+def check_masks_fill_their_boxes(batch: Batch, tolerance: float = 1.0) -> int:
+    """Every instance mask lies on its box (its extent within ``tolerance`` pixels of the box's edges) and on its
+    class's colour."""
+    checked = 0
+    for image, target, (h, w) in zip(batch.images, batch.labels.targets(), batch.labels.sizes.tolist()):
+        classes = classes_of_colours(image[:, :h, :w].permute(1, 2, 0).numpy())
+        assert target["masks"].shape == (len(target["labels"]), h, w) and target["masks"].dtype == torch.uint8
+        for box, label, mask in zip(target["boxes"].tolist(), target["labels"].tolist(), target["masks"].numpy()):
+            ys, xs = np.nonzero(mask)
+            extent = [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]
+            assert max(abs(a - b) for a, b in zip(extent, box)) <= tolerance, (extent, box)
+            inner = mask.astype(bool) & (np.roll(mask, 3, 0) > 0) & (np.roll(mask, -3, 0) > 0)
+            inner &= (np.roll(mask, 3, 1) > 0) & (np.roll(mask, -3, 1) > 0)
+            if inner.sum() > 4:
+                assert (classes[inner] == label + 1).mean() > 0.98
+                checked += 1
+    return checked
+
+
+@pytest.mark.timeout(240)
+def test_instance_masks_follow_every_recipe_from_polygons_rle_shards_and_the_cache(tmp_path: Path) -> None:
+    """``masks=True``: COCO's polygons rasterized as torchvision's reference does, each mask through the window of
+    its image and box (every recipe, two workers): on its box and its class's colour. The same masks from compressed
+    and uncompressed RLE, from tar shards written from the folder and from the cache; a layout without segmentation
+    is named."""
+    import dataclasses
+    import json
+
+    from pycocotools import mask as coco_mask
+
+    from lightning_fastdata.detection.convert import write_detection_shards
+
+    root = make_detection_folder(tmp_path / "coco", count=12, layout="coco", seed=3)
+
+    def batches(where: Path, workers: int = 2, **kw: object) -> list[Batch]:
+        dm = DetectionDataModule(str(where), masks=True, batch_size=3, num_workers=workers, seed=5,
+                                 index_dir=str(tmp_path / "index"), **kw)  # type: ignore[arg-type]  # fmt: skip
+        if kw.get("data_augmentation") == "ssd":
+            dm.recipe = dataclasses.replace(dm.recipe, distort=False)  # its colours are what the check reads
+        dm.prepare_data()
+        dm.setup("fit")
+        return list(dm.train_dataloader()) + list(dm.val_dataloader())
+
+    plain = batches(root)
+    checked = sum(check_masks_fill_their_boxes(b) for b in plain)
+    for recipe, size in (("multiscale", None), ("ssd", None), ("lsj", 160)):
+        checked += sum(check_masks_fill_their_boxes(b) for b in batches(root, 0, data_augmentation=recipe,
+                                                                        image_size=size))  # fmt: skip
+    assert checked > 60
+
+    def same(a: list[Batch], b: list[Batch]) -> None:
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x.images, y.images) and torch.equal(x.labels.masks, y.labels.masks)
+            assert torch.equal(x.labels.boxes, y.labels.boxes)
+
+    for name in ("instances_train2017.json", "instances_val2017.json"):  # the same masks as RLE, both kinds
+        path = root / "annotations" / name
+        doc = json.loads(path.read_text())
+        sizes = {im["id"]: (im["height"], im["width"]) for im in doc["images"]}
+        for k, a in enumerate(doc["annotations"]):
+            h, w = sizes[a["image_id"]]
+            mask = coco_mask.decode(coco_mask.frPyObjects(a["segmentation"], h, w)).any(axis=2)
+            rle = coco_mask.encode(np.asfortranarray(mask.astype(np.uint8)))
+            if k % 2:
+                a["segmentation"] = {"size": rle["size"], "counts": rle["counts"].decode()}
+            else:  # uncompressed: run lengths, column by column
+                flat = mask.flatten(order="F").astype(np.int64)
+                edges = np.flatnonzero(np.diff(np.concatenate([[0], flat, [1 - flat[-1]]])))
+                a["segmentation"] = {"size": [h, w], "counts": np.diff(np.concatenate([[0], edges])).tolist()}
+        (tmp_path / "rle" / "annotations").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "rle" / "annotations" / name).write_text(json.dumps(doc))
+    for split in ("train2017", "val2017"):
+        (tmp_path / "rle" / split).symlink_to(root / split)
+    same(plain, batches(tmp_path / "rle"))
+    for split, name in (("train2017", "train"), ("val2017", "val")):
+        write_detection_shards(root, split, tmp_path / "shards" / name)
+    same(plain, batches(tmp_path / "shards", shuffle_buffer=None))
+    same(plain, batches(root, cache_dir=str(tmp_path / "cache")))
+    voc = make_detection_folder(tmp_path / "voc", count=8, layout="voc", seed=3)
+    with pytest.raises(DataError, match="masks=True reads each box's segmentation"):
+        batches(voc, 0, class_names=list(DETECTION_CLASSES))
+
+
+@pytest.mark.timeout(120)
+def test_a_users_v2_transform_moves_the_instance_masks_with_the_boxes(folders: dict[str, Path]) -> None:
+    """``masks=True`` with ``train_transforms``: the masks reach the user's transform as ``tv_tensors.Mask`` and come
+    back on their boxes and their class's colour (an affine move and scale, then a resize)."""
+    from torchvision.transforms import v2
+
+    moved = v2.Compose([v2.RandomAffine(degrees=0, translate=(0.1, 0.1), scale=(0.8, 1.2)), v2.Resize(200)])
+    dm = module(folders["coco"], masks=True, train_transforms=moved, num_workers=2)
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert all(min(size) == 200 for b in batches for size in b.labels.sizes.tolist())
+    # (the mask resampled twice, nearest each time, the box's edges mapped exactly: two pixels apart at most)
+    assert sum(check_masks_fill_their_boxes(b, tolerance=2.0) for b in batches) > 10
