@@ -16,7 +16,7 @@ from lightning_fastdata.datasets.mixed import MixedDataset
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.batch import Batch
 from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
-from lightning_fastdata.segmentation.mixed import MixedSegmentation
+from lightning_fastdata.sources.mixed import MixedWindowed
 
 __all__ = ["MixedDataModule"]
 
@@ -47,9 +47,12 @@ class MixedDataModule(FastDataModule):
     validation set is its own loader (``val_dataloader`` returns them in source order), so a model logs them
     apart (``ImageClassifier``: ``val_acc/dataloader_idx_<k>``).
 
-    **Images and masks**: sources that are all ``SegmentationDataModule`` objects mix the same way, their masks' classes
-    renumbered into the mix's class list by name (a class a source's ``classes=`` leaves out ignored), their crops
-    of one ``crop_size`` and one ``ignore_index``; the masks are ``int64`` on the device.
+    **Images and masks, images and boxes**: sources that are all ``SegmentationDataModule`` objects mix the same way,
+    their masks' classes renumbered into the mix's class list by name (a class a source's ``classes=`` leaves out
+    ignored), their crops of one ``crop_size`` and one ``ignore_index``; the masks are ``int64`` on the device.
+    Sources that are all ``DetectionDataModule`` objects likewise: each its own layout and recipe, its boxes' labels
+    in the mix's classes by name (a class left out: its boxes dropped), each source's images without a box left out
+    as that source leaves them; on the device, torchvision's lists.
 
     Args:
         datamodules: The sources (any of this package's DataModules, at least one); their own loader arguments
@@ -81,14 +84,17 @@ class MixedDataModule(FastDataModule):
         self.datamodules = list(datamodules)
         self.weights = None if weights is None else [float(w) for w in weights]
         self.names = [f"{k}:{type(dm).__name__}" for k, dm in enumerate(self.datamodules)]
-        # images and masks (SegmentationDataModule sources): masks renumbered into the mix's classes, int64 on device
-        masks = [hasattr(dm, "ignore_index") for dm in self.datamodules]
-        self.segmentation = all(masks)
-        if any(masks) and not self.segmentation:
+        # images and masks or boxes (Segmentation/DetectionDataModule sources): their classes renumbered into the
+        # mix's by name; masks int64 on the device, boxes torchvision's lists
+        kinds = {getattr(dm, "target_kind", "labels") for dm in self.datamodules}
+        if len(kinds) > 1:
             raise InvalidValueError(
-                "A mix takes sources of one kind: images and labels, or images and masks (SegmentationDataModule); "
-                f"got {', '.join(self.names)}."
+                "A mix takes sources of one kind: images and labels, images and masks (SegmentationDataModule), or "
+                f"images and boxes (DetectionDataModule); got {', '.join(self.names)}."
             )
+        self.target_kind = kinds.pop()
+        self.segmentation = self.target_kind == "masks"
+        self.windowed = self.target_kind in ("masks", "boxes")
         ignored = {getattr(dm, "ignore_index", None) for dm in self.datamodules}
         if len(ignored) > 1:
             raise InvalidValueError(f"The sources' ignore_index differ ({sorted(map(str, ignored))}): give one value.")
@@ -161,8 +167,15 @@ class MixedDataModule(FastDataModule):
 
     @override
     def _after_transfer(self, batch: Any) -> Any:
-        """The base device side; a mix of segmentation sources' masks made ``int64`` there, as each source does."""
+        """The base device side, then each kind's as its sources do it.
+
+        A mix of segmentation sources' masks made ``int64``; of detection sources', torchvision's lists.
+        """
         out = super()._after_transfer(batch)
+        boxes: Any = out.labels if isinstance(out, Batch) else None
+        if self.target_kind == "boxes" and hasattr(boxes, "targets"):
+            images = [image[:, :h, :w] for image, (h, w) in zip(out.images, boxes.sizes.tolist())]
+            return images, boxes.targets()  # torchvision's detection models' lists, as each source gives
         return Batch(out[0], out[1].long()) if self.segmentation and isinstance(out, Batch) else out
 
     @override
@@ -181,15 +194,15 @@ class MixedDataModule(FastDataModule):
         self.val_maps: list[np.ndarray] = []
         for dm, label_map in zip(self.datamodules, self.label_maps):
             train, val = dm.build_datasets()
-            if self.segmentation:  # the masks' classes into the mix's list by name; a class left out ignored
+            if self.windowed:  # the masks' or boxes' classes into the mix's list by name; a class left out dropped
                 train = train.renumbered(label_map)  # type: ignore[attr-defined]
                 val = None if val is None else val.renumbered(label_map)  # type: ignore[attr-defined]
             trains.append(train)
             if val is not None:
                 self.val_datasets.append(val)
                 self.val_maps.append(label_map)
-        if self.segmentation:
-            return MixedSegmentation(trains, self.names), None
+        if self.windowed:
+            return MixedWindowed(trains, self.names), None
         return MixedDataset(trains, self.label_maps, self.classes, self.names), None
 
     @override
@@ -200,11 +213,14 @@ class MixedDataModule(FastDataModule):
     @override
     def _sampling_settings(self, dataset: Dataset, train: bool) -> SamplingSettings:
         """The mix's settings; for its training set, each source's weight spread over its samples by its settings."""
-        if not train or not isinstance(dataset, (MixedDataset, MixedSegmentation)):
+        if not train or not isinstance(dataset, (MixedDataset, MixedWindowed)):
             return self.sampling
         parts, taking_part = [], []
         for dm, source in zip(self.datamodules, dataset.sources):
-            shares, subset = dm.sampling.shares(np.asarray(source.targets), dm.data_classes, dm.seed)  # type: ignore[attr-defined]
+            # each source's own training settings (a detection source's: its images holding a box)
+            settings = dm._sampling_settings(source, True)
+            targets = np.asarray(source.targets)  # type: ignore[attr-defined]
+            shares, subset = settings.shares(targets, dm.data_classes, dm.seed)
             parts.append(shares)
             taking_part.append(len(shares) if subset.rows is None else len(subset.rows))
         weights = np.asarray(taking_part if self.weights is None else self.weights, dtype=np.float64)
@@ -215,7 +231,7 @@ class MixedDataModule(FastDataModule):
     def _sampling_of(self, dataset: Dataset, train: bool) -> tuple[Subset | None, EpochDraws | None]:
         """A source's validation set: only the classes the source takes (its ``classes=``), each sample once."""
         maps = [m for v, m in zip(self.val_datasets, self.val_maps) if v is dataset]
-        if train or not maps or self.segmentation:  # masks: a class left out is ignored, its images evaluated
+        if train or not maps or self.windowed:  # masks, boxes: a class left out is dropped, its images evaluated
             return super()._sampling_of(dataset, train)
         keep = maps[0][np.asarray(dataset.targets)] >= 0  # type: ignore[attr-defined]
         if keep.all():

@@ -736,3 +736,46 @@ def test_a_users_v2_transform_moves_the_instance_masks_with_the_boxes(folders: d
     assert all(min(size) == 200 for b in batches for size in b.labels.sizes.tolist())
     # (the mask resampled twice, nearest each time, the box's edges mapped exactly: two pixels apart at most)
     assert sum(check_masks_fill_their_boxes(b, tolerance=2.0) for b in batches) > 10
+
+
+@pytest.mark.timeout(180)
+def test_a_mix_of_detection_sources_draws_both_with_boxes_in_the_mixs_classes(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """``MixedDataModule`` of a COCO folder and tar shards of a VOC folder keeping two classes: the mix's classes by
+    name, each source's boxes on their pixels in them (the VOC source's other classes' boxes dropped, its images
+    without one left out), torchvision's lists on the device; a loader restored mid-epoch gives the rest."""
+    from lightning_fastdata import MixedDataModule
+    from lightning_fastdata.detection.convert import write_detection_shards
+
+    for split in ("train", "val"):
+        write_detection_shards(folders["voc"], split, tmp_path / "voc-shards" / split,
+                               class_names=list(DETECTION_CLASSES))  # fmt: skip
+
+    def mix() -> MixedDataModule:
+        coco = module(folders["coco"])
+        voc = DetectionDataModule(str(tmp_path / "voc-shards"), classes=["blue", "red"], index_dir=str(tmp_path / "i"))
+        return MixedDataModule([coco, voc], weights=[1, 3], batch_size=4, num_workers=2, seed=2, epoch_size=24)
+
+    dm = mix()
+    dm.setup("fit")
+    assert dm.classes == DETECTION_CLASSES  # the VOC source's two by name
+    batches = list(dm.train_dataloader())
+    assert sum(len(b.images) for b in batches) == 24
+    checked = sum(check_boxes_frame_their_pixels_of(b, dict(enumerate(range(5)))) for b in batches)
+    assert checked > 20
+    counts = torch.cat([b.labels.counts for b in batches])
+    assert (counts > 0).all()  # images without a box (of the kept classes) never drawn
+    images, targets = dm.on_after_batch_transfer(batches[0], 0)
+    assert isinstance(images, list) and {"boxes", "labels"} <= set(targets[0])
+    assert len(dm.val_dataloader()) == 2
+    loader = dm.train_dataloader()
+    it = iter(loader)
+    next(it)
+    state, rest = loader.state_dict(), list(it)
+    again = mix()
+    again.setup("fit")
+    resumed = again.train_dataloader()
+    resumed.load_state_dict(state)
+    for a, b in zip(rest, resumed, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
