@@ -116,10 +116,10 @@ class FastDataModule(LightningDataModule):
             repeats on different ranks (torchvision's ``--ra-sampler --ra-reps``); an epoch keeps its length
             (``len(dataset)`` samples over all ranks). 1: off.
         sample_weights: Draw training samples by weight (:mod:`~lightning_fastdata.loading.sampling`):
-            ``"balanced"`` (each class equally often: inverse class frequency), a mapping class name -> weight
-            (classes not named: 1), one weight per training sample (``len(dm.train_dataset)``, in its order), or a
-            callable of a sample's label (an int, or a multi-hot row) -> weight. ``None``: each sample once an
-            epoch. A function of ``(seed, epoch)``, exactly resumable like a plain epoch.
+            ``"balanced"`` (each class equally often), ``"repeat_factor"`` (LVIS's, for boxes), a mapping class
+            name -> weight (classes not named: 1), one weight per training sample (``len(dm.train_dataset)``, in
+            its order), or a callable of a sample's label (an int, or a multi-hot row) -> weight. ``None``: each
+            sample once an epoch. A function of ``(seed, epoch)``, exactly resumable like a plain epoch.
         replacement: With ``sample_weights``: draw with replacement (default, as torch's
             ``WeightedRandomSampler``), or each sample at most once an epoch.
         epoch_size: Training samples per epoch over all ranks (more or fewer than the dataset has); ``None``: the

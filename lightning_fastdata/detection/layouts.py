@@ -194,6 +194,7 @@ class DetectionLayout:
                 "iscrowd": np.asarray([int(a.get("iscrowd", 0)) for a in anns], np.uint8),
                 "difficult": np.zeros(len(anns), np.uint8), "normalized": False, "image_id": image_id,
                 "segmentation": [a.get("segmentation") for a in anns],
+                "size": (int(images[image_id].get("width") or 0), int(images[image_id].get("height") or 0)),
             })  # fmt: skip
             files.append(f"{split}/{name}")
             payloads.append(f"{rel}#image {image_id}")

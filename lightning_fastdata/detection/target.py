@@ -59,6 +59,9 @@ def _voc(data: bytes, name: str) -> Boxes:
         names.append(str(obj.findtext("name")).strip())
         difficult.append(int(obj.findtext("difficult") or 0))
     out = _empty()
+    size = root.find("size")
+    if size is not None:  # what the annotation says of its image (checked against the file)
+        out["size"] = (int(float(size.findtext("width") or 0)), int(float(size.findtext("height") or 0)))
     if boxes:
         out.update(boxes=np.asarray(boxes, np.float32), categories=names, iscrowd=np.zeros(len(boxes), np.uint8),
                    difficult=np.asarray(difficult, np.uint8))  # fmt: skip
@@ -298,9 +301,17 @@ class BoxTarget(TargetKind):
                 f"{name}: category {err.args[0]!r} is not one of the module's categories "
                 f"({', '.join(map(repr, list(self.categories)[:8]))}{' ...' if len(self.categories) > 8 else ''})."
             ) from None
+        said = raw.get("size")
+        if said is not None and all(said) and not raw["normalized"] and len(raw["boxes"]):
+            b = raw["boxes"]  # what the annotation says of its image: its boxes checked against it without a read
+            bad = (b[:, 0] < -1) | (b[:, 1] < -1) | (b[:, 2] > said[0] + 1) | (b[:, 3] > said[1] + 1)
+            if bad.any():
+                k = int(np.flatnonzero(bad)[0])
+                raise DataError(f"{name}: box {k} {b[k].round(1).tolist()} lies outside its image ({said[0]}x"
+                                f"{said[1]}, as the annotation says): fix the annotation.")  # fmt: skip
         keep = np.ones(len(labels), bool) if self.keep_crowds else raw["iscrowd"] == 0
         value = {"boxes": raw["boxes"][keep], "labels": labels[keep], "iscrowd": raw["iscrowd"][keep],
-                 "normalized": raw["normalized"]}  # fmt: skip
+                 "normalized": raw["normalized"], "size": raw.get("size")}  # fmt: skip
         if self.masks:
             segmentation = raw.get("segmentation")
             if segmentation is None or len(segmentation) != len(labels) or any(s is None for s in segmentation):
@@ -335,8 +346,17 @@ class BoxTarget(TargetKind):
 
         Raises:
             DataError: For a box outside the image by more than a pixel (an annotation of another image, or an
-                EXIF-rotated photo: read as torchvision reads it, unrotated), naming both files.
+                EXIF-rotated photo: read as torchvision reads it, unrotated), or an image of another size than its
+                annotation says, naming both files.
         """
+        said = value.get("size")
+        if said is not None and all(said) and tuple(said) != (width, height):
+            turned = " (turned: an EXIF-rotated photo, which torchvision reads as stored, unrotated)"
+            raise DataError(
+                f"{names[1]}: the annotation says its image is {said[0]}x{said[1]}, {names[0]} is {width}x{height}"
+                f"{turned if tuple(said) == (height, width) else ''}. Its boxes would land elsewhere: store the "
+                "pixels as annotated (PIL.ImageOps.exif_transpose) or fix the annotation."
+            )
         boxes = value["boxes"]
         if value["normalized"]:
             boxes = boxes * np.asarray([width, height, width, height], np.float32)

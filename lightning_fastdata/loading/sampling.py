@@ -27,6 +27,7 @@ from lightning_fastdata.errors import InvalidValueError
 __all__ = [
     "EpochDraws",
     "SampleWeights",
+    "REPEAT_FACTOR_THRESHOLD",
     "SamplingSettings",
     "Subset",
     "describe_change",
@@ -34,9 +35,14 @@ __all__ = [
     "occurrences",
 ]
 
-#: ``sample_weights``: ``"balanced"`` (inverse class frequency), a mapping class name -> weight, one weight per
+#: ``sample_weights``: ``"balanced"`` (inverse class frequency), ``"repeat_factor"`` (LVIS' repeat factors, for
+#: several classes per sample: :data:`REPEAT_FACTOR_THRESHOLD`), a mapping class name -> weight, one weight per
 #: training sample, or a callable of a sample's label (an int, or a multi-hot row) -> its weight.
 SampleWeights = str | Mapping[str, float] | Sequence[float] | Callable[[Any], float]
+
+#: ``sample_weights="repeat_factor"``: LVIS' threshold ``t`` (detectron2's ``REPEAT_THRESHOLD``): a class in a fraction
+#: ``f`` of the images gets the factor ``max(1, sqrt(t / f))``, an image its classes' largest (1 without a class).
+REPEAT_FACTOR_THRESHOLD = 0.001
 
 #: Draws are made this many at a time (bounded memory at 10M samples).
 _CHUNK = 1 << 20
@@ -200,10 +206,10 @@ class SamplingSettings:
 
     def __post_init__(self) -> None:
         w = self.sample_weights
-        if isinstance(w, str) and w != "balanced":
+        if isinstance(w, str) and w not in ("balanced", "repeat_factor"):
             raise InvalidValueError(
-                f"sample_weights={w!r}: pass 'balanced', a mapping class name -> weight, one weight per training "
-                "sample, or a callable of the label."
+                f"sample_weights={w!r}: pass 'balanced', 'repeat_factor', a mapping class name -> weight, one weight "
+                "per training sample, or a callable of the label."
             )
         if self.replacement is not None and not isinstance(self.replacement, bool):
             raise InvalidValueError(f"replacement should be True, False or None, got {self.replacement!r}.")
@@ -347,7 +353,12 @@ class SamplingSettings:
     ) -> np.ndarray:
         w = self.sample_weights
         multi = labels.ndim == 2
-        if isinstance(w, str):  # "balanced"
+        if isinstance(w, str) and w == "repeat_factor":  # LVIS: rare classes' images drawn more, sqrt(t / f) times, at least once
+            rows = labels if multi else np.eye(len(classes), dtype=np.uint8)[labels]
+            frequency = rows.astype(bool).mean(axis=0)
+            factor = np.maximum(1.0, np.sqrt(REPEAT_FACTOR_THRESHOLD / np.maximum(frequency, 1e-12)))
+            weights = np.where(rows.any(axis=1), (rows * factor).max(axis=1), 1.0)
+        elif isinstance(w, str):  # "balanced"
             if multi:
                 raise InvalidValueError(
                     "sample_weights='balanced' needs one label per sample; with several labels per sample pass a "

@@ -143,7 +143,19 @@ def test_cocos_sparse_ids_become_contiguous_labels_and_bad_annotations_are_named
     bad = module(root, num_workers=0, shuffle=False)
     bad.setup("fit")
     with pytest.raises(DataError, match=r"instances_train2017.json#image 1: box 0 .* lies outside its image"):
-        list(bad.train_dataloader())
+        bad.train_dataloader()  # before a batch: the annotations read for the images holding a box, by their size
+    kept = module(root, num_workers=0, shuffle=False, keep_empty=True)
+    kept.setup("fit")  # (keeping every image, setup reads no annotation: the first read names it)
+    with pytest.raises(DataError, match=r"instances_train2017.json#image 1: box 0 .* lies outside its image"):
+        list(kept.train_dataloader())
+    doc["annotations"][0]["bbox"] = [1.0, 1.0, 5.0, 5.0]
+    image = doc["images"][0]
+    image["width"], image["height"] = image["height"], image["width"]  # an EXIF-turned photo's annotation
+    ann.write_text(json.dumps(doc))
+    turned = module(root, num_workers=0, shuffle=False)
+    turned.setup("fit")
+    with pytest.raises(DataError, match=r"annotation says its image is \d+x\d+, .* \(turned: an EXIF-rotated"):
+        list(turned.train_dataloader())
     doc["annotations"][0]["bbox"] = [1.0, 1.0, 5.0, 5.0]
     doc["annotations"][0]["category_id"] = 4  # no such category
     ann.write_text(json.dumps(doc))

@@ -175,3 +175,21 @@ def test_a_state_resumes_the_draws_exactly_on_one_rank_and_continues_them_on_ano
 
 def test_occurrences_number_each_repeat_of_an_index() -> None:
     assert occurrences(np.array([5, 3, 5, 5, 3, 9])).tolist() == [0, 0, 1, 2, 1, 0]
+
+
+def test_repeat_factors_draw_a_rare_classs_images_sqrt_t_over_f_times_as_often() -> None:
+    """``"repeat_factor"`` (LVIS, detectron2's ``RepeatFactorTrainingSampler``): a class in a fraction ``f`` of the
+    images gives them ``max(1, sqrt(0.001 / f))``, an image its classes' largest; 1 without a class."""
+    from lightning_fastdata.loading.sampling import REPEAT_FACTOR_THRESHOLD
+
+    rows = np.zeros((20_000, 3), np.uint8)
+    rows[:, 0] = 1  # everywhere: factor 1
+    rows[:5, 1] = 1  # in 5 of 20,000 (f = 0.00025): sqrt(0.001 / 0.00025) = 2
+    rows[5:10, 2] = 1  # likewise
+    rows[10:15] = 0  # no class: 1
+    shares, _ = SamplingSettings("repeat_factor").shares(rows, ("common", "rare", "rarer"), seed=0)
+    assert REPEAT_FACTOR_THRESHOLD == 0.001
+    assert shares[0] / shares[100] == pytest.approx(2.0) and shares[7] / shares[100] == pytest.approx(2.0)
+    assert shares[12] == pytest.approx(shares[100]) and shares.sum() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="repeat_factor"):
+        SamplingSettings("lvis")
