@@ -60,7 +60,9 @@ def test_labels_cross_the_background_both_ways_and_a_perfect_detector_scores_one
 @pytest.mark.slow
 def test_map_on_two_ranks_equals_one_rank_and_counts_every_image_once(tmp_path: Path) -> None:
     """13 validation scenes, 2 CPU ranks (gloo), batch 2 (neither divides them): the colour oracle's COCO mAP
-    (neither 0 nor 1: merged boxes of a class seen twice) is one rank's exactly, each image on one rank."""
+    (neither 0 nor 1: merged boxes of a class seen twice) is one rank's exactly, each image on one rank. Before it, a
+    training epoch on 2 ranks with aspect-ratio grouping: the same step count on both, every image drawn, batches of
+    one orientation."""
     import json
     import os
     import subprocess
@@ -69,7 +71,7 @@ def test_map_on_two_ranks_equals_one_rank_and_counts_every_image_once(tmp_path: 
     from benchmarks.s3_server import free_ports
     from lightning_fastdata.detection.demos import make_detection_folder
 
-    root = make_detection_folder(tmp_path / "coco", count=26, layout="coco", seed=4, val_fraction=0.5)
+    root = make_detection_folder(tmp_path / "coco", count=26, layout="coco", seed=4, val_fraction=0.5, portrait=0.5)
     script = Path(__file__).parents[1] / "helpers" / "ddp_detect.py"
     for devices in ("1", "2"):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0])}
@@ -85,6 +87,14 @@ def test_map_on_two_ranks_equals_one_rank_and_counts_every_image_once(tmp_path: 
     assert 0.1 < one["validate"]["val_map"] < 0.9
     for r in two:
         assert r["validate"] == one["validate"] and r["test"] == one["test"]
+    # the training epoch before, portrait and landscape grouped (aspect_ratio_group_factor=0): 13 images on 2 ranks
+    steps = [r["trained"] for r in two]
+    assert len(steps[0]) == len(steps[1]) == 4  # 7 each (one padded), in batches of 2: the same steps on both
+    drawn = [i for rank in steps for step in rank for i in step["indices"]]
+    assert set(drawn) == set(range(13)) and len(drawn) == 14
+    for rank in steps:  # each batch one orientation, but the unfilled ones closing the share (one per group)
+        assert [len(set(step["landscape"])) for step in rank].count(2) <= 1
+    assert [len(s["indices"]) for s in one["trained"]] == [2] * 6 + [1]
 
 
 @pytest.mark.timeout(180)

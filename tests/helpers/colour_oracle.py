@@ -23,6 +23,8 @@ class ColourOracle(nn.Module):
         self.weight = nn.Parameter(torch.zeros(()))
 
     def forward(self, images: list[torch.Tensor], targets: Any = None) -> Any:
+        if targets is not None:  # training: a loss that moves the one weight, whatever the images
+            return {"oracle": (self.weight - 1.0) ** 2 + 0.0 * sum(float(len(t["boxes"])) for t in targets)}
         mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
         out = []
         for image in images:
