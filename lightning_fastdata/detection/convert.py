@@ -69,6 +69,8 @@ def _rows(data: PairedFolderDataset, start: int, stop: int) -> list[_Row]:
         value = data.target.sized(data.target.decode(payload, names_i[1]), width, height, names_i)
         boxes = {"boxes": value["boxes"].tolist(), "categories": value["labels"].tolist(),
                  "iscrowd": value["iscrowd"].tolist()}  # fmt: skip
+        if isinstance(payload, dict) and "image_id" in payload:  # COCO's id, kept
+            boxes["image_id"] = int(payload["image_id"])
         raw = payload.get("segmentation") if isinstance(payload, dict) else None
         if raw is not None and all(seg is not None for seg in raw):  # COCO's polygons and RLE, as they are
             boxes["segmentation"] = [_plain(seg) for seg in raw]

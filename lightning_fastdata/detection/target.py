@@ -34,6 +34,8 @@ Boxes = dict[str, Any]
 
 #: A box as the decoded cache keeps it.
 _STORED = np.dtype([("box", "<f4", (4,)), ("label", "<i4"), ("crowd", "u1")])
+#: What the decoded cache keeps of an image before its boxes.
+_HEADER = np.dtype([("image_id", "<i8"), ("orig", "<i4", (2,)), ("count", "<i4")])
 
 
 def _empty(normalized: bool = False) -> Boxes:
@@ -99,7 +101,7 @@ def _json(data: bytes, name: str) -> Boxes:
     out.update(boxes=boxes, categories=list(doc.get("categories", [])),
                iscrowd=np.asarray(doc.get("iscrowd", [0] * n), np.uint8),
                difficult=np.asarray(doc.get("difficult", [0] * n), np.uint8),
-               segmentation=doc.get("segmentation"))  # fmt: skip
+               segmentation=doc.get("segmentation"), image_id=int(doc.get("image_id", -1)))  # fmt: skip
     if len(out["categories"]) != n:
         raise DataError(f"{name}: {n} boxes and {len(out['categories'])} categories.")
     return out
@@ -193,18 +195,23 @@ class BoxBatch(NamedTuple):
     counts: torch.Tensor
     sizes: torch.Tensor
     masks: torch.Tensor
+    image_ids: torch.Tensor
+    orig_sizes: torch.Tensor
 
     def targets(self) -> list[dict[str, torch.Tensor]]:
         """The detection targets torchvision takes: a dict per image.
 
-        ``boxes`` float32 XYXY, ``labels`` int64, ``iscrowd``; with masks, ``masks`` uint8 ``n x h x w`` at the image's
-        size.
+        ``boxes`` float32 XYXY, ``labels`` int64, ``iscrowd``, ``area`` (each box's, in the pixels as given),
+        ``image_id`` (COCO's id, else -1), ``orig_size`` (the stored image's height and width); with masks, ``masks``
+        uint8 ``n x h x w`` at the image's size.
         """
         cuts = self.counts.tolist()
         out = [
-            {"boxes": b, "labels": lab, "iscrowd": c}
-            for b, lab, c in zip(self.boxes.split(cuts), self.labels.split(cuts), self.iscrowd.split(cuts))
-        ]
+            {"boxes": b, "labels": lab, "iscrowd": c, "area": (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]),
+             "image_id": i, "orig_size": size}
+            for b, lab, c, i, size in zip(self.boxes.split(cuts), self.labels.split(cuts), self.iscrowd.split(cuts),
+                                          self.image_ids, self.orig_sizes)
+        ]  # fmt: skip
         if self.masks.ndim == 3 and self.masks.shape[1] > 0:
             for target, masks, (h, w) in zip(out, self.masks.split(cuts), self.sizes.tolist()):
                 target["masks"] = masks[:, :h, :w]
@@ -311,7 +318,8 @@ class BoxTarget(TargetKind):
                                 f"{said[1]}, as the annotation says): fix the annotation.")  # fmt: skip
         keep = np.ones(len(labels), bool) if self.keep_crowds else raw["iscrowd"] == 0
         value = {"boxes": raw["boxes"][keep], "labels": labels[keep], "iscrowd": raw["iscrowd"][keep],
-                 "normalized": raw["normalized"], "size": raw.get("size")}  # fmt: skip
+                 "normalized": raw["normalized"], "size": raw.get("size"),
+                 "image_id": int(raw.get("image_id", -1))}  # fmt: skip
         if self.masks:
             segmentation = raw.get("segmentation")
             if segmentation is None or len(segmentation) != len(labels) or any(s is None for s in segmentation):
@@ -368,7 +376,7 @@ class BoxTarget(TargetKind):
                 f"{height}). The annotation is of another image or size (an EXIF-rotated photo is read unrotated, as "
                 "torchvision reads it): fix the annotation."
             )
-        out = {**value, "boxes": boxes, "normalized": False}
+        out = {**value, "boxes": boxes, "normalized": False, "orig_size": value.get("orig_size", (height, width))}
         if self.masks and "masks" not in value:
             out["masks"] = _rasterized(value.get("segmentation") or [], height, width, names[1])
         return out
@@ -400,6 +408,8 @@ class BoxTarget(TargetKind):
         }
         if "masks" in value:
             followed["masks"] = _masks_through(value["masks"][keep], window)
+        followed["image_id"] = torch.tensor(int(value.get("image_id", -1)))
+        followed["orig_size"] = torch.tensor(value.get("orig_size", (window.box[2], window.box[3])))
         return followed
 
     def collate(self, samples: Sequence[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, BoxBatch]:
@@ -421,6 +431,8 @@ class BoxTarget(TargetKind):
             torch.tensor([len(t["labels"]) for t in targets], dtype=torch.int64),
             torch.tensor([tuple(image.shape[1:]) for image, _ in samples], dtype=torch.int64).reshape(-1, 2),
             masks,
+            torch.stack([t["image_id"] for t in targets]).to(torch.int64).reshape(-1),
+            torch.stack([t["orig_size"] for t in targets]).to(torch.int64).reshape(-1, 2),
         )
 
     def present(self, value: dict[str, Any]) -> np.ndarray:
@@ -431,7 +443,7 @@ class BoxTarget(TargetKind):
 
     def cache_key(self) -> bytes:
         """The category map and whether masks are kept: a cache of boxes (every box, crowds too) depends on them."""
-        return json.dumps([sorted((str(k), v) for k, v in self.categories.items()), self.masks]).encode()
+        return json.dumps([sorted((str(k), v) for k, v in self.categories.items()), self.masks, "v2"]).encode()
 
     def evaluating(self) -> Self:
         """A copy keeping the crowds (what evaluation and a cache read)."""
@@ -440,16 +452,19 @@ class BoxTarget(TargetKind):
         return twin
 
     def stored(self, value: dict[str, torch.Tensor]) -> np.ndarray:
-        """Each box as a 21-byte row: its edges (float32), label (int32) and crowd flag.
+        """A header, each box as a 21-byte row, then, with masks, each mask's pixels.
 
-        With masks: their count first (int32), then the rows, then each mask's pixels.
+        The header: the image's id, its original height and width, the box count (int64, 3 x int32); a row: the
+        box's edges (float32), its label (int32) and crowd flag.
         """
         rows = np.zeros(len(value["labels"]), _STORED)
         rows["box"], rows["label"], rows["crowd"] = value["boxes"].numpy(), value["labels"].numpy(), value["iscrowd"]
-        if not self.masks:
-            return rows.view(np.uint8).ravel()
-        count = np.asarray([len(rows)], "<i4").view(np.uint8)
-        return np.concatenate([count, rows.view(np.uint8).ravel(), value["masks"].numpy().ravel()])
+        head = np.zeros(1, _HEADER)
+        head["image_id"], head["orig"], head["count"] = int(value["image_id"]), value["orig_size"].numpy(), len(rows)
+        parts = [head.view(np.uint8).ravel(), rows.view(np.uint8).ravel()]
+        if self.masks:
+            parts.append(value["masks"].numpy().ravel())
+        return np.concatenate(parts)
 
     def restored(self, data: np.ndarray, height: int, width: int) -> dict[str, Any]:
         """The stored boxes (and masks) in the cached image's pixels, in the data's classes.
@@ -457,17 +472,15 @@ class BoxTarget(TargetKind):
         Crowds left out unless kept.
         """
         data = np.ascontiguousarray(data)
-        masks = None
-        if self.masks:
-            n = int(data[:4].view("<i4")[0])
-            masks = data[4 + n * _STORED.itemsize :].reshape(n, height, width)
-            data = data[4 : 4 + n * _STORED.itemsize]
-        rows = data.view(_STORED)
+        head = data[: _HEADER.itemsize].view(_HEADER)[0]
+        n, end = int(head["count"]), _HEADER.itemsize + int(head["count"]) * _STORED.itemsize
+        rows = data[_HEADER.itemsize : end].view(_STORED)
         keep = np.ones(len(rows), bool) if self.keep_crowds else rows["crowd"] == 0
         value = {"boxes": rows["box"][keep].copy(), "labels": rows["label"][keep].astype(np.int64),
-                 "iscrowd": rows["crowd"][keep].copy(), "normalized": False}  # fmt: skip
-        if masks is not None:
-            value["masks"] = masks[keep]
+                 "iscrowd": rows["crowd"][keep].copy(), "normalized": False, "image_id": int(head["image_id"]),
+                 "orig_size": tuple(int(v) for v in head["orig"])}  # fmt: skip
+        if self.masks:
+            value["masks"] = data[end:].reshape(n, height, width)[keep]
         return value
 
     def on_device(self, targets: BoxBatch) -> list[dict[str, torch.Tensor]]:

@@ -68,7 +68,11 @@ class BoxTransform:
             out = self.transform(*sample)
         finally:
             generator.set_state(state)
-        return self._checked(out, image)
+        picture, kept = self._checked(out, image)
+        for key in ("image_id", "orig_size"):  # what the image is, whatever the transform did to it
+            if key in target:
+                kept[key] = target[key]
+        return picture, kept
 
     def _checked(self, out: Any, image: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         ok = isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) and "boxes" in out[1]

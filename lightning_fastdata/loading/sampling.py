@@ -353,7 +353,9 @@ class SamplingSettings:
     ) -> np.ndarray:
         w = self.sample_weights
         multi = labels.ndim == 2
-        if isinstance(w, str) and w == "repeat_factor":  # LVIS: rare classes' images drawn more, sqrt(t / f) times, at least once
+        if (
+            isinstance(w, str) and w == "repeat_factor"
+        ):  # LVIS: rare classes' images drawn more, sqrt(t / f) times, at least once
             rows = labels if multi else np.eye(len(classes), dtype=np.uint8)[labels]
             frequency = rows.astype(bool).mean(axis=0)
             factor = np.maximum(1.0, np.sqrt(REPEAT_FACTOR_THRESHOLD / np.maximum(frequency, 1e-12)))

@@ -126,6 +126,24 @@ def test_on_the_device_a_batch_is_what_torchvisions_detection_models_take(folder
         assert image.dtype == torch.float32 and tuple(image.shape) == (3, h, w)
         assert target["boxes"].dtype == torch.float32 and target["labels"].dtype == torch.int64
         assert target["boxes"].shape == (len(target["labels"]), 4)
+        assert int(target["image_id"]) == -1  # YOLO's files have no id
+    # COCO's: each image's id, its stored size, each box's area in the pixels given (here a multi-scale resize)
+    import json
+
+    from PIL import Image
+
+    coco = module(folders["coco"], num_workers=0, data_augmentation="multiscale", shuffle=False)
+    coco.setup("fit")
+    doc = json.loads((folders["coco"] / "annotations" / "instances_train2017.json").read_text())
+    by_id = {im["id"]: im for im in doc["images"]}
+    images, targets = coco.on_after_batch_transfer(next(iter(coco.train_dataloader())), 0)
+    assert [int(t["image_id"]) for t in targets] == sorted(by_id)[:4]
+    for t in targets:
+        entry = by_id[int(t["image_id"])]
+        with Image.open(folders["coco"] / "train2017" / entry["file_name"]) as im:
+            assert t["orig_size"].tolist() == [im.height, im.width] == [entry["height"], entry["width"]]
+        b = t["boxes"]
+        assert torch.allclose(t["area"], (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1]))
 
 
 def test_cocos_sparse_ids_become_contiguous_labels_and_bad_annotations_are_named(

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-
 from colour_oracle import ColourOracle
 from ddp_eval import Served
 
 from lightning_fastdata import DetectionDataModule, ObjectDetector
 from lightning_fastdata.testing import cpu_trainer
+
 
 class Trained(pl.Callback):
     """Each training step of this rank: its samples' indices and whether each image is landscape."""
