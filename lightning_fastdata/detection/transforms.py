@@ -69,9 +69,9 @@ class BoxTransform:
         finally:
             generator.set_state(state)
         picture, kept = self._checked(out, image)
-        for key in ("image_id", "orig_size"):  # what the image is, whatever the transform did to it
-            if key in target:
-                kept[key] = target[key]
+        for field in ("image_id", "orig_size"):  # what the image is, whatever the transform did to it
+            if field in target:
+                kept[field] = target[field]
         return picture, kept
 
     def _checked(self, out: Any, image: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
