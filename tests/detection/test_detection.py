@@ -809,3 +809,34 @@ def test_a_mix_of_detection_sources_draws_both_with_boxes_in_the_mixs_classes(
     resumed.load_state_dict(state)
     for a, b in zip(rest, resumed, strict=True):
         assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
+
+
+@pytest.mark.timeout(240)
+def test_a_coco_folder_and_its_parquet_files_in_a_bucket_give_the_local_batches(
+    folders: dict[str, Path], tmp_path: Path, s3: object
+) -> None:
+    """The COCO folder uploaded to the local S3 server, and Parquet files written from it: read in place through
+    workers, the local folder's batches bit for bit (the annotations file and the row groups read by range)."""
+    from benchmarks.s3_server import upload_folder
+    from lightning_fastdata.detection.convert import write_detection_shards
+
+    options = s3.storage_options()  # type: ignore[attr-defined]
+    folder_url = s3.url(f"coco-{tmp_path.name}")  # type: ignore[attr-defined]
+    upload_folder(folders["coco"], folder_url, options)
+    for split, name in (("train2017", "train"), ("val2017", "val")):
+        write_detection_shards(folders["coco"], split, tmp_path / "parquet" / name, fmt="parquet", rows_per_group=3)
+    parquet_url = s3.url(f"coco-parquet-{tmp_path.name}")  # type: ignore[attr-defined]
+    upload_folder(tmp_path / "parquet", parquet_url, options)
+
+    def batches(root: str, **kw: object) -> list[Batch]:
+        args: dict = dict(batch_size=4, num_workers=2, seed=5, storage_options=options, index_dir=str(tmp_path / "i"))
+        dm = DetectionDataModule(root, **{**args, **kw})
+        dm.setup("fit")
+        return list(dm.train_dataloader()) + list(dm.val_dataloader())
+
+    local = batches(str(folders["coco"]), storage_options=None)
+    for got in (batches(folder_url), batches(parquet_url, layout="parquet", shuffle_buffer=None,
+                                             class_names=list(DETECTION_CLASSES))):  # fmt: skip
+        for a, b in zip(local, got, strict=True):
+            assert torch.equal(a.images, b.images)
+            assert all(torch.equal(x, y) for x, y in zip(a.labels, b.labels, strict=True))
