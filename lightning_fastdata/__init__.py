@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from lightning_fastdata.callbacks.mask_writer import MaskWriter
     from lightning_fastdata.callbacks.monitor import DataWaitMonitor
     from lightning_fastdata.callbacks.predictions import PredictionWriter
+    from lightning_fastdata.captions.datamodule import ImageTextDataModule
     from lightning_fastdata.convert.hdf5 import convert_folder_to_hdf5
     from lightning_fastdata.datamodules.base import FastDataModule
     from lightning_fastdata.datamodules.cache import TensorCacheDataModule
@@ -74,6 +75,7 @@ _EXPORTS = {
     "PrefetchingStatefulDataLoader": "lightning_fastdata.loading.transport.loaders",
     "SegmentationDataModule": "lightning_fastdata.datamodules.segmentation",
     "DetectionDataModule": "lightning_fastdata.detection.datamodule",
+    "ImageTextDataModule": "lightning_fastdata.captions.datamodule",
     "ObjectDetector": "lightning_fastdata.detection.detector",
     "ShardDataModule": "lightning_fastdata.datamodules.shards",
     "TensorCacheDataModule": "lightning_fastdata.datamodules.cache",
@@ -112,6 +114,7 @@ __all__ = [
     "PrefetchingStatefulDataLoader",
     "SegmentationDataModule",
     "DetectionDataModule",
+    "ImageTextDataModule",
     "ObjectDetector",
     "ShardDataModule",
     "TensorCacheDataModule",

@@ -39,7 +39,7 @@ class MixedWindowed(Dataset):
 
     @property
     def targets(self) -> np.ndarray:
-        """One 0 per sample: a mix draws by its sources' shares (their own targets), never by these."""
+        """One 0 per sample, never drawn by (a mix draws by its sources' shares, from their own targets)."""
         return np.zeros(len(self), dtype=np.int64)
 
     def __len__(self) -> int:

@@ -6,7 +6,9 @@ members of a key are adjacent, so a sample is read by one ``pread`` (or one rang
 data to its last's. The index is kept in ``index_dir`` under the shard's path, size and modification time (or an
 object's version), as a labelled shard's is (:mod:`~lightning_fastdata.loading.index.tar_index`).
 
-Errors name the shard and the sample: a truncated shard, a sample without an image or a mask, two of either.
+Errors name the shard and the sample: a truncated shard, a sample without an image or a mask, two of either. A payload
+extension ending with ``?`` (``txt?``) is optional: a key without it or without an image (img2dataset's failed
+downloads) is skipped and counted (:attr:`PairedTarIndex.skipped`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class PairedTarIndex:
         keys: Each sample's key.
         images: Each sample's image data ``(offset, size)`` (int64, ``N x 2``).
         masks: Each sample's mask data ``(offset, size)`` (int64, ``N x 2``).
+        skipped: Keys left out for a missing member (an optional payload's: ``mask_ext`` ending with ``?``).
     """
 
     path: str
@@ -48,6 +51,7 @@ class PairedTarIndex:
     keys: tuple[str, ...]
     images: np.ndarray
     masks: np.ndarray
+    skipped: int = 0
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -85,10 +89,17 @@ def index_paired_tar_file(fileobj: IO[bytes], path: str, size: int, version: int
     images: list[tuple[int, int]] = []
     masks: list[tuple[int, int]] = []
     current: dict[str, Any] = {}
-    wanted = mask_ext.lower()
+    optional = mask_ext.endswith("?")  # img2dataset's shards: a failed download leaves a key without its image or text
+    wanted = mask_ext.rstrip("?").lower()
+    skipped = 0
 
     def close() -> None:
+        nonlocal skipped
         if not current:
+            return
+        if optional and not ("image" in current and "mask" in current):
+            skipped += 1
+            current.clear()
             return
         for what in ("image", "mask"):
             if what not in current:
@@ -126,7 +137,7 @@ def index_paired_tar_file(fileobj: IO[bytes], path: str, size: int, version: int
     shape = (-1, 2)
     return PairedTarIndex(
         path, size, version, tuple(keys), np.asarray(images, np.int64).reshape(shape),
-        np.asarray(masks, np.int64).reshape(shape),
+        np.asarray(masks, np.int64).reshape(shape), skipped,
     )  # fmt: skip
 
 
@@ -139,10 +150,12 @@ def load_paired_tar_index(
     """The shard's index, kept in ``index_dir`` (``remote``: a shard in a bucket: its size, version and builder)."""
 
     def load(f: Any, path: str, size: int, version: int) -> PairedTarIndex:
-        return PairedTarIndex(path, size, version, tuple(str(k) for k in f["keys"]), f["images"], f["masks"])
+        skipped = int(f["skipped"]) if "skipped" in f else 0
+        return PairedTarIndex(path, size, version, tuple(str(k) for k in f["keys"]), f["images"], f["masks"], skipped)
 
     def save(index: PairedTarIndex) -> dict[str, np.ndarray]:
-        return {"keys": string_array(index.keys), "images": index.images, "masks": index.masks}
+        return {"keys": string_array(index.keys), "images": index.images, "masks": index.masks,
+                "skipped": np.asarray(index.skipped, np.int64)}  # fmt: skip
 
     build = lambda p: index_paired_tar(p, mask_ext)  # noqa: E731
     return kept_index(path, index_dir, "tar-pairs", f"{_FORMAT}|{mask_ext}", remote, build, load, save)

@@ -1,0 +1,135 @@
+"""Image-caption pairs: every caption arrives with its own image, from img2dataset-style shards and Parquet files.
+
+The images are solid colours that encode their ids (40 levels apart per channel: a JPEG, a crop and a resize keep
+them), and their captions name those ids: a caption paired with another sample's image fails.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lightning_fastdata.captions.datamodule import ImageTextDataModule
+
+
+def colour(k: int) -> tuple[int, int, int]:
+    return (20 + 40 * (k % 6), 20 + 40 * ((k // 6) % 6), 20 + 40 * (k // 36))
+
+
+def id_of(image: torch.Tensor) -> int:
+    """The id a rendered image's colour encodes (its mean, to the nearest level)."""
+    r, g, b = (int(round((float(c) - 20) / 40)) for c in image.float().mean(dim=(1, 2)))
+    return r + 6 * g + 36 * b
+
+
+def jpeg(k: int, size: tuple[int, int]) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, colour(k)).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def write_shards(root: Path, count: int, per_shard: int, json_captions: bool = False) -> dict[str, int]:
+    """img2dataset's layout: ``key.jpg``, ``key.txt``, ``key.json``; key 3 lost its image, key 5 its caption."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for s in range(0, count, per_shard):
+        with tarfile.open(root / f"{s // per_shard:05d}.tar", "w") as tf:
+            for k in range(s, min(count, s + per_shard)):
+                size = (int(rng.integers(60, 120)), int(rng.integers(60, 120)))
+                caption = f"a photo of image {k}"
+                meta = {"caption": [f"image {k}, caption {j}" for j in range(3)] if json_captions else caption,
+                        "url": f"http://example.com/{k}.jpg", "width": size[0], "height": size[1]}  # fmt: skip
+                members = {"json": json.dumps(meta).encode()}
+                if k != 3:
+                    members["jpg"] = jpeg(k, size)
+                if k != 5:
+                    members["txt"] = caption.encode()
+                for ext, data in members.items():
+                    info = tarfile.TarInfo(f"{k:09d}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    return {"count": count - 2}
+
+
+def caption_id(text: str) -> int:
+    return int(text.split("image ")[1].split(",")[0])
+
+
+@pytest.mark.timeout(180)
+def test_every_caption_arrives_with_its_own_image_through_workers_and_a_resume(tmp_path: Path) -> None:
+    """30 pairs in 4 shards, two of them broken (no image, no caption: skipped and counted); every batch's captions
+    name their images, every pair once an epoch, 224 px squares; the same batches with 0 and 2 workers; a loader
+    restored mid-epoch gives the rest."""
+    write_shards(tmp_path / "train", 30, 8)
+
+    def module(**kw: object) -> ImageTextDataModule:
+        args: dict = dict(batch_size=4, num_workers=2, seed=3, index_dir=str(tmp_path / "index"), image_size=64)
+        return ImageTextDataModule(str(tmp_path / "train"), **{**args, **kw})
+
+    dm = module()
+    dm.setup("fit")
+    assert dm.skipped == {"train": 2}
+    batches = list(dm.train_dataloader())
+    ids = []
+    for images, texts in batches:
+        assert images.shape[1:] == (3, 64, 64) and isinstance(texts, list)
+        for image, text in zip(images, texts):
+            assert id_of(image) == caption_id(text), text
+            ids.append(caption_id(text))
+    assert sorted(ids) == [k for k in range(30) if k not in (3, 5)]
+    serial = module(num_workers=0)
+    serial.setup("fit")
+    for (a, ta), (b, tb) in zip(batches, serial.train_dataloader(), strict=True):
+        assert torch.equal(a, b) and ta == tb
+    loader = dm.train_dataloader()
+    it = iter(loader)
+    next(it)
+    state, rest = loader.state_dict(), list(it)
+    again = module()
+    again.setup("fit")
+    resumed = again.train_dataloader()
+    resumed.load_state_dict(state)
+    for (a, ta), (b, tb) in zip(rest, resumed, strict=True):
+        assert torch.equal(a, b) and ta == tb
+
+
+class Tokens:
+    """A stand-in tokenizer: the caption's image id and caption number, in a dict (as the hubs' tokenizers return)."""
+
+    def __call__(self, text: str) -> dict[str, torch.Tensor]:
+        number = int(text.split("caption ")[1]) if "caption " in text else -1
+        return {"input_ids": torch.tensor([caption_id(text), number]), "mask": torch.ones(2, dtype=torch.int64)}
+
+
+@pytest.mark.timeout(180)
+def test_several_captions_are_drawn_by_key_and_tokenized_in_the_workers(tmp_path: Path) -> None:
+    """Three captions per image in ``key.json``: each sample draws one from its key (all three over epochs, the
+    same again for the same epoch), tokenized in the workers and stacked per key; validation takes the first."""
+    write_shards(tmp_path / "train", 12, 6, json_captions=True)
+    dm = ImageTextDataModule(str(tmp_path / "train"), val_root=str(tmp_path / "train"), caption_field="caption",
+                             text_transform=Tokens(), batch_size=5, num_workers=2, image_size=32,
+                             index_dir=str(tmp_path / "index"))  # fmt: skip
+    dm.setup("fit")
+    images, tokens = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    assert images.dtype == torch.float32 and tokens["input_ids"].shape == (5, 2) and tokens["mask"].shape == (5, 2)
+    seen: dict[int, set[int]] = {}
+    for epoch in range(4):
+        for k in range(len(dm.train_dataset)):
+            image, token = dm.train_dataset[(epoch, k)]
+            assert id_of(image) == int(token["input_ids"][0])
+            seen.setdefault(k, set()).add(int(token["input_ids"][1]))
+        assert [dm.train_dataset[(epoch, k)][1]["input_ids"].tolist() for k in range(3)] == [
+            dm.train_dataset[(epoch, k)][1]["input_ids"].tolist() for k in range(3)
+        ]
+    assert all(numbers <= {0, 1, 2} for numbers in seen.values())
+    assert sum(len(numbers) > 1 for numbers in seen.values()) >= 5  # another caption in another epoch
+    val = [t for _, texts in dm.val_dataloader() for t in texts["input_ids"].tolist()]
+    assert len(val) == 11 and all(number == 0 for _, number in val)  # evaluation: the first caption
+    assert dm.skipped == {"train": 1, "val": 1}  # key 3 has no image (key 5 lacks only its .txt)
