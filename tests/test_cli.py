@@ -403,6 +403,7 @@ def test_fit_then_validate_test_and_predict_from_the_checkpoint(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # over 7 s on the 2-core VM (14 s, 10 s in session 23): the full run's
 def test_a_label_table_from_the_command_line_links_the_models_classes_and_kind(
     image_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -133,3 +133,35 @@ def test_several_captions_are_drawn_by_key_and_tokenized_in_the_workers(tmp_path
     val = [t for _, texts in dm.val_dataloader() for t in texts["input_ids"].tolist()]
     assert len(val) == 11 and all(number == 0 for _, number in val)  # evaluation: the first caption
     assert dm.skipped == {"train": 1, "val": 1}  # key 3 has no image (key 5 lacks only its .txt)
+
+
+@pytest.mark.timeout(120)
+def test_a_parquet_text_column_pairs_as_the_shards_do(tmp_path: Path) -> None:
+    """The hubs' layout: an ``image`` struct column and a ``caption`` string column (or a list of captions), in two
+    files of row groups of 4: every caption with its own image, each pair once an epoch; a null caption named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    (tmp_path / "pq").mkdir()
+    for part, ids in enumerate((range(0, 10), range(10, 17))):
+        images = [{"bytes": jpeg(k, (70 + k, 90)), "path": f"{k}.jpg"} for k in ids]
+        table = pa.table({"image": pa.array(images, kind), "caption": [f"a photo of image {k}" for k in ids],
+                          "captions": [[f"image {k}, caption {j}" for j in range(2)] for k in ids]})  # fmt: skip
+        pq.write_table(table, tmp_path / "pq" / f"part-{part}.parquet", row_group_size=4)
+
+    def pairs(column: str) -> list[tuple[int, int]]:
+        dm = ImageTextDataModule(str(tmp_path / "pq"), text_column=column, batch_size=3, num_workers=2, image_size=48,
+                                 index_dir=str(tmp_path / "index"))  # fmt: skip
+        dm.setup("fit")
+        return [(id_of(image), caption_id(text)) for images, texts in dm.train_dataloader()
+                for image, text in zip(images, texts)]  # fmt: skip
+
+    for column in ("caption", "captions"):
+        got = pairs(column)
+        assert all(a == b for a, b in got) and sorted(b for _, b in got) == list(range(17)), column
+    table = pq.read_table(tmp_path / "pq" / "part-1.parquet")
+    nulls = table.set_column(1, "caption", pa.array([None] * len(table), pa.string()))
+    pq.write_table(nulls, tmp_path / "pq" / "part-1.parquet", row_group_size=4)
+    with pytest.raises(Exception, match=r"part-1\.parquet:row \d+ has no caption"):
+        pairs("caption")

@@ -242,6 +242,7 @@ def test_numbered_classes_come_from_every_shard_not_the_first(image_folder: Path
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # over 7 s on the 2-core VM (14 s, 10 s in session 23): the full run's
 def test_a_shard_cut_short_keeps_its_whole_samples_with_on_corrupt_skip(shards: list[Path], tmp_path: Path) -> None:
     """One shard cut in the middle (an interrupted copy): with on_corrupt="skip" the samples whole before the cut and
     every other shard train, warned with the count (before: 'not a readable uncompressed tar shard' stopped the run);
