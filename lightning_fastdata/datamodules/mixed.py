@@ -52,7 +52,8 @@ class MixedDataModule(FastDataModule):
     ignored), their crops of one ``crop_size`` and one ``ignore_index``; the masks are ``int64`` on the device.
     Sources that are all ``DetectionDataModule`` objects likewise: each its own layout and recipe, its boxes' labels
     in the mix's classes by name (a class left out: its boxes dropped), each source's images without a box left out
-    as that source leaves them; on the device, torchvision's lists.
+    as that source leaves them; on the device, torchvision's lists. ``ImageTextDataModule`` sources likewise (no
+    class: each source's pairs drawn by its weight, LAION's with CC12M's), ``(images, texts)`` on the device.
 
     Args:
         datamodules: The sources (any of this package's DataModules, at least one); their own loader arguments
@@ -94,7 +95,7 @@ class MixedDataModule(FastDataModule):
             )
         self.target_kind = kinds.pop()
         self.segmentation = self.target_kind == "masks"
-        self.windowed = self.target_kind in ("masks", "boxes")
+        self.windowed = self.target_kind in ("masks", "boxes", "caption")
         ignored = {getattr(dm, "ignore_index", None) for dm in self.datamodules}
         if len(ignored) > 1:
             raise InvalidValueError(f"The sources' ignore_index differ ({sorted(map(str, ignored))}): give one value.")
@@ -129,7 +130,9 @@ class MixedDataModule(FastDataModule):
         for name, dm in zip(self.names, self.datamodules):
             if dm.multi_label:
                 raise InvalidValueError(f"Source {name} has several labels per sample; a mix takes one label each.")
-        numbered = [n for n, dm in zip(self.names, self.datamodules) if all(c.isdigit() for c in dm.classes)]
+        numbered = [
+            n for n, dm in zip(self.names, self.datamodules) if dm.classes and all(c.isdigit() for c in dm.classes)
+        ]
         if len(numbered) > 1:
             raise InvalidValueError(
                 f"Sources {numbered} name their classes by number only ({list(self.datamodules[0].classes)[:3]} ...): "

@@ -165,3 +165,32 @@ def test_a_parquet_text_column_pairs_as_the_shards_do(tmp_path: Path) -> None:
     pq.write_table(nulls, tmp_path / "pq" / "part-1.parquet", row_group_size=4)
     with pytest.raises(Exception, match=r"part-1\.parquet:row \d+ has no caption"):
         pairs("caption")
+
+
+@pytest.mark.timeout(120)
+def test_a_mix_of_pair_sources_draws_each_by_its_weight_every_caption_with_its_image(tmp_path: Path) -> None:
+    """``MixedDataModule`` of two shard sets (LAION's with CC12M's, say), weights 1:3, an epoch of 80 draws: both
+    sources drawn about so, every caption with its image, the texts batched as each source gives them."""
+    from lightning_fastdata import MixedDataModule
+
+    write_shards(tmp_path / "a", 20, 10)
+    second = tmp_path / "b"
+    second.mkdir()
+    with tarfile.open(second / "00000.tar", "w") as tf:  # ids 40-59
+        for k in range(40, 60):
+            for ext, data in (("jpg", jpeg(k, (80, 64))), ("txt", f"a photo of image {k}".encode())):
+                info = tarfile.TarInfo(f"{k:09d}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    sources = [ImageTextDataModule(str(tmp_path / name), image_size=48, index_dir=str(tmp_path / "i"))
+               for name in ("a", "b")]  # fmt: skip
+    mix = MixedDataModule(sources, weights=[1, 3], batch_size=8, num_workers=2, epoch_size=80, seed=1)
+    mix.setup("fit")
+    drawn = []
+    for images, texts in mix.train_dataloader():
+        for image, text in zip(images, texts):
+            assert id_of(image) == caption_id(text)
+            drawn.append(caption_id(text))
+    assert len(drawn) == 80
+    second_share = sum(k >= 40 for k in drawn) / 80
+    assert 0.6 < second_share < 0.9  # 3 of 4 drawn from the second, by its weight
