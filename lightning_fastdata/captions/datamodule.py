@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from typing_extensions import override
 
 from lightning_fastdata.captions.recipe import CaptionRecipe
+from lightning_fastdata.captions.table import CaptionTable
 from lightning_fastdata.captions.target import CaptionTarget
 from lightning_fastdata.datamodules.arguments import base_arguments
 from lightning_fastdata.datamodules.base import FastDataModule
@@ -28,6 +29,7 @@ from lightning_fastdata.loading.batch import Batch
 from lightning_fastdata.loading.jpeg.entropy_index import default_index_dir
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport
+from lightning_fastdata.sources.folder import PairedFolderDataset
 from lightning_fastdata.sources.parquet import PairedParquetDataset, has_parquet_files, load_parquet_files
 from lightning_fastdata.sources.tar import PairedTarDataset, load_paired_shards
 from lightning_fastdata.sources.windowed import WindowedDataset
@@ -52,7 +54,11 @@ class ImageTextDataModule(FastDataModule):
             ``key.json`` with ``caption_field``), a glob or brace pattern (``shard-{000000..000099}.tar``), a bucket
             prefix, or Parquet files with an image and a text column.
         val_root: The validation pairs, likewise; ``None``: none.
-        layout: ``"auto"`` (a local root's files tell), ``"shards"`` or ``"parquet"`` (a bucket's).
+        layout: ``"auto"`` (a local root's files tell; ``captions_table``: a folder), ``"shards"`` or ``"parquet"``
+            (a bucket's).
+        captions_table: A folder of images with a table of ``file,caption`` rows beside them (CSV or Parquet, its
+            path under ``root``, and under ``val_root`` for validation; a file's several rows its captions):
+            :class:`~lightning_fastdata.captions.table.CaptionTable`.
         caption_field: Shards: read each caption from this field of ``key.json`` (a string, or a list of captions
             of which one is drawn per sample); ``None``: ``key.txt``. A key without its image or its caption (a
             failed download) is skipped and counted in the log.
@@ -80,6 +86,7 @@ class ImageTextDataModule(FastDataModule):
         val_root: str | None = None,
         layout: Literal["auto", "shards", "parquet"] = "auto",
         caption_field: str | None = None,
+        captions_table: str | None = None,
         text_column: str = "caption",
         image_column: str = "image",
         text_transform: Callable[[str], Any] | None = None,
@@ -111,12 +118,8 @@ class ImageTextDataModule(FastDataModule):
         super().__init__(**base_arguments(FastDataModule, locals(), val_fraction=0.0, train_transforms=None))
         save_init_hparams(self)
         self.root, self.val_root = os.fspath(root), None if val_root is None else os.fspath(val_root)
-        self.layout, self.caption_field, self.text_column, self.image_column = (
-            layout,
-            caption_field,
-            text_column,
-            image_column,
-        )
+        self.layout, self.caption_field, self.captions_table = layout, caption_field, captions_table
+        self.text_column, self.image_column = text_column, image_column
         self.text_transform, self.image_size = text_transform, image_size
         self.crop_scale: tuple[float, float] = (float(scale[0]), float(scale[1]))
         self.shuffle_buffer, self.storage_options = shuffle_buffer, storage_options
@@ -130,7 +133,10 @@ class ImageTextDataModule(FastDataModule):
     def _dataset(self, where: str, train: bool, split: str) -> WindowedDataset:
         target = CaptionTarget(self.caption_field or "caption")
         source: WindowedDataset
-        if self._parquet(where):
+        if self.captions_table is not None:
+            source = PairedFolderDataset(where, "", target, CaptionTable(self.captions_table), self.storage_options,
+                                         seed=self.seed)  # fmt: skip
+        elif self._parquet(where):
             files = load_parquet_files(where, self.index_dir, self.image_column, self.storage_options)
             buffer = self.shuffle_buffer if train else None
             source = PairedParquetDataset(files, target, self.text_column, buffer, self.storage_options,

@@ -194,3 +194,37 @@ def test_a_mix_of_pair_sources_draws_each_by_its_weight_every_caption_with_its_i
     assert len(drawn) == 80
     second_share = sum(k >= 40 for k in drawn) / 80
     assert 0.6 < second_share < 0.9  # 3 of 4 drawn from the second, by its weight
+
+
+@pytest.mark.timeout(120)
+def test_a_table_beside_a_folder_gives_each_image_its_captions(tmp_path: Path) -> None:
+    """``captions_table="captions.csv"``: a folder of images and ``file,caption`` rows (two per image, COCO
+    Captions' way), each image with its captions drawn by key; a Parquet table likewise; a named image that is
+    missing, and a table without the columns, named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "photos"
+    (folder / "sub").mkdir(parents=True)
+    rows = []
+    for k in range(10):
+        name = f"sub/{k}.jpg" if k % 3 else f"{k}.jpg"
+        (folder / name).write_bytes(jpeg(k, (90, 70)))
+        rows += [(name, f"image {k}, caption {j}") for j in range(2)]
+    (folder / "captions.csv").write_text("file,caption\n" + "".join(f'{f},"{c}"\n' for f, c in rows))
+    pq.write_table(pa.table({"file": [f for f, _ in rows], "caption": [c for _, c in rows]}), folder / "c.parquet")
+
+    for table in ("captions.csv", "c.parquet"):
+        dm = ImageTextDataModule(str(folder), captions_table=table, text_transform=Tokens(), batch_size=4,
+                                 num_workers=2, image_size=32)  # fmt: skip
+        dm.setup("fit")
+        seen = [(id_of(image), int(token[0]), int(token[1])) for images, tokens in dm.train_dataloader()
+                for image, token in zip(images, tokens["input_ids"])]  # fmt: skip
+        assert sorted(a for a, _, _ in seen) == list(range(10)) and all(a == b for a, b, _ in seen)
+        assert {n for _, _, n in seen} <= {0, 1}
+    (folder / "bad.csv").write_text("file,caption\nmissing.jpg,a caption\n")
+    with pytest.raises(FileNotFoundError, match=r"bad\.csv names 1 image\(s\) .* 'missing\.jpg'"):
+        ImageTextDataModule(str(folder), captions_table="bad.csv").setup("fit")
+    (folder / "cols.csv").write_text("path,text\n0.jpg,x\n")
+    with pytest.raises(Exception, match=r"cols\.csv has no column 'file'"):
+        ImageTextDataModule(str(folder), captions_table="cols.csv").setup("fit")
