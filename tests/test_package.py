@@ -269,6 +269,7 @@ def test_the_package_is_the_product_and_never_imports_the_lab() -> None:
         "__init__",
         "cache",
         "callback",
+        "captions",
         "detection",
         "hdf5",
         "loaders",

@@ -62,6 +62,7 @@ from typing import Any
 
 from lightning_fastdata.bench.cache import cache_suite
 from lightning_fastdata.bench.callback import callback_suite, snapshot_suite
+from lightning_fastdata.bench.captions import add_captions_arguments
 from lightning_fastdata.bench.detection import add_detection_arguments
 from lightning_fastdata.bench.hdf5 import hdf5_suite
 from lightning_fastdata.bench.segmentation import add_segmentation_arguments
@@ -126,9 +127,11 @@ class LabSuite:
 
 
 #: The suites installed with the package: what a user measures on their own data and recipe.
-SUITES = ("folder", "hdf5", "cache", "callback", "recipe", "predict", "shards", "segmentation", "detection")
-#: The suites run when ``--suites`` is not given (segmentation reads other data: name it to run it).
-DEFAULT_SUITES = SUITES[:-2]
+SUITES = (
+    "folder", "hdf5", "cache", "callback", "recipe", "predict", "shards", "segmentation", "detection", "captions",
+)  # fmt: skip
+#: The suites run when ``--suites`` is not given (segmentation, detection and captions: name them to run them).
+DEFAULT_SUITES = SUITES[:-3]
 
 
 def main(
@@ -154,7 +157,9 @@ def main(
         help="recipe: a training recipe (--recipe) through torchvision's reference loader and ours, at the largest "
         "--workers; segmentation (not run by default): torchvision's segmentation reference loader and ours on "
         "VOC-style scenes (--seg-root: your own); detection (not run by default): torchvision's detection reference "
-        "loader and ours, recipes ssd and hflip, on the bench photos with random boxes (--det-root: your COCO folder)"
+        "loader and ours, recipes ssd and hflip, on the bench photos with random boxes (--det-root: your COCO folder); "
+        "captions (not run by default): webdataset + open_clip's pipeline and ours on the bench photos as "
+        "img2dataset shards (--cap-root: your shards)"
         + "".join(f"; {name} (not run by default): {suite.help}" for name, suite in lab.items()),
     )
     parser.add_argument(
@@ -178,6 +183,7 @@ def main(
     parser.add_argument("--plot", default=None, help="write a bar chart (PNG) of images/s per loader here")
     add_segmentation_arguments(parser)
     add_detection_arguments(parser)
+    add_captions_arguments(parser)
     for suite in lab.values():
         suite.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -308,6 +314,13 @@ def _run_detection(args: argparse.Namespace, result: dict[str, Any]) -> None:
     result["suites"]["detection"] = detection_suite(args)
 
 
+def _run_captions(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    from lightning_fastdata.bench.captions import captions_suite
+
+    print("\nSuite captions: webdataset + open_clip's pipeline vs ours (image-text pairs)\n")
+    result["suites"]["captions"] = captions_suite(args)
+
+
 #: Each suite's run (it prints its table and puts its figures in the result), in the order they run.
 _SUITE_RUNS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], None]] = {
     "folder": _run_folder,
@@ -319,6 +332,7 @@ _SUITE_RUNS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], None]] = {
     "shards": _run_shards,
     "segmentation": _run_segmentation,
     "detection": _run_detection,
+    "captions": _run_captions,
 }
 
 

@@ -390,3 +390,29 @@ def test_the_detection_suite_times_the_reference_and_ours_on_the_same_images_and
     for a in doc["annotations"]:
         x, y, w, h = a["bbox"]
         assert 0 <= x and x + w <= sizes[a["image_id"]][0] and 0 <= y and y + h <= sizes[a["image_id"]][1]
+
+
+@pytest.mark.timeout(180)
+def test_the_captions_suite_times_webdataset_and_ours_on_the_same_shards(tmp_path: Path) -> None:
+    """``fastdata bench --suites captions``: webdataset + open_clip's pipeline and ``ImageTextDataModule`` on the bench
+    photos written as img2dataset shards, the same stand-in tokenizer in both (open_clip's output shape)."""
+    import tarfile
+
+    import torch
+
+    from lightning_fastdata.bench.captions import HashTokenizer
+    from lightning_fastdata.bench.loaders import main
+
+    result = main(
+        ["--suites", "captions", "--root", str(tmp_path / "bench"), "--num-classes", "2", "--per-class", "8",
+         "--cap-images", "12", "--cap-batch-size", "4", "--cap-image-size", "32", "--workers", "0", "--repeats", "1",
+         "--min-seconds", "0", "--scratch", str(tmp_path / "scratch")]
+    )  # fmt: skip
+    suite = result["suites"]["captions"]
+    rows = {r["loader"]: r for r in suite["rows"]}
+    assert list(rows) == ["webdataset + open_clip's pipeline", "ImageTextDataModule"]
+    assert all(r["images_per_s"] > 0 for r in rows.values()) and suite["data"]["pairs"] == 12
+    with tarfile.open(next((tmp_path / "scratch" / "pairs-12").glob("*.tar"))) as tf:
+        assert {m.name.rsplit(".", 1)[1] for m in tf} == {"jpg", "txt", "json"}  # img2dataset's members
+    ids = HashTokenizer()("a photo of a cat")
+    assert ids.shape == (77,) and ids.dtype == torch.int64 and (ids[:5] > 0).all() and (ids[5:] == 0).all()
