@@ -64,3 +64,25 @@ def test_a_worker_that_never_starts_is_named_within_the_bound(monkeypatch: pytes
     healthy = cls(data, batch_size=2, num_workers=2, persistent_workers=True)
     for _ in range(2):  # started workers are left alone, epoch after epoch
         assert torch.cat([b[0] for b in healthy]).tolist() == list(range(16))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_a_worker_that_never_starts_is_named_where_sigint_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where SIGINT is not Python's (ignored: nohup, some launchers) the watch cannot interrupt the main thread: it
+    stops the worker that has not started, and the loader raises the same error (before, it waited forever; a test
+    run that left SIGINT ignored in an xdist worker hung here)."""
+    import signal
+
+    monkeypatch.setenv("FASTDATA_WORKER_START_TIMEOUT", "2")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for cls in (PrefetchingDataLoader, PrefetchingStatefulDataLoader):
+            loader = cls(TensorDataset(torch.arange(16)), batch_size=2, num_workers=2,
+                         worker_init_fn=_second_worker_never_starts)  # fmt: skip
+            start = time.monotonic()
+            with pytest.raises(WorkerStartError, match=r"DataLoader worker 1 had not started 2 s after iter\(\)"):
+                list(loader)
+            assert time.monotonic() - start < 30
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import _thread
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -57,9 +58,12 @@ class StartedWorkerInit:
         self.inner = inner
         ctx = multiprocessing.get_context(context) if isinstance(context, str) or context is None else context
         self.slots = ctx.RawArray("q", num_workers)
+        #: Each worker's process id from the moment it runs (before ``inner``): what the watch stops if need be.
+        self.forked = ctx.RawArray("q", num_workers)
 
     def __call__(self, worker_id: int) -> None:
         """Run the loader's own initialiser, then record this worker's process id in its slot."""
+        self.forked[worker_id] = os.getpid()
         if self.inner is not None:
             self.inner(worker_id)
         self.slots[worker_id] = os.getpid()
@@ -81,8 +85,12 @@ class StartWatch:
 
     def __init__(self, init: StartedWorkerInit, num_workers: int) -> None:
         for k in range(num_workers):
-            init.slots[k] = 0
+            init.slots[k] = init.forked[k] = 0
         self.bound = start_timeout()
+        # interrupt_main() does nothing where SIGINT is not Python's (ignored, or left to the system: nohup, some
+        # launchers); there the workers that have not started are stopped instead, and torch's next status check
+        # (within 5 s) raises, which the loaders turn into the same error
+        self.interruptible = callable(signal.getsignal(signal.SIGINT))
         self.found: list[str] = []
         self.stopped = threading.Event()
         watcher = threading.Thread(target=self._watch, args=(init, num_workers), name="fastdata-worker-start")
@@ -103,7 +111,16 @@ class StartWatch:
                     "or a worker_init_fn that waits on something that never comes. The run stops instead of waiting "
                     "forever; set FASTDATA_WORKER_START_TIMEOUT higher if this loader's workers take longer to start."
                 )
-                _thread.interrupt_main()
+                if self.interruptible:
+                    _thread.interrupt_main()
+                    return
+                for k in waiting:
+                    pid = int(init.forked[k])
+                    if pid:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
                 return
 
     def stop(self) -> None:
