@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.probes import run_probe
+from benchmarks.probes import probe_server, run_probe
 from lightning_fastdata import HDF5DataModule, ImageFolderDataModule, TensorCacheDataModule, convert_folder_to_hdf5
 from lightning_fastdata.bench.hdf5 import bench_files
 from lightning_fastdata.bench.scratch import scratch_path
@@ -314,12 +314,14 @@ def scale_suite(args: argparse.Namespace) -> dict[str, Any]:
     sources = sorted(glob.glob(os.path.join(args.root, "*", "*.jpg")))
     tree = linked_tree(args.scale_root, args.scale_classes, args.scale_per_class, sources)
     index_dir = f"{args.scale_root.rstrip(os.sep)}-index"
-    scans = scan_rows(str(tree), index_dir, args.repeats)
+    with probe_server():
+        scans = scan_rows(str(tree), index_dir, args.repeats)
+        checks = staleness_rows(str(tree), index_dir, args.repeats)
+        pss = worker_pss_rows(str(tree), args.scale_epochs, args.scale_batches)
     print(f"\nSuite scale: index of {scans[0]['files']:,} files (hard links, warm metadata), fresh process each\n")
     print("| what | seconds | vs torchvision | MB resident |\n|---|---:|---:|---:|")
     for r in scans:
         print(f"| {r['what']} | {r['seconds']:.2f} | {r['vs_torchvision']:.2f}x | {r['mb']:.0f} |")
-    checks = staleness_rows(str(tree), index_dir, args.repeats)
     print(
         f"\nTensor cache staleness check at each prepare_data ({checks[0]['files']:,} files in "
         f"{checks[0]['folders']:,} folders, index reused, warm metadata, fresh process each)\n"
@@ -327,7 +329,6 @@ def scale_suite(args: argparse.Namespace) -> dict[str, Any]:
     print("| verify_source | seconds | vs files |\n|---|---:|---:|")
     for r in checks:
         print(f"| {r['verify_source']} | {r['seconds']:.2f} | {r['vs_files']:.3f}x |")
-    pss = worker_pss_rows(str(tree), args.scale_epochs, args.scale_batches)
     print(
         f"\nWorker PSS over the {scans[0]['files']:,}-file index (2 workers, {args.scale_batches} batches of 64 per "
         "epoch, MB per worker after each epoch)\n"
