@@ -120,10 +120,10 @@ class FastDataModule(LightningDataModule):
             name -> weight (classes not named: 1), one weight per training sample (``len(dm.train_dataset)``, in
             its order), or a callable of a sample's label (an int, or a multi-hot row) -> weight. ``None``: each
             sample once an epoch. A function of ``(seed, epoch)``, exactly resumable like a plain epoch.
-        replacement: With ``sample_weights``: draw with replacement (default, as torch's
-            ``WeightedRandomSampler``), or each sample at most once an epoch.
-        epoch_size: Training samples per epoch over all ranks (more or fewer than the dataset has); ``None``: the
-            number of samples taking part.
+        replacement: With ``sample_weights``: with replacement (default, torch's ``WeightedRandomSampler``), or each
+            sample at most once an epoch; without them ``True`` draws uniformly, each draw independent (open_clip's
+            ``--dataset-resampled``, by sample), ``None``/``False`` whole permutations.
+        epoch_size: Training samples per epoch over all ranks (more or fewer than the set has); ``None``: all.
         classes: Train (and evaluate) on these classes only, in this order: labels are renumbered (``dm.classes``,
             ``num_classes``, linked to the model and its checkpoint), samples of other classes left out.
         max_per_class: At most this many training samples of each class (a seeded choice, fixed for the run).

@@ -9,7 +9,8 @@ the ranks and resumes like a plain epoch.
 weights (inverse transform: a uniform number per draw, located in the weights' cumulative sum); without
 replacement, the weighted random order of Efraimidis and Spirakis (each sample's key ``u ** (1 / w)``, the largest
 ``epoch_size`` keys in descending order); without weights, whole random permutations of the samples, one after the
-other, cut at ``epoch_size``. A sample drawn twice in an epoch gets two keys (the sampler numbers the draws by
+other, cut at ``epoch_size``, or with ``replacement=True`` said (no weights) independent uniform draws (open_clip's
+``--dataset-resampled``, by sample). A sample drawn twice in an epoch gets two keys (the sampler numbers the draws by
 position), so it is augmented twice, differently. The docs' Sampling page has the cost at 1.28M and 10M samples.
 """
 
@@ -247,7 +248,12 @@ class SamplingSettings:
     @property
     def changes_draws(self) -> bool:
         """Whether the training epoch is anything but one permutation of every sample."""
-        return self.subsets or self.sample_weights is not None or self.epoch_size is not None
+        return self.subsets or self.sample_weights is not None or self.epoch_size is not None or self.resampled
+
+    @property
+    def resampled(self) -> bool:
+        """Whether the epoch draws uniformly with replacement (``replacement=True`` said, no ``sample_weights``)."""
+        return self.replacement is True and self.sample_weights is None
 
     def subset(self, targets: np.ndarray, classes: Sequence[str], train: bool, seed: int) -> Subset:
         """The samples of a split (``targets``: its labels) that take part; only ``classes`` for evaluation splits.
@@ -312,6 +318,8 @@ class SamplingSettings:
         labels = subset.map_labels(targets if pool is None else targets[pool])
         weights = None if self.sample_weights is None else self._weights(targets, pool, labels, subset.classes)
         n = len(targets) if pool is None else len(pool)
+        if self.resampled:  # every sample equally likely, each draw independent
+            weights = np.ones(n, dtype=np.float64)
         size = self.epoch_size if self.epoch_size is not None else n
         replacement = True if self.replacement is None else self.replacement
         if weights is not None and not replacement and size > int((weights > 0).sum()):
@@ -321,7 +329,8 @@ class SamplingSettings:
                 "epoch_size."
             )
         if not shuffle and weights is not None:
-            raise InvalidValueError("sample_weights draws at random: it needs shuffle=True.")
+            what = "replacement=True" if self.resampled else "sample_weights"
+            raise InvalidValueError(f"{what} draws at random: it needs shuffle=True.")
         identity = {"pool": "all" if pool is None else _digest(pool), "epoch_size": str(size)}
         if weights is not None:
             identity.update(weights=_digest(weights), replacement=str(replacement))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.captions import write_shards as write_caption_shards
 from helpers.fork_client import SERVER, rank_procs
 
 from benchmarks.s3_server import LocalS3, delete_objects, upload_folder
@@ -92,7 +93,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     write_segmentation_shards(scenes, "train", root.parent / "scene-shards" / "train", shard_bytes=30_000)
     write_segmentation_parquet(scenes, "train", root.parent / "scene-parquet" / "train", shard_bytes=30_000,
                                rows_per_group=4)  # fmt: skip
+    write_caption_shards(root.parent / "captions", 41, 8)  # 39 pairs: 2 keys broken, as img2dataset leaves them
     return {
+        "captions": str(root.parent / "captions"),
         "segmentation_parquet": str(root.parent / "scene-parquet"),
         "segmentation": str(scenes), "segmentation_h5": str(scenes_h5),
         "segmentation_shards": str(root.parent / "scene-shards"),
@@ -340,6 +343,41 @@ def test_resuming_with_other_sampling_settings_is_refused_naming_them(tmp_path: 
     run({**other, "max_steps": 4, "record": str(tmp_path / "new"), "ckpt_path": ckpt}, expect_error="sample_weights")
     fewer = {**base, "sampling": {**SAMPLING, "epoch_size": 20}}
     run({**fewer, "max_steps": 4, "record": str(tmp_path / "new"), "ckpt_path": ckpt}, expect_error="epoch_size")
+
+
+RESAMPLED = {"replacement": True, "epoch_size": 50}  # open_clip's --dataset-resampled --train-num-samples 50
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.slow
+def test_resume_is_exact_from_caption_shards_drawn_with_replacement(tmp_path: Path, sources: dict[str, str]) -> None:
+    """Image-caption pairs, 50 uniform draws with replacement an epoch from 39 pairs, 2 workers: stopped at step 3,
+    resumed in a fresh process, the same captions and pixels step for step; pairs repeat within an epoch."""
+    conformance(tmp_path, "captions", sources["captions"], 2, 3, sampling=RESAMPLED)
+    first = samples(records(tmp_path / "part"), 0)
+    assert len(first) == 50 and len({text for text, _ in first}) < 39  # with replacement: some drawn twice
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["each-once", "resampled"])
+def test_caption_orders_continue_from_two_ranks_on_one(tmp_path: Path, sources: dict[str, str], order: str) -> None:
+    """Both orders of pairs on 2 ranks x 2 workers, the same number of batches on each; stopped after step 1,
+    continued on 1 rank without workers: the draws left, none lost or trained twice, each caption as drawn."""
+    base: dict[str, Any] = {"kind": "captions", "source": sources["captions"], "workers": 0, "devices": 1}
+    base.update(cache_dir=str(tmp_path / "c"), sampling=RESAMPLED if order == "resampled" else None)
+    single = records(uninterrupted(base, tmp_path))
+    size = 50 if order == "resampled" else 39
+    assert len(samples(single, 0)) == size
+    run({**base, "devices": 2, "workers": 2, "max_steps": 4, "record": str(tmp_path / "two")})
+    two = every_rank(tmp_path / "two", 2)
+    per_rank = [[len(r["labels"]) for r in lines if r["epoch"] == 0] for lines in two]
+    assert per_rank[0] == per_rank[1] == ([8, 8, 8, 1] if order == "resampled" else [8, 8, 4])  # 50 / 2; 39 padded
+    ckpt = stopped_at({**base, "devices": 2, "workers": 2}, 1, tmp_path)
+    run({**base, "max_steps": 6, "record": str(tmp_path / "one"), "ckpt_path": ckpt})
+    old, one = every_rank(tmp_path / "old", 2), records(tmp_path / "one")
+    assert len(samples(one, 0)) == size - 16
+    assert sorted(samples(old[0], 0) + samples(old[1], 0) + samples(one, 0)) == sorted(samples(single, 0))
 
 
 @pytest.mark.timeout(900)

@@ -11,7 +11,8 @@ and the side-stream prefetch), batch_size (8 unless given), block_shuffle, recip
 TrivialAugmentWide in the workers and on the device, RandomErasing, MixUp or CutMix, repeated augmentation), labels (a
 label table for a flat folder source; folder and cache kinds), multi_label, mix_with (kind "mixed": an HDF5 file drawn
 twice as often as the folder source, in a MixedDataModule of 30 samples an epoch), sampling (the DataModule's sampling
-arguments: sample_weights, replacement, epoch_size, classes, max_per_class, fraction).
+arguments: sample_weights, replacement, epoch_size, classes, max_per_class, fraction). Kind captions: an
+ImageTextDataModule on img2dataset-style tar shards; its "labels" recorded are the captions.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from lightning_fastdata import (
     FastDataCallback,
     HDF5DataModule,
     ImageFolderDataModule,
+    ImageTextDataModule,
     MixedDataModule,
     SegmentationDataModule,
     ShardDataModule,
@@ -52,12 +54,14 @@ class Recorder(pl.LightningModule):
             os.kill(os.getpid(), signal.SIGKILL)  # not an exception: the process just dies
         if self.raise_at is not None and self.global_step == self.raise_at:
             raise RuntimeError("simulated out of memory")  # this step's batch was never trained
-        sums = images.double().flatten(1).sum(1).round(decimals=3).tolist()
+        sums = images.double().flatten(1).sum(1).round(decimals=3).tolist()  # captions: normalised floats
         line = {"step": self.global_step, "epoch": self.current_epoch, "rank": self.global_rank}
-        if labels.dim() == 3:  # segmentation masks: a checksum of each, weighted by position (a moved mask differs)
+        if isinstance(labels, list):  # captions: the strings themselves
+            pass
+        elif labels.dim() == 3:  # segmentation masks: a checksum of each, weighted by position (a moved mask differs)
             weights = torch.arange(1, labels[0].numel() + 1, dtype=torch.float64)
             labels = (labels.flatten(1).double() * weights).sum(1).long()
-        line.update(labels=labels.tolist(), sums=sums)
+        line.update(labels=labels if isinstance(labels, list) else labels.tolist(), sums=sums)
         with open(f"{self.record}.rank{self.global_rank}", "a") as f:
             f.write(json.dumps(line) + "\n")
             f.flush()
@@ -123,6 +127,8 @@ def main(cfg: dict[str, Any]) -> None:
             cfg["source"], num_classes=6, class_names=names, base_size=24, crop_size=16, val_split=None,
             cache_dir=cache, device_transforms=policy, **without(kw, "image_size", "val_fraction"),
         )  # fmt: skip
+    elif cfg["kind"] == "captions":
+        dm = ImageTextDataModule(cfg["source"], index_dir=cfg["cache_dir"], **without(kw, "val_fraction"))
     elif cfg["kind"] == "shards":
         dm = ShardDataModule(cfg["source"], index_dir=cfg["cache_dir"], shuffle_buffer=cfg.get("shuffle_buffer"), **kw)
     else:
