@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from lightning_fastdata.callbacks.monitor import DataWaitMonitor
     from lightning_fastdata.callbacks.predictions import PredictionWriter
     from lightning_fastdata.captions.datamodule import ImageTextDataModule
+    from lightning_fastdata.captions.model import ContrastiveModel
     from lightning_fastdata.convert.hdf5 import convert_folder_to_hdf5
     from lightning_fastdata.datamodules.base import FastDataModule
     from lightning_fastdata.datamodules.cache import TensorCacheDataModule
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
+    "ContrastiveModel": "lightning_fastdata.captions.model",
     "CpuBudget": "lightning_fastdata.loading.workers",
     "DataWaitMonitor": "lightning_fastdata.callbacks.monitor",
     "DevicePrefetcher": "lightning_fastdata.loading.transport.prefetch",
@@ -91,6 +93,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ContrastiveModel",
     "CpuBudget",
     "DataWaitMonitor",
     "DevicePrefetcher",

@@ -48,7 +48,8 @@ def __getattr__(name: str) -> Any:
 def _make_data(args: argparse.Namespace, rest: list[str]) -> None:
     from lightning_fastdata.demos import ensure_demo_data
 
-    if args.task in ("segmentation", "detection"):
+    if args.task in ("segmentation", "detection", "captions"):
+        from lightning_fastdata.captions.demos import make_caption_shards
         from lightning_fastdata.detection.demos import make_detection_folder
         from lightning_fastdata.errors import PathExistsError
         from lightning_fastdata.segmentation.demos import make_segmentation_folder
@@ -56,6 +57,10 @@ def _make_data(args: argparse.Namespace, rest: list[str]) -> None:
         root = Path(args.root)
         if root.exists() and (not root.is_dir() or any(root.iterdir())):
             raise PathExistsError(f"{args.root!r} exists and is not empty; choose a new or empty folder.")
+        if args.task == "captions":
+            make_caption_shards(root, count=args.count)
+            print(f"fastdata make-data: wrote {args.count} captioned scenes as tar shards in {root}/train and /val")
+            return
         if args.task == "detection":
             make_detection_folder(root, count=args.count, size=(320, 240))
             print(f"fastdata make-data: wrote {args.count} scenes and their boxes in COCO's layout in {root}")
@@ -276,22 +281,24 @@ def _add_make_data(sub: Any) -> None:
     """``fastdata make-data``."""
     make = sub.add_parser(
         "make-data",
-        help="write a photo-like JPEG folder (or segmentation scenes with masks, detection scenes with boxes)",
+        help="write a photo-like JPEG folder (or scenes with masks, boxes or captions)",
         description="Generate a photo-like JPEG folder (into a new or empty folder only).",
         epilog="examples: fastdata make-data data/fake --num-classes 4 --per-class 32\n"
         "          fastdata make-data data/scenes --task segmentation --count 200  # VOC's layout, palette masks\n"
-        "          fastdata make-data data/boxes --task detection --count 200  # COCO's layout",
+        "          fastdata make-data data/boxes --task detection --count 200  # COCO's layout\n"
+        "          fastdata make-data data/pairs --task captions --count 400  # img2dataset's tar shards",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     make.add_argument("root")
     make.add_argument(
         "--task",
-        choices=["classification", "segmentation", "detection"],
+        choices=["classification", "segmentation", "detection", "captions"],
         default="classification",
         help="classification: class sub-folders; segmentation: scenes of shapes whose masks are known (VOC layout); "
-        "detection: scenes of rectangles whose boxes are known (COCO layout)",
+        "detection: scenes of rectangles whose boxes are known (COCO layout); captions: captioned scenes of one "
+        "coloured shape (img2dataset's tar shards)",
     )
-    make.add_argument("--count", type=int, default=200, help="segmentation, detection: scenes to write")
+    make.add_argument("--count", type=int, default=200, help="segmentation, detection, captions: scenes to write")
     make.add_argument("--num-classes", type=int, default=8)
     make.add_argument("--per-class", type=int, default=64)
     make.add_argument("--processes", type=int, default=2)

@@ -45,7 +45,8 @@ def _data_class_name(argv: list[str]) -> str | None:
     """The class name of the DataModule ``argv`` asks for (in a ``--config`` file or ``--data``), if it names one.
 
     A ``SegmentationDataModule``'s model is :class:`~lightning_fastdata.ImageSegmenter`, a ``DetectionDataModule``'s
-    :class:`~lightning_fastdata.ObjectDetector` (their configs' ``model:`` sections hold those models' arguments).
+    :class:`~lightning_fastdata.ObjectDetector`, an ``ImageTextDataModule``'s
+    :class:`~lightning_fastdata.ContrastiveModel` (their configs' ``model:`` sections hold those models' arguments).
     """
     import yaml
 
@@ -73,6 +74,10 @@ def _model_class(argv: list[str]) -> type:
         from lightning_fastdata.detection.detector import ObjectDetector
 
         return ObjectDetector
+    if name == "ImageTextDataModule":
+        from lightning_fastdata.captions.model import ContrastiveModel
+
+        return ContrastiveModel
     return ImageClassifier
 
 
@@ -115,8 +120,10 @@ class FastDataCLI(LightningCLI):
         """Link the class count, names and kind so configs never repeat them (the names go into the checkpoint).
 
         A segmentation run (:class:`~lightning_fastdata.ImageSegmenter`) links the ignored mask value instead of the
-        kind.
+        kind; a contrastive run (:class:`~lightning_fastdata.ContrastiveModel`: no classes) links nothing.
         """
+        if getattr(self.model_class, "__name__", "") == "ContrastiveModel":
+            return
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.classes", "model.class_names", compute_fn=list, apply_on="instantiate")
         if isinstance(self.model_class, type) and issubclass(self.model_class, ImageSegmenter):
@@ -179,7 +186,8 @@ def run_cli(args: list[str] | None = None) -> FastDataCLI:
     """Run LightningCLI over :class:`ImageClassifier` and any :class:`FastDataModule` subclass.
 
     With a ``SegmentationDataModule`` (``data.class_path``), the model is :class:`~lightning_fastdata.ImageSegmenter`;
-    with a ``DetectionDataModule``, :class:`~lightning_fastdata.ObjectDetector`.
+    with a ``DetectionDataModule``, :class:`~lightning_fastdata.ObjectDetector`; with an ``ImageTextDataModule``,
+    :class:`~lightning_fastdata.ContrastiveModel`.
 
     ``args``: ``[subcommand, options...]`` (default: the command line after the program name). ``--config`` may
     name a shipped config (``--config imagefolder``). ``sys.argv`` is never changed (a DDP launcher that

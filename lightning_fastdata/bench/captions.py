@@ -11,10 +11,11 @@ Rows, interleaved in one measurement, the same tar shards (img2dataset's layout:
 - ``ImageTextDataModule``: ours (uint8 batches, the crop decoded alone, the tokenizer in the workers; normalisation
   is the device's).
 
-The tokenizer is a stand-in with open_clip's output shape (``77`` ids a caption, words hashed to ids; open_clip is not
-a dependency): the same callable in both. ``--cap-root`` measures a folder of the user's shards; by default the suite
-writes the bench photos (``--root``'s first ``--cap-images``) as shards of 256 pairs with made captions. The ceiling
-beside them: one core reading and fully decoding each image (:func:`~lightning_fastdata.measure.ceiling_img_s`).
+The tokenizer is a stand-in with open_clip's output shape (:class:`~lightning_fastdata.captions.text.HashTokenizer`;
+open_clip is not a dependency): the same callable in both. ``--cap-root`` measures a folder of the user's shards;
+by default the suite writes the bench photos (``--root``'s first ``--cap-images``) as shards of 256 pairs with made
+captions. The ceiling beside them: one core reading and fully decoding each image
+(:func:`~lightning_fastdata.measure.ceiling_img_s`).
 """
 
 from __future__ import annotations
@@ -27,31 +28,16 @@ import json
 import os
 import statistics
 import tarfile
-import zlib
 from typing import Any
 
-import torch
-
 from lightning_fastdata.captions.datamodule import ImageTextDataModule
+from lightning_fastdata.captions.text import HashTokenizer
 from lightning_fastdata.measure import Candidate, ceiling_img_s, measure_one_thread, print_table, rows_for
 
-__all__ = ["HashTokenizer", "add_captions_arguments", "captions_suite", "webdataset_loader", "write_bench_shards"]
+__all__ = ["add_captions_arguments", "captions_suite", "webdataset_loader", "write_bench_shards"]
 
 #: CLIP's normalisation (open_clip's OPENAI_DATASET_MEAN / STD).
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
-
-
-class HashTokenizer:
-    """A caption as open_clip's tokenizers shape it: ``context_length`` int64 ids (words hashed), 0-padded."""
-
-    def __init__(self, context_length: int = 77, vocab: int = 49408) -> None:
-        self.context_length, self.vocab = context_length, vocab
-
-    def __call__(self, text: str) -> torch.Tensor:
-        ids = [1 + zlib.crc32(w.encode()) % (self.vocab - 2) for w in text.lower().split()][: self.context_length]
-        out = torch.zeros(self.context_length, dtype=torch.int64)
-        out[: len(ids)] = torch.tensor(ids, dtype=torch.int64)
-        return out
 
 
 def write_bench_shards(photos: list[str], root: str, per_shard: int = 256) -> str:

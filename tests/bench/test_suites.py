@@ -400,8 +400,8 @@ def test_the_captions_suite_times_webdataset_and_ours_on_the_same_shards(tmp_pat
 
     import torch
 
-    from lightning_fastdata.bench.captions import HashTokenizer
     from lightning_fastdata.bench.loaders import main
+    from lightning_fastdata.captions.text import HashTokenizer
 
     result = main(
         ["--suites", "captions", "--root", str(tmp_path / "bench"), "--num-classes", "2", "--per-class", "8",

@@ -1,0 +1,112 @@
+"""The example contrastive model: CLIP's loss and retrieval figures against plain formulas, zero-shot labels from
+tokens, learning the demo's pairs, the same figures on 2 ranks as on 1, and the shipped config from the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_fastdata import ContrastiveModel, ImageTextDataModule
+from lightning_fastdata.captions import model as clip
+from lightning_fastdata.captions.demos import CAPTION_COLOURS, make_caption_shards
+from lightning_fastdata.captions.text import HashTokenizer
+from lightning_fastdata.testing import cpu_trainer
+
+
+def test_loss_and_recall_equal_their_formulas_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """37 pairs in chunks of 8 rows: the loss is CLIP's (cross-entropy both ways over the whole similarity matrix);
+    recall@k counts the pairs whose own key ranks within k (a tie with it is no miss)."""
+    monkeypatch.setattr(clip, "_CHUNK", 8)
+    g = torch.Generator().manual_seed(0)
+    images = F.normalize(torch.randn(37, 6, generator=g), dim=-1)
+    texts = F.normalize(images + 0.9 * torch.randn(37, 6, generator=g), dim=-1)
+    texts[5] = texts[4]  # two captions alike: text 4 ties text 5 for image 5
+    scale = torch.tensor(7.0)
+    logits = scale * images @ texts.T
+    expected = (F.cross_entropy(logits, torch.arange(37)) + F.cross_entropy(logits.T, torch.arange(37))) / 2
+    assert torch.allclose(clip.symmetric_infonce(images, texts, scale), expected, atol=1e-6)
+    sims = images @ texts.T
+    for k in (1, 5):
+        ranks = [(sims[i] > sims[i, i]).sum().item() for i in range(37)]
+        assert clip.recall_at(images, texts, (k,))[k] == sum(r < k for r in ranks) / 37
+    assert 0 < clip.recall_at(images, texts)[1] < clip.recall_at(images, texts)[5] < 1
+
+
+def test_zero_shot_labels_come_from_tokens_or_strings_alike() -> None:
+    """The class a caption names, from its token ids: the same for strings and for the tokenizer's tensors; a
+    caption naming no class or two is left out (-1)."""
+    model = ContrastiveModel(zero_shot_classes=["red", "green"], embed_dim=8, image_arch="resnet18")
+    texts = ["a red disc", "A GREEN square.", "a blue disc", "red and green"]
+    tokens = model.tokens(texts)
+    assert torch.equal(tokens, torch.stack([HashTokenizer()(t) for t in texts]))
+    assert model._zero_shot_labels(tokens).tolist() == [0, 1, -1, -1]
+    assert torch.equal(model.tokens({"input_ids": tokens}), tokens)
+
+
+@pytest.mark.slow  # ~15 s on the 2-core VM
+@pytest.mark.timeout(300)
+def test_a_small_clip_learns_the_demo_pairs(tmp_path: Path) -> None:
+    """6 epochs of the demo's 190 training pairs (tokenized in 2 workers): zero-shot by colour well above chance
+    (1 in 5), and each image's caption ranked first far more often than chance."""
+    root = make_caption_shards(tmp_path / "pairs", count=240, size=(96, 72))
+    kw = dict(image_size=64, batch_size=32, num_workers=2, text_transform=HashTokenizer())
+    dm = ImageTextDataModule(str(root / "train"), val_root=str(root / "val"), index_dir=str(tmp_path / "i"), **kw)
+    torch.manual_seed(0)
+    model = ContrastiveModel(zero_shot_classes=list(CAPTION_COLOURS), embed_dim=64, lr=1e-3)
+    trainer = cpu_trainer(epochs=6)
+    trainer.fit(model, dm)
+    assert dm.skipped == {"train": 7, "val": 2}  # every 25th key lost its image
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    assert metrics["val_zero_shot_images"] == 46  # 48 validation keys, 2 without an image
+    assert metrics["val_zero_shot_acc"] >= 0.8
+    assert metrics["val_image_to_text_r1"] >= 0.3 and metrics["val_text_to_image_r5"] >= 0.3
+    assert metrics["val_image_to_text_r1"] <= metrics["val_image_to_text_r5"]
+
+
+@pytest.mark.slow  # two DDP launches
+@pytest.mark.timeout(300)
+def test_two_ranks_give_one_ranks_figures_each_pair_once(tmp_path: Path) -> None:
+    """``trainer.validate`` on 1 and on 2 ranks (gloo) with an exact model: the same loss, recall and zero-shot
+    figures to the bit, and the 2 ranks served the 46 validation pairs once (one padded)."""
+    from benchmarks.s3_server import free_ports
+
+    root = make_caption_shards(tmp_path / "pairs", count=240, size=(64, 48))
+    script = Path(__file__).parents[1] / "helpers" / "ddp_clip.py"
+    for devices in ("1", "2"):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0])}
+        out = subprocess.run([sys.executable, str(script), str(tmp_path), devices, str(root)],
+                             capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-4000:]
+    one = json.loads((tmp_path / "clip-1-rank0.json").read_text())
+    two = [json.loads((tmp_path / f"clip-2-rank{r}.json").read_text()) for r in (0, 1)]
+    served = sorted(two[0]["served"]["validate"] + two[1]["served"]["validate"])
+    assert set(served) == set(range(46)) and len(served) == 46
+    assert one["validate"]["val_zero_shot_images"] == 46 and 0 < one["validate"]["val_image_to_text_r5"] < 1
+    for r in two:
+        assert r["validate"] == one["validate"]
+
+
+@pytest.mark.slow  # the CLI: make-data, then fit from the shipped config
+@pytest.mark.timeout(300)
+def test_the_shipped_config_trains_from_the_cli(tmp_path: Path) -> None:
+    """``fastdata make-data --task captions`` then ``fastdata fit --config captions`` (one short epoch): it trains,
+    validates and logs the retrieval and zero-shot figures."""
+    fastdata = [sys.executable, "-m", "lightning_fastdata.cli"]
+    made = subprocess.run([*fastdata, "make-data", "data/pairs", "--task", "captions", "--count", "60"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert made.returncode == 0 and (tmp_path / "data" / "pairs" / "train" / "00000.tar").is_file(), made.stderr[-2000:]
+    args = ["fit", "--config", "captions", "--trainer.max_epochs", "1", "--data.init_args.image_size", "32",
+            "--data.init_args.num_workers", "2", "--data.init_args.batch_size", "16", "--trainer.log_every_n_steps",
+            "1", "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", "logs"]  # fmt: skip
+    fit = subprocess.run([*fastdata, *args], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert fit.returncode == 0, fit.stderr[-4000:]
+    metrics = next((tmp_path / "logs").rglob("metrics.csv")).read_text()
+    for name in ("train_loss", "val_loss", "val_image_to_text_r1", "val_text_to_image_r5", "val_zero_shot_acc"):
+        assert name in metrics.splitlines()[0], metrics.splitlines()[0]
