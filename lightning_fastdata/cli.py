@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_fastdata.cli_convert import add_task_converters, size_bytes
 from lightning_fastdata.diagnose.arguments import add_arguments as add_doctor_arguments
-from lightning_fastdata.errors import InvalidValueError, UsageError
+from lightning_fastdata.errors import UsageError
 from lightning_fastdata.shipped import CONFIG_DIR, ConfigNotFoundError, config_summary, find_config, shipped_configs
 
 __all__ = ["CONFIG_DIR", "ConfigNotFoundError", "find_config", "main", "run_cli"]  # + FastDataCLI, on use
@@ -149,22 +150,6 @@ def _convert(args: argparse.Namespace, rest: list[str]) -> None:
     print(f"fastdata convert: wrote {dst}")
 
 
-def _size_bytes(text: str) -> int:
-    """``1GB``, ``64MB``, ``500kB`` or a number of bytes, as an int (argparse's type)."""
-    units = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "b": 1}
-    lowered = text.strip().lower()
-    for unit, factor in sorted(units.items(), key=lambda u: -len(u[0])):
-        if lowered.endswith(unit):
-            try:
-                return int(float(lowered[: -len(unit)]) * factor)
-            except ValueError:
-                break
-    try:
-        return int(lowered)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write it as 1GB, 64MB or bytes.") from None
-
-
 def _convert_shards(args: argparse.Namespace, rest: list[str]) -> None:
     from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
 
@@ -174,41 +159,6 @@ def _convert_shards(args: argparse.Namespace, rest: list[str]) -> None:
     else:
         written = write_tar_shards(args.src, args.dst, shard_bytes=args.shard_size, **order)
     print(f"fastdata convert: wrote {len(written)} {args.format} shard(s) in {args.dst}")
-
-
-def _convert_segmentation(args: argparse.Namespace, rest: list[str]) -> None:
-    import json
-
-    from lightning_fastdata.segmentation.convert import convert_segmentation
-    from lightning_fastdata.segmentation.layouts import NAMED_TABLES
-
-    label_map: dict[int, int] | str | None = args.label_map
-    try:
-        if args.label_map is not None and args.label_map not in NAMED_TABLES:
-            label_map = {int(k): int(v) for k, v in json.loads(args.label_map).items()}
-    except (ValueError, AttributeError):
-        raise InvalidValueError(
-            f"--label-map {args.label_map!r} is neither a table's name ({', '.join(NAMED_TABLES)}) nor a JSON object "
-            'of mask value -> class, e.g. \'{"0": 255, "1": 0, "2": 1}\'.'
-        ) from None
-    written = convert_segmentation(
-        args.src, args.dst, args.format, args.splits, args.shard_size, args.rows_per_group, args.overwrite,
-        layout=args.layout, num_classes=args.num_classes, label_map=label_map, ignore_index=args.ignore_index,
-        images_dir=args.images_dir, masks_dir=args.masks_dir,
-    )  # fmt: skip
-    for split, files in written.items():
-        print(f"fastdata convert: {split}: {len(files)} {args.format} file(s) in {files[0].parent}")
-    print(f"fastdata convert: train from it with SegmentationDataModule(root={args.dst!r}, num_classes=...)")
-
-
-def _convert_detection(args: argparse.Namespace, rest: list[str]) -> None:
-    from lightning_fastdata.detection.convert import convert_detection
-
-    written = convert_detection(args.src, args.dst, args.format, args.splits, args.layout, args.class_names,
-                                args.shard_size, args.rows_per_group, args.overwrite)  # fmt: skip
-    for split, files in written.items():
-        print(f"fastdata convert: {split}: {len(files)} {args.format} file(s) in {files[0].parent}")
-    print(f"fastdata convert: train from it with DetectionDataModule(root={args.dst!r})")
 
 
 #: Subcommands whose options another parser reads: LightningCLI's, and the benchmark's.
@@ -238,8 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     targets = _add_convert(sub)
     _add_convert_hdf5(targets)
     _add_convert_shards(targets)
-    _add_convert_segmentation(targets)
-    _add_convert_detection(targets)
+    add_task_converters(targets)
     _add_doctor(sub)
     return parser
 
@@ -382,7 +331,7 @@ def _add_convert_shards(sub: Any) -> None:
         help="tar: WebDataset (<key>.<ext> + <key>.cls members); parquet: the hubs' image {bytes, path} and label "
         "(ClassLabel) columns",
     )
-    tars.add_argument("--shard-size", type=_size_bytes, default=10**9, help="about this much a shard (1GB, 64MB)")
+    tars.add_argument("--shard-size", type=size_bytes, default=10**9, help="about this much a shard (1GB, 64MB)")
     tars.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
     tars.add_argument("--overwrite", action="store_true", help="replace shards already in --dst")
     tars.add_argument(
@@ -392,65 +341,6 @@ def _add_convert_shards(sub: Any) -> None:
     )
     tars.add_argument("--seed", type=int, default=0, help="with --shuffle: the order's seed")
     tars.set_defaults(handler=_convert_shards)
-
-
-def _add_convert_segmentation(sub: Any) -> None:
-    """``fastdata convert segmentation``."""
-    seg = sub.add_parser(
-        "segmentation",
-        help="a segmentation dataset's splits -> tar shards, Parquet or one HDF5 file (masks as classes)",
-        description="Write a segmentation dataset (VOC, ADE20K, Cityscapes, paired folders; local or s3://) as tar "
-        "shards (DST/<split>/shard-*.tar), the hubs' Parquet (DST/<split>/part-*.parquet) or one HDF5 file (a group "
-        "per split; masks of one size). Masks are written as the classes they mean (the layout's table or "
-        "--label-map applied), so SegmentationDataModule(root=DST) reads them with no table.",
-    )
-    seg.add_argument("--src", required=True, help="the dataset's root (a folder or s3://bucket/prefix)")
-    seg.add_argument("--dst", required=True, help="output folder (tar, parquet) or .h5 file (hdf5)")
-    seg.add_argument("--format", choices=["tar", "parquet", "hdf5"], default="tar")
-    seg.add_argument(
-        "--splits", nargs="+", default=None, help="splits to write (default: those of train val test training "
-        "validation that exist)"
-    )  # fmt: skip
-    seg.add_argument("--layout", choices=["auto", "voc", "ade20k", "cityscapes", "paired"], default="auto")
-    seg.add_argument(
-        "--num-classes", type=int, default=None, help="the classes (default: the layout's: VOC 21, ADE20K 150, "
-        "Cityscapes 19; needed for paired folders)"
-    )  # fmt: skip
-    seg.add_argument(
-        "--label-map", default=None, help='mask value -> class as JSON (\'{"0": 255, "1": 0}\'), or a table\'s name: '
-        "ade20k, cityscapes (masks coded so in another layout)"
-    )  # fmt: skip
-    seg.add_argument("--ignore-index", type=int, default=255, help="what a value of no class is written as")
-    seg.add_argument("--images-dir", default="images", help="paired folders: the images' folder")
-    seg.add_argument("--masks-dir", default="annotations", help="paired folders: the masks' folder")
-    seg.add_argument("--shard-size", type=_size_bytes, default=None, help="about this much a file (tar 64MB, "
-                     "parquet 256MB)")  # fmt: skip
-    seg.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
-    seg.add_argument("--overwrite", action="store_true", help="replace shards or a file already at --dst")
-    seg.set_defaults(handler=_convert_segmentation)
-
-
-def _add_convert_detection(sub: Any) -> None:
-    """``fastdata convert detection``."""
-    det = sub.add_parser(
-        "detection",
-        help="a detection dataset's splits -> tar shards, Parquet or one HDF5 file (boxes as JSON)",
-        description="Write a detection dataset (COCO, VOC, YOLO, a CSV of boxes; local or s3://) as tar shards "
-        "(DST/<split>/shard-*.tar: key.jpg + key.json), Parquet (DST/<split>/part-*.parquet) or one HDF5 file (a "
-        "group per split), the boxes in the images' pixels and the classes' labels, so DetectionDataModule(root=DST) "
-        "reads them as the folder.",
-    )
-    det.add_argument("--src", required=True, help="the dataset's root (a folder or s3://bucket/prefix)")
-    det.add_argument("--dst", required=True, help="output folder (tar, parquet) or .h5 file (hdf5)")
-    det.add_argument("--format", choices=["tar", "parquet", "hdf5"], default="tar")
-    det.add_argument("--splits", nargs="+", default=None, help="splits (default: the layout's train and val)")
-    det.add_argument("--layout", choices=["auto", "coco", "voc", "yolo", "csv"], default="auto")
-    det.add_argument("--class-names", nargs="+", default=None, help="the classes in label order (VOC: its 20)")
-    det.add_argument("--shard-size", type=_size_bytes, default=None, help="about this much a file (tar 64MB, "
-                     "parquet 256MB)")  # fmt: skip
-    det.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
-    det.add_argument("--overwrite", action="store_true", help="replace shards or a file already at --dst")
-    det.set_defaults(handler=_convert_detection)
 
 
 def _add_doctor(sub: Any) -> None:

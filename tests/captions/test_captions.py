@@ -183,3 +183,39 @@ def test_a_table_beside_a_folder_gives_each_image_its_captions(tmp_path: Path) -
     (folder / "cols.csv").write_text("path,text\n0.jpg,x\n")
     with pytest.raises(Exception, match=r"cols\.csv has no column 'file'"):
         ImageTextDataModule(str(folder), captions_table="cols.csv").setup("fit")
+
+
+@pytest.mark.slow  # ~9 s: two CLI runs and three loaders
+@pytest.mark.timeout(180)
+def test_a_folder_and_its_table_converted_to_shards_and_parquet_give_the_folders_batches(tmp_path: Path) -> None:
+    """``fastdata convert captions``: a folder with two captions an image in a table, as tar shards (every caption
+    in ``key.json``) and as Parquet (a list column): ImageTextDataModule's batches from either are the folder's, bit
+    for bit (the same pixels, the same caption drawn for each sample); nothing written into the folder."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    rows = []
+    for k in range(14):
+        (folder / f"{k}.jpg").write_bytes(jpeg(k, (90 + k, 70)))
+        rows += [(f"{k}.jpg", f"image {k}, caption {j}") for j in range(2)]
+    (folder / "captions.csv").write_text("file,caption\n" + "".join(f'{f},"{c}"\n' for f, c in rows))
+    before = sorted(p.name for p in folder.iterdir())
+    for fmt in ("tar", "parquet"):
+        cmd = [sys.executable, "-m", "lightning_fastdata.cli", "convert", "captions", "--src", str(folder), "--table",
+               "captions.csv", "--dst", str(tmp_path / fmt), "--format", fmt, "--shard-size", "4kB"]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "ImageTextDataModule" in out.stdout, out.stderr[-2000:]
+    assert len(list((tmp_path / "tar").glob("shard-*.tar"))) > 1 and sorted(p.name for p in folder.iterdir()) == before
+
+    def batches(root: Path, **kw: object) -> list[tuple[list[int], list[str]]]:
+        dm = ImageTextDataModule(str(root), batch_size=4, num_workers=2, image_size=32, seed=5,
+                                 index_dir=str(tmp_path / "index"), **kw)  # type: ignore[arg-type]  # fmt: skip
+        dm.setup("fit")
+        return [(images.flatten().tolist(), texts) for images, texts in dm.train_dataloader()]
+
+    reference = batches(folder, captions_table="captions.csv")
+    assert {caption_id(t) for _, texts in reference for t in texts} == set(range(14))
+    assert batches(tmp_path / "tar", caption_field="caption") == reference
+    assert batches(tmp_path / "parquet", shuffle_buffer=None) == reference
