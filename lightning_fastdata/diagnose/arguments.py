@@ -12,7 +12,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "path",
         help="image folder (root/<class>/<image>), a bucket URL of one (s3://bucket/train; credentials and endpoint "
-        "from the standard AWS environment), or an HDF5 file",
+        "from the standard AWS environment), an HDF5 file, or a folder of image-caption tar shards (img2dataset's)",
+    )
+    p.add_argument(
+        "--caption-field",
+        default=None,
+        help="image-caption shards: read each caption from this field of key.json (default: key.txt)",
     )
     p.add_argument("--devices", type=int, default=1, help="training processes per node")
     p.add_argument("--batch-size", type=int, default=64, help="batch size per training process, as you train")

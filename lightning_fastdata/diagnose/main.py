@@ -11,17 +11,24 @@ from lightning_fastdata.diagnose.arguments import add_arguments
 from lightning_fastdata.errors import UsageError
 
 if TYPE_CHECKING:
+    from lightning_fastdata.diagnose.pairs import PairsReport
     from lightning_fastdata.diagnose.report import DoctorReport
 
 __all__ = ["add_arguments", "main", "run"]
 
 
-def run(args: argparse.Namespace) -> DoctorReport:
+def run(args: argparse.Namespace) -> DoctorReport | PairsReport:
     """Measure, print the report and the commands to run; ``--write-config`` writes the config.
+
+    A folder of tar shards of image-caption pairs gets the pairs' report (:mod:`~lightning_fastdata.diagnose.pairs`).
 
     Raises:
         UsageError: If the data, the scratch directory or an argument is unusable (the message says what to do).
     """
+    from lightning_fastdata.diagnose.pairs import holds_tar_shards
+
+    if holds_tar_shards(args.path):
+        return _run_pairs(args)
     # the measuring parts load torch: imported here, so that the parser (and --help) loads nothing heavy
     from lightning_fastdata.diagnose.report import check_config_path, format_report, sibling_validation, write_config
     from lightning_fastdata.diagnose.run import doctor
@@ -57,7 +64,22 @@ def run(args: argparse.Namespace) -> DoctorReport:
     return report
 
 
-def main(argv: list[str] | None = None) -> DoctorReport:
+def _run_pairs(args: argparse.Namespace) -> PairsReport:
+    """The doctor on image-caption shards: pairs, skipped keys, the module's rate; ``--write-config``."""
+    from lightning_fastdata.diagnose.pairs import diagnose_pairs, format_pairs, write_pairs_config
+
+    print(f"fastdata doctor: indexing the shards in {args.path} and timing ImageTextDataModule for about "
+          f"{args.seconds:g} s ...", file=sys.stderr, flush=True)  # fmt: skip
+    report = diagnose_pairs(args.path, args.caption_field, args.devices, args.batch_size, args.image_size,
+                            args.seconds, args.scratch_dir)  # fmt: skip
+    if args.write_config:
+        write_pairs_config(report, args.write_config, args.batch_size, args.image_size)
+        print(f"fastdata doctor: wrote {args.write_config}", file=sys.stderr)
+    print(format_pairs(report, args.write_config))
+    return report
+
+
+def main(argv: list[str] | None = None) -> DoctorReport | PairsReport:
     """``fastdata doctor`` on its own (``python -m lightning_fastdata.diagnose.main``); errors as the command's."""
     p = argparse.ArgumentParser(
         prog="fastdata doctor",
