@@ -5,10 +5,16 @@ to a SeaweedFS server on 127.0.0.1, read by :class:`~lightning_fastdata.ShardDat
 ``s3://`` direct, and from ``s3://`` through a proxy that adds ``--delay-ms`` before every request (a bucket in a
 remote region). The shards' indexes are built before timing (kept locally, as a run's second epoch finds them).
 
+``--kind captions``: the same photos as image-caption pairs in img2dataset's tar layout
+(:func:`~lightning_fastdata.bench.captions.write_bench_shards`), read by
+:class:`~lightning_fastdata.ImageTextDataModule` with the bench's stand-in tokenizer in the workers (issue 71's
+">= 0.9x local").
+
 With ``--pin`` (the default) the loader (this process and its workers) runs on CPU 0 and the server and the proxy on
 CPU 1, so the server does not take the loader's CPU: the local rows run on the same one CPU.
 
     python -m benchmarks.shards_s3 --json benchmarks/results/shards-s3.json
+    python -m benchmarks.shards_s3 --kind captions --json benchmarks/results/captions-s3.json
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ import torch
 from benchmarks.fault_proxy import fault_proxy
 from benchmarks.s3 import _pin_process
 from benchmarks.s3_server import local_s3_server, upload_folder
+from lightning_fastdata.bench.captions import write_bench_shards
+from lightning_fastdata.captions.datamodule import ImageTextDataModule
+from lightning_fastdata.captions.text import HashTokenizer
 from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
 from lightning_fastdata.datamodules.shards import ShardDataModule
 from lightning_fastdata.demos import make_image_folder
@@ -49,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--min-seconds", type=float, default=3.0)
     p.add_argument("--no-pin", dest="pin", action="store_false", help="loader, server and proxy share the CPUs")
+    p.add_argument("--kind", choices=["images", "captions"], default="images", help="captions: image-text pairs")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     measured_on = machine()  # before pinning: the machine's CPUs, not the loader's one
@@ -63,16 +73,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fastdata-shards-s3-") as tmp:
         root = make_image_folder(Path(tmp) / "train", num_classes=8, per_class=args.images // 8, processes=2)
-        folders = {
-            "tar": write_tar_shards(root, Path(tmp) / "tar", shard_bytes=16 * 2**20)[0].parent,
-            "parquet": write_parquet_shards(root, Path(tmp) / "parquet", shard_bytes=16 * 2**20)[0].parent,
-        }
+        if args.kind == "captions":  # ~180 pairs a shard (~16 MB), img2dataset's layout
+            photos = sorted(str(f) for f in root.rglob("*.jpg"))
+            folders = {"pairs": Path(write_bench_shards(photos, str(Path(tmp) / "pairs"), per_shard=180))}
+        else:
+            folders = {
+                "tar": write_tar_shards(root, Path(tmp) / "tar", shard_bytes=16 * 2**20)[0].parent,
+                "parquet": write_parquet_shards(root, Path(tmp) / "parquet", shard_bytes=16 * 2**20)[0].parent,
+            }
         with local_s3_server(Path(tmp) / "s3") as s3, fault_proxy(s3.endpoint, delay=args.delay_ms / 1000) as slow:
             if args.pin:
                 for pid in (s3.pid, slow.pid):
                     _pin_process(pid, server_cpu)
             kw = dict(val_fraction=0.0, image_size=args.size, batch_size=args.batch_size, num_workers=args.workers)
             kw["entropy_index"] = False  # the reads compared, the decode the same everywhere
+            caption_kw = {k: v for k, v in kw.items() if k not in ("val_fraction", "entropy_index")}
             candidates: list[Candidate] = []
             for fmt, folder in folders.items():
                 url = s3.url(f"shards-{fmt}")
@@ -83,7 +98,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     (f"{fmt}, s3 +{args.delay_ms:g} ms/request", url, s3.storage_options(slow.endpoint)),
                 ]
                 for name, source, options in sources:
-                    dm = ShardDataModule(source, index_dir=str(Path(tmp) / "idx" / name), storage_options=options, **kw)
+                    index = str(Path(tmp) / "idx" / name)
+                    dm: Any
+                    if args.kind == "captions":
+                        dm = ImageTextDataModule(source, text_transform=HashTokenizer(), index_dir=index,
+                                                 storage_options=options, **caption_kw)  # fmt: skip
+                    else:
+                        dm = ShardDataModule(source, index_dir=index, storage_options=options, **kw)
                     dm.prepare_data()
                     dm.setup("fit")
                     candidates.append((name, dm.train_dataloader, count_images))

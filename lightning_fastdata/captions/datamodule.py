@@ -69,8 +69,9 @@ class ImageTextDataModule(FastDataModule):
             (tensors stacked, dicts of tensors stacked per key). ``None``: a list of strings.
         image_size: The square side (open_clip's 224).
         scale: The training crop's area range (open_clip's ``(0.9, 1.0)``).
-        shuffle_buffer: Parquet: the training order in windows of row groups of about this many rows; ``None``: a
-            full shuffle.
+        shuffle_buffer: Parquet, and tar shards in a bucket: the training order in windows of row groups (runs of
+            members, one request each) holding about this many pairs (webdataset's ``shuffle(n)``); ``None``: a full
+            shuffle (a bucket's shards: a request a pair). Local shards are always fully shuffled.
         storage_options: Object-store settings for a bucket root.
         index_dir: Where the shards' and Parquet files' indexes are kept; ``None``: the user cache.
 
@@ -150,7 +151,8 @@ class ImageTextDataModule(FastDataModule):
                     f"lightning_fastdata: {self.skipped[split]} pair(s) of {where} skipped: a key without its image "
                     f"or its caption (.{payload[:-1]}), as img2dataset leaves a failed download."
                 )
-            source = PairedTarDataset(shards, target, self.storage_options, seed=self.seed)
+            buffer = self.shuffle_buffer if train else None  # a bucket's shards: read in runs, shuffled in windows
+            source = PairedTarDataset(shards, target, self.storage_options, shuffle_buffer=buffer, seed=self.seed)
         recipe = CaptionRecipe(
             self.image_size, train, self.crop_scale, seed=self.seed, text_transform=self.text_transform
         )

@@ -6,6 +6,12 @@ request to a shard in a bucket (a batch's requests in flight together, each answ
 version), then rendered through the sample's window as the folder source's are
 (:class:`~lightning_fastdata.sources.windowed.WindowedDataset`). Samples are numbered shard after shard,
 so an epoch is a global shuffle of all of them, resumable at the exact sample.
+
+With ``shuffle_buffer`` and shards in a bucket, a shard's members are read in runs of about ``block_bytes``, one
+request each (:class:`~lightning_fastdata.datasets.group_reads.GroupReads`: a request costs the loader's CPU, a run
+serves ~100 samples), and the training order shuffles windows of runs holding about ``shuffle_buffer`` samples
+(``windows``), as webdataset's shuffle buffer does; a batch whose samples lie in runs not at hand (a full shuffle,
+weighted draws) is read one request a sample.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_fastdata.datasets.group_reads import GroupReads
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.tar_pairs import (
     PairedTarIndex,
@@ -67,13 +74,16 @@ def load_paired_shards(
     )  # fmt: skip
 
 
-class PairedTarDataset(WindowedDataset):
+class PairedTarDataset(GroupReads, WindowedDataset):
     """The image and payload samples of tar shards (in the order given, each in member order), as whole batches.
 
     Args:
         shards: Each shard's :class:`~lightning_fastdata.loading.index.tar_pairs.PairedTarIndex`.
         target: What rides with each image (:class:`~lightning_fastdata.sources.target.TargetKind`).
         storage_options: Object-store settings for shards in a bucket (their paths are URLs).
+        shuffle_buffer: Shards in a bucket: the training order in windows of runs of members holding about this many
+            samples, each run read with one request (module docstring); ``None``: a full shuffle, a request a sample.
+        block_bytes: The runs' size in bytes.
         **kwargs: The window settings of :class:`~lightning_fastdata.sources.windowed.WindowedDataset`.
 
     Raises:
@@ -85,6 +95,8 @@ class PairedTarDataset(WindowedDataset):
         shards: Sequence[PairedTarIndex],
         target: TargetKind,
         storage_options: Mapping[str, Any] | None = None,
+        shuffle_buffer: int | None = None,
+        block_bytes: int = 8 * 2**20,
         **kwargs: Any,
     ) -> None:
         super().__init__(target.bound("", {}, "the shards"), **kwargs)
@@ -94,11 +106,66 @@ class PairedTarDataset(WindowedDataset):
             raise InvalidValueError(f"The shards {[s.path for s in self.shards][:3]} hold no sample.")
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._store: Any = bucket_storage([s.path for s in self.shards], storage_options, "shards")
+        self._storage = self._store  # GroupReads' name for it
         self._fds: dict[int, int] = {}
         self._pid = -1
+        self._group_pid = -1
+        #: Whether samples are read in runs of members (a bucket's shards, with ``shuffle_buffer``).
+        self.block_reads = self._store is not None and shuffle_buffer is not None
+        #: The training order that reads whole runs (the loader's sampler takes it), or ``None``.
+        self.windows = None
+        if self.block_reads:
+            assert shuffle_buffer is not None
+            self._runs(block_bytes)
+            self.windows = self.group_windows(shuffle_buffer)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fds": {}, "_pid": -1}  # descriptors never cross a process
+    def _runs(self, block_bytes: int) -> None:
+        """Cut each shard into runs of consecutive samples of about ``block_bytes``: each sample's run, their ranges."""
+        if not isinstance(block_bytes, int) or block_bytes < 1:
+            raise InvalidValueError(f"block_bytes should be a positive size in bytes, got {block_bytes!r}.")
+        group_of, starts, ends, first = [], [], [], 0
+        for shard in self.shards:
+            if not len(shard):
+                continue
+            spans = np.array([shard.span(k) for k in range(len(shard))], dtype=np.int64)
+            cut = (spans[:, 0] - spans[0, 0]) // block_bytes  # members lie in offset order: runs ascend
+            head = np.concatenate([[True], np.diff(cut) != 0])
+            run = np.cumsum(head) - 1
+            group_of.append(first + run)
+            starts.append(np.minimum.reduceat(spans[:, 0], np.flatnonzero(head)))
+            ends.append(np.maximum.reduceat(spans[:, 1], np.flatnonzero(head)))
+            first += int(run[-1]) + 1
+        self._group_of = np.concatenate(group_of).astype(np.int64)
+        self._group_start = np.concatenate(starts).astype(np.int64)
+        self._group_end = np.concatenate(ends).astype(np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:  # descriptors and kept runs never cross a process
+        return {**self.__dict__, "_fds": {}, "_pid": -1, "_groups": None, "_pending": None, "_kept_bytes": None,
+                "_group_pid": -1}  # fmt: skip
+
+    # -- runs of members (GroupReads) ------------------------------------------------------------------------
+    def _handles_open(self) -> bool:
+        return self._group_pid == os.getpid()
+
+    def _mark_handles_open(self) -> None:
+        self._group_pid = os.getpid()
+
+    def describe(self, index: int) -> str:
+        """``shard.tar:key`` of sample ``index``."""
+        return self.name(index)
+
+    def group_calls(self, firsts: Sequence[int]) -> tuple[Any, list[tuple[Any, ...]]]:
+        """:func:`~lightning_fastdata.loading.storage.ranged.read_remote_range` of each sample's run."""
+        calls = []
+        for i in firsts:
+            shard, g = self.shards[self._locate(i)[0]], int(self._group_of[i])
+            calls.append((RemoteShard(shard.path, shard.size, shard.mtime_ns), int(self._group_start[g]),
+                          int(self._group_end[g])))  # fmt: skip
+        return read_remote_range, calls
+
+    def sample_bytes(self, group: Any, index: int) -> Any:
+        """The run's first byte and its bytes, which hold the sample's members (cut by :meth:`read_fields`)."""
+        return group
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -126,7 +193,18 @@ class PairedTarDataset(WindowedDataset):
         return data
 
     def _spans(self, indices: Sequence[int]) -> list[tuple[int, bytes]]:
-        """Each sample's ``(start, bytes)`` of both members, a bucket's requests in flight together."""
+        """Each sample's ``(start, bytes)`` holding both members, a bucket's requests in flight together.
+
+        Runs of members where samples lie in runs at hand or few (a window of runs); else a request a sample.
+        """
+        if self.block_reads:
+            at = np.asarray(indices, dtype=np.int64)
+            if 2 * len(self._missing(at)) <= len(at):
+                runs = self.read_grouped(at)
+                for run in runs:
+                    if isinstance(run, BaseException):
+                        raise run
+                return runs  # type: ignore[return-value]
         located = [self._locate(i) for i in indices]
         spans = [self.shards[s].span(k) for s, k in located]
         if self._store is None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers.captions import caption_id, id_of, jpeg, write_shards
 
+from benchmarks.s3_server import LocalS3, upload_folder
 from lightning_fastdata.captions.datamodule import ImageTextDataModule
 
 
@@ -219,3 +220,46 @@ def test_a_folder_and_its_table_converted_to_shards_and_parquet_give_the_folders
     assert {caption_id(t) for _, texts in reference for t in texts} == set(range(14))
     assert batches(tmp_path / "tar", caption_field="caption") == reference
     assert batches(tmp_path / "parquet", shuffle_buffer=None) == reference
+
+
+@pytest.mark.timeout(180)
+def test_shards_in_a_bucket_are_read_in_runs_every_caption_with_its_image(tmp_path: Path, s3: LocalS3) -> None:
+    """Caption shards on the local S3 server: read in runs of members (one request a run) and shuffled in windows of
+    them; every caption with its own image, every pair once an epoch, through 2 workers; a loader restored mid-epoch
+    gives the rest; a full shuffle (``shuffle_buffer=None``) reads the same pairs a request each."""
+    write_shards(tmp_path / "train", 40, 8)
+    url = s3.url("caption-shards")
+    upload_folder(tmp_path / "train", url, s3.storage_options())
+
+    def module(**kw: object) -> ImageTextDataModule:
+        args: dict = dict(batch_size=4, num_workers=2, seed=3, index_dir=str(tmp_path / "index"), image_size=32,
+                          storage_options=s3.storage_options(), shuffle_buffer=16)  # fmt: skip
+        return ImageTextDataModule(url, **{**args, **kw})
+
+    def pairs(batches: list) -> list[int]:
+        ids = []
+        for images, texts in batches:
+            for image, text in zip(images, texts):
+                assert id_of(image) == caption_id(text), text
+                ids.append(caption_id(text))
+        return ids
+
+    dm = module()
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert dm.train_dataset.block_reads and loader.sampler.windows is not None
+    batches = list(loader)
+    assert sorted(pairs(batches)) == [k for k in range(40) if k not in (3, 5)]
+    it = iter(loader)
+    next(it)
+    state, rest = loader.state_dict(), list(it)
+    again = module()
+    again.setup("fit")
+    resumed = again.train_dataloader()
+    resumed.load_state_dict(state)
+    for (a, ta), (b, tb) in zip(rest, resumed, strict=True):
+        assert torch.equal(a, b) and ta == tb
+    full = module(shuffle_buffer=None)
+    full.setup("fit")
+    assert not full.train_dataset.block_reads
+    assert sorted(pairs(list(full.train_dataloader()))) == sorted(pairs(batches))
