@@ -57,6 +57,12 @@ def data_source_args(config: Path, image_folder: Path, tmp_path: Path) -> list[s
 
         root = make_detection_folder(tmp_path / "boxes", count=8, layout="coco")
         return ["--data.init_args.root", str(root), "--data.init_args.classes", "[red, green, blue]"]
+    if "ImageTextDataModule" in config.read_text():  # the captions demo's shards, train and val
+        from lightning_fastdata.captions.demos import make_caption_shards
+
+        root = make_caption_shards(tmp_path / "pairs", count=20, size=(64, 48))
+        split = ["--data.init_args.val_root", str(root / "val"), "--data.init_args.index_dir", str(tmp_path)]
+        return ["--data.init_args.root", str(root / "train"), *split]
     if config.name == "imagefolder.yaml":  # its commented options, switched on from the command line
         idx = ["--data.init_args.index_dir", str(tmp_path / "idx"), "--data.init_args.entropy_index", "true"]
         return ["--data.init_args.root", str(image_folder), *idx]
@@ -85,7 +91,7 @@ def test_config_parses_and_smoke_runs(
             "cpu",
             "--trainer.devices",
             "1",
-            "--model.arch",
+            "--model.image_arch" if "ImageTextDataModule" in config.read_text() else "--model.arch",
             "lraspp_mobilenet_v3_large"
             if "SegmentationDataModule" in config.read_text()
             else "ssdlite320_mobilenet_v3_large"
@@ -95,7 +101,8 @@ def test_config_parses_and_smoke_runs(
             str(tmp_path),
         ]
     )
-    assert cli.model.hparams["num_classes"] == 3  # linked from the DataModule
+    if "ImageTextDataModule" not in config.read_text():  # a contrastive model has no classes
+        assert cli.model.hparams["num_classes"] == 3  # linked from the DataModule
     assert cli.trainer.state.finished
     if config.name == "imagefolder.yaml":  # prepare_data built the entropy index; the train set decodes with it
         assert cli.datamodule.train_dataset.entropy_indexes is not None
@@ -161,7 +168,7 @@ def test_config_names_resolve_from_any_directory(tmp_path: Path, monkeypatch: py
     assert find_config("hdf5.yaml") == CONFIG_DIR / "hdf5.yaml"
     (tmp_path / "imagefolder").write_text("trainer: {}\n")  # a file of the user's wins over a shipped name
     assert find_config("imagefolder") == Path("imagefolder")
-    with pytest.raises(ConfigNotFoundError, match="callback_resume, demo, detection, hdf5"):
+    with pytest.raises(ConfigNotFoundError, match="callback_resume, captions, demo, detection, hdf5"):
         find_config("nope")
     with pytest.raises(ConfigNotFoundError):
         find_config("some/dir/demo.yaml")  # a path that does not exist is not silently a shipped config

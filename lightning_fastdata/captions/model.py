@@ -17,9 +17,10 @@ evaluation loaders give each pair to one rank): the figures are the whole split'
   classes is left out; ``{stage}_zero_shot_images`` counts those kept). Names are matched on token ids, so the
   captions may arrive tokenized (``text_transform``).
 
-The model is :class:`TinyCLIP` (a torchvision image encoder from scratch, a bag-of-words text encoder) unless
-``model=`` gives another with open_clip's interface (``encode_image``, ``encode_text``, ``logit_scale``):
-``open_clip.create_model("ViT-B-32")`` with ``tokenizer=open_clip.get_tokenizer("ViT-B-32")``.
+The model is :class:`~lightning_fastdata.captions.model.TinyCLIP` (a torchvision image encoder from scratch, a
+bag-of-words text encoder) unless ``model=`` gives another with open_clip's interface (``encode_image``,
+``encode_text``, ``logit_scale``): ``open_clip.create_model("ViT-B-32")`` with
+``tokenizer=open_clip.get_tokenizer("ViT-B-32")``.
 """
 
 from __future__ import annotations
@@ -103,9 +104,9 @@ class ContrastiveModel(LightningModule):
 
     Args:
         model: A module with open_clip's interface (``encode_image``, ``encode_text``, ``logit_scale``);
-            ``None``: :class:`TinyCLIP` of ``embed_dim`` and ``image_arch``.
-        embed_dim: :class:`TinyCLIP`'s embedding size.
-        image_arch: :class:`TinyCLIP`'s image encoder (a ``torchvision.models`` classifier).
+            ``None``: :class:`~lightning_fastdata.captions.model.TinyCLIP` of ``embed_dim`` and ``image_arch``.
+        embed_dim: The default model's embedding size.
+        image_arch: The default model's image encoder (a ``torchvision.models`` classifier).
         tokenizer: What turns a caption into token ids (a callable of a string giving a tensor): the batch's
             captions when they arrive as strings, and the zero-shot prompts; use the DataModule's
             ``text_transform``. ``None``: :class:`~lightning_fastdata.captions.text.HashTokenizer`.
