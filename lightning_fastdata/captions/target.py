@@ -53,13 +53,28 @@ def read_captions(payload: Any, name: str, field: str = "caption") -> list[str]:
     return out
 
 
+def _stacked(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One caption's tensors as a batch: stacked, or joined where each is a batch of one already.
+
+    open_clip's tokenizers (and the hubs' with ``return_tensors="pt"``) give a string a ``1 x L`` batch: the batch is
+    ``N x L``, as open_clip's own loader makes it (``tokenizer(text)[0]``), not ``N x 1 x L``.
+    """
+    first = values[0]
+    if first.dim() >= 2 and first.shape[0] == 1 and all(v.shape == first.shape for v in values):
+        return torch.cat(list(values))
+    return torch.stack([v.reshape(first.shape) for v in values])
+
+
 def collate_texts(texts: Sequence[Any]) -> Any:
-    """A batch's texts: strings as a list; tensors stacked; dicts of tensors stacked per key; else a list."""
+    """A batch's texts: strings as a list; tensors stacked; dicts of tensors stacked per key; else a list.
+
+    A tokenizer's batch of one per caption (``1 x L``) is joined into ``N x L``.
+    """
     first = texts[0] if texts else None
     if isinstance(first, torch.Tensor):
-        return torch.stack([t.reshape(first.shape) for t in texts])
+        return _stacked(texts)
     if isinstance(first, dict) and all(isinstance(v, torch.Tensor) for v in first.values()):
-        return {k: torch.stack([t[k] for t in texts]) for k in first}
+        return {k: _stacked([t[k] for t in texts]) for k in first}
     return list(texts)
 
 

@@ -263,3 +263,30 @@ def test_shards_in_a_bucket_are_read_in_runs_every_caption_with_its_image(tmp_pa
     full.setup("fit")
     assert not full.train_dataset.block_reads
     assert sorted(pairs(list(full.train_dataloader()))) == sorted(pairs(batches))
+
+
+class BatchOfOne:
+    """A tokenizer that gives each caption a batch of one (``1 x 3``), as open_clip's and the hubs' tokenizers do."""
+
+    def __init__(self, as_dict: bool) -> None:
+        self.as_dict = as_dict
+
+    def __call__(self, text: str) -> torch.Tensor | dict[str, torch.Tensor]:
+        ids = torch.tensor([[caption_id(text), 7, 0]])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)} if self.as_dict else ids
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("as_dict", [False, True], ids=["tensor", "dict"])
+def test_a_tokenizer_that_returns_a_batch_of_one_gives_n_by_l(tmp_path: Path, as_dict: bool) -> None:
+    """open_clip's tokenizer gives a string ``1 x 77``: a batch of N captions is ``N x 77`` (``N x 1 x 77`` broke
+    open_clip's text tower), each row its own image's caption."""
+    write_shards(tmp_path / "train", 12, 8)
+    dm = ImageTextDataModule(str(tmp_path / "train"), batch_size=4, num_workers=2, image_size=32,
+                             text_transform=BatchOfOne(as_dict), index_dir=str(tmp_path / "index"))  # fmt: skip
+    dm.setup("fit")
+    for images, tokens in dm.train_dataloader():
+        ids = tokens["input_ids"] if as_dict else tokens
+        assert ids.shape == (len(images), 3) and [id_of(im) for im in images] == ids[:, 0].tolist()
+        if as_dict:
+            assert tokens["attention_mask"].shape == ids.shape
