@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "CORRUPT_IMAGE_ADVICE",
     "AccessError",
+    "CorruptImageError",
     "DataError",
     "InvalidTypeError",
     "InvalidValueError",
@@ -52,6 +53,10 @@ class AccessError(UsageError, PermissionError):
 
 class DataError(UsageError, OSError):
     """The data are unusable as they are: a corrupt or changed file, a full disk, a stale cache (named)."""
+
+
+class CorruptImageError(DataError):
+    """An image's bytes do not decode (corrupt, truncated, too large): what ``on_corrupt="skip"`` skips."""
 
 
 #: The last sentence of the error of an image that does not decode, which advises ``on_corrupt='skip'``; left out

@@ -75,7 +75,8 @@ class ImageTextDataModule(FastDataModule):
         storage_options: Object-store settings for a bucket root.
         index_dir: Where the shards' and Parquet files' indexes are kept; ``None``: the user cache.
 
-    The loader and sampling arguments (``batch_size`` ... ``fraction``) are the base module's
+    The loader and sampling arguments (``batch_size`` ... ``fraction``) and ``on_corrupt``/``max_corrupt_fraction``
+    (an undecodable image raised, or skipped and counted) are the base module's
     (:class:`~lightning_fastdata.FastDataModule`); the default normalisation is open_clip's.
     """
 
@@ -113,6 +114,8 @@ class ImageTextDataModule(FastDataModule):
         replacement: bool | None = None,
         epoch_size: int | None = None,
         fraction: float | None = None,
+        on_corrupt: Literal["raise", "skip"] = "raise",
+        max_corrupt_fraction: float = 0.01,
     ) -> None:
         if layout not in ("auto", "shards", "parquet"):
             raise InvalidValueError(f"layout should be 'auto', 'shards' or 'parquet', got {layout!r}.")
@@ -156,7 +159,8 @@ class ImageTextDataModule(FastDataModule):
         recipe = CaptionRecipe(
             self.image_size, train, self.crop_scale, seed=self.seed, text_transform=self.text_transform
         )
-        return source.with_recipe(recipe)
+        corrupt = self.dataset_kwargs["on_corrupt"], self.dataset_kwargs["max_corrupt_fraction"]
+        return source.with_recipe(recipe).skipping(*corrupt)
 
     def build_datasets(self) -> tuple[Dataset, Dataset | None]:
         """The training pairs, and the validation pairs where ``val_root`` is given."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,8 +22,9 @@ from lightning_fastdata.augment.geometry import (
 )
 from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datasets.settings import AugmentSettings
-from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, DataError, InvalidValueError, StorageError
+from lightning_fastdata.errors import DataError, InvalidValueError, StorageError
 from lightning_fastdata.loading.batch import Batch, DeviceBatch, PredictBatch
+from lightning_fastdata.loading.corrupt import reset_skips, skip_corrupt, skip_counts, skips_in
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.sampler import BatchLookahead, SampleKey
@@ -39,11 +39,6 @@ log = logging.getLogger("lightning_fastdata")
 #: ``OSError`` met while reading it (raised as a :class:`~lightning_fastdata.errors.StorageError` when its turn
 #: comes, whatever ``on_corrupt`` says: a read that failed is not a corrupt image).
 Source = bytes | torch.Tensor | OSError
-
-# Skip counters: one row per epoch (mod _EPOCH_ROWS) plus one for plain-index keys; column 0 for the main
-# process, 1 + worker_id for workers, so no two processes ever write the same cell.
-_EPOCH_ROWS = 8
-_MAX_SLOTS = 64
 
 
 @dataclass(frozen=True)
@@ -140,7 +135,7 @@ class AugmentedImageDataset(Dataset):
         self._loading = LoaderPlan()
         self._identity: DataIdentity | None = None
         # Shared memory, so that counts made in worker processes are visible to the main process.
-        self._skipped = torch.zeros((_EPOCH_ROWS + 1, _MAX_SLOTS), dtype=torch.int64).share_memory_()
+        self._skipped = skip_counts()
 
     def for_loader(self, plan: LoaderPlan) -> Self:
         """This dataset as one loader reads it: a shallow copy with ``plan``; this object is left as it is.
@@ -247,11 +242,11 @@ class AugmentedImageDataset(Dataset):
 
     def skipped_count(self, epoch: int | None = None) -> int:
         """Corrupt images skipped so far across all worker processes, in ``epoch`` or in total."""
-        return int(self._skipped.sum() if epoch is None else self._skipped[epoch % _EPOCH_ROWS].sum())
+        return skips_in(self._skipped, epoch)
 
     def reset_skipped_count(self, epoch: int | None = None) -> None:
         """Set :meth:`skipped_count` (of ``epoch``, or all) back to zero."""
-        (self._skipped if epoch is None else self._skipped[epoch % _EPOCH_ROWS]).zero_()
+        reset_skips(self._skipped, epoch)
 
     def _key(self, key: int | SampleKey) -> tuple[int, int, int]:
         """``(epoch, index, repeat)`` of a key; a plain index gets a random epoch (torch's generator) and repeat 0."""
@@ -298,25 +293,10 @@ class AugmentedImageDataset(Dataset):
             )
 
     def _skip(self, key: int | SampleKey, index: int, err: BaseException) -> None:
-        if self.on_corrupt == "raise":
-            raise err
-        info = get_worker_info()
-        row = key[0] % _EPOCH_ROWS if isinstance(key, (tuple, list)) else _EPOCH_ROWS
-        self._skipped[row, 0 if info is None else 1 + info.id % (_MAX_SLOTS - 1)] += 1
-        skipped = int(self._skipped[row].sum())
         samples = len(self) if self.epoch_samples is None else self.epoch_samples
-        limit = math.ceil(self.max_corrupt_fraction * samples)
-        # the file's error without its advice (to skip such files: this user does) or its full stop
-        reason = str(err).removesuffix(CORRUPT_IMAGE_ADVICE).rstrip(". ")
-        if skipped > limit:
-            where = f"epoch {key[0]}" if isinstance(key, (tuple, list)) else "this pass over the data"
-            raise DataError(
-                f"{skipped} corrupt image(s) skipped in {where}, more than max_corrupt_fraction="
-                f"{self.max_corrupt_fraction:g} of its {samples} samples allows ({limit}); the last: "
-                f"{self.describe(index)}: {reason}. So many point to the data as a whole (a wrong format, a bad "
-                "conversion, a truncated copy): fix them, or raise max_corrupt_fraction (1 never stops)."
-            ) from None  # its reason is quoted above; its own text would repeat the advice
-        log.warning("Skipped corrupt image %s (on_corrupt='skip'): %s.", self.describe(index), reason)
+        epoch = key[0] if isinstance(key, (tuple, list)) else None
+        skip_corrupt(self._skipped, self.on_corrupt, self.max_corrupt_fraction, epoch, err, self.describe(index),
+                     samples)  # fmt: skip
 
     def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int | torch.Tensor]:
         """``(image, label)``: the label an int, or a multi-hot ``uint8`` row where samples have several labels."""

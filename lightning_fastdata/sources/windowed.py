@@ -28,8 +28,9 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from lightning_fastdata.augment.geometry import crop_draws, random_resized_crop_box, resize_crop_into
-from lightning_fastdata.errors import DataError, InvalidValueError
+from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, CorruptImageError, DataError, InvalidValueError
 from lightning_fastdata.loading.batch import Batch, DeviceBatch
+from lightning_fastdata.loading.corrupt import reset_skips, skip_corrupt, skip_counts, skips_in
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
 from lightning_fastdata.loading.transport.collate import empty_image_and_mask_batch, empty_image_batch
 from lightning_fastdata.sources.target import TargetKind
@@ -131,6 +132,9 @@ class WindowedDataset(Dataset):
         #: Each sample's aspect-ratio group (:meth:`grouped_by_aspect`): the training loader batches by it; or ``None``.
         self.aspect_groups: np.ndarray | None = None
         self._presence: np.ndarray | None = None
+        #: What a corrupt image does (:meth:`skipping`): ``"raise"``, or ``"skip"`` up to ``max_corrupt_fraction``.
+        self.on_corrupt, self.max_corrupt_fraction = "raise", 0.01
+        self._skipped = skip_counts()  # shared by every copy and worker
 
     # -- what a source provides --------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -172,6 +176,25 @@ class WindowedDataset(Dataset):
         twin = copy.copy(self)
         twin.random_resized_crop = (tuple(scale), tuple(ratio))  # type: ignore[assignment]
         return twin
+
+    def skipping(self, on_corrupt: str, max_corrupt_fraction: float) -> Self:
+        """A copy that meets a corrupt image as ``on_corrupt`` says: ``"raise"`` (naming it), or ``"skip"``.
+
+        A skipped image is logged and counted (:meth:`skipped_count`, over every worker) and its batch is one
+        smaller; past ``max_corrupt_fraction`` of an epoch's samples the epoch stops, naming the last one
+        (:func:`~lightning_fastdata.loading.corrupt.skip_corrupt`). A read that failed is never skipped.
+        """
+        twin = copy.copy(self)
+        twin.on_corrupt, twin.max_corrupt_fraction = on_corrupt, max_corrupt_fraction
+        return twin
+
+    def skipped_count(self, epoch: int | None = None) -> int:
+        """Corrupt images skipped so far, over every worker, in ``epoch`` or in total."""
+        return skips_in(self._skipped, epoch)
+
+    def reset_skipped_count(self, epoch: int | None = None) -> None:
+        """Set :meth:`skipped_count` (of ``epoch``, or all) back to zero."""
+        reset_skips(self._skipped, epoch)
 
     def kept(self, positions: Sequence[int] | None, presence: bool) -> Self:
         """A copy keeping ``positions``' classes, and reading each image's classes as :attr:`targets` (``presence``).
@@ -374,7 +397,12 @@ class WindowedDataset(Dataset):
         for f, draws, (image, payload) in zip(full, self.draws_of(full), fields):
             names = (self.name(f[1]), self.name(f[1], 1))
             value = self.target.relabel(self.decode_payload(payload, names[1]))
-            samples.append(self.render(f, image, value, names, draws, self.entropy_index_of(f[1])))
+            try:
+                samples.append(self.render(f, image, value, names, draws, self.entropy_index_of(f[1])))
+            except CorruptImageError as err:
+                skip_corrupt(self._skipped, self.on_corrupt, self.max_corrupt_fraction, f[0], err, names[0], len(self))
+        if not samples:
+            raise DataError(f"Every image of a batch was corrupt and skipped, the first {self.name(full[0][1])}.")
         return samples
 
     def __getitems__(self, keys: Sequence[Any]) -> Any:
@@ -394,4 +422,4 @@ def _image_size(image: bytes | torch.Tensor, name: str) -> tuple[int, int]:
         with Image.open(io.BytesIO(image)) as im:
             return im.size
     except OSError as err:
-        raise DataError(f"{name} is not a readable image ({err}).") from None
+        raise CorruptImageError(f"{name} is not a readable image ({err})." + CORRUPT_IMAGE_ADVICE) from None

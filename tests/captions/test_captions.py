@@ -290,3 +290,40 @@ def test_a_tokenizer_that_returns_a_batch_of_one_gives_n_by_l(tmp_path: Path, as
         assert ids.shape == (len(images), 3) and [id_of(im) for im in images] == ids[:, 0].tolist()
         if as_dict:
             assert tokens["attention_mask"].shape == ids.shape
+
+
+@pytest.mark.timeout(120)
+def test_an_undecodable_image_is_raised_naming_it_or_skipped_and_counted(tmp_path: Path) -> None:
+    """Key 7's JPEG is cut short (a download that broke off): by default the loader names it; with
+    ``on_corrupt="skip"`` its pair is left out of its batch, every other caption with its own image, and the skip
+    counted over the 2 workers; past ``max_corrupt_fraction`` the epoch stops, naming it."""
+    write_shards(tmp_path / "train", 16, 8)
+    with tarfile.open(tmp_path / "train" / "00000.tar") as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(tmp_path / "train" / "00000.tar", "w") as tf:
+        for info, data in members:
+            if info.name == f"{7:09d}.jpg":
+                data = data[: len(data) // 3]
+                info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+    def module(**kw: object) -> ImageTextDataModule:
+        return ImageTextDataModule(str(tmp_path / "train"), batch_size=4, num_workers=2, image_size=32,
+                                   index_dir=str(tmp_path / "index"), **kw)  # type: ignore[arg-type]  # fmt: skip
+
+    dm = module()
+    dm.setup("fit")
+    with pytest.raises(Exception, match=r"(?s)00000\.tar:000000007 is not a readable image.*on_corrupt='skip'"):
+        list(dm.train_dataloader())
+    dm = module(on_corrupt="skip", max_corrupt_fraction=0.1)
+    dm.setup("fit")
+    ids = []
+    for images, texts in dm.train_dataloader():
+        ids += [caption_id(t) for t in texts]
+        assert [id_of(im) for im in images] == [caption_id(t) for t in texts]
+    assert sorted(ids) == [k for k in range(16) if k not in (3, 5, 7)]
+    assert dm.train_dataset.skipped_count(0) == 1
+    strict = module(on_corrupt="skip", max_corrupt_fraction=0.0)
+    strict.setup("fit")
+    with pytest.raises(Exception, match=r"1 corrupt image\(s\) skipped in epoch 0, more than max_corrupt_fraction=0"):
+        list(strict.train_dataloader())

@@ -42,7 +42,7 @@ from PIL import Image
 
 from lightning_fastdata._ext import native
 from lightning_fastdata.augment.geometry import Box, center_crop_box, resize_crop_into
-from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, DataError, InvalidValueError
+from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, CorruptImageError, DataError, InvalidValueError
 
 __all__ = [
     "decode_center_crop",
@@ -364,7 +364,7 @@ def decode_resized_crop(
         crop = _decode_crop(data, box_fn, (int(out.shape[1]), int(out.shape[2])), exact, entropy_index, name)
     except OSError as err:  # only errors about the image data are OSError here (see _decode_crop)
         why = _IN_MEMORY_FILE.sub("", str(err))  # PIL names our in-memory copy, not the user's file
-        raise DataError(f"Cannot decode image {os.fsdecode(name)!r}: {why}." + CORRUPT_IMAGE_ADVICE) from err
+        raise CorruptImageError(f"Cannot decode image {os.fsdecode(name)!r}: {why}." + CORRUPT_IMAGE_ADVICE) from err
     resize_crop_into(out, crop, flip)
 
 
