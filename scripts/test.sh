@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 FASTDATA_DOCS_RUN_NOTEBOOKS=0 bash scripts/docs.sh
 # two test processes (pytest-xdist): on the 2-core CI machine the suite is ~1.2x faster than one, as many tests
 # wait on subprocesses and servers; FASTDATA_TEST_WORKERS=0 runs it in one process
-.venv/bin/python -m pytest -q -p no:cacheprovider -n "${FASTDATA_TEST_WORKERS:-2}" --durations=25 "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "${FASTDATA_TEST_WORKERS:-2}" --dist worksteal --durations=25 "$@"
 # the release steps: sdist and repaired wheel, installed and run without compiler or headers, the source build
 # without headers and without a compiler, and the sanitizer fuzz run (FUZZ_SECONDS); only for the whole suite
-if [ $# -eq 0 ]; then FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash scripts/release.sh; fi
+if [ $# -eq 0 ]; then FUZZ_SECONDS=${FUZZ_SECONDS:-20} bash scripts/release.sh; fi

@@ -155,6 +155,8 @@ class LoaderFactory:
                 predicting=predicting,
             )
             dataset = dataset.for_loader(plan)
+        elif train and workers > 0 and s.in_order and getattr(dataset, "reads_ahead", False) and not draws:
+            dataset = dataset.reading_ahead(BatchLookahead(sampler))  # type: ignore[attr-defined]  # the next runs early
         persistent = workers > 0 if s.persistent_workers is None else (s.persistent_workers and workers > 0)
         kwargs: dict[str, Any] = dict(
             batch_size=s.batch_size,

@@ -25,7 +25,7 @@ from typing import Any, Self
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from lightning_fastdata.augment.geometry import crop_draws, random_resized_crop_box, resize_crop_into
 from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, CorruptImageError, DataError, InvalidValueError
@@ -132,6 +132,8 @@ class WindowedDataset(Dataset):
         #: Each sample's aspect-ratio group (:meth:`grouped_by_aspect`): the training loader batches by it; or ``None``.
         self.aspect_groups: np.ndarray | None = None
         self._presence: np.ndarray | None = None
+        #: This worker's next batches' samples (:meth:`reading_ahead`), or ``None``: no reads ahead.
+        self.lookahead: Any = None
         #: What a corrupt image does (:meth:`skipping`): ``"raise"``, or ``"skip"`` up to ``max_corrupt_fraction``.
         self.on_corrupt, self.max_corrupt_fraction = "raise", 0.01
         self._skipped = skip_counts()  # shared by every copy and worker
@@ -186,6 +188,25 @@ class WindowedDataset(Dataset):
         """
         twin = copy.copy(self)
         twin.on_corrupt, twin.max_corrupt_fraction = on_corrupt, max_corrupt_fraction
+        return twin
+
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether the next batches' reads can start early: a source read in windows of groups from a bucket."""
+        return (
+            getattr(self, "_storage", None) is not None
+            and getattr(self, "windows", None) is not None
+            and hasattr(self, "read_groups_ahead")
+        )
+
+    def reading_ahead(self, lookahead: Any) -> Self:
+        """A copy that requests this worker's next batches' groups while it decodes the current one.
+
+        ``lookahead``: the loader's :class:`~lightning_fastdata.loading.sampler.BatchLookahead` (the loader builds it
+        where :attr:`reads_ahead`); a guess that does not match the order starts nothing and decides nothing.
+        """
+        twin = copy.copy(self)
+        twin.lookahead = lookahead
         return twin
 
     def skipped_count(self, epoch: int | None = None) -> int:
@@ -393,6 +414,10 @@ class WindowedDataset(Dataset):
         """``keys``' samples, each read, its target decoded and relabelled, both through its window (not batched)."""
         full = [sample_key(k, len(self)) for k in keys]
         fields = self.read_fields([f[1] for f in full])
+        if self.lookahead is not None and (info := get_worker_info()) is not None:  # the next window's runs, early
+            ahead = self.lookahead.after(full, info.num_workers, getattr(self, "read_ahead_batches", 1))
+            if ahead is not None:
+                self.read_groups_ahead(ahead)  # type: ignore[attr-defined]
         samples = []
         for f, draws, (image, payload) in zip(full, self.draws_of(full), fields):
             names = (self.name(f[1]), self.name(f[1], 1))

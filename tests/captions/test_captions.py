@@ -224,8 +224,8 @@ def test_a_folder_and_its_table_converted_to_shards_and_parquet_give_the_folders
 
 @pytest.mark.timeout(180)
 def test_shards_in_a_bucket_are_read_in_runs_every_caption_with_its_image(tmp_path: Path, s3: LocalS3) -> None:
-    """Caption shards on the local S3 server: read in runs of members (one request a run) and shuffled in windows of
-    them; every caption with its own image, every pair once an epoch, through 2 workers; a loader restored mid-epoch
+    """Caption shards on the local S3 server: read in runs of members (one request a run, the next batches' runs
+    requested ahead) and shuffled in windows of them; every caption with its own image, every pair once an epoch, through 2 workers; a loader restored mid-epoch
     gives the rest; a full shuffle (``shuffle_buffer=None``) reads the same pairs a request each."""
     write_shards(tmp_path / "train", 40, 8)
     url = s3.url("caption-shards")
@@ -248,6 +248,7 @@ def test_shards_in_a_bucket_are_read_in_runs_every_caption_with_its_image(tmp_pa
     dm.setup("fit")
     loader = dm.train_dataloader()
     assert dm.train_dataset.block_reads and loader.sampler.windows is not None
+    assert loader.dataset.lookahead is not None  # the next batches' runs requested while one decodes
     batches = list(loader)
     assert sorted(pairs(batches)) == [k for k in range(40) if k not in (3, 5)]
     it = iter(loader)

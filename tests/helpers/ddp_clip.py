@@ -2,7 +2,8 @@
 
 The model is an exact one (:class:`ColourWords`: each image's mean colour, each caption's mean word vector, no
 operation across a batch), so the embeddings of a pair are the same bits on any rank in any batch: the figures of
-2 ranks must be one rank's exactly. Writes OUT/clip-<devices>-rank<k>.json: the metrics and the validation samples
+2 ranks must be one rank's exactly (the test runs one rank in its own process with :func:`run`). Writes
+OUT/clip-<devices>-rank<k>.json: the metrics and the validation samples
 this rank served. argv: OUT DEVICES ROOT.
 """
 
@@ -15,7 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_eval import Served
+
+try:  # run as a script (its folder first on the path), or imported by the test as helpers.ddp_clip
+    from ddp_eval import Served
+except ModuleNotFoundError:
+    from helpers.ddp_eval import Served
 from torch import nn
 
 from lightning_fastdata import ContrastiveModel, ImageTextDataModule
@@ -42,9 +47,8 @@ class ColourWords(nn.Module):
         return self.words(tokens).sum(1)
 
 
-if __name__ == "__main__":
-    faulthandler.dump_traceback_later(200, exit=True)  # a rank that hangs says where, before the test's timeout
-    out, devices, root = sys.argv[1:4]
+def run(out: str, devices: str, root: str) -> None:
+    """Validate on ``devices`` ranks (this process rank 0) and write this rank's figures and samples."""
     dm = ImageTextDataModule(f"{root}/train", val_root=f"{root}/val", image_size=32, batch_size=3, num_workers=2,
                              text_transform=HashTokenizer(), index_dir=f"{out}/index")  # fmt: skip
     model = ContrastiveModel(model=ColourWords(), zero_shot_classes=list(CAPTION_COLOURS))
@@ -53,3 +57,8 @@ if __name__ == "__main__":
     results: dict[str, Any] = {"validate": trainer.validate(model, datamodule=dm, verbose=False)[0]}
     results["served"] = served.served
     Path(out, f"clip-{devices}-rank{trainer.global_rank}.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    faulthandler.dump_traceback_later(200, exit=True)  # a rank that hangs says where, before the test's timeout
+    run(*sys.argv[1:4])
