@@ -225,8 +225,9 @@ def test_a_folder_and_its_table_converted_to_shards_and_parquet_give_the_folders
 @pytest.mark.timeout(180)
 def test_shards_in_a_bucket_are_read_in_runs_every_caption_with_its_image(tmp_path: Path, s3: LocalS3) -> None:
     """Caption shards on the local S3 server: read in runs of members (one request a run, the next batches' runs
-    requested ahead) and shuffled in windows of them; every caption with its own image, every pair once an epoch, through 2 workers; a loader restored mid-epoch
-    gives the rest; a full shuffle (``shuffle_buffer=None``) reads the same pairs a request each."""
+    requested ahead) and shuffled in windows of them; every caption with its own image, every pair once an epoch,
+    through 2 workers; a loader restored mid-epoch gives the rest; a full shuffle (``shuffle_buffer=None``) reads the
+    same pairs a request each."""
     write_shards(tmp_path / "train", 40, 8)
     url = s3.url("caption-shards")
     upload_folder(tmp_path / "train", url, s3.storage_options())
