@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Literal
 
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset
 from typing_extensions import override
@@ -31,6 +32,7 @@ from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport
 from lightning_fastdata.sources.folder import PairedFolderDataset
 from lightning_fastdata.sources.parquet import PairedParquetDataset, has_parquet_files, load_parquet_files
+from lightning_fastdata.sources.predict import PredictBatch, PredictDataset, predict_input_path, predict_input_relpath
 from lightning_fastdata.sources.tar import PairedTarDataset, load_paired_shards
 from lightning_fastdata.sources.windowed import WindowedDataset
 
@@ -74,6 +76,11 @@ class ImageTextDataModule(FastDataModule):
             shuffle (a bucket's shards: a request a pair). Local shards are always fully shuffled.
         storage_options: Object-store settings for a bucket root.
         index_dir: Where the shards' and Parquet files' indexes are kept; ``None``: the user cache.
+        predict_root: What ``trainer.predict`` reads: a folder of images (flat or nested), a bucket prefix, a ``.txt``
+            list, tar shards or Parquet files; each image's shorter side resized to ``image_size`` and its centre
+            square taken (open_clip's evaluation view): batches are
+            :class:`~lightning_fastdata.sources.predict.PredictBatch` (``images``, ``indices``, ``sizes``), and
+            :meth:`predict_path` names input ``i``. ``None``: nothing to predict on.
 
     The loader and sampling arguments (``batch_size`` ... ``fraction``) and ``on_corrupt``/``max_corrupt_fraction``
     (an undecodable image raised, or skipped and counted) are the base module's
@@ -81,6 +88,9 @@ class ImageTextDataModule(FastDataModule):
     """
 
     target_kind = "caption"
+    #: ``predict_root``'s inputs by index: their paths, and their names under it.
+    predict_path = predict_input_path
+    predict_relpath = predict_input_relpath
 
     def __init__(
         self,
@@ -97,6 +107,7 @@ class ImageTextDataModule(FastDataModule):
         shuffle_buffer: int | None = 1000,
         storage_options: dict[str, Any] | None = None,
         index_dir: str | None = None,
+        predict_root: str | None = None,
         batch_size: int = 32,
         num_workers: int | Literal["auto"] = "auto",
         pin_memory: bool | None = None,
@@ -169,7 +180,23 @@ class ImageTextDataModule(FastDataModule):
         return train, val
 
     @override
+    def build_predict_dataset(self) -> Any:
+        """``predict_root``'s images, each shorter side at ``image_size`` (the centre square cut after the transfer)."""
+        if self.predict_root is None:
+            return None
+        layout = self.layout if self.layout in ("shards", "parquet") else "auto"
+        return PredictDataset(self.predict_root, self.image_size, self.storage_options, "images", self.image_column,
+                              self.index_dir, layout)  # fmt: skip
+
+    @override
     def _after_transfer(self, batch: Any) -> Any:
-        """Normalised images and their texts: ``(images, texts)``."""
+        """Normalised images and their texts: ``(images, texts)``; a predict batch's images as centre squares."""
         out = self.transfer.after_transfer(batch, None)
+        if isinstance(out, PredictBatch):
+            side = self.image_size
+            squares = []
+            for image, (_, _, h, w) in zip(out.images, out.sizes.tolist()):
+                top, left = (h - side) // 2, (w - side) // 2
+                squares.append(image[:, top : top + side, left : left + side])
+            return out._replace(images=torch.stack(squares))
         return (out.images, out.labels) if isinstance(out, Batch) else out

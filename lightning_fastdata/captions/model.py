@@ -245,10 +245,17 @@ class ContrastiveModel(LightningModule):
         self._log_evaluation("test")
 
     @override
-    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """The batch's normalised image embeddings (``batch``: ``(images, ...)``)."""
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        """The batch's normalised image embeddings.
+
+        A DataModule's predict batch (``predict_root=``): ``{"indices": ..., "embeddings": ...}``, each input's index
+        (``dm.predict_path(i)`` names it) with its row; ``(images, ...)``: the embeddings alone.
+        """
         images = batch.images if hasattr(batch, "images") else batch[0]
-        return F.normalize(self.model.encode_image(images).float(), dim=-1)
+        embeddings = F.normalize(self.model.encode_image(images).float(), dim=-1)
+        if hasattr(batch, "indices"):
+            return {"indices": batch.indices, "embeddings": embeddings}
+        return embeddings
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:

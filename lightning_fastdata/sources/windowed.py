@@ -192,7 +192,7 @@ class WindowedDataset(Dataset):
 
     @property
     def reads_ahead(self) -> bool:
-        """Whether the next batches' reads can start early: a source read in windows of groups from a bucket."""
+        """Whether the next batches' reads can start early (a source read in windows of groups from a bucket)."""
         return (
             getattr(self, "_storage", None) is not None
             and getattr(self, "windows", None) is not None

@@ -111,3 +111,33 @@ def test_the_shipped_config_trains_from_the_cli(tmp_path: Path, monkeypatch: pyt
     metrics = next((tmp_path / "logs").rglob("metrics.csv")).read_text()
     for name in ("train_loss", "val_loss", "val_image_to_text_r1", "val_text_to_image_r5", "val_zero_shot_acc"):
         assert name in metrics.splitlines()[0], metrics.splitlines()[0]
+
+
+@pytest.mark.timeout(180)
+def test_trainer_predict_embeds_each_input_once_at_its_centre_square(tmp_path: Path) -> None:
+    """``predict_root=`` a folder of images of several shapes: ``trainer.predict`` with ``ContrastiveModel`` gives each
+    input once (its index, ``dm.predict_path`` its file) and its embedding of the centre square at ``image_size``:
+    with an exact model (an image's mean colour), the colour open_clip's normalisation makes of the file's."""
+    from helpers.captions import colour, jpeg
+    from helpers.ddp_clip import ColourWords
+
+    from lightning_fastdata.captions.datamodule import CLIP_MEAN, CLIP_STD
+
+    root = make_caption_shards(tmp_path / "pairs", count=20, size=(64, 48))
+    photos = tmp_path / "photos"
+    (photos / "sub").mkdir(parents=True)
+    for k in range(7):
+        (photos / ("sub" if k % 2 else "") / f"{k}.jpg").write_bytes(jpeg(k, (40 + 9 * k, 70 - 4 * k)))
+    dm = ImageTextDataModule(str(root / "train"), predict_root=str(photos), image_size=32, batch_size=3,
+                             num_workers=2, index_dir=str(tmp_path / "index"))  # fmt: skip
+    out = cpu_trainer().predict(ContrastiveModel(model=ColourWords()), datamodule=dm)
+    indices = torch.cat([o["indices"] for o in out]).tolist()
+    embeddings = torch.cat([o["embeddings"] for o in out])
+    assert sorted(indices) == list(range(7)) and embeddings.shape == (7, 8)
+    for i, e in zip(indices, embeddings):
+        k = int(Path(dm.predict_path(i)).stem)
+        expected = (torch.tensor(colour(k)) / 255 - torch.tensor(CLIP_MEAN)) / torch.tensor(CLIP_STD)
+        want = F.normalize(F.pad(expected, (0, 5)), dim=0)
+        assert torch.allclose(e, want, atol=0.02), (k, e[:3], want[:3])
+    batch = dm.on_after_batch_transfer(next(iter(dm.predict_dataloader())), 0)
+    assert batch.images.shape == (3, 3, 32, 32) and batch.images.dtype == torch.float32  # the centre squares
