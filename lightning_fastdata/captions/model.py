@@ -111,7 +111,8 @@ class ContrastiveModel(LightningModule):
             captions when they arrive as strings, and the zero-shot prompts; use the DataModule's
             ``text_transform``. ``None``: :class:`~lightning_fastdata.captions.text.HashTokenizer`.
         zero_shot_classes: Class names for zero-shot accuracy on the validation pairs; ``None``: none.
-        zero_shot_template: Each class's prompt, ``{}`` its name.
+        zero_shot_template: Each class's prompt, ``{}`` its name (open_clip's simplest; the demo's config: ``"a photo
+            of a {} shape."``).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay (open_clip's 0.1 for large runs, 0.2 for ViTs).
     """
@@ -123,7 +124,7 @@ class ContrastiveModel(LightningModule):
         image_arch: str = "resnet18",
         tokenizer: Callable[[str], Any] | None = None,
         zero_shot_classes: list[str] | None = None,
-        zero_shot_template: str = "a photo of a {} shape.",
+        zero_shot_template: str = "a photo of a {}.",
         lr: float = 5e-4,
         weight_decay: float = 0.1,
     ) -> None:

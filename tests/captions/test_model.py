@@ -59,7 +59,8 @@ def test_a_small_clip_learns_the_demo_pairs(tmp_path: Path) -> None:
     kw = dict(image_size=48, batch_size=32, num_workers=2, text_transform=HashTokenizer())
     dm = ImageTextDataModule(str(root / "train"), val_root=str(root / "val"), index_dir=str(tmp_path / "i"), **kw)
     torch.manual_seed(0)
-    model = ContrastiveModel(zero_shot_classes=list(CAPTION_COLOURS), embed_dim=64, lr=1e-3)
+    model = ContrastiveModel(zero_shot_classes=list(CAPTION_COLOURS), zero_shot_template="a photo of a {} shape.",
+                             embed_dim=64, lr=1e-3)  # fmt: skip
     trainer = cpu_trainer(epochs=4)
     trainer.fit(model, dm)
     assert dm.skipped == {"train": 6, "val": 2}  # every 25th key lost its image
