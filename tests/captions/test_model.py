@@ -4,9 +4,6 @@ tokens, learning the demo's pairs, the same figures on 2 ranks as on 1, and the 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -77,16 +74,14 @@ def test_two_ranks_give_one_ranks_figures_each_pair_once(tmp_path: Path) -> None
     """``trainer.validate`` on 1 and on 2 ranks (gloo) with an exact model: the same loss, recall and zero-shot
     figures to the bit, and the 2 ranks served the 46 validation pairs once (one padded)."""
     from helpers.ddp_clip import run
-
-    from benchmarks.s3_server import free_ports
+    from helpers.fork_client import SERVER, rank_procs
 
     root = make_caption_shards(tmp_path / "pairs", count=240, size=(64, 48))
     run(str(tmp_path), "1", str(root))  # one rank: this process
-    script = Path(__file__).parents[1] / "helpers" / "ddp_clip.py"
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0])}
-    out = subprocess.run([sys.executable, str(script), str(tmp_path), "2", str(root)],
-                         capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)  # fmt: skip
-    assert out.returncode == 0, out.stderr[-4000:]
+    script = Path(__file__).parents[1] / "helpers" / "ddp_clip.py"  # two: forked ranks, told theirs as torchrun does
+    code, out = SERVER.command([str(script), str(tmp_path), "2", str(root)], tmp_path, tmp_path / "clip.log",
+                               procs=rank_procs(2))  # fmt: skip
+    assert code == 0, out[-4000:]
     one = json.loads((tmp_path / "clip-1-rank0.json").read_text())
     two = [json.loads((tmp_path / f"clip-2-rank{r}.json").read_text()) for r in (0, 1)]
     served = sorted(two[0]["served"]["validate"] + two[1]["served"]["validate"])

@@ -64,23 +64,18 @@ def test_map_on_two_ranks_equals_one_rank_and_counts_every_image_once(tmp_path: 
     training epoch on 2 ranks with aspect-ratio grouping: the same step count on both, every image drawn, batches of
     one orientation."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    from benchmarks.s3_server import free_ports
+    from helpers.fork_client import SERVER, rank_procs
+
     from lightning_fastdata.detection.demos import make_detection_folder
 
     root = make_detection_folder(tmp_path / "coco", count=26, layout="coco", seed=4, val_fraction=0.5, portrait=0.5)
     script = Path(__file__).parents[1] / "helpers" / "ddp_detect.py"
-    for devices in ("1", "2"):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0])}
-        try:
-            out = subprocess.run([sys.executable, str(script), str(tmp_path), devices, str(root)],
-                                 capture_output=True, text=True, timeout=280, cwd=tmp_path, env=env)  # fmt: skip
-        except subprocess.TimeoutExpired as err:
-            raise AssertionError(f"{devices} rank(s) ran past 280 s:\n{(err.stderr or b'')[-6000:]!r}") from None
-        assert out.returncode == 0, out.stderr[-4000:]
+    for devices in ("1", "2"):  # processes forked with the imports done; two ranks told theirs as torchrun does
+        procs = rank_procs(2) if devices == "2" else None
+        code, out = SERVER.command([str(script), str(tmp_path), devices, str(root)], tmp_path,
+                                   tmp_path / f"detect-{devices}.log", procs=procs)  # fmt: skip
+        assert code == 0, out[-4000:]
     one = json.loads((tmp_path / "detect-1-rank0.json").read_text())
     two = [json.loads((tmp_path / f"detect-2-rank{r}.json").read_text()) for r in (0, 1)]
     assert sorted(two[0]["served"]["validate"] + two[1]["served"]["validate"]) == list(range(13))
