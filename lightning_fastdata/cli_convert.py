@@ -103,10 +103,7 @@ def _add_convert_segmentation(sub: Any) -> None:
     seg.add_argument("--ignore-index", type=int, default=255, help="what a value of no class is written as")
     seg.add_argument("--images-dir", default="images", help="paired folders: the images' folder")
     seg.add_argument("--masks-dir", default="annotations", help="paired folders: the masks' folder")
-    seg.add_argument("--shard-size", type=size_bytes, default=None, help="about this much a file (tar 64MB, "
-                     "parquet 256MB)")  # fmt: skip
-    seg.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
-    seg.add_argument("--overwrite", action="store_true", help="replace shards or a file already at --dst")
+    _file_options(seg)
     seg.set_defaults(handler=_convert_segmentation)
 
 
@@ -126,10 +123,7 @@ def _add_convert_detection(sub: Any) -> None:
     det.add_argument("--splits", nargs="+", default=None, help="splits (default: the layout's train and val)")
     det.add_argument("--layout", choices=["auto", "coco", "voc", "yolo", "csv"], default="auto")
     det.add_argument("--class-names", nargs="+", default=None, help="the classes in label order (VOC: its 20)")
-    det.add_argument("--shard-size", type=size_bytes, default=None, help="about this much a file (tar 64MB, "
-                     "parquet 256MB)")  # fmt: skip
-    det.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
-    det.add_argument("--overwrite", action="store_true", help="replace shards or a file already at --dst")
+    _file_options(det)
     det.set_defaults(handler=_convert_detection)
 
 
@@ -147,11 +141,16 @@ def _add_convert_captions(sub: Any) -> None:
     cap.add_argument("--table", required=True, help="the captions table's path under --src (captions.csv)")
     cap.add_argument("--dst", required=True, help="output folder")
     cap.add_argument("--format", choices=["tar", "parquet"], default="tar")
-    cap.add_argument("--shard-size", type=size_bytes, default=None, help="about this much a file (tar 64MB, "
-                     "parquet 256MB)")  # fmt: skip
-    cap.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
-    cap.add_argument("--overwrite", action="store_true", help="replace shards already at --dst")
+    _file_options(cap)
     cap.set_defaults(handler=_convert_captions)
+
+
+def _file_options(p: Any) -> None:
+    """The options every task converter's files take: their size, Parquet's row groups, replacing old ones."""
+    p.add_argument("--shard-size", type=size_bytes, default=None, help="about this much a file (tar 64MB, "
+                   "parquet 256MB)")  # fmt: skip
+    p.add_argument("--rows-per-group", type=int, default=100, help="parquet: rows per row group")
+    p.add_argument("--overwrite", action="store_true", help="replace shards or a file already at --dst")
 
 
 def add_task_converters(sub: Any) -> None:

@@ -12,7 +12,6 @@ temporary name, renamed when whole; nothing written into the source.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tarfile
@@ -21,7 +20,7 @@ from typing import Any
 
 from lightning_fastdata.captions.table import CaptionTable
 from lightning_fastdata.captions.target import CaptionTarget, read_captions
-from lightning_fastdata.convert.shards import pack_shards, shard_destination
+from lightning_fastdata.convert.shards import add_member, pack_shards, shard_destination
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.storage.base import is_url
 from lightning_fastdata.sources.folder import PairedFolderDataset
@@ -30,12 +29,6 @@ __all__ = ["write_caption_shards"]
 
 #: A converted pair: its position, the image's bytes, its extension, its captions, its path under the root.
 _Row = tuple[int, bytes, str, list[str], str]
-
-
-def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), 0, 0o644
-    tf.addfile(info, io.BytesIO(data))
 
 
 def write_caption_shards(
@@ -83,9 +76,9 @@ def write_caption_shards(
     def write_tar(tf: tarfile.TarFile, rows: list[_Row]) -> None:
         for i, image, ext, captions, path in rows:
             meta = {"caption": captions[0] if len(captions) == 1 else captions, "file": path}
-            _add(tf, f"{i:09d}.{ext}", image)
-            _add(tf, f"{i:09d}.txt", captions[0].encode())
-            _add(tf, f"{i:09d}.json", json.dumps(meta).encode())
+            add_member(tf, f"{i:09d}.{ext}", image)
+            add_member(tf, f"{i:09d}.txt", captions[0].encode())
+            add_member(tf, f"{i:09d}.json", json.dumps(meta).encode())
 
     def open_tar(tmp: Path) -> tarfile.TarFile:
         return tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT)

@@ -27,13 +27,21 @@ from lightning_fastdata.loading.atomic import atomic_path, atomic_write_text
 from lightning_fastdata.loading.index.files import FileIndex, contains_path
 from lightning_fastdata.loading.storage.local import LocalStorage
 
-__all__ = ["pack_shards", "refuse_inside_source", "shard_destination", "write_parquet_shards", "write_tar_shards"]
+__all__ = [
+    "add_member",
+    "pack_shards",
+    "refuse_inside_source",
+    "shard_destination",
+    "write_parquet_shards",
+    "write_tar_shards",
+]
 
 
-def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+def add_member(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    """Add ``data`` to ``tf`` as the member ``name`` (its time 0: the same shards from the same files, always)."""
     info = tarfile.TarInfo(name)
     info.size = len(data)
-    info.mtime = 0  # the same shards from the same files, whenever written
+    info.mtime = 0
     tf.addfile(info, io.BytesIO(data))
 
 
@@ -159,8 +167,8 @@ def write_tar_shards(
     def write(tf: tarfile.TarFile, rows: list[tuple[int, bytes]]) -> None:
         for i, data in rows:
             ext = os.path.splitext(index.relpath(i))[1].lower().lstrip(".") or "jpg"
-            _add(tf, f"{i:08d}.{ext}", data)
-            _add(tf, f"{i:08d}.cls", str(int(index.labels[i])).encode())
+            add_member(tf, f"{i:08d}.{ext}", data)
+            add_member(tf, f"{i:08d}.cls", str(int(index.labels[i])).encode())
 
     def open_tar(tmp: Path) -> tarfile.TarFile:
         return tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT)
