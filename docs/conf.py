@@ -42,7 +42,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (
         r"py:.*",
-        r"(torch|torchvision|torchdata|lightning|numpy|np|nn|h5py|PIL|obstore|typing|collections|pathlib|os|pickle|io|abc)\b.*",
+        r"(torch|torchvision|torchdata|lightning|numpy|np|nn|h5py|PIL|obstore|typing|collections|pathlib|os|pickle|io|abc|tarfile)\b.*",
     ),
     (r"py:.*", r"(Any|Callable|Iterator|Iterable|Sequence|Mapping|Literal|Path|PathLike|Tensor|Generator)"),
     (r"py:class", r"(int|float|str|bool|bytes|dict|list|tuple|None|optional|callable|type|object)"),
