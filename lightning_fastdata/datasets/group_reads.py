@@ -18,7 +18,7 @@ local file) and how a sample's bytes are cut from its group's (:meth:`GroupReads
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ import numpy as np
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.sampler import ShuffleWindows
 
-__all__ = ["FULL_SHUFFLE_CACHE_BYTES", "GroupReads", "keep_for_random_reads"]
+__all__ = ["FULL_SHUFFLE_CACHE_BYTES", "GroupReads", "cut_runs", "keep_for_random_reads"]
 
 #: The bytes of groups a process keeps in a training order without windows (512 MiB).
 FULL_SHUFFLE_CACHE_BYTES = 512 * 2**20
@@ -41,6 +41,25 @@ def keep_for_random_reads(dataset: Any) -> None:
     for d in [dataset, *getattr(dataset, "sources", [])]:
         if isinstance(d, GroupReads):
             d.cache_bytes = max(d.cache_bytes, FULL_SHUFFLE_CACHE_BYTES)
+
+
+def cut_runs(spans: Iterable[np.ndarray], block_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut each shard's samples into runs of consecutive samples of about ``block_bytes`` (a tar shard read in runs).
+
+    ``spans``: each shard's samples' byte ranges ``[start, end)`` (``n x 2``, in offset order). Returns each sample's
+    run (numbered over all shards, shard after shard) and each run's first byte and end (int64).
+    """
+    group_of, starts, ends, first = [], [], [], 0
+    for span in spans:
+        if not len(span):
+            continue
+        cut = (span[:, 0] - span[0, 0]) // block_bytes  # samples lie in offset order: runs ascend
+        heads = np.flatnonzero(np.concatenate([[True], np.diff(cut) != 0]))
+        group_of.append(first + np.searchsorted(heads, np.arange(len(span)), side="right") - 1)
+        starts.append(np.minimum.reduceat(span[:, 0], heads))
+        ends.append(np.maximum.reduceat(span[:, 1], heads))
+        first += len(heads)
+    return tuple(np.concatenate(parts).astype(np.int64) for parts in (group_of, starts, ends))  # type: ignore[return-value]
 
 
 def _nbytes(values: Any) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
-from lightning_fastdata.datasets.group_reads import GroupReads
+from lightning_fastdata.datasets.group_reads import GroupReads, cut_runs
 from lightning_fastdata.datasets.shard_sources import ShardEntropy, shard_targets
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix, string_hash
@@ -101,20 +101,9 @@ class TarShardDataset(ShardEntropy, GroupReads, AugmentedImageDataset):
         """
         if block_bytes < 1:
             raise InvalidValueError(f"block_bytes should be a positive size in bytes or None, got {block_bytes!r}.")
-        first, group_of, starts, ends = 0, [], [], []
-        for shard in self.shards:
-            if not len(shard):
-                continue
-            cut = (shard.offsets - shard.offsets[0]) // block_bytes  # members lie in offset order: runs ascend
-            heads = np.flatnonzero(np.concatenate([[True], np.diff(cut) != 0]))
-            tails = np.append(heads[1:], len(shard)) - 1
-            group_of.append(first + np.cumsum(np.concatenate([[0], np.diff(cut) != 0])))
-            starts.append(shard.offsets[heads])
-            ends.append(shard.offsets[tails] + shard.sizes[tails])
-            first += len(heads)
-        self._group_of = np.concatenate(group_of).astype(np.int64)[self._rows]
-        self._group_start = np.concatenate(starts).astype(np.int64)
-        self._group_end = np.concatenate(ends).astype(np.int64)
+        spans = (np.column_stack([s.offsets, s.offsets + s.sizes]) for s in self.shards)
+        group_of, self._group_start, self._group_end = cut_runs(spans, block_bytes)
+        self._group_of = group_of[self._rows]
 
     @property
     def classes(self) -> tuple[str, ...]:

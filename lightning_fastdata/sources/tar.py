@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_fastdata.datasets.group_reads import GroupReads
+from lightning_fastdata.datasets.group_reads import GroupReads, cut_runs
 from lightning_fastdata.errors import DataError, InvalidValueError
 from lightning_fastdata.loading.index.tar_pairs import (
     PairedTarIndex,
@@ -123,21 +123,9 @@ class PairedTarDataset(GroupReads, WindowedDataset):
         """Cut each shard into runs of consecutive samples of about ``block_bytes``: each sample's run, their ranges."""
         if not isinstance(block_bytes, int) or block_bytes < 1:
             raise InvalidValueError(f"block_bytes should be a positive size in bytes, got {block_bytes!r}.")
-        group_of, starts, ends, first = [], [], [], 0
-        for shard in self.shards:
-            if not len(shard):
-                continue
-            spans = np.array([shard.span(k) for k in range(len(shard))], dtype=np.int64)
-            cut = (spans[:, 0] - spans[0, 0]) // block_bytes  # members lie in offset order: runs ascend
-            head = np.concatenate([[True], np.diff(cut) != 0])
-            run = np.cumsum(head) - 1
-            group_of.append(first + run)
-            starts.append(np.minimum.reduceat(spans[:, 0], np.flatnonzero(head)))
-            ends.append(np.maximum.reduceat(spans[:, 1], np.flatnonzero(head)))
-            first += int(run[-1]) + 1
-        self._group_of = np.concatenate(group_of).astype(np.int64)
-        self._group_start = np.concatenate(starts).astype(np.int64)
-        self._group_end = np.concatenate(ends).astype(np.int64)
+        spans = (np.array([shard.span(k) for k in range(len(shard))], dtype=np.int64).reshape(-1, 2)
+                 for shard in self.shards)  # fmt: skip
+        self._group_of, self._group_start, self._group_end = cut_runs(spans, block_bytes)
 
     def __getstate__(self) -> dict[str, Any]:  # descriptors and kept runs never cross a process
         return {**self.__dict__, "_fds": {}, "_pid": -1, "_groups": None, "_pending": None, "_kept_bytes": None,
