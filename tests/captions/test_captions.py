@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.captions import caption_id, id_of, jpeg, write_shards
+from helpers.captions import caption_id, id_of, jpeg, paired_ids, write_shards
 
 from benchmarks.s3_server import LocalS3, upload_folder
 from lightning_fastdata.captions.datamodule import ImageTextDataModule
@@ -33,13 +33,8 @@ def test_every_caption_arrives_with_its_own_image_through_workers_and_a_resume(t
     dm.setup("fit")
     assert dm.skipped == {"train": 2}
     batches = list(dm.train_dataloader())
-    ids = []
-    for images, texts in batches:
-        assert images.shape[1:] == (3, 64, 64) and isinstance(texts, list)
-        for image, text in zip(images, texts):
-            assert id_of(image) == caption_id(text), text
-            ids.append(caption_id(text))
-    assert sorted(ids) == [k for k in range(30) if k not in (3, 5)]
+    assert all(images.shape[1:] == (3, 64, 64) and isinstance(texts, list) for images, texts in batches)
+    assert sorted(paired_ids(batches)) == [k for k in range(30) if k not in (3, 5)]
     serial = module(num_workers=0)
     serial.setup("fit")
     for (a, ta), (b, tb) in zip(batches, serial.train_dataloader(), strict=True):
@@ -142,11 +137,7 @@ def test_a_mix_of_pair_sources_draws_each_by_its_weight_every_caption_with_its_i
                for name in ("a", "b")]  # fmt: skip
     mix = MixedDataModule(sources, weights=[1, 3], batch_size=8, num_workers=2, epoch_size=80, seed=1)
     mix.setup("fit")
-    drawn = []
-    for images, texts in mix.train_dataloader():
-        for image, text in zip(images, texts):
-            assert id_of(image) == caption_id(text)
-            drawn.append(caption_id(text))
+    drawn = paired_ids(list(mix.train_dataloader()))
     assert len(drawn) == 80
     second_share = sum(k >= 40 for k in drawn) / 80
     assert 0.6 < second_share < 0.9  # 3 of 4 drawn from the second, by its weight
@@ -237,21 +228,13 @@ def test_shards_in_a_bucket_are_read_in_runs_every_caption_with_its_image(tmp_pa
                           storage_options=s3.storage_options(), shuffle_buffer=16)  # fmt: skip
         return ImageTextDataModule(url, **{**args, **kw})
 
-    def pairs(batches: list) -> list[int]:
-        ids = []
-        for images, texts in batches:
-            for image, text in zip(images, texts):
-                assert id_of(image) == caption_id(text), text
-                ids.append(caption_id(text))
-        return ids
-
     dm = module()
     dm.setup("fit")
     loader = dm.train_dataloader()
     assert dm.train_dataset.block_reads and loader.sampler.windows is not None
     assert loader.dataset.lookahead is not None  # the next batches' runs requested while one decodes
     batches = list(loader)
-    assert sorted(pairs(batches)) == [k for k in range(40) if k not in (3, 5)]
+    assert sorted(paired_ids(batches)) == [k for k in range(40) if k not in (3, 5)]
     it = iter(loader)
     next(it)
     state, rest = loader.state_dict(), list(it)
@@ -264,7 +247,7 @@ def test_shards_in_a_bucket_are_read_in_runs_every_caption_with_its_image(tmp_pa
     full = module(shuffle_buffer=None)
     full.setup("fit")
     assert not full.train_dataset.block_reads
-    assert sorted(pairs(list(full.train_dataloader()))) == sorted(pairs(batches))
+    assert sorted(paired_ids(list(full.train_dataloader()))) == sorted(paired_ids(batches))
 
 
 class BatchOfOne:

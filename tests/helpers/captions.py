@@ -54,3 +54,13 @@ def write_shards(root: Path, count: int, per_shard: int, json_captions: bool = F
 
 def caption_id(text: str) -> int:
     return int(text.split("image ")[1].split(",")[0])
+
+
+def paired_ids(batches: list) -> list[int]:
+    """The ids the ``(images, texts)`` batches' captions name, each checked against its image's colour."""
+    ids = []
+    for images, texts in batches:
+        for image, text in zip(images, texts):
+            assert id_of(image) == caption_id(text), text
+            ids.append(caption_id(text))
+    return ids
