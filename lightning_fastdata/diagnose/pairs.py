@@ -22,10 +22,11 @@ __all__ = ["PairsReport", "diagnose_pairs", "format_pairs", "holds_tar_shards", 
 
 def holds_tar_shards(path: str) -> bool:
     """Whether ``path`` is a local folder whose files are ``.tar`` shards (and no class sub-folders of images)."""
-    if not os.path.isdir(path):
+    from lightning_fastdata.sources.tar import has_tar_shards
+
+    if not os.path.isdir(path) or not has_tar_shards(path):
         return False
-    names = os.listdir(path)
-    return any(n.endswith(".tar") for n in names) and not any(os.path.isdir(os.path.join(path, n)) for n in names)
+    return not any(entry.is_dir() for entry in os.scandir(path))  # class folders: an image folder, not shards
 
 
 @dataclass
