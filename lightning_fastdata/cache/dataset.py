@@ -43,7 +43,7 @@ from lightning_fastdata.cache.manifest import (
 from lightning_fastdata.datasets.arrays import MappedFile, gather_hwc
 from lightning_fastdata.datasets.base import AugmentedImageDataset, Source
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.batch import DeviceBatch
+from lightning_fastdata.loading.batch import DeviceBatch, EncodedBatch
 from lightning_fastdata.loading.index.identity import DataIdentity
 from lightning_fastdata.loading.sampler import SampleKey
 from lightning_fastdata.loading.transport.collate import empty_image_batch
@@ -159,7 +159,7 @@ class TensorCacheDataset(AugmentedImageDataset):
         """One sorted gather from the memory map."""
         return list(gather_hwc(self._array().__getitem__, indices))
 
-    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...] | DeviceBatch:
+    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...] | DeviceBatch | EncodedBatch:
         """Batches; with ``augment_on="device"`` in training: a ``DeviceBatch`` of squares with boxes and flips."""
         if not (self.train and self.augment_on == "device"):
             return super().__getitems__(keys)

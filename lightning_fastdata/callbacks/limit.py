@@ -5,7 +5,8 @@ The facts (:class:`RunFacts`) are measured over a run's training steps: the wall
 DataModules time their ``on_after_batch_transfer``), the training thread's CPU time, and the loader workers' CPU
 time. :func:`run_verdict` reads them, framework-free:
 
-- ``"decode"``: the workers were saturated (their CPU time near their count) and steps waited for data;
+- ``"decode"``: the workers were saturated (their CPU time near their count) and steps waited for data (on a CUDA
+  device, with a DataModule that can, the advice starts with decoding there: ``decode_on="device"``);
 - ``"training_thread"``: on an accelerator, the training thread was busy nearly all the time while the accelerator
   was not (where its utilisation can be read): its host work per step (the device half, the training step's own
   calls) is what the device waits for, not the data. A thread that spins in CUDA's synchronisation while the GPU
@@ -44,6 +45,8 @@ class RunFacts:
         accelerator: Whether the model trains on an accelerator (the training thread only launches its work).
         device_busy: The share of the time the accelerator ran kernels (NVML's utilisation, sampled over the run);
             ``None``: not readable here (no NVML, no CUDA).
+        device_decode: The DataModule decodes JPEGs in its workers and could decode them on this (CUDA) device
+            instead (``decode_on="device"``).
     """
 
     steps: int
@@ -55,6 +58,7 @@ class RunFacts:
     workers_cpu_s: float | None = None
     accelerator: bool = False
     device_busy: float | None = None
+    device_decode: bool = False
 
     @property
     def wait_fraction(self) -> float:
@@ -100,9 +104,15 @@ def run_verdict(facts: RunFacts, threshold: float = 0.2) -> Verdict:
         said += f", the accelerator busy {100 * facts.device_busy:.0f}% of the time"
     said += "."
     if waiting and facts.workers and busy is not None and busy >= SATURATED * facts.workers:
+        gpu = (
+            "decode the JPEGs on the GPU (decode_on='device' on the DataModule: nvJPEG, the workers only read and "
+            "draw the crops), "
+            if facts.device_decode
+            else ""
+        )
         return Verdict(
             "decode",
-            f"Decoding is the limit: {said} The workers are saturated: train from TensorCacheDataModule (decode "
+            f"Decoding is the limit: {said} The workers are saturated: {gpu}train from TensorCacheDataModule (decode "
             "once, no decode per epoch), let the entropy index be built (ImageFolderDataModule's default), or give "
             "the run more CPUs.",
         )

@@ -17,7 +17,7 @@ from lightning_fastdata.callbacks.meter import DataWaitMeter, DataWaitStats
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.workers import process_cpu_seconds
 
-__all__ = ["DataWaitMonitor", "DeviceUtilization", "HostUsage"]
+__all__ = ["DataWaitMonitor", "DeviceUtilization", "HostUsage", "could_decode_on_device"]
 
 
 def _metrics(stats: DataWaitStats) -> dict[str, float]:
@@ -98,8 +98,11 @@ class HostUsage:
         self._open = self._last = None
         self._workers_open = self._workers_last = None
 
-    def facts(self, stats: DataWaitStats, workers: int, accelerator: bool) -> RunFacts:
-        """The run's :class:`~lightning_fastdata.callbacks.limit.RunFacts` (shares scaled to ``stats``' wall time)."""
+    def facts(self, stats: DataWaitStats, workers: int, accelerator: bool, device_decode: bool = False) -> RunFacts:
+        """The run's :class:`~lightning_fastdata.callbacks.limit.RunFacts` (shares scaled to ``stats``' wall time).
+
+        ``device_decode``: the DataModule could decode on the device instead of its workers.
+        """
         share = self.thread_s / self.wall_s if self.wall_s > 0 else None
         busy = self.workers_s / self.workers_wall_s if self.workers_wall_s > 0 and self.workers_readable else None
         return RunFacts(
@@ -112,6 +115,7 @@ class HostUsage:
             workers_cpu_s=None if busy is None else busy * stats.total_s,
             accelerator=accelerator,
             device_busy=sum(self.device_samples) / len(self.device_samples) if self.device_samples else None,
+            device_decode=device_decode,
         )
 
 
@@ -247,7 +251,7 @@ class DataWaitMonitor(Callback):
     def verdict(self, stats: DataWaitStats, trainer: Trainer) -> Verdict:
         """Which part limited the run so far (:func:`~lightning_fastdata.callbacks.limit.run_verdict`)."""
         workers = int(getattr(getattr(trainer, "train_dataloader", None), "num_workers", 0) or 0)
-        facts = self.usage.facts(stats, workers, _on_accelerator(trainer))
+        facts = self.usage.facts(stats, workers, _on_accelerator(trainer), could_decode_on_device(trainer))
         return run_verdict(facts, self.warn_threshold)
 
     @staticmethod
@@ -267,6 +271,20 @@ class DataWaitMonitor(Callback):
             f"`fastdata doctor DATA --step-ms {step_ms:.0f}` measures every option on your data and this machine "
             "and writes the fastest config."
         )
+
+
+def could_decode_on_device(trainer: Trainer) -> bool:
+    """Whether the run's DataModule decodes JPEGs in its workers and could on its CUDA device (``decode_on``)."""
+    root = getattr(getattr(trainer, "strategy", None), "root_device", None)
+    dm = getattr(trainer, "datamodule", None)
+    transfer = getattr(dm, "transfer", None)
+    return (
+        root is not None
+        and root.type == "cuda"
+        and getattr(dm, "device_decode", False)
+        and getattr(transfer, "decode_on", None) == "workers"
+        and bool(dm.decodes_images())  # type: ignore[union-attr]
+    )
 
 
 def _on_accelerator(trainer: Trainer) -> bool:

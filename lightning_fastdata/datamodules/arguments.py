@@ -8,7 +8,14 @@ from typing import Any, Literal
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.workers import resolve_num_workers
 
-__all__ = ["base_arguments", "check_loader_arguments", "entropy_index_setting", "refuse_old_names", "setting"]
+__all__ = [
+    "base_arguments",
+    "check_decode_on",
+    "check_loader_arguments",
+    "entropy_index_setting",
+    "refuse_old_names",
+    "setting",
+]
 
 
 def check_loader_arguments(
@@ -47,6 +54,34 @@ def check_loader_arguments(
     if not isinstance(repeated_augmentations, int) or repeated_augmentations < 1:
         raise InvalidValueError(
             f"repeated_augmentations should be a positive int (1: off), got {repeated_augmentations!r}."
+        )
+
+
+def check_decode_on(
+    decode_on: str, train_transforms: Any = None, val_transforms: Any = None, module: Any = None
+) -> None:
+    """Raise for a ``decode_on`` the DataModule cannot do: unknown, with per-sample transforms, or on decoded pixels.
+
+    ``module``: the DataModule, once it knows it reads decoded pixels (``decodes_images()`` is ``False``).
+
+    Raises:
+        ValueError: Naming the argument and what to do instead.
+    """
+    if decode_on not in ("workers", "device"):
+        raise InvalidValueError(f"decode_on should be 'workers' or 'device', got {decode_on!r}.")
+    if decode_on != "device":
+        return
+    given = [name for name, t in (("train_transforms", train_transforms), ("val_transforms", val_transforms)) if t]
+    if given:
+        raise InvalidValueError(
+            f"decode_on='device' crops on the training device, after the loader workers, so {' and '.join(given)} "
+            "(run in the workers on each crop) cannot run: pass the policy as device_transforms (TrivialAugmentWide, "
+            "RandAugment, ...), or keep decode_on='workers'."
+        )
+    if module is not None:
+        raise InvalidValueError(
+            f"decode_on='device' decodes JPEG bytes on the GPU, and this {type(module).__name__} reads decoded pixels "
+            "(nothing to decode): leave decode_on='workers'."
         )
 
 

@@ -15,7 +15,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
@@ -24,13 +23,14 @@ from lightning_fastdata._ext import native
 from lightning_fastdata.augment.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalizer
 from lightning_fastdata.augment.pipeline import DeviceAugment, as_transform_list
 from lightning_fastdata.augment.sample import SampleTransform
-from lightning_fastdata.datamodules.arguments import check_loader_arguments, setting
+from lightning_fastdata.datamodules.arguments import check_decode_on, check_loader_arguments, setting
 from lightning_fastdata.datamodules.loaders import LoaderFactory, LoaderSettings, world_of
 from lightning_fastdata.datamodules.resume import LoaderResume, ResumableLoader
 from lightning_fastdata.datamodules.transfer import DeviceHalf, DeviceTransfer
 from lightning_fastdata.datasets.folder import ImageFolderDataset, prediction_index
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.corrupt import SkipReport
 from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
 from lightning_fastdata.loading.transport.shm_pool import BatchTransport, resolve_transport
 
@@ -128,6 +128,10 @@ class FastDataModule(LightningDataModule):
             ``num_classes``, linked to the model and its checkpoint), samples of other classes left out.
         max_per_class: At most this many training samples of each class (a seeded choice, fixed for the run).
         fraction: A seeded fraction of the training samples (fixed for the run), e.g. ``0.1`` for a quick run.
+        decode_on: Where JPEGs are decoded: ``"workers"`` (only the crop, DCT-scaled) or ``"device"`` (nvJPEG on the
+            training GPU, :mod:`~lightning_fastdata.loading.jpeg.device`; the workers draw the same crops and send the
+            bytes), for when the workers' decode is the limit (``DataWaitMonitor`` says so). CUDA only; per-sample
+            policies then go to ``device_transforms``.
 
     Raises:
         ValueError: On an impossible combination, e.g. ``prefetch_factor`` with ``num_workers=0``.
@@ -171,6 +175,7 @@ class FastDataModule(LightningDataModule):
         classes: list[str] | None = None,
         max_per_class: int | None = None,
         fraction: float | None = None,
+        decode_on: Literal["workers", "device"] = "workers",
     ) -> None:
         super().__init__()
         #: What the training epoch draws (weights, epoch_size, a subset of the samples); validated here.
@@ -208,7 +213,8 @@ class FastDataModule(LightningDataModule):
             batch_size, shuffle, drop_last, seed, persistent_workers, prefetch_factor, in_order,
             snapshot_every_n_steps, block_shuffle, resolve_transport(batch_transport), repeated_augmentations,
         )  # fmt: skip
-        self.transfer = DeviceTransfer(Normalizer(mean, std), device_augment, pin_memory, num_workers)
+        check_decode_on(decode_on, train_transforms, val_transforms)
+        self.transfer = DeviceTransfer(Normalizer(mean, std), device_augment, pin_memory, num_workers, decode_on)
         self.loaders = LoaderFactory(self.loading, self.transfer)
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
@@ -218,7 +224,7 @@ class FastDataModule(LightningDataModule):
         # Exact resume: the train loader last built, and what a checkpoint asked of the next one.
         self._train_loader: ResumableLoader | None = None
         self.resume = LoaderResume()
-        self._skip_epoch = -1
+        self.skips = SkipReport()
 
     # -- the loader arguments, as attributes (Lightning's batch-size finder sets batch_size) -----------
     batch_size = setting("loading", "batch_size")
@@ -246,6 +252,8 @@ class FastDataModule(LightningDataModule):
     test_argument = "test_root"
     #: Whether each sample has several labels (``uint8`` multi-hot rows, ``N x num_classes``, in every batch).
     multi_label = False
+    #: Whether the module takes ``decode_on="device"`` (image-and-label batches; not masks, boxes or captions).
+    device_decode = True
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -334,6 +342,8 @@ class FastDataModule(LightningDataModule):
             self.train_dataset, self.val_dataset = self.build_datasets()
         if self.decodes_images():
             native.warn_if_missing()  # once per process, rank zero: JPEGs decode slower without the extension
+        else:
+            check_decode_on(self.transfer.decode_on, module=self)
 
     def decodes_images(self) -> bool:
         """Whether this module's loaders decode encoded images (JPEG, PNG...) rather than read decoded pixels."""
@@ -388,10 +398,7 @@ class FastDataModule(LightningDataModule):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's train-loader state, gathered.
-
-        See :meth:`~lightning_fastdata.datamodules.resume.LoaderResume.save`.
-        """
+        """Every rank's train-loader state, gathered (:meth:`.LoaderResume.save`)."""
         trainer = self.trainer
         return self.resume.save(self._train_loader, interrupted=trainer is not None and trainer.interrupted)
 
@@ -411,25 +418,19 @@ class FastDataModule(LightningDataModule):
     @override
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Report corrupt images skipped in the epoch that just ended (``on_corrupt='skip'``)."""
-        trainer = self.trainer
-        if trainer is not None and trainer.training and trainer.current_epoch != self._skip_epoch:
-            if self._skip_epoch >= 0:
-                self._report_skipped(self._skip_epoch)
-            self._skip_epoch = trainer.current_epoch
+        self.skips.batch_seen(self.trainer, self.train_dataset)
         return batch
 
     @override
     def teardown(self, stage: str) -> None:
         """Report skipped images of the last epoch."""
-        if self._skip_epoch >= 0:
-            self._report_skipped(self._skip_epoch)
-            self._skip_epoch = -1
+        self.skips.close(self.train_dataset)
 
     @override
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Move ``batch`` to ``device``; a ``DeviceBatch`` keeps its keys on the host (any other batch as Lightning's).
+        """Move ``batch`` to ``device``; a ``DeviceBatch``'s keys, an ``EncodedBatch``'s bytes stay on the host.
 
-        The prefetcher moves a ``DeviceBatch`` the same way (``DeviceBatch.to``).
+        Any other batch moves as Lightning moves it; the prefetcher moves ours the same way (their ``to``).
         """
         moved = self.transfer.moved(batch, device)
         return super().transfer_batch_to_device(batch, device, dataloader_idx) if moved is None else moved
@@ -453,7 +454,12 @@ class FastDataModule(LightningDataModule):
 
     def _after_transfer(self, batch: Any) -> Any:
         """The device side of a batch (:meth:`on_after_batch_transfer`); a subclass adds its own here."""
-        return self.transfer.after_transfer(batch, getattr(self, "num_classes", None))
+        return self.transfer.after_transfer(batch, getattr(self, "num_classes", None), self._corrupt_on_device)
+
+    def _corrupt_on_device(self, row: int, index: int, err: OSError) -> None:
+        """An image the device decode found corrupt: raised, or skipped and counted by the dataset being read."""
+        splits = (self.train_dataset, self.val_dataset, self.test_dataset, self.predict_dataset)
+        self.skips.on_device(self.trainer, splits, index, err)
 
     def configure_transfer(
         self,
@@ -491,10 +497,3 @@ class FastDataModule(LightningDataModule):
             dataset, self.trainer, train, sampling, return_keys=bool(self.transfer.device_augment),
             label_map=label_map, predicting=not labelled,
         )  # fmt: skip
-
-    # -- helpers ----------------------------------------------------------------------------------------
-    def _report_skipped(self, epoch: int) -> None:
-        count = getattr(self.train_dataset, "skipped_count", lambda epoch: 0)(epoch)
-        if count:
-            rank_zero_warn(f"Epoch {epoch}: skipped {count} corrupt image(s) (on_corrupt='skip'); see the log.")
-            self.train_dataset.reset_skipped_count(epoch)  # type: ignore[union-attr]

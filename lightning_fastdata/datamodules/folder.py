@@ -339,13 +339,14 @@ class ImageFolderDataModule(FastDataModule):
     def prepare_data(self) -> None:
         """With ``index_dir``: scan the folder(s) once here (one process per node), so every rank reuses it.
 
-        With ``entropy_index``, also build (or check and reuse) the training files' entropy index there.
+        With ``entropy_index``, also build (or check and reuse) the training files' entropy index there (not with
+        ``decode_on="device"``: the device decodes whole images, and the index only serves the workers' crops).
         """
         if self.source.index_dir is not None:
             for data in (self.source.root, self.source.val_root, self.source.test_root):
                 if data is not None:
                     self.source.index(data)
-        if self.entropy_index:
+        if self.entropy_index and self.transfer.decode_on == "workers":  # nvJPEG decodes whole images: no index
             train_index, _ = self.source.indexes(self.split)
             storage = self.source.storages[self.source.root]
             if self.entropy_index is True:

@@ -22,6 +22,8 @@ from lightning_fastdata.datamodules.resume import ResumableLoader, quiet_torchda
 from lightning_fastdata.datamodules.transfer import DeviceTransfer
 from lightning_fastdata.datasets.base import LoaderPlan
 from lightning_fastdata.datasets.group_reads import keep_for_random_reads
+from lightning_fastdata.errors import InvalidValueError
+from lightning_fastdata.loading.jpeg.device import check_device_decode
 from lightning_fastdata.loading.sampler import BatchLookahead, EpochSampler
 from lightning_fastdata.loading.sampling import EpochDraws, SamplingSettings, Subset
 from lightning_fastdata.loading.transport.collate import collate_prebatched
@@ -122,6 +124,14 @@ class LoaderFactory:
         where no subset maps them; ``predicting``: a ``trainer.predict`` loader.
         """
         s = self.settings
+        decode_on_device = self.transfer.decode_on == "device"
+        if decode_on_device and not hasattr(dataset, "for_loader"):
+            raise InvalidValueError(
+                f"decode_on='device' decodes the JPEGs of this package's image-and-label datasets; this loader reads "
+                f"a {type(dataset).__name__}, whose batches the workers make whole: leave decode_on='workers'."
+            )
+        if decode_on_device and trainer is not None:
+            check_device_decode(trainer.strategy.root_device)
         world_size, rank, devices = world_of(trainer)
         workers = self.transfer.workers(devices)
         subset, draws = sampling
@@ -153,6 +163,7 @@ class LoaderFactory:
                 epoch_samples=len(sampler),  # what max_corrupt_fraction is a fraction of
                 label_map=label_map if subset is None or subset.label_map is None else subset.label_map,
                 predicting=predicting,
+                decode_on_device=decode_on_device,
             )
             dataset = dataset.for_loader(plan)
         elif train and workers > 0 and s.in_order and getattr(dataset, "reads_ahead", False) and not draws:

@@ -164,6 +164,11 @@ class MixedDataModule(FastDataModule):
         return self._label_maps
 
     @property
+    def device_decode(self) -> bool:  # type: ignore[override]
+        """Whether the mix takes ``decode_on="device"``: a mix of image-and-label sources does."""
+        return all(dm.device_decode for dm in self.datamodules)
+
+    @property
     def num_classes(self) -> int:
         """Number of classes of the mix (the sources' names together)."""
         return len(self.classes)

@@ -11,6 +11,7 @@ format. :class:`~lightning_fastdata.FastDataModule`'s Lightning hooks
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -19,7 +20,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_fastdata.augment.normalize import Normalizer
 from lightning_fastdata.augment.pipeline import DeviceAugment
 from lightning_fastdata.errors import InvalidValueError
-from lightning_fastdata.loading.batch import DeviceBatch
+from lightning_fastdata.loading.batch import Batch, DeviceBatch, EncodedBatch, PredictBatch
+from lightning_fastdata.loading.jpeg.device import decode_encoded
 from lightning_fastdata.loading.workers import resolve_num_workers
 
 __all__ = ["DeviceHalf", "DeviceTransfer"]
@@ -39,6 +41,8 @@ class DeviceTransfer:
         device_augment: ``device_transforms``, normalisation and ``batch_transforms`` of a training batch.
         pin_memory: The DataModule's ``pin_memory`` (``None``: the callback's offer, else pinned on CUDA).
         num_workers: The DataModule's ``num_workers`` (``"auto"``: the callback's offer, else the CPUs' share).
+        decode_on: Where JPEGs are decoded (``"workers"``, or ``"device"``: batches arrive as
+            :class:`~lightning_fastdata.loading.batch.EncodedBatch`, decoded here).
     """
 
     def __init__(
@@ -47,7 +51,9 @@ class DeviceTransfer:
         device_augment: DeviceAugment,
         pin_memory: bool | None,
         num_workers: int | Literal["auto"],
+        decode_on: Literal["workers", "device"] = "workers",
     ) -> None:
+        self.decode_on = decode_on
         self.normalizer = normalizer
         self.device_augment = device_augment
         self.pin_memory = pin_memory
@@ -69,8 +75,11 @@ class DeviceTransfer:
     # -- the device side of a batch ---------------------------------------------------------------------------
     @staticmethod
     def moved(batch: Any, device: torch.device) -> Any:
-        """``batch`` on ``device`` if it is a ``DeviceBatch`` (its keys left on the host), else ``None``."""
-        return batch.to(device) if isinstance(batch, DeviceBatch) else None
+        """``batch`` on ``device`` if it is a ``DeviceBatch`` or ``EncodedBatch`` (part of it left on the host).
+
+        ``None`` for any other batch (Lightning moves it).
+        """
+        return batch.to(device) if isinstance(batch, (DeviceBatch, EncodedBatch)) else None
 
     def augment(
         self, images: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor, num_classes: int | None
@@ -81,8 +90,16 @@ class DeviceTransfer:
         images, targets = self.device_augment(images, labels, keys, self.normalizer, num_classes)
         return self.format_images(images), targets
 
-    def after_transfer(self, batch: Any, num_classes: int | None) -> Any:
-        """The uint8 images of ``batch`` as normalised float; a batch that carries its keys augmented first."""
+    def after_transfer(
+        self, batch: Any, num_classes: int | None, on_corrupt: Callable[[int, int, OSError], None] | None = None
+    ) -> Any:
+        """The uint8 images of ``batch`` as normalised float; a batch that carries its keys augmented first.
+
+        An ``EncodedBatch`` is decoded here first (``on_corrupt``: what an image the device cannot decode becomes,
+        :func:`~lightning_fastdata.loading.jpeg.device.decode_encoded`'s argument).
+        """
+        if isinstance(batch, EncodedBatch):
+            batch = self._decoded(batch, on_corrupt)
         if isinstance(batch, DeviceBatch) and batch.keys is not None and batch.images.dtype == torch.uint8:
             return self.augment(batch.images, batch.labels, batch.keys, num_classes)
         if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
@@ -90,6 +107,19 @@ class DeviceTransfer:
                 images = self.format_images(self.normalizer(batch[0]))
                 return type(batch)(images, *batch[1:]) if hasattr(batch, "_fields") else (images, *batch[1:])
         return batch
+
+    @staticmethod
+    def _decoded(
+        batch: EncodedBatch, on_corrupt: Callable[[int, int, OSError], None] | None
+    ) -> Batch | PredictBatch | DeviceBatch:
+        """An encoded batch decoded, cropped and flipped on its device: the batch the workers' decode would give."""
+        images, kept = decode_encoded(batch, on_corrupt)
+        labels, keys = batch.labels, batch.keys
+        if not bool(kept.all()):
+            labels, keys = labels[kept.to(labels.device)], None if keys is None else keys[kept]
+        if batch.predicting:
+            return PredictBatch(images, labels)
+        return Batch(images, labels) if keys is None else DeviceBatch(images, labels, keys)
 
     def _set_up_half(self, device_type: str) -> None:
         """Put the device half :attr:`device_half` asks for in place, for batches on ``device_type``."""

@@ -23,13 +23,14 @@ from lightning_fastdata.augment.geometry import (
 from lightning_fastdata.augment.sample import SampleTransform
 from lightning_fastdata.datasets.settings import AugmentSettings
 from lightning_fastdata.errors import DataError, InvalidValueError, StorageError
-from lightning_fastdata.loading.batch import Batch, DeviceBatch, PredictBatch
+from lightning_fastdata.loading.batch import Batch, DeviceBatch, EncodedBatch, PredictBatch
 from lightning_fastdata.loading.corrupt import reset_skips, skip_corrupt, skip_counts, skips_in
 from lightning_fastdata.loading.index.identity import DataIdentity, label_hashes, mix
 from lightning_fastdata.loading.jpeg.decode import decode_resized_crop
+from lightning_fastdata.loading.jpeg.device import plan_crop
 from lightning_fastdata.loading.sampler import BatchLookahead, SampleKey
 from lightning_fastdata.loading.sampling import map_labels
-from lightning_fastdata.loading.transport.collate import empty_image_batch
+from lightning_fastdata.loading.transport.collate import EncodedRows, empty_image_batch
 
 __all__ = ["AugmentedImageDataset", "LoaderPlan", "Source"]
 
@@ -59,6 +60,8 @@ class LoaderPlan:
             (:class:`~lightning_fastdata.loading.sampling.Subset`); ``None``: the dataset's labels.
         predicting: A ``trainer.predict`` loader: batches are :class:`~lightning_fastdata.loading.batch.PredictBatch`
             (the second field each image's index in the input list), not ``Batch`` (labels).
+        decode_on_device: Batches are :class:`~lightning_fastdata.loading.batch.EncodedBatch`: JPEG bytes, crop
+            boxes and flips, decoded on the training device (``decode_on="device"``).
     """
 
     return_keys: bool = False
@@ -66,6 +69,7 @@ class LoaderPlan:
     epoch_samples: int | None = None
     label_map: np.ndarray | None = None
     predicting: bool = False
+    decode_on_device: bool = False
 
 
 class AugmentedImageDataset(Dataset):
@@ -264,6 +268,12 @@ class AugmentedImageDataset(Dataset):
             return [None] * len(full_keys)
         return list(crop_draws(self.seed, full_keys))
 
+    def _crop_plan(self, draws: np.ndarray | None) -> tuple[bool, Callable[[int, int], Box]]:
+        """A sample's flip and its crop box as a function of the image's ``(width, height)``."""
+        if draws is None:
+            return False, lambda w, h: center_crop_box(w, h, self.crop_fraction)
+        return flip_of(draws), lambda w, h: random_resized_crop_box(draws, w, h, self.scale, self.ratio)
+
     def _render(
         self,
         out: torch.Tensor,
@@ -273,17 +283,7 @@ class AugmentedImageDataset(Dataset):
         entropy_index: bytes | None = None,
     ) -> None:
         """Write the (augmented) resized crop of ``source`` into ``out``."""
-        if draws is None:
-            flip = False
-
-            def box_fn(w: int, h: int) -> Box:
-                return center_crop_box(w, h, self.crop_fraction)
-        else:
-            flip = flip_of(draws)
-
-            def box_fn(w: int, h: int) -> Box:
-                return random_resized_crop_box(draws, w, h, self.scale, self.ratio)
-
+        flip, box_fn = self._crop_plan(draws)
         if isinstance(source, torch.Tensor):
             top, left, h, w = box_fn(int(source.shape[2]), int(source.shape[1]))
             resize_crop_into(out, source[:, top : top + h, left : left + w], flip)
@@ -292,7 +292,8 @@ class AugmentedImageDataset(Dataset):
                 source, out, box_fn, flip=flip, name=name, exact=self.exact_decode, entropy_index=entropy_index
             )
 
-    def _skip(self, key: int | SampleKey, index: int, err: BaseException) -> None:
+    def skip_sample(self, key: int | SampleKey, index: int, err: BaseException) -> None:
+        """A corrupt sample: raised (``on_corrupt="raise"``), or logged and counted (past the bound: raised)."""
         samples = len(self) if self.epoch_samples is None else self.epoch_samples
         epoch = key[0] if isinstance(key, (tuple, list)) else None
         skip_corrupt(self._skipped, self.on_corrupt, self.max_corrupt_fraction, epoch, err, self.describe(index),
@@ -323,8 +324,13 @@ class AugmentedImageDataset(Dataset):
             return PredictBatch(images, labels) if self._loading.predicting else Batch(images, labels)
         return DeviceBatch(images, labels, keys, **crop)
 
-    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...] | DeviceBatch:
-        """Fetch and render a whole batch into one shared uint8 tensor; ``(images, labels)`` or a ``DeviceBatch``."""
+    def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, ...] | DeviceBatch | EncodedBatch:
+        """Fetch and render a whole batch into one shared uint8 tensor; ``(images, labels)`` or a ``DeviceBatch``.
+
+        With the device decode (``decode_on="device"``), an ``EncodedBatch`` of the JPEGs and their crops instead.
+        """
+        if self._loading.decode_on_device:
+            return self.encode(keys).pack(self.return_keys, self._loading.predicting)
         images, labels, full_keys, kept = self.render(keys)
         if not kept.all():
             mask = torch.from_numpy(kept)
@@ -362,6 +368,65 @@ class AugmentedImageDataset(Dataset):
         else:
             images = out
         kept = np.ones(len(keys), dtype=bool)
+        for slot, key, index, sample_draws, source in self._in_order(keys, indices, draws, sources):
+            try:
+                self._render(images[slot], source, sample_draws, self.describe(index), self.entropy_index_of(index))
+            except OSError as err:
+                self.skip_sample(key, index, err)
+                kept[slot] = False
+                continue
+            self._finish(images, slot, full_keys[slot])
+        return images, self.labels_of(indices), full_keys, kept
+
+    def encode(self, keys: Sequence[int | SampleKey]) -> EncodedRows:
+        """Plan the samples of ``keys`` for the device decode: each JPEG's bytes, crop box and flip, nothing decoded.
+
+        The boxes and flips are the ones :meth:`render` draws for the same keys; a sample the device cannot decode (a
+        PNG, a CMYK JPEG, pixels) is rendered here, and a corrupt one (an unreadable header) handled as
+        ``on_corrupt`` says.
+
+        Raises:
+            ValueError: If the dataset has a per-sample ``transform`` (it runs on the crop, which the device makes).
+        """
+        if self.transform is not None:
+            raise InvalidValueError(
+                "decode_on='device' crops on the training device, after the loader workers: a per-sample "
+                "train_transforms/val_transforms cannot run on the crop there. Pass the policy as device_transforms "
+                "(TrivialAugmentWide, RandAugment, ...), or decode in the workers (decode_on='workers')."
+            )
+        full_keys = [self._key(key) for key in keys]
+        draws = self._crop_draws(full_keys)
+        indices = np.fromiter((key[1] for key in full_keys), dtype=np.int64, count=len(full_keys))
+        rows = EncodedRows(self.image_size, full_keys=full_keys, indices=indices, labels=self.labels_of(indices))
+        for slot, key, index, sample_draws, source in self._in_order(keys, indices, draws, self.read_sources(indices)):
+            name = self.describe(index)
+            flip, box_fn = self._crop_plan(sample_draws)
+            if isinstance(source, torch.Tensor) and source.dtype != torch.uint8:
+                raise InvalidValueError(
+                    f"{name} holds {source.dtype} pixels: decode_on='device' decodes JPEG bytes (uint8 images); "
+                    "use decode_on='workers'."
+                )
+            try:
+                box = None if isinstance(source, torch.Tensor) else plan_crop(source, box_fn, name)
+                if box is not None:
+                    rows.add(source, box, flip, name)  # type: ignore[arg-type]  # bytes: plan_crop read them
+                    continue
+                pixels = torch.empty((self.image_size, self.image_size, 3), dtype=torch.uint8).permute(2, 0, 1)
+                self._render(pixels, source, sample_draws, name, self.entropy_index_of(index))
+                rows.rendered[slot] = pixels
+            except OSError as err:
+                self.skip_sample(key, index, err)
+            rows.add(None, (0, 0, 0, 0), False, name)
+        return rows
+
+    def _in_order(
+        self, keys: Sequence[Any], indices: np.ndarray, draws: list[np.ndarray | None], sources: Any
+    ) -> Iterator[tuple[Any, Any, int, np.ndarray | None, bytes | torch.Tensor]]:
+        """``(slot, key, index, draws, source)`` of each sample as its source arrives; the next batch's reads started.
+
+        Raises:
+            StorageError: For a source that could not be read (never a corrupt image: ``on_corrupt`` does not apply).
+        """
         for slot, (key, index, sample_draws, source) in enumerate(zip(keys, indices.tolist(), draws, sources)):
             if slot == 0 and self.lookahead is not None and (info := get_worker_info()) is not None:
                 # this batch's reads are under way now
@@ -374,11 +439,4 @@ class AugmentedImageDataset(Dataset):
                     "corrupt image, so on_corrupt='skip' does not skip it: check the storage (network, credentials, "
                     "the file) and resume from the last checkpoint."
                 ) from source
-            try:
-                self._render(images[slot], source, sample_draws, self.describe(index), self.entropy_index_of(index))
-            except OSError as err:
-                self._skip(key, index, err)
-                kept[slot] = False
-                continue
-            self._finish(images, slot, full_keys[slot])
-        return images, self.labels_of(indices), full_keys, kept
+            yield slot, key, index, sample_draws, source

@@ -18,11 +18,11 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_fastdata.datasets.base import AugmentedImageDataset, LoaderPlan
-from lightning_fastdata.loading.batch import Batch, DeviceBatch
+from lightning_fastdata.loading.batch import Batch, DeviceBatch, EncodedBatch
 from lightning_fastdata.loading.index.identity import DataIdentity, mix
 from lightning_fastdata.loading.sampler import SampleKey
 from lightning_fastdata.loading.sampling import map_labels
-from lightning_fastdata.loading.transport.collate import empty_image_batch
+from lightning_fastdata.loading.transport.collate import EncodedRows, empty_image_batch
 
 __all__ = ["MixedDataset"]
 
@@ -71,7 +71,9 @@ class MixedDataset(Dataset):
         """This mix as one loader reads it: the sources read with ``plan`` (less its label map, applied here)."""
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
-        source_plan = LoaderPlan(return_keys=plan.return_keys, epoch_samples=plan.epoch_samples)
+        source_plan = LoaderPlan(
+            return_keys=plan.return_keys, epoch_samples=plan.epoch_samples, decode_on_device=plan.decode_on_device
+        )
         twin.sources = [s.for_loader(source_plan) for s in self.sources]
         twin.plan = plan
         return twin
@@ -94,7 +96,12 @@ class MixedDataset(Dataset):
         return f"{self.sources[s].describe(local)} (source {self.names[s]!r})"
 
     def __getitems__(self, keys: Sequence[int | SampleKey]) -> tuple[torch.Tensor, torch.Tensor] | DeviceBatch:
-        """A batch in one shared tensor: each source renders its samples into its slice, in source order."""
+        """A batch in one shared tensor: each source renders its samples into its slice, in source order.
+
+        With the device decode (``decode_on="device"``), an ``EncodedBatch`` of every source's rows, in source order.
+        """
+        if self.plan.decode_on_device:
+            return self._encoded(keys)  # type: ignore[return-value]
         full = [_full_key(k) for k in keys]
         index = np.fromiter((k[1] for k in full), dtype=np.int64, count=len(full))
         source = np.searchsorted(self.offsets, index, side="right") - 1
@@ -125,6 +132,31 @@ class MixedDataset(Dataset):
         if self.plan.return_keys:  # the device draws from the mix's index
             return DeviceBatch(images, labels, keys_out)
         return Batch(images, labels)
+
+    def _encoded(self, keys: Sequence[int | SampleKey]) -> EncodedBatch:
+        """Each source's rows planned for the device decode, in source order, labels and keys in the mix's terms."""
+        full = [_full_key(k) for k in keys]
+        index = np.fromiter((k[1] for k in full), dtype=np.int64, count=len(full))
+        source = np.searchsorted(self.offsets, index, side="right") - 1
+        order = np.argsort(source, kind="stable")
+        parts, count = [], len(self.sources)
+        for s in np.unique(source).tolist():
+            rows = order[source[order] == s]
+            base = int(self.offsets[s])
+            part = self.sources[s].encode([(full[r][0], full[r][1] - base, full[r][2] * count + s) for r in rows])
+            part.labels = torch.from_numpy(map_labels(part.labels.numpy(), self.label_maps[s]))
+            part.indices = part.indices + base
+            part.full_keys = [(k[0], k[1] + base, k[2]) for k in part.full_keys]
+            parts.append(part)
+        rows = EncodedRows.join(parts)
+        rows.labels = torch.from_numpy(map_labels(rows.labels.numpy(), self.plan.label_map))
+        return rows.pack(self.plan.return_keys, predicting=False)
+
+    def skip_sample(self, key: int | SampleKey, index: int, err: BaseException) -> None:
+        """A corrupt sample (found on the device), raised or skipped and counted by its source."""
+        s, local = self.source_of(index)
+        full = _full_key(key)
+        self.sources[s].skip_sample((full[0], local, full[2]), local, err)
 
     def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
         images, labels = self.__getitems__([key])[:2]

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-__all__ = ["Batch", "DeviceBatch", "PredictBatch", "move_to_device"]
+__all__ = ["Batch", "DeviceBatch", "EncodedBatch", "PredictBatch", "move_to_device"]
 
 #: Device types whose host-to-device copies are made blocking (as Lightning's own move does).
 _BLOCKING = ("cpu", "mps")
@@ -72,13 +72,45 @@ class DeviceBatch(NamedTuple):
         )
 
 
+class EncodedBatch(NamedTuple):
+    """A batch whose JPEGs the training device decodes (``decode_on="device"``): bytes, crop boxes and flips.
+
+    Row ``i``'s JPEG is ``data[offsets[i]:offsets[i + 1]]``, its crop ``boxes[i]`` (``top, left, height, width`` in
+    the full image) and ``flips[i]``; a row with no bytes was decoded and cropped by its worker (a PNG, a CMYK JPEG)
+    and is in ``rendered`` (uint8 ``M x 3 x S x S``) at ``rendered_rows``. ``labels`` are the labels (or in
+    ``trainer.predict``, ``predicting``, each image's index in the input list), ``indices`` the samples' dataset
+    indices and ``names`` their files (for one that does not decode), ``keys`` as in :class:`DeviceBatch`.
+
+    :meth:`to` moves the labels and the pixels; the bytes stay on the host (nvJPEG reads host memory, pinned when the
+    loader pins), as do the boxes, flips, keys and indices (read on the host: no wait on the device).
+    :func:`~lightning_fastdata.loading.jpeg.device.decode_encoded` makes the uint8 batch.
+    """
+
+    data: torch.Tensor
+    offsets: torch.Tensor
+    boxes: torch.Tensor
+    flips: torch.Tensor
+    labels: torch.Tensor
+    indices: torch.Tensor
+    rendered: torch.Tensor
+    rendered_rows: torch.Tensor
+    keys: torch.Tensor | None = None
+    predicting: bool = False
+    names: tuple[str, ...] = ()
+
+    def to(self, device: torch.device | str) -> EncodedBatch:
+        """The batch with its labels and pixels on ``device``, the rest on the host."""
+        device = torch.device(device)
+        return self._replace(labels=_move(self.labels, device), rendered=_move(self.rendered, device))
+
+
 def _move(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device, non_blocking=device.type not in _BLOCKING)
 
 
 def move_to_device(batch: Any, device: torch.device | str) -> Any:
-    """``batch`` on ``device``: a :class:`DeviceBatch` less its keys, anything else every tensor in it."""
+    """``batch``'s tensors on ``device``, but a :class:`DeviceBatch`'s keys and an :class:`EncodedBatch`'s bytes."""
     device = torch.device(device)
-    if isinstance(batch, DeviceBatch):
+    if isinstance(batch, (DeviceBatch, EncodedBatch)):
         return batch.to(device)
     return apply_to_collection(batch, torch.Tensor, _move, device)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import torch
 from torch.utils.data import get_worker_info
 
 from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, DataError
 
-__all__ = ["EPOCH_ROWS", "reset_skips", "skip_corrupt", "skip_counts", "skips_in"]
+__all__ = ["EPOCH_ROWS", "SkipReport", "reset_skips", "skip_corrupt", "skip_counts", "skips_in"]
 
 log = logging.getLogger("lightning_fastdata")
 
@@ -74,3 +75,49 @@ def skip_corrupt(
             "max_corrupt_fraction (1 never stops)."
         ) from None  # its reason is quoted above; its own text would repeat the advice
     log.warning("Skipped corrupt image %s (on_corrupt='skip'): %s.", name, reason)
+
+
+class SkipReport:
+    """A DataModule's word on each training epoch's skipped images: how many, once the epoch is over (rank zero).
+
+    ``on_corrupt="skip"`` logs each image as it is skipped; :meth:`batch_seen` (each training batch) says the count of
+    the epoch before once a new one starts, :meth:`close` (teardown) the last one's; each count is then cleared.
+    """
+
+    def __init__(self) -> None:
+        self.epoch = -1
+
+    def batch_seen(self, trainer: Any, dataset: Any) -> None:
+        """A batch arrived: in a new training epoch, report the one before."""
+        if trainer is not None and trainer.training and trainer.current_epoch != self.epoch:
+            self.close(dataset)
+            self.epoch = trainer.current_epoch
+
+    def close(self, dataset: Any) -> None:
+        """Report the epoch being counted (if any) and stop counting."""
+        if self.epoch < 0:
+            return
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        count = getattr(dataset, "skipped_count", lambda epoch: 0)(self.epoch)
+        if count:
+            rank_zero_warn(f"Epoch {self.epoch}: skipped {count} corrupt image(s) (on_corrupt='skip'); see the log.")
+            dataset.reset_skipped_count(self.epoch)
+        self.epoch = -1
+
+    @staticmethod
+    def on_device(trainer: Any, splits: tuple[Any, Any, Any, Any], index: int, err: OSError) -> None:
+        """An image the device decode found corrupt: the dataset being read raises or skips it (its ``on_corrupt``).
+
+        ``splits``: the train, val, test and predict datasets; with none to ask, ``err`` is raised.
+        """
+        train, val, test, predict = splits
+        key: Any = index
+        if trainer is None or trainer.training:
+            dataset, key = train, (index if trainer is None else (trainer.current_epoch, index))
+        else:
+            dataset = predict if trainer.predicting else test if trainer.testing else val
+        skip = getattr(dataset, "skip_sample", None)
+        if skip is None:
+            raise err
+        skip(key, index, err)

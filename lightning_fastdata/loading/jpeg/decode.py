@@ -45,9 +45,12 @@ from lightning_fastdata.augment.geometry import Box, center_crop_box, resize_cro
 from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, CorruptImageError, DataError, InvalidValueError
 
 __all__ = [
+    "check_box",
+    "check_size",
     "decode_center_crop",
     "decode_center_crop_bytes",
     "decode_resized_crop",
+    "image_data_errors",
     "pillow_simd_installed",
     "roi_decode_available",
 ]
@@ -94,14 +97,15 @@ def _pixel_limit() -> int | None:
     return None if limit is None else 2 * int(limit)
 
 
-def _check_box(box: Box, width: int, height: int) -> None:
+def check_box(box: Box, width: int, height: int) -> None:
     """A crop box outside the image is a bug in the caller, never a corrupt file: ``ValueError``."""
     top, left, h, w = box
     if top < 0 or left < 0 or h <= 0 or w <= 0 or top + h > height or left + w > width:
         raise InvalidValueError(f"crop box outside the image: {box} (top, left, h, w) in a {width} x {height} image")
 
 
-def _check_size(width: int, height: int) -> None:
+def check_size(width: int, height: int) -> None:
+    """Refuse an image over PIL's decompression-bomb limit: a ``DataError`` (a corrupt image) naming its size."""
     limit = _pixel_limit()
     if limit is not None and width * height > limit:
         raise DataError(
@@ -111,7 +115,7 @@ def _check_size(width: int, height: int) -> None:
 
 
 @contextmanager
-def _image_data_errors() -> Iterator[None]:
+def image_data_errors() -> Iterator[None]:
     """Turn what PIL raises for bad image data into ``OSError`` (what a corrupt file is, here)."""
     try:
         yield
@@ -157,7 +161,7 @@ def _decode_draft(img: Image.Image, box: Box, out_hw: tuple[int, int], scale: in
     """Decode at 1/scale in the DCT domain and resize the crop with a sub-pixel box; return ``3 x H x W``."""
     top, left, h, w = box
     width, height = img.size
-    with _image_data_errors():
+    with image_data_errors():
         img.draft("RGB", (width // scale, height // scale))
         reduced = img.convert("RGB")
     # Reduced pixel i covers full-resolution pixels [i * scale, (i + 1) * scale).
@@ -183,9 +187,9 @@ def _decode_full_jpeg(data: bytes, box: Box) -> torch.Tensor:
 
 
 def _open_image(data: bytes) -> Image.Image:
-    with _image_data_errors():
+    with image_data_errors():
         img = Image.open(io.BytesIO(data))
-    _check_size(*img.size)
+    check_size(*img.size)
     return img
 
 
@@ -306,9 +310,9 @@ def _decode_crop(
     is_jpeg = data.startswith(_JPEG_MAGIC)
     if is_jpeg and _jpegroi is not None:
         width, height, color_space = _jpegroi.header(data)
-        _check_size(width, height)
+        check_size(width, height)
         box = box_fn(width, height)
-        _check_box(box, width, height)
+        check_box(box, width, height)
         scale = 1 if exact else _draft_scale(box, out_hw)
         if color_space in _ROI_COLOR_SPACES:  # the crop's rows and columns, at 1 / scale in the DCT domain
             if entropy_index is not None:
@@ -320,14 +324,14 @@ def _decode_crop(
     else:
         img = _open_image(data)
         box = box_fn(*img.size)
-        _check_box(box, *img.size)
+        check_box(box, *img.size)
         scale = 1 if exact else _draft_scale(box, out_hw)
     top, left, h, w = box
     if is_jpeg and img.format == "JPEG" and img.mode in ("RGB", "L"):
         if scale > 1:
             return _decode_draft(img, box, out_hw, scale)
         return _decode_full_jpeg(data, box)
-    with _image_data_errors():
+    with image_data_errors():
         rgb = np.array(img.convert("RGB"))
     return torch.from_numpy(rgb).permute(2, 0, 1)[:, top : top + h, left : left + w]
 
