@@ -27,6 +27,8 @@ Parts (each adds its key to the JSON file, so a long check can be split over sev
   (``--recipe-variants``), an untimed diagnose fit (the op recorder and the profiler; ``--no-recipe-diagnose``),
   and the device augmentation's cost per batch (policy, normalise, erase, mix), CUDA-event timed; a summary table
   at the end (:mod:`benchmarks.gpu_recipe`).
+- ``device-decode``: JPEGs decoded by nvJPEG on the GPU (``decode_on="device"``) against the workers' decode, fed to
+  the model, on large quality-95 photos (``--large-root``): :mod:`benchmarks.gpu_decode`.
 - ``scale``: our folder module vs the torchvision baseline at 1, 2, 4, 8, 15 workers, next to the decode ceiling,
   each timed in its steady state within one pass (ours counted on the GPU, normalised, where there is one).
 
@@ -57,6 +59,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from benchmarks.gpu_decode import device_decode
 from benchmarks.gpu_fit import (
     BaselineData,
     HostNormaliseCache,
@@ -88,7 +91,7 @@ from lightning_fastdata.measure import (
 
 __all__ = ["PARTS", "Settings", "main", "run_parts"]  # Settings lives in gpu_fit, with the fit it configures
 
-PARTS = ("fed", "mechanisms", "correctness", "decode", "recipe", "scale")
+PARTS = ("fed", "mechanisms", "correctness", "decode", "recipe", "scale", "device-decode")
 
 
 def _folder(s: Settings) -> dict[str, Any]:
@@ -215,7 +218,7 @@ def decode(s: Settings) -> dict[str, Any]:
     """Batch decode with nvJPEG (+ random-resized crop and flip) on the GPU vs our CPU path's loader rate."""
     dm = ImageFolderDataModule(s.root, **_folder(s))
     dm.setup("fit")
-    cpu_rate = time_loader(dm.train_dataloader, count_images, min_seconds=5.0)
+    cpu_rate = time_loader(dm.train_dataloader, count_images, min_seconds=s.loader_seconds)
     out: dict[str, Any] = {"cpu_path_img_s": round(cpu_rate, 1), "workers": s.workers}
     if not cuda_available():
         return {**out, "gpu": "skipped: no CUDA device"}
@@ -342,6 +345,7 @@ def run_parts(s: Settings, parts: list[str], json_path: str | None) -> dict[str,
         "decode": decode,
         "recipe": recipe,
         "scale": scale,
+        "device-decode": device_decode,
     }
     for part in parts:
         started = time.perf_counter()
@@ -362,6 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
     p.add_argument("--root", required=True, help="the image folder to train from")
     p.add_argument("--scale-root", default=None, help="another folder for the scale part (default: --root)")
+    p.add_argument("--large-root", default=None, help="device-decode part: a folder of large photos (default: --root)")
     p.add_argument("--scratch", required=True, help="folder for the tensor cache and the HDF5 file")
     p.add_argument("--json", default=None, help="merge the results into this JSON file")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}")
@@ -389,6 +394,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
     workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
     s = Settings(args.root, args.scratch, args.scale_root or args.root, workers=workers, repeats=args.repeats)
+    s.large_root = args.large_root
     s.scale_workers = tuple(w for w in (1, 2, 4, 8, 15) if w <= workers) or (workers,)
     if args.scale_workers:
         s.scale_workers = tuple(int(w) for w in args.scale_workers.split(","))
@@ -400,19 +406,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(f"--recipe-variants: {err}")
     if args.quick:
         s.arch, s.image_size, s.batch_size, s.steps, s.epochs, s.cache_size = "resnet18", 32, 8, 2, 2, 40
-        s.scale_workers, s.decode_images = (1,), 32
+        s.scale_workers, s.decode_images, s.loader_seconds = (1,), 32, 0.5
     s.steps, s.epochs = args.steps or s.steps, args.epochs or s.epochs
     s.reference_epochs, s.recipe_diagnose = args.reference_epochs, not args.no_recipe_diagnose
     if s.epochs < 2 or (s.reference_epochs is not None and s.reference_epochs < 2):
         p.error(
             f"--epochs {s.epochs} / --reference-epochs {s.reference_epochs}: the first epoch is not timed; give 2+."
         )
-    files = len(scan_image_folder(s.root))  # what an epoch of the fed parts draws from (no validation split)
-    if files < s.steps * s.batch_size:  # the Trainer would silently run shorter epochs than asked
-        p.error(
-            f"--steps {s.steps} needs {s.steps * s.batch_size} training images (batch {s.batch_size}); {s.root} has "
-            f"{files}: generate more (scripts/gpu-check.sh --images N --copies K) or ask for fewer steps."
-        )
+    for root in (s.root, s.large_root) if "device-decode" in parts else (s.root,):
+        files = len(scan_image_folder(root)) if root else s.steps * s.batch_size  # an epoch of the fed parts
+        if files < s.steps * s.batch_size:  # the Trainer would silently run shorter epochs than asked
+            p.error(
+                f"--steps {s.steps} needs {s.steps * s.batch_size} training images (batch {s.batch_size}); {root} has "
+                f"{files}: generate more (scripts/gpu-check.sh --images N --copies K) or ask for fewer steps."
+            )
     Path(s.scratch).mkdir(parents=True, exist_ok=True)
     if not cuda_available():
         print("gpu-check: no CUDA device; running every part on the CPU (the GPU-only measurements are skipped).")

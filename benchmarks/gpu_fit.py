@@ -64,6 +64,8 @@ class Settings:
             (``benchmarks.gpu_recipe.VARIANTS``).
         reference_epochs: Epochs of the ``recipe`` part's reference-loader fit (``None``: ``epochs``); its slowest.
         recipe_diagnose: The ``recipe`` part's untimed fit with the op recorder and the profiler.
+        large_root: The ``device-decode`` part's folder of large photos (``None``: ``root``).
+        loader_seconds: How long the ``decode`` and ``device-decode`` parts time a loader alone.
     """
 
     root: str
@@ -84,6 +86,8 @@ class Settings:
     recipe_variants: tuple[str, ...] = ()
     reference_epochs: int | None = None
     recipe_diagnose: bool = True
+    large_root: str | None = None
+    loader_seconds: float = 5.0
 
 
 def common_args(s: Settings) -> dict[str, Any]:

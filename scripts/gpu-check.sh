@@ -7,8 +7,11 @@
 #   bash scripts/gpu-check.sh prove --out DIR      # ~9 min after diagnose on the same machine (its data kept):
 #                                                  # the CUDA tests, then ImageNet-length epochs (500 steps of 256),
 #                                                  # 3 each (reference: 2)
-#   bash scripts/gpu-check.sh [--parts tests,fed,mechanisms,correctness,decode,recipe,scale] [--out DIR] [--data DIR]
-#                             [--images N] [--copies K] [--quick] [-- BENCH-ARGS]
+#   bash scripts/gpu-check.sh device-decode --out DIR  # ~3 min: nvJPEG on the GPU vs the workers' decode, fed to
+#                                                    # ResNet-50, on 2,000 large q95 photos (1000x750) x 8 links
+#   bash scripts/gpu-check.sh [--parts tests,fed,mechanisms,correctness,decode,recipe,scale,device-decode]
+#                             [--out DIR] [--data DIR] [--images N] [--copies K] [--large-images N]
+#                             [--large-copies K] [--quick] [-- BENCH-ARGS]
 #
 # The run mode needs no network. It installs what .gpu-stage/ holds (if present) into /tmp, builds the ROI JPEG
 # decoder in place if it is not built, generates an ImageNet-like folder (N photo-like JPEGs, 1,000 classes), runs
@@ -34,11 +37,13 @@ if [ "${1:-}" = stage ]; then
   exit 0
 fi
 
-PARTS=tests,fed,mechanisms,correctness,decode,recipe,scale
+PARTS=tests,fed,mechanisms,correctness,decode,recipe,scale,device-decode
 OUT=""
 DATA=/tmp/fastdata-gpu
 IMAGES=20000
 COPIES=1
+LARGE_IMAGES=2000
+LARGE_COPIES=1
 QUICK=""
 EXTRA=()
 # the two prepared commands of the recipe's GPU issue; the arguments given after them still win (--out, --parts,
@@ -49,6 +54,8 @@ case "${1:-}" in
     PRESET=(--steps 60 --epochs 2 --recipe-variants graphed,static-policy,policy-in-workers,policy-in-workers-14w,policy-in-workers-13w) ;;
   prove) shift; set -- --parts tests,recipe --images 4000 --copies 34 "$@"
     PRESET=(--steps 500 --epochs 3 --reference-epochs 2 --no-recipe-diagnose --recipe-variants policy-in-workers) ;;
+  device-decode) shift; set -- --parts device-decode --images 4000 --copies 34 --large-images 2000 --large-copies 8 "$@"
+    PRESET=(--steps 60 --epochs 2) ;;
 esac
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -58,6 +65,8 @@ while [ $# -gt 0 ]; do
     --data) DATA=$2; shift ;;
     --images) IMAGES=$2; shift ;;
     --copies) COPIES=$2; shift ;;
+    --large-images) LARGE_IMAGES=$2; shift ;;
+    --large-copies) LARGE_COPIES=$2; shift ;;
     --quick) QUICK=--quick ;;
     --) shift; EXTRA=("$@"); break ;;
     *) echo "gpu-check.sh: unknown argument $1 (see the comment at the top of scripts/gpu-check.sh)" >&2; exit 2 ;;
@@ -101,9 +110,9 @@ else
   ROOT=$DATA/imagenet-like-$IMAGES
   "$PY" -m lightning_fastdata.cli make-data "$ROOT" --num-classes 1000 --per-class $((IMAGES / 1000)) --processes "$NPROC"
 fi
-if [ "$COPIES" -gt 1 ]; then
-  LINKED=$ROOT-x$COPIES
-  "$PY" - "$ROOT" "$LINKED" "$COPIES" <<'EOF'
+# each image of folder $1 hard-linked $3 times into folder $2 (once: a .complete marker), as its own file name
+link_copies() {
+  "$PY" - "$1" "$2" "$3" <<'EOF'
 import os, sys
 src, dst, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if not os.path.exists(os.path.join(dst, ".complete")):
@@ -118,7 +127,30 @@ if not os.path.exists(os.path.join(dst, ".complete")):
     open(os.path.join(dst, ".complete"), "w").close()
 print(f"gpu-check: {dst}: each image of {src} linked {k} times")
 EOF
-  ROOT=$LINKED
+}
+if [ "$COPIES" -gt 1 ]; then
+  link_copies "$ROOT" "$ROOT-x$COPIES" "$COPIES"
+  ROOT=$ROOT-x$COPIES
+fi
+LARGE_ARGS=()
+if [[ ",$PARTS," == *,device-decode,* ]]; then
+  # large quality-95 photos (1000x750, the CPU benchmarks' large set), where the workers' decode is the limit
+  LARGE=$DATA/large-q95-$([ -n "$QUICK" ] && echo quick || echo "$LARGE_IMAGES")
+  "$PY" - "$LARGE" "$([ -n "$QUICK" ] && echo 24 || echo "$LARGE_IMAGES")" "$NPROC" <<'EOF'
+import os, sys
+from lightning_fastdata.demos import make_image_folder
+root, count, procs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if not os.path.exists(os.path.join(root, ".complete")):
+    n = min(100, max(2, count // 12))
+    make_image_folder(root, num_classes=n, per_class=count // n, size=(1000, 750), quality=95, processes=procs)
+    open(os.path.join(root, ".complete"), "w").close()
+print(f"gpu-check: {root}: large quality-95 photos")
+EOF
+  if [ "$LARGE_COPIES" -gt 1 ]; then
+    link_copies "$LARGE" "$LARGE-x$LARGE_COPIES" "$LARGE_COPIES"
+    LARGE=$LARGE-x$LARGE_COPIES
+  fi
+  LARGE_ARGS=(--large-root "$LARGE")
 fi
 
 if [[ ",$PARTS," == *,tests,* ]]; then
@@ -134,7 +166,7 @@ fi
 BENCH=$(echo ",$PARTS," | sed 's/,tests,/,/; s/^,//; s/,$//')
 if [ -n "$BENCH" ]; then
   "$PY" -m benchmarks.gpu --root "$ROOT" --scratch "$DATA/scratch" \
-    --json "$OUT/gpu.json" --parts "$BENCH" $QUICK "${PRESET[@]}" "${EXTRA[@]}"
+    --json "$OUT/gpu.json" --parts "$BENCH" $QUICK "${LARGE_ARGS[@]}" "${PRESET[@]}" "${EXTRA[@]}"
 fi
 echo "gpu-check: done; results in $OUT"
 exit "${TESTS_RC:-0}"

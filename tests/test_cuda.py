@@ -7,6 +7,7 @@ has a CPU test), and ``pytest -m cuda`` (``scripts/gpu-check.sh``) runs exactly 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -353,3 +354,46 @@ def test_the_device_augmentation_of_a_training_batch_never_waits_for_the_gpu(
         finally:
             torch.cuda.set_sync_debug_mode(0)
         assert torch.equal(images, plain[0]) and torch.equal(targets, plain[1])
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = float(((a.float() - b.float()) ** 2).mean())
+    return float("inf") if mse == 0 else 10 * math.log10(255**2 / mse)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("size", [(96, 72), (1600, 1200)], ids=["small", "large"])
+def test_nvjpeg_batches_match_the_host_decoders_crops(tmp_path: Path, size: tuple[int, int]) -> None:
+    """``decode_on="device"`` on a GPU: nvJPEG's crops against libjpeg-turbo's (torchvision's host decoder) of the
+    same encoded batch, and against the workers' own exact decode: a PSNR (two IDCTs and chroma upsamplings)."""
+    from lightning_fastdata.datasets.base import LoaderPlan
+    from lightning_fastdata.demos import make_image_folder
+    from lightning_fastdata.loading.batch import EncodedBatch
+    from lightning_fastdata.loading.jpeg.device import decode_encoded
+
+    root = make_image_folder(tmp_path / "train", num_classes=2, per_class=8, size=size, quality=95)
+    dm = ImageFolderDataModule(str(root), image_size=176, batch_size=16, num_workers=2, val_fraction=0,
+                               decode_on="device", entropy_index=False)  # fmt: skip
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert isinstance(batch, EncodedBatch) and len(batch.rendered_rows) == 0
+    on_gpu, kept = decode_encoded(batch.to("cuda"))
+    on_cpu, _ = decode_encoded(batch)
+    assert on_gpu.is_cuda and on_gpu.shape == (16, 3, 176, 176) and bool(kept.all())
+    assert psnr(on_gpu.cpu(), on_cpu) >= 35
+    reference = dm.train_dataset.for_loader(LoaderPlan())  # type: ignore[union-attr]
+    reference.exact_decode = True
+    workers = reference.__getitems__(batch.keys if batch.keys is not None else [(0, int(i), 0) for i in batch.indices])
+    assert psnr(on_gpu.cpu(), workers[0]) >= 30
+
+
+@pytest.mark.timeout(300)
+def test_a_fit_decodes_on_the_gpu_with_the_recipe_and_prefetch(image_folder: Path) -> None:
+    dm = recipe_module(image_folder, batch_size=8, num_workers=2, decode_on="device")
+    spy = Spy()
+    t = pl.Trainer(max_epochs=2, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, callbacks=[spy, FastDataCallback(prefetch=True)])  # fmt: skip
+    t.fit(ImageClassifier(num_classes=3, channels_last=True), dm)
+    images, targets = spy.batches[0][:2]
+    assert images.is_cuda and images.dtype == torch.float32 and images.shape[-2:] == (64, 64)
+    assert targets.is_cuda and targets.shape == (images.shape[0], 3)  # MixUp/CutMix's soft targets

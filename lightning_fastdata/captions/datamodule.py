@@ -88,7 +88,7 @@ class ImageTextDataModule(FastDataModule):
     """
 
     target_kind = "caption"
-    #: Crops that carry targets are made in the workers: no ``decode_on="device"`` here.
+    #: No ``decode_on="device"`` here (crops that carry targets are made in the workers).
     device_decode = False
     #: ``predict_root``'s inputs by index: their paths, and their names under it.
     predict_path = predict_input_path

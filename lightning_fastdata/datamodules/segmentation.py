@@ -141,7 +141,7 @@ class SegmentationDataModule(FastDataModule):
     test_argument = "test_split"
     #: What rides with each image (a mix takes sources of one kind).
     target_kind = "masks"
-    #: Crops that carry targets are made in the workers: no ``decode_on="device"`` here.
+    #: No ``decode_on="device"`` here (crops that carry targets are made in the workers).
     device_decode = False
     #: ``predict_root``'s inputs by index: their paths, and their names under it (what a writer names its files).
     predict_path = predict_input_path

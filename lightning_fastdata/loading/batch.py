@@ -81,16 +81,17 @@ class EncodedBatch(NamedTuple):
     ``trainer.predict``, ``predicting``, each image's index in the input list), ``indices`` the samples' dataset
     indices and ``names`` their files (for one that does not decode), ``keys`` as in :class:`DeviceBatch`.
 
-    :meth:`to` moves the labels and the pixels; the bytes stay on the host (nvJPEG reads host memory, pinned when the
-    loader pins), as do the boxes, flips, keys and indices (read on the host: no wait on the device).
+    The second field is the labels, as in every batch of this package (``batch[1]``). :meth:`to` moves the labels and
+    the pixels; the bytes stay on the host (nvJPEG reads host memory, pinned when the loader pins), as do the boxes,
+    flips, keys and indices (read on the host: no wait on the device).
     :func:`~lightning_fastdata.loading.jpeg.device.decode_encoded` makes the uint8 batch.
     """
 
     data: torch.Tensor
+    labels: torch.Tensor
     offsets: torch.Tensor
     boxes: torch.Tensor
     flips: torch.Tensor
-    labels: torch.Tensor
     indices: torch.Tensor
     rendered: torch.Tensor
     rendered_rows: torch.Tensor

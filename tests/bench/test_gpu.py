@@ -29,7 +29,7 @@ def test_gpu_check_script_runs_every_part_without_a_gpu(tmp_path: Path) -> None:
     assert "skipped" in (results / "cuda-tests.txt").read_text()  # the CUDA tests were collected, then skipped
     report = json.loads((results / "gpu.json").read_text())
     assert report["device"] == "cpu" and report["settings"]["arch"] == "resnet18"
-    assert set(report["seconds"]) == {"fed", "mechanisms", "correctness", "decode", "recipe", "scale"}
+    assert set(report["seconds"]) == {"fed", "mechanisms", "correctness", "decode", "recipe", "scale", "device-decode"}
     assert report["recipe"]["fed_ratio"] > 0 and report["recipe"]["device_augment_ms_per_batch"] > 0
     loaders = [row["loader"] for row in report["fed"]]
     # the arguments after --: one of the fed part's loaders (each is a DataModule trained end to end in
@@ -47,6 +47,9 @@ def test_gpu_check_script_runs_every_part_without_a_gpu(tmp_path: Path) -> None:
     assert all(v["bit_identical"] and v["batches"] == 3 for k, v in report["correctness"].items() if k != "device")
     assert report["decode"]["cpu_path_img_s"] > 0 and report["decode"]["gpu"].startswith("skipped")
     assert [r["workers"] for r in report["scale"]] == [1] and report["scale"][0]["ours_img_s"] > 0
+    planned = report["device-decode"]  # on the large q95 photos the script made; the GPU's rows skipped here
+    assert planned["set"] == "large" and "large-q95" in planned["root"] and planned["gpu"].startswith("skipped")
+    assert planned["loader_workers_img_s"] > 0 and planned["loader_device_img_s"] > 0
     assert report["scale"][0]["ours_counted"] == "uint8, leaving the loader"
     assert not (ROOT / "benchmarks" / "results" / "gpu-check.log").exists()  # --quick never writes into the repo
 

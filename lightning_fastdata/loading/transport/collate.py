@@ -69,7 +69,7 @@ class EncodedRows:
     full_keys: list[tuple[int, int, int]] = field(default_factory=list)
 
     def add(self, data: bytes | None, box: tuple[int, int, int, int], flip: bool, name: str) -> None:
-        """The next row: a JPEG to decode on the device (``data``), or ``None`` and then :meth:`render` its pixels."""
+        """The next row: a JPEG to decode on the device (``data``), or ``None`` (its pixels in :attr:`rendered`)."""
         self.data.append(data)
         self.boxes.append(box)
         self.flips.append(flip)
