@@ -16,10 +16,19 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_fastdata import ImageClassifier, ImageFolderDataModule, MixedDataModule, SegmentationDataModule
+from lightning_fastdata import (
+    HDF5DataModule,
+    ImageClassifier,
+    ImageFolderDataModule,
+    MixedDataModule,
+    SegmentationDataModule,
+    ShardDataModule,
+    convert_folder_to_hdf5,
+)
 from lightning_fastdata.augment import TrivialAugmentWide
 from lightning_fastdata.callbacks.limit import RunFacts, run_verdict
 from lightning_fastdata.callbacks.monitor import could_decode_on_device
+from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
 from lightning_fastdata.datasets.base import LoaderPlan
 from lightning_fastdata.datasets.folder import ImageFolderDataset
 from lightning_fastdata.demos import make_image_folder, photo_like_image
@@ -228,3 +237,29 @@ def test_the_monitor_names_the_device_decode_where_the_workers_decode_is_the_lim
     assert not could_decode_on_device(trainer(on_gpu, "cuda"))  # type: ignore[arg-type]  # it does already
     masks = SegmentationDataModule(str(image_folder))
     assert not could_decode_on_device(trainer(masks, "cuda"))  # type: ignore[arg-type]  # crops carry masks
+
+
+def test_every_source_of_encoded_images_decodes_on_the_device(tmp_path: Path) -> None:
+    """Tar and Parquet shards and an HDF5 file of encoded images as the folder does; pixels refused, named."""
+    root = make_image_folder(tmp_path / "train", num_classes=3, per_class=6, size=(120, 90))
+    write_tar_shards(root, tmp_path / "tar", shard_bytes=60_000)
+    write_parquet_shards(root, tmp_path / "pq", shard_bytes=60_000, rows_per_group=4)
+    convert_folder_to_hdf5(str(root), tmp_path / "enc.h5", mode="encoded", progress=False)
+    convert_folder_to_hdf5(str(root), tmp_path / "raw.h5", mode="raw", size=48, progress=False)
+    settings = dict(image_size=32, batch_size=8, num_workers=0, seed=1, val_fraction=0)
+    makers = {
+        "tar": lambda **k: ShardDataModule(sorted(str(p) for p in (tmp_path / "tar").glob("*.tar")), **settings, **k),
+        "parquet": lambda **k: ShardDataModule(sorted(str(p) for p in (tmp_path / "pq").glob("*.parquet")), **k,
+                                               **settings),
+        "hdf5": lambda **k: HDF5DataModule(str(tmp_path / "enc.h5"), **settings, **k),
+    }  # fmt: skip
+    for make in makers.values():
+        reference, ours = make(exact_decode=True), make(decode_on="device")
+        for dm in (reference, ours):
+            dm.setup("fit")
+        assert_same_batches(
+            on_device(ours, ours.train_dataloader()), on_device(reference, reference.train_dataloader())
+        )
+    raw = HDF5DataModule(str(tmp_path / "raw.h5"), decode_on="device", **settings)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="this HDF5DataModule reads decoded pixels"):
+        raw.setup("fit")
