@@ -4,13 +4,11 @@ import csv
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers.fork_client import SERVER
+from helpers.fork_client import SERVER, rank_procs
 
 from benchmarks.fault_proxy import fault_proxy
 from benchmarks.s3_server import LocalS3, free_ports
@@ -30,16 +28,12 @@ def test_two_process_ddp_ranks_get_disjoint_halves(tmp_path: Path) -> None:
     h5 = convert_folder_to_hdf5(root, tmp_path / "d.h5", processes=1, progress=False)
     kinds = {"folder": root, "hdf5": h5, "cache": root}
     script = Path(__file__).parents[1] / "helpers" / "ddp_fit.py"
-    out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path), "2", *(f"{k}={v}" for k, v in kinds.items())],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
+    # two ranks forked from the tests' fork server (the imports paid once), told theirs as torchrun tells a script's
+    code, out = SERVER.command([str(script), str(tmp_path), "2", *(f"{k}={v}" for k, v in kinds.items())], tmp_path,
+                               tmp_path / "fit.log", procs=rank_procs(2))  # fmt: skip
+    assert code == 0, out[-4000:]
     # the cache's prepare_data ran on local rank 0 only; rank 1 waited, then opened the same cache
-    assert out.stdout.count("building the tensor cache") == 1, out.stdout
+    assert out.count("building the tensor cache") == 1, out
     labels = scan_image_folder(str(root)).labels
     for kind in kinds:
         ranks = [json.loads((tmp_path / f"rank{r}-{kind}.json").read_text()) for r in (0, 1)]
@@ -91,17 +85,11 @@ def test_two_ranks_build_a_cache_from_a_bucket_once(
     """A node's 2 DDP ranks: local rank 0 builds the cache from the bucket (each object fetched once), rank 1 waits."""
     script = Path(__file__).parents[1] / "helpers" / "ddp_fit.py"
     with fault_proxy(s3.endpoint) as proxy:  # counts the requests; configured by the environment, as users do
-        out = subprocess.run(
-            [sys.executable, str(script), str(tmp_path), "2", f"cache={s3_image_folder}"],
-            env={**os.environ, **s3.env(proxy.endpoint)},
-            capture_output=True,
-            text=True,
-            timeout=280,
-            cwd=tmp_path,
-        )
+        code, out = SERVER.command([str(script), str(tmp_path), "2", f"cache={s3_image_folder}"], tmp_path,
+                                   tmp_path / "fit.log", env=s3.env(proxy.endpoint), procs=rank_procs(2))  # fmt: skip
         gets = [path for method, path, status in proxy.requests() if method == "GET" and path.endswith(".jpg")]
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert out.stdout.count("building the tensor cache") == 1, out.stdout
+    assert code == 0, out[-4000:]
+    assert out.count("building the tensor cache") == 1, out
     images = sorted(str(p.relative_to(image_folder)) for p in image_folder.rglob("*.jpg"))
     assert len(gets) == len(set(gets)) == len(images)  # every object once, by one rank's build
     labels = scan_image_folder(str(image_folder)).labels
@@ -110,7 +98,7 @@ def test_two_ranks_build_a_cache_from_a_bucket_once(
     assert a | b == set(range(len(images))) and len(a & b) == len(images) % 2  # the sampler pads an odd count
     for r in ranks:
         assert sorted(r["labels"]) == sorted(int(labels[i]) for i in r["indices"])
-    assert s3.secret_access_key not in out.stdout + out.stderr
+    assert s3.secret_access_key not in out
 
 
 @pytest.mark.timeout(300)
@@ -169,19 +157,11 @@ def test_evaluation_on_two_ranks_equals_one_rank_and_sees_every_sample_once(tmp_
     for devices in ("1", "2"):
         args = [str(tmp_path), devices, str(root), str(test_root), str(test_h5), str(train_h5)]
         args += [str(tmp_path / "flat_train"), str(tmp_path / "flat_test"), str(tmp_path / "labels.csv")]
-        if devices == "1":  # one rank: forked from the tests' fork server (the imports paid once)
-            code, log = SERVER.command([str(script), *args], tmp_path, tmp_path / "one-rank.log")
-            assert code == 0, log[-4000:]
-            continue
-        # its own port (two DDP runs of parallel test workers must never meet); a hang shows where (faulthandler)
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_ports(1)[0])}
-        try:
-            out = subprocess.run(
-                [sys.executable, str(script), *args], capture_output=True, text=True, timeout=280, cwd=tmp_path, env=env
-            )
-        except subprocess.TimeoutExpired as err:
-            raise AssertionError(f"{devices} rank(s) ran past 280 s:\n{(err.stderr or b'')[-6000:]!r}") from None
-        assert out.returncode == 0, out.stderr[-4000:]
+        # forked from the tests' fork server (the imports paid once); two ranks told theirs as torchrun does, on
+        # their own port (two DDP runs of parallel test workers must never meet)
+        procs = rank_procs(2) if devices == "2" else None
+        code, log = SERVER.command([str(script), *args], tmp_path, tmp_path / f"eval-{devices}.log", procs=procs)
+        assert code == 0, log[-4000:]
     one = json.loads((tmp_path / "eval-1-rank0.json").read_text())
     two = [json.loads((tmp_path / f"eval-2-rank{r}.json").read_text()) for r in (0, 1)]
     for kind in ("folder", "hdf5", "table"):
