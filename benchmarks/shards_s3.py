@@ -10,11 +10,18 @@ remote region). The shards' indexes are built before timing (kept locally, as a 
 :class:`~lightning_fastdata.ImageTextDataModule` with the bench's stand-in tokenizer in the workers (issue 71's
 ">= 0.9x local").
 
+``--kind detection``: generated COCO scenes (``--images`` of them, 500x375) as tar shards of ``key.jpg`` +
+``key.json`` (:func:`~lightning_fastdata.detection.convert.write_detection_shards`), read by
+:class:`~lightning_fastdata.DetectionDataModule` (the ``hflip`` recipe); the bucket rows twice: in runs of members
+shuffled in windows (``shuffle_buffer``, the default) and a request an image (``shuffle_buffer=None``, the read
+before runs reached detection and segmentation shards).
+
 With ``--pin`` (the default) the loader (this process and its workers) runs on CPU 0 and the server and the proxy on
 CPU 1, so the server does not take the loader's CPU: the local rows run on the same one CPU.
 
     python -m benchmarks.shards_s3 --json benchmarks/results/shards-s3.json
     python -m benchmarks.shards_s3 --kind captions --json benchmarks/results/captions-s3.json
+    python -m benchmarks.shards_s3 --kind detection --json benchmarks/results/detection-s3.json
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ from lightning_fastdata.captions.text import HashTokenizer
 from lightning_fastdata.convert.shards import write_parquet_shards, write_tar_shards
 from lightning_fastdata.datamodules.shards import ShardDataModule
 from lightning_fastdata.demos import make_image_folder
+from lightning_fastdata.detection.convert import write_detection_shards
+from lightning_fastdata.detection.datamodule import DetectionDataModule
+from lightning_fastdata.detection.demos import make_detection_folder
 from lightning_fastdata.measure import Candidate, count_images, machine, measure
 
 __all__ = ["main"]
@@ -58,7 +68,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--min-seconds", type=float, default=3.0)
     p.add_argument("--no-pin", dest="pin", action="store_false", help="loader, server and proxy share the CPUs")
-    p.add_argument("--kind", choices=["images", "captions"], default="images", help="captions: image-text pairs")
+    p.add_argument("--kind", choices=["images", "captions", "detection"], default="images",
+                   help="captions: image-text pairs; detection: COCO scenes' images and boxes")  # fmt: skip
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     measured_on = machine()  # before pinning: the machine's CPUs, not the loader's one
@@ -72,15 +83,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fastdata-shards-s3-") as tmp:
-        root = make_image_folder(Path(tmp) / "train", num_classes=8, per_class=args.images // 8, processes=2)
-        if args.kind == "captions":  # ~180 pairs a shard (~16 MB), img2dataset's layout
-            photos = sorted(str(f) for f in root.rglob("*.jpg"))
-            folders = {"pairs": Path(write_bench_shards(photos, str(Path(tmp) / "pairs"), per_shard=180))}
+        if args.kind == "detection":  # ~16 MB shards of scenes and their boxes
+            scenes = make_detection_folder(Path(tmp) / "coco", count=args.images, size=(500, 375), val_fraction=0.0)
+            shards = write_detection_shards(scenes, "train2017", Path(tmp) / "det" / "train", shard_bytes=16 * 2**20)
+            folders = {"detection tar": shards[0].parent.parent}
         else:
-            folders = {
-                "tar": write_tar_shards(root, Path(tmp) / "tar", shard_bytes=16 * 2**20)[0].parent,
-                "parquet": write_parquet_shards(root, Path(tmp) / "parquet", shard_bytes=16 * 2**20)[0].parent,
-            }
+            root = make_image_folder(Path(tmp) / "train", num_classes=8, per_class=args.images // 8, processes=2)
+            if args.kind == "captions":  # ~180 pairs a shard (~16 MB), img2dataset's layout
+                photos = sorted(str(f) for f in root.rglob("*.jpg"))
+                folders = {"pairs": Path(write_bench_shards(photos, str(Path(tmp) / "pairs"), per_shard=180))}
+            else:
+                folders = {
+                    "tar": write_tar_shards(root, Path(tmp) / "tar", shard_bytes=16 * 2**20)[0].parent,
+                    "parquet": write_parquet_shards(root, Path(tmp) / "parquet", shard_bytes=16 * 2**20)[0].parent,
+                }
         with local_s3_server(Path(tmp) / "s3") as s3, fault_proxy(s3.endpoint, delay=args.delay_ms / 1000) as slow:
             if args.pin:
                 for pid in (s3.pid, slow.pid):
@@ -97,17 +113,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     (f"{fmt}, s3 direct", url, s3.storage_options()),
                     (f"{fmt}, s3 +{args.delay_ms:g} ms/request", url, s3.storage_options(slow.endpoint)),
                 ]
+                if args.kind == "detection":  # the same reads a request an image, as before runs
+                    sources += [(f"{name} (a request an image)", src, opt) for name, src, opt in sources[1:]]
                 for name, source, options in sources:
                     index = str(Path(tmp) / "idx" / name)
                     dm: Any
                     if args.kind == "captions":
                         dm = ImageTextDataModule(source, text_transform=HashTokenizer(), index_dir=index,
                                                  storage_options=options, **caption_kw)  # fmt: skip
+                    elif args.kind == "detection":
+                        buffer = None if name.endswith("(a request an image)") else 1000
+                        dm = DetectionDataModule(source, layout="shards", index_dir=index, storage_options=options,
+                                                 shuffle_buffer=buffer, batch_size=args.batch_size,
+                                                 num_workers=args.workers)  # fmt: skip
                     else:
                         dm = ShardDataModule(source, index_dir=index, storage_options=options, **kw)
                     dm.prepare_data()
                     dm.setup("fit")
-                    candidates.append((name, dm.train_dataloader, count_images))
+                    # a detection batch's second field is its boxes (a BoxBatch), so its images are counted
+                    candidates.append(
+                        (name, dm.train_dataloader, _count_first if args.kind == "detection" else count_images)
+                    )
             rates = measure(candidates, args.repeats, args.min_seconds)
     for name, runs in rates.items():
         local = statistics.median(rates[name.split(",")[0] + ", local disk"])
@@ -127,6 +153,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result
+
+
+def _count_first(batch: Any) -> int:
+    """The images of a batch whose first field is its images (a detection ``Batch``: the boxes are not a count)."""
+    return len(batch[0])
 
 
 if __name__ == "__main__":

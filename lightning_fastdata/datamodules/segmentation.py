@@ -104,10 +104,11 @@ class SegmentationDataModule(FastDataModule):
             ``False``: none.
         image_column: Parquet files: the images' column (bytes, or the hubs' ``{bytes, path}`` structs).
         mask_column: Parquet files: the masks' column (PNG bytes or structs; ADE20K on the hubs: ``annotation``).
-        shuffle_buffer: Parquet files: the training order in windows of row groups holding about this many rows
-            (every row once an epoch); ``None``: a full shuffle (each process keeps up to
-            :data:`~lightning_fastdata.datasets.group_reads.FULL_SHUFFLE_CACHE_BYTES` of row groups; beyond them, a
-            row group's read per row).
+        shuffle_buffer: Parquet files, and tar shards in a bucket: the training order in windows of row groups (runs
+            of members, one request each) holding about this many rows (every row once an epoch); ``None``: a full
+            shuffle (each process keeps up to :data:`~lightning_fastdata.datasets.group_reads.FULL_SHUFFLE_CACHE_BYTES`
+            of row groups, beyond them a row group's read per row; a bucket's shards: a request a scene). Local shards
+            are always fully shuffled.
         cache_dir: Decode each split once into a uint8 cache here (``prepare_data``; a folder per source and size,
             :mod:`~lightning_fastdata.sources.cache`), then train and evaluate from it with no decode;
             ``None``: decode every epoch.
@@ -367,7 +368,8 @@ class SegmentationDataModule(FastDataModule):
             return PairedParquetDataset(files, self.mask_target, self.mask_column, shuffle_buffer, options, **windows)
         if self.layout == "shards" or self.layout == "auto" and not is_url(where) and has_tar_shards(where):
             shards = load_paired_shards(where, self.index_dir, self.mask_ext, options)
-            return PairedTarDataset(shards, self.mask_target, options, **windows)
+            buffer = self.shuffle_buffer if train else None  # a bucket's shards: read in runs, shuffled in windows
+            return PairedTarDataset(shards, self.mask_target, options, shuffle_buffer=buffer, **windows)
         if self.root.lower().endswith(HDF5_SUFFIXES):
             if split.lower().endswith(HDF5_SUFFIXES):
                 path, group = split, ""

@@ -84,10 +84,11 @@ class DetectionDataModule(FastDataModule):
         keep_empty: Train on the images without a box too (their targets ``(0, 4)``); ``False`` (torchvision's
             reference): training leaves them out (an image whose boxes are all crowds is empty then), read from
             every annotation at setup. Evaluation always keeps every image.
-        shuffle_buffer: Parquet: the training order in windows of row groups holding about this many rows (every row
-            once an epoch); ``None``: a full shuffle (each process keeps up to
-            :data:`~lightning_fastdata.datasets.group_reads.FULL_SHUFFLE_CACHE_BYTES` of row groups; beyond them, a
-            row group's read per row).
+        shuffle_buffer: Parquet, and tar shards in a bucket: the training order in windows of row groups (runs of
+            members, one request each) holding about this many rows (every row once an epoch); ``None``: a full
+            shuffle (each process keeps up to :data:`~lightning_fastdata.datasets.group_reads.FULL_SHUFFLE_CACHE_BYTES`
+            of row groups, beyond them a row group's read per row; a bucket's shards: a request an image). Local shards
+            are always fully shuffled.
         class_names: The classes in label order (VOC: its 20 by default; YOLO: ``data.yaml``'s; COCO: its file's
             categories, sorted by id, their sparse ids mapped to labels ``0 ..``).
         train_split: The split trained on (default: COCO's ``train2017``, else ``train``). Shards and Parquet: the
@@ -308,7 +309,8 @@ class DetectionDataModule(FastDataModule):
         found, where, options = self.found_layout(), join_url(self.root, split), self.storage_options
         if found == "shards":
             shards = load_paired_shards(where, self.index_dir, "json", options)
-            source = PairedTarDataset(shards, target, options, seed=self.seed)
+            buffer = self.shuffle_buffer if train else None  # a bucket's shards: read in runs, shuffled in windows
+            source = PairedTarDataset(shards, target, options, shuffle_buffer=buffer, seed=self.seed)
         elif found == "hdf5":
             group = hdf5_split_group(self.root, split, "images", self.split_names()[0])
             source = PairedHDF5Dataset(self.root, group, target, "images", "boxes", seed=self.seed)

@@ -54,11 +54,24 @@ def test_shards_serve_the_folders_batches_locally_and_from_a_bucket(
     local = batches(module(str(shards), tmp_path))  # layout "auto": train/ and val/ hold .tar shards
     url = s3.url(f"seg-shards-{tmp_path.name}")
     upload_folder(shards, url, s3.storage_options())
-    bucket = batches(module(url, tmp_path, layout="shards", storage_options=s3.storage_options()))
+    options = s3.storage_options()
+    # a full shuffle (a request a scene): the folder's order, bit for bit
+    bucket = batches(module(url, tmp_path, layout="shards", storage_options=options, shuffle_buffer=None))
     assert len(folder) == len(local) == len(bucket) == 4  # 12 training scenes in 3 batches, 3 validation in 1
     for a, b, c in zip(folder, local, bucket):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), "local shards differ from the folder"
         assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1]), "shards in a bucket differ from the folder"
+    # the default shuffle_buffer: runs of members, one request each, shuffled in windows; masks follow their images
+    runs = module(url, tmp_path, layout="shards", storage_options=options, shuffle_buffer=4)
+    runs.setup("fit")
+    loader = runs.train_dataloader()
+    assert runs.train_dataset.block_reads and loader.sampler.windows is not None  # type: ignore[union-attr]
+    assert sorted(k[1] for k in loader.sampler) == list(range(12))
+    agree = total = 0
+    for images, masks in loader:
+        a, t = agreement(images, masks)
+        agree, total = agree + a, total + t
+    assert total > 3000 and agree / total > 0.99
 
 
 def test_a_sample_without_a_mask_and_a_truncated_shard_are_named(tmp_path: Path) -> None:

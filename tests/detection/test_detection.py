@@ -840,3 +840,43 @@ def test_a_coco_folder_and_its_parquet_files_in_a_bucket_give_the_local_batches(
         for a, b in zip(local, got, strict=True):
             assert torch.equal(a.images, b.images)
             assert all(torch.equal(x, y) for x, y in zip(a.labels, b.labels, strict=True))
+
+
+@pytest.mark.timeout(240)
+def test_tar_shards_in_a_bucket_are_read_in_runs_and_boxes_follow_their_images(
+    folders: dict[str, Path], tmp_path: Path, s3: object
+) -> None:
+    """COCO tar shards on the local S3 server with ``shuffle_buffer``: read in runs of members (one request a run, the
+    next batches' runs requested ahead), shuffled in windows of them; every image once an epoch, its boxes framing
+    its own pixels, through 2 workers; a loader restored mid-epoch gives the rest."""
+    from benchmarks.s3_server import upload_folder
+    from lightning_fastdata.detection.convert import write_detection_shards
+
+    for split, name in (("train2017", "train"), ("val2017", "val")):
+        write_detection_shards(folders["coco"], split, tmp_path / "shards" / name, shard_bytes=40_000, fmt="tar")
+    url = s3.url(f"coco-tar-{tmp_path.name}")  # type: ignore[attr-defined]
+    upload_folder(tmp_path / "shards", url, s3.storage_options())  # type: ignore[attr-defined]
+
+    def make() -> DetectionDataModule:
+        return DetectionDataModule(url, layout="shards", batch_size=4, num_workers=2, seed=5, shuffle_buffer=6,
+                                   index_dir=str(tmp_path / "idx"), storage_options=s3.storage_options())  # type: ignore[attr-defined]  # fmt: skip
+
+    dm = make()
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert dm.train_dataset.block_reads and loader.sampler.windows is not None  # type: ignore[union-attr]
+    assert loader.dataset.lookahead is not None  # the next batches' runs requested while one decodes
+    drawn = sorted(k[1] for k in loader.sampler)
+    assert drawn == sorted(set(drawn)) and len(drawn) == len(dm.train_dataset)  # type: ignore[arg-type]
+    identity = {k: k for k in range(len(DETECTION_CLASSES))}
+    batches = list(loader)
+    assert sum(check_boxes_frame_their_pixels_of(b, identity) for b in batches) > 10
+    it = iter(loader)
+    next(it)
+    state, rest = loader.state_dict(), list(it)
+    again = make()
+    again.setup("fit")
+    resumed = again.train_dataloader()
+    resumed.load_state_dict(state)
+    for a, b in zip(rest, resumed, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
