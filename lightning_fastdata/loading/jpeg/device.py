@@ -119,12 +119,13 @@ def decode_encoded(
     device = batch.labels.device
     size = int(batch.rendered.shape[-1])
     n = len(batch.offsets) - 1
-    out = torch.empty((n, size, size, 3), dtype=torch.uint8, device=device).permute(0, 3, 1, 2)
+    # each crop resized into one float batch (a few kernels an image), then flipped, rounded and made uint8 at once
+    resized = torch.zeros((n, 3, size, size), dtype=torch.float32, device=device)
     kept = torch.ones(n, dtype=torch.bool)
     offsets = batch.offsets.tolist()
     rows = [i for i in range(n) if offsets[i + 1] > offsets[i]]
     decoded = _decode_rows([batch.data[offsets[i] : offsets[i + 1]] for i in rows], device)
-    boxes, flips = batch.boxes.tolist(), batch.flips.tolist()
+    boxes = batch.boxes.tolist()
     for row, image in zip(rows, decoded):
         if isinstance(image, OSError):
             index = int(batch.indices[row])
@@ -139,8 +140,10 @@ def decode_encoded(
         crop = image[:, top : top + h, left : left + w].unsqueeze(0).float()
         if crop.shape[1] == 1:  # grayscale on the CPU decoder's fallback path
             crop = crop.expand(-1, 3, -1, -1)
-        resized = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
-        out[row] = (resized.flip(-1) if flips[row] else resized).round_().clamp_(0, 255).to(torch.uint8)
+        resized[row] = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
+    flipped = batch.flips.to(device, non_blocking=True).view(n, 1, 1, 1)
+    resized = torch.where(flipped, resized.flip(-1), resized).round_().clamp_(0, 255)
+    out = resized.to(torch.uint8, memory_format=torch.channels_last)
     if len(batch.rendered_rows):
         out[batch.rendered_rows.to(device)] = batch.rendered
     if not bool(kept.all()):
