@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from lightning_fastdata.augment.normalize import Normalizer
     from lightning_fastdata.cache.dataset import TensorCacheDataset, build_tensor_cache, open_tensor_cache
     from lightning_fastdata.callbacks.box_writer import BoxWriter
+    from lightning_fastdata.callbacks.embeddings import EmbeddingWriter
     from lightning_fastdata.callbacks.fastdata import FastDataCallback
     from lightning_fastdata.callbacks.mask_writer import MaskWriter
     from lightning_fastdata.callbacks.monitor import DataWaitMonitor
@@ -62,6 +63,7 @@ _EXPORTS = {
     "FastDataCallback": "lightning_fastdata.callbacks.fastdata",
     "FastDataModule": "lightning_fastdata.datamodules.base",
     "BoxWriter": "lightning_fastdata.callbacks.box_writer",
+    "EmbeddingWriter": "lightning_fastdata.callbacks.embeddings",
     "FileIndex": "lightning_fastdata.loading.index.files",
     "HDF5DataModule": "lightning_fastdata.datamodules.hdf5",
     "HDF5Dataset": "lightning_fastdata.datasets.hdf5",
@@ -100,6 +102,7 @@ __all__ = [
     "DoctorReport",
     "EpochSampler",
     "BoxWriter",
+    "EmbeddingWriter",
     "FastDataCallback",
     "FastDataModule",
     "FileIndex",

@@ -16,7 +16,7 @@ from typing_extensions import override
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_path
 
-__all__ = ["SCORE_KINDS", "PredictionWriter", "ScoreKind"]
+__all__ = ["SCORE_KINDS", "PredictionWriter", "ScoreKind", "each_input_once", "gathered_on_zero"]
 
 #: What a ``predict_step``'s ``N x C`` rows are: class probabilities (each row sums to one), logits (a softmax makes
 #: them probabilities), each class's own probability (several labels per image), or each class's logit (a sigmoid).
@@ -128,24 +128,15 @@ class PredictionWriter(BasePredictionWriter):
                 f"they hold {float(mine[2].min()):.4g} ... {float(mine[2].max()):.4g}: say 'logits' (or "
                 "'multi_label_logits') if predict_step returns logits."
             )
-        parts = [mine]
-        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            parts = [None] * trainer.world_size  # type: ignore[list-item]
-            torch.distributed.all_gather_object(parts, mine)
-        if trainer.is_global_zero:
-            self._write(trainer, _join([p for p in parts if p is not None]))
+        parts = gathered_on_zero(trainer, mine)
+        if parts is not None:
+            self._write(trainer, _join(parts))
 
     def _write(self, trainer: Trainer, rows: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         index, classes, probs = rows
         order = np.argsort(index, kind="stable")
         index, classes, probs = index[order], classes[order], probs[order]
-        if len(index) and not np.array_equal(index, np.arange(len(index))):
-            repeated = index[1:][index[1:] == index[:-1]]
-            raise RuntimeError(
-                "PredictionWriter got each input's index not exactly once "
-                f"({'repeated: ' + str(repeated[:5].tolist()) if repeated.size else 'some missing'}): a loader that "
-                "pads its shards (torch's DistributedSampler) repeats inputs; use the DataModule's predict_dataloader."
-            )
+        each_input_once(index, "PredictionWriter")
         dm = getattr(trainer, "datamodule", None)
         # the training data's names, else those the model keeps in its checkpoint (ImageClassifier's class_names)
         names = list(getattr(dm, "classes", ()) or getattr(trainer.lightning_module, "class_names", None) or ())
@@ -162,6 +153,30 @@ class PredictionWriter(BasePredictionWriter):
                 for c, p in zip(cs, ps):
                     row += [names[c] if c < len(names) else c, f"{p:.6f}"]
                 writer.writerow(row)
+
+
+def gathered_on_zero(trainer: Trainer, part: Any) -> list[Any] | None:
+    """Every rank's ``part`` (picklable), in rank order, on rank zero; ``None`` on the other ranks."""
+    parts = [part]
+    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        parts = [None] * trainer.world_size
+        torch.distributed.all_gather_object(parts, part)
+    return [p for p in parts if p is not None] if trainer.is_global_zero else None
+
+
+def each_input_once(index: np.ndarray, writer: str) -> None:
+    """Check that the sorted ``index`` names each input exactly once (``0 .. N - 1``).
+
+    Raises:
+        RuntimeError: Naming ``writer``, the repeated indices or that some are missing, and the likely cause.
+    """
+    if len(index) and not np.array_equal(index, np.arange(len(index))):
+        repeated = index[1:][index[1:] == index[:-1]]
+        raise RuntimeError(
+            f"{writer} got each input's index not exactly once "
+            f"({'repeated: ' + str(repeated[:5].tolist()) if repeated.size else 'some missing'}): a loader that "
+            "pads its shards (torch's DistributedSampler) repeats inputs; use the DataModule's predict_dataloader."
+        )
 
 
 def _join(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

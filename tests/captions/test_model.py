@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,7 @@ from lightning_fastdata import ContrastiveModel, ImageTextDataModule
 from lightning_fastdata.captions import model as clip
 from lightning_fastdata.captions.demos import CAPTION_COLOURS, make_caption_shards
 from lightning_fastdata.captions.text import HashTokenizer
+from lightning_fastdata.demos import make_image_folder
 from lightning_fastdata.testing import cpu_trainer
 
 
@@ -77,10 +79,11 @@ def test_two_ranks_give_one_ranks_figures_each_pair_once(tmp_path: Path) -> None
     from helpers.fork_client import SERVER, rank_procs
 
     root = make_caption_shards(tmp_path / "pairs", count=240, size=(64, 48))
-    run(str(tmp_path), "1", str(root))  # one rank: this process
+    photos = make_image_folder(tmp_path / "photos", num_classes=2, per_class=7, size=(40, 30))  # 14: odd shares
+    run(str(tmp_path), "1", str(root), str(photos))  # one rank: this process
     script = Path(__file__).parents[1] / "helpers" / "ddp_clip.py"  # two: forked ranks, told theirs as torchrun does
-    code, out = SERVER.command([str(script), str(tmp_path), "2", str(root)], tmp_path, tmp_path / "clip.log",
-                               procs=rank_procs(2))  # fmt: skip
+    code, out = SERVER.command([str(script), str(tmp_path), "2", str(root), str(photos)], tmp_path,
+                               tmp_path / "clip.log", procs=rank_procs(2))  # fmt: skip
     assert code == 0, out[-4000:]
     one = json.loads((tmp_path / "clip-1-rank0.json").read_text())
     two = [json.loads((tmp_path / f"clip-2-rank{r}.json").read_text()) for r in (0, 1)]
@@ -89,6 +92,14 @@ def test_two_ranks_give_one_ranks_figures_each_pair_once(tmp_path: Path) -> None
     assert one["validate"]["val_zero_shot_images"] == 46 and 0 < one["validate"]["val_image_to_text_r5"] < 1
     for r in two:
         assert r["validate"] == one["validate"]
+    # trainer.predict's embeddings (EmbeddingWriter): a row per image in input order, 2 ranks' files one rank's bits
+    rows = [np.load(tmp_path / f"emb-{d}" / "embeddings.npy") for d in (1, 2)]
+    tables = [(tmp_path / f"emb-{d}" / "paths.csv").read_text() for d in (1, 2)]
+    assert rows[0].shape == (14, 8) and rows[0].dtype == np.float32 and np.array_equal(rows[0], rows[1])
+    assert np.allclose(np.linalg.norm(rows[0], axis=1), 1, atol=1e-5)
+    assert tables[0] == tables[1]
+    paths = [line.split(",")[1] for line in tables[0].splitlines()[1:]]
+    assert paths == sorted(str(p) for p in photos.rglob("*.jpg"))  # a nested folder's images, by path
 
 
 @pytest.mark.slow  # the CLI: make-data, then fit from the shipped config
@@ -137,3 +148,20 @@ def test_trainer_predict_embeds_each_input_once_at_its_centre_square(tmp_path: P
         assert torch.allclose(e, want, atol=0.02), (k, e[:3], want[:3])
     batch = dm.on_after_batch_transfer(next(iter(dm.predict_dataloader())), 0)
     assert batch.images.shape == (3, 3, 32, 32) and batch.images.dtype == torch.float32  # the centre squares
+
+
+def test_the_embedding_writer_says_what_it_needs(tmp_path: Path) -> None:
+    """A prediction without N x D embeddings is refused, naming the key; a repeated input is named before a write."""
+    from lightning_fastdata import EmbeddingWriter
+    from lightning_fastdata.callbacks.predictions import each_input_once
+
+    with pytest.raises(ValueError, match="dtype should be 'float32' or 'float16'"):
+        EmbeddingWriter(str(tmp_path), dtype="int8")  # type: ignore[arg-type]
+    writer = EmbeddingWriter(str(tmp_path), key="vectors")
+    with pytest.raises(ValueError, match="an N x D tensor \\(or a dict with 'vectors'\\), got Tensor\\(3,\\)"):
+        writer.write_on_batch_end(None, None, {"vectors": torch.zeros(3)}, None, None, 0, 0)  # type: ignore[arg-type]
+    with pytest.raises(
+        RuntimeError, match="EmbeddingWriter got each input's index not exactly once \\(repeated: \\[1\\]"
+    ):
+        each_input_once(np.array([0, 1, 1, 2]), "EmbeddingWriter")
+    each_input_once(np.arange(4), "EmbeddingWriter")
