@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.captions import caption_id, id_of, jpeg, paired_ids, write_shards
+from helpers.restored import rest_and_restored
 
 from benchmarks.s3_server import LocalS3, upload_folder
 from lightning_fastdata.captions.datamodule import ImageTextDataModule
@@ -39,15 +40,8 @@ def test_every_caption_arrives_with_its_own_image_through_workers_and_a_resume(t
     serial.setup("fit")
     for (a, ta), (b, tb) in zip(batches, serial.train_dataloader(), strict=True):
         assert torch.equal(a, b) and ta == tb
-    loader = dm.train_dataloader()
-    it = iter(loader)
-    next(it)
-    state, rest = loader.state_dict(), list(it)
-    again = module()
-    again.setup("fit")
-    resumed = again.train_dataloader()
-    resumed.load_state_dict(state)
-    for (a, ta), (b, tb) in zip(rest, resumed, strict=True):
+    rest, restored = rest_and_restored(dm.train_dataloader(), module)
+    for (a, ta), (b, tb) in zip(rest, restored, strict=True):
         assert torch.equal(a, b) and ta == tb
 
 
@@ -235,14 +229,8 @@ def test_shards_in_a_bucket_are_read_in_runs_every_caption_with_its_image(tmp_pa
     assert loader.dataset.lookahead is not None  # the next batches' runs requested while one decodes
     batches = list(loader)
     assert sorted(paired_ids(batches)) == [k for k in range(40) if k not in (3, 5)]
-    it = iter(loader)
-    next(it)
-    state, rest = loader.state_dict(), list(it)
-    again = module()
-    again.setup("fit")
-    resumed = again.train_dataloader()
-    resumed.load_state_dict(state)
-    for (a, ta), (b, tb) in zip(rest, resumed, strict=True):
+    rest, restored = rest_and_restored(loader, module)
+    for (a, ta), (b, tb) in zip(rest, restored, strict=True):
         assert torch.equal(a, b) and ta == tb
     full = module(shuffle_buffer=None)
     full.setup("fit")

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.restored import rest_and_restored
 
 from lightning_fastdata.detection.datamodule import DetectionDataModule
 from lightning_fastdata.detection.demos import DETECTION_CLASSES, make_detection_folder
@@ -507,14 +508,9 @@ def test_the_decoded_cache_gives_the_sources_batches_and_its_boxes_follow_every_
     first = module(folders["coco"], cache_dir=cache, batch_size=2, data_augmentation="multiscale")
     first.setup("fit")
     loader = first.train_dataloader()
-    it = iter(loader)
-    next(it)
-    state, rest = loader.state_dict(), list(it)
-    again = module(folders["coco"], cache_dir=cache, batch_size=2, data_augmentation="multiscale")
-    again.setup("fit")
-    resumed = again.train_dataloader()
-    resumed.load_state_dict(state)
-    got = list(resumed)
+    rest, got = rest_and_restored(
+        loader, lambda: module(folders["coco"], cache_dir=cache, batch_size=2, data_augmentation="multiscale")
+    )
     assert len(got) == len(rest) == 5
     for a, b in zip(rest, got, strict=True):
         assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
@@ -800,14 +796,8 @@ def test_a_mix_of_detection_sources_draws_both_with_boxes_in_the_mixs_classes(
     assert isinstance(images, list) and {"boxes", "labels"} <= set(targets[0])
     assert len(dm.val_dataloader()) == 2
     loader = dm.train_dataloader()
-    it = iter(loader)
-    next(it)
-    state, rest = loader.state_dict(), list(it)
-    again = mix()
-    again.setup("fit")
-    resumed = again.train_dataloader()
-    resumed.load_state_dict(state)
-    for a, b in zip(rest, resumed, strict=True):
+    rest, restored = rest_and_restored(loader, mix)
+    for a, b in zip(rest, restored, strict=True):
         assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
 
 
@@ -871,12 +861,6 @@ def test_tar_shards_in_a_bucket_are_read_in_runs_and_boxes_follow_their_images(
     identity = {k: k for k in range(len(DETECTION_CLASSES))}
     batches = list(loader)
     assert sum(check_boxes_frame_their_pixels_of(b, identity) for b in batches) > 10
-    it = iter(loader)
-    next(it)
-    state, rest = loader.state_dict(), list(it)
-    again = make()
-    again.setup("fit")
-    resumed = again.train_dataloader()
-    resumed.load_state_dict(state)
-    for a, b in zip(rest, resumed, strict=True):
+    rest, restored = rest_and_restored(loader, make)
+    for a, b in zip(rest, restored, strict=True):
         assert torch.equal(a.images, b.images) and torch.equal(a.labels.boxes, b.labels.boxes)
