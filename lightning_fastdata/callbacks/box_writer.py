@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
+from lightning_fastdata.callbacks.predictions import each_input_once, gathered_on_zero
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_path
 
@@ -103,19 +103,12 @@ class BoxWriter(BasePredictionWriter):
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Gather every rank's detections; rank zero writes the results file and the table."""
         super().on_predict_epoch_end(trainer, pl_module)
-        parts: list[Any] = [self._kept]
-        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            parts = [None] * trainer.world_size
-            torch.distributed.all_gather_object(parts, self._kept)
+        parts = gathered_on_zero(trainer, self._kept)
         self._kept = []
-        if not trainer.is_global_zero:
+        if parts is None:
             return
         kept = sorted((row for part in parts if part for row in part), key=lambda row: row[0])
-        if not np.array_equal([row[0] for row in kept], np.arange(len(kept))):
-            raise RuntimeError(
-                "BoxWriter got each input's index not exactly once: a loader that pads its shards (torch's "
-                "DistributedSampler) repeats inputs; use the DataModule's predict_dataloader."
-            )
+        each_input_once(np.array([row[0] for row in kept], dtype=np.int64), "BoxWriter")
         self._write(getattr(trainer, "datamodule", None), kept)
 
     def _write(self, dm: Any, kept: list[_Kept]) -> None:

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from PIL import Image
 from typing_extensions import override
 
+from lightning_fastdata.callbacks.predictions import each_input_once, gathered_on_zero
 from lightning_fastdata.errors import InvalidValueError
 from lightning_fastdata.loading.atomic import atomic_path, atomic_write_bytes
 from lightning_fastdata.segmentation.layouts import voc_palette
@@ -117,20 +118,12 @@ class MaskWriter(BasePredictionWriter):
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Gather every rank's written masks; rank zero writes the table."""
         super().on_predict_epoch_end(trainer, pl_module)
-        parts: list[Any] = [self._written]
-        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            parts = [None] * trainer.world_size
-            torch.distributed.all_gather_object(parts, self._written)
+        parts = gathered_on_zero(trainer, self._written)
         self._written = []
-        if not trainer.is_global_zero:
+        if parts is None:
             return
         rows = sorted(row for part in parts if part for row in part)
-        indices = np.array([i for i, _ in rows], dtype=np.int64)
-        if len(indices) and not np.array_equal(indices, np.arange(len(indices))):
-            raise RuntimeError(
-                "MaskWriter got each input's index not exactly once: a loader that pads its shards (torch's "
-                "DistributedSampler) repeats inputs; use the DataModule's predict_dataloader."
-            )
+        each_input_once(np.array([i for i, _ in rows], dtype=np.int64), "MaskWriter")
         path_of = getattr(getattr(trainer, "datamodule", None), "predict_path", None)
         with atomic_path(Path(self.output_dir, self.table)) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
