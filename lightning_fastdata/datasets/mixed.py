@@ -11,7 +11,7 @@ the source sees its own index with the source's number folded into the key's ``r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -102,20 +102,14 @@ class MixedDataset(Dataset):
         """
         if self.plan.decode_on_device:
             return self._encoded(keys)  # type: ignore[return-value]
-        full = [_full_key(k) for k in keys]
-        index = np.fromiter((k[1] for k in full), dtype=np.int64, count=len(full))
-        source = np.searchsorted(self.offsets, index, side="right") - 1
-        order = np.argsort(source, kind="stable")  # the batch's rows grouped by source: a slice each
         size = self.sources[0].image_size
-        images = empty_image_batch(len(full), size, size)
-        labels = torch.empty(len(full), dtype=torch.int64)
-        kept = np.ones(len(full), dtype=bool)
-        keys_out = torch.empty((len(full), 3), dtype=torch.int64)
-        count, start = len(self.sources), 0
-        for s in np.unique(source).tolist():
-            rows = order[source[order] == s]
-            stop = start + len(rows)
-            local = [(full[r][0], full[r][1] - int(self.offsets[s]), full[r][2] * count + s) for r in rows]
+        images = empty_image_batch(len(keys), size, size)
+        labels = torch.empty(len(keys), dtype=torch.int64)
+        kept = np.ones(len(keys), dtype=bool)
+        keys_out = torch.empty((len(keys), 3), dtype=torch.int64)
+        start = 0
+        for s, local in self._by_source(keys):  # the batch's rows grouped by source: a slice each
+            stop = start + len(local)
             _, part_labels, part_keys, part_kept = self.sources[s].render(local, images[start:stop])
             labels[start:stop] = torch.from_numpy(map_labels(part_labels.numpy(), self.label_maps[s]))
             kept[start:stop] = part_kept
@@ -133,17 +127,27 @@ class MixedDataset(Dataset):
             return DeviceBatch(images, labels, keys_out)
         return Batch(images, labels)
 
-    def _encoded(self, keys: Sequence[int | SampleKey]) -> EncodedBatch:
-        """Each source's rows planned for the device decode, in source order, labels and keys in the mix's terms."""
+    def _by_source(self, keys: Sequence[int | SampleKey]) -> Iterator[tuple[int, list[tuple[int, int, int]]]]:
+        """Each source in ``keys``, in source order, with its samples' keys in its own terms.
+
+        A key keeps its epoch; its index becomes the source's own, its repeat is tagged with the source's number (so
+        two sources' samples of one index draw apart).
+        """
         full = [_full_key(k) for k in keys]
         index = np.fromiter((k[1] for k in full), dtype=np.int64, count=len(full))
         source = np.searchsorted(self.offsets, index, side="right") - 1
         order = np.argsort(source, kind="stable")
-        parts, count = [], len(self.sources)
+        count = len(self.sources)
         for s in np.unique(source).tolist():
-            rows = order[source[order] == s]
             base = int(self.offsets[s])
-            part = self.sources[s].encode([(full[r][0], full[r][1] - base, full[r][2] * count + s) for r in rows])
+            yield s, [(full[r][0], full[r][1] - base, full[r][2] * count + s) for r in order[source[order] == s]]
+
+    def _encoded(self, keys: Sequence[int | SampleKey]) -> EncodedBatch:
+        """Each source's rows planned for the device decode, in source order, labels and keys in the mix's terms."""
+        parts = []
+        for s, local in self._by_source(keys):
+            base = int(self.offsets[s])
+            part = self.sources[s].encode(local)
             part.labels = torch.from_numpy(map_labels(part.labels.numpy(), self.label_maps[s]))
             part.indices = part.indices + base
             part.full_keys = [(k[0], k[1] + base, k[2]) for k in part.full_keys]
