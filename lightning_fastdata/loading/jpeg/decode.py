@@ -51,6 +51,7 @@ __all__ = [
     "decode_center_crop_bytes",
     "decode_resized_crop",
     "image_data_errors",
+    "jpeg_header_box",
     "pillow_simd_installed",
     "roi_decode_available",
 ]
@@ -186,6 +187,24 @@ def _decode_full_jpeg(data: bytes, box: Box) -> torch.Tensor:
     return decoded[:, top : top + h, left : left + w]
 
 
+def jpeg_header_box(data: bytes, box_fn: Callable[[int, int], Box]) -> tuple[int, int, int, Box] | None:
+    """A JPEG's ``(width, height, libjpeg colour space, crop box)`` from its header alone (the compiled decoder's read).
+
+    The size is checked against PIL's pixel limit and the box (``box_fn(width, height)``) against the image; ``None``
+    where the compiled decoder is missing (the caller opens the image with PIL).
+
+    Raises:
+        OSError: If the header is unreadable or the image is over the pixel limit.
+    """
+    if _jpegroi is None:
+        return None
+    width, height, color_space = _jpegroi.header(data)
+    check_size(width, height)
+    box = box_fn(width, height)
+    check_box(box, width, height)
+    return width, height, color_space, box
+
+
 def _open_image(data: bytes) -> Image.Image:
     with image_data_errors():
         img = Image.open(io.BytesIO(data))
@@ -308,11 +327,9 @@ def _decode_crop(
     ``OSError`` for bad image data (corrupt, truncated, too large); anything else is a bug and propagates.
     """
     is_jpeg = data.startswith(_JPEG_MAGIC)
-    if is_jpeg and _jpegroi is not None:
-        width, height, color_space = _jpegroi.header(data)
-        check_size(width, height)
-        box = box_fn(width, height)
-        check_box(box, width, height)
+    read = jpeg_header_box(data, box_fn) if is_jpeg else None
+    if read is not None:
+        width, height, color_space, box = read
         scale = 1 if exact else _draft_scale(box, out_hw)
         if color_space in _ROI_COLOR_SPACES:  # the crop's rows and columns, at 1 / scale in the DCT domain
             if entropy_index is not None:

@@ -28,11 +28,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from lightning_fastdata._ext import native
 from lightning_fastdata.augment.geometry import Box
 from lightning_fastdata.errors import CORRUPT_IMAGE_ADVICE, CorruptImageError, DataError, InvalidValueError
 from lightning_fastdata.loading.batch import EncodedBatch
-from lightning_fastdata.loading.jpeg.decode import check_box, check_size, image_data_errors
+from lightning_fastdata.loading.jpeg.decode import check_box, check_size, image_data_errors, jpeg_header_box
 
 __all__ = ["check_device_decode", "decode_encoded", "plan_crop"]
 
@@ -61,19 +60,19 @@ def plan_crop(data: bytes, box_fn: Callable[[int, int], Box], name: str = "<byte
 
 
 def _header_box(data: bytes, box_fn: Callable[[int, int], Box]) -> Box | None:
-    if native.jpegroi is not None:
-        try:
-            width, height, color_space = native.jpegroi.header(data)
-        except (OSError, ValueError, RuntimeError) as err:
-            raise DataError(f"unreadable JPEG header: {err}") from err
-        if color_space not in _DEVICE_COLOR_SPACES:
-            return None
-    else:  # PIL reads the header alone until the pixels are asked for
-        with image_data_errors():
-            img = Image.open(io.BytesIO(data))
-        if img.mode not in ("RGB", "L"):
-            return None
-        width, height = img.size
+    try:
+        read = jpeg_header_box(data, box_fn)
+    except (DataError, InvalidValueError):
+        raise  # over the pixel limit (a corrupt image, said so), or a box outside the image (the caller's bug)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise DataError(f"unreadable JPEG header: {err}") from err
+    if read is not None:
+        return read[3] if read[2] in _DEVICE_COLOR_SPACES else None
+    with image_data_errors():  # no compiled decoder: PIL reads the header alone until the pixels are asked for
+        img = Image.open(io.BytesIO(data))
+    if img.mode not in ("RGB", "L"):
+        return None
+    width, height = img.size
     check_size(width, height)
     box = box_fn(width, height)
     check_box(box, width, height)
