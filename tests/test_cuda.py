@@ -7,7 +7,6 @@ has a CPU test), and ``pytest -m cuda`` (``scripts/gpu-check.sh``) runs exactly 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -356,16 +355,12 @@ def test_the_device_augmentation_of_a_training_batch_never_waits_for_the_gpu(
         assert torch.equal(images, plain[0]) and torch.equal(targets, plain[1])
 
 
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    mse = float(((a.float() - b.float()) ** 2).mean())
-    return float("inf") if mse == 0 else 10 * math.log10(255**2 / mse)
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("size", [(96, 72), (1600, 1200)], ids=["small", "large"])
 def test_nvjpeg_batches_match_the_host_decoders_crops(tmp_path: Path, size: tuple[int, int]) -> None:
     """``decode_on="device"`` on a GPU: nvJPEG's crops against libjpeg-turbo's (torchvision's host decoder) of the
     same encoded batch, and against the workers' own exact decode: a PSNR (two IDCTs and chroma upsamplings)."""
+    from benchmarks.gpu_decode import psnr
     from lightning_fastdata.datasets.base import LoaderPlan
     from lightning_fastdata.demos import make_image_folder
     from lightning_fastdata.loading.batch import EncodedBatch
